@@ -1,0 +1,269 @@
+package codec
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+)
+
+// Lookup request, router → shard. Integers are unsigned LEB128 varints
+// unless noted.
+//
+//	byte     magic 0xC5
+//	byte     format version (1)
+//	varint   model name length, then the name's bytes
+//	varint   model version (the version the router pinned for this request)
+//	varint   section count
+//	section* partition, key count n, key encoding, keys:
+//	           encoding 0 (KeysFixed): n × uint64 little-endian
+//	           encoding 1 (KeysDelta): n × zigzag varint of key[i]-key[i-1]
+//	           (key[-1] = 0, wrapping arithmetic)
+//
+// The encoder chooses per section whichever encoding is smaller: sorted or
+// dense ids shrink to 1–3 bytes a key as deltas, while hashed 64-bit ids in
+// arbitrary order stay at 8.
+const (
+	magicRequest  = 0xC5
+	magicResponse = 0xC6
+	wireVersion   = 1
+
+	KeysFixed = 0
+	KeysDelta = 1
+)
+
+// Section is the keys of one partition in a lookup request.
+type Section struct {
+	Partition uint32
+	Keys      []uint64
+}
+
+// AppendLookupRequest appends the encoded request to dst.
+func AppendLookupRequest(dst []byte, model string, version uint64, sections []Section) []byte {
+	dst = append(dst, magicRequest, wireVersion)
+	dst = binary.AppendUvarint(dst, uint64(len(model)))
+	dst = append(dst, model...)
+	dst = binary.AppendUvarint(dst, version)
+	dst = binary.AppendUvarint(dst, uint64(len(sections)))
+	for _, s := range sections {
+		dst = binary.AppendUvarint(dst, uint64(s.Partition))
+		dst = binary.AppendUvarint(dst, uint64(len(s.Keys)))
+		if deltaSize(s.Keys) < 8*len(s.Keys) {
+			dst = append(dst, KeysDelta)
+			prev := uint64(0)
+			for _, k := range s.Keys {
+				dst = binary.AppendUvarint(dst, zigzag(k-prev))
+				prev = k
+			}
+		} else {
+			dst = append(dst, KeysFixed)
+			for _, k := range s.Keys {
+				dst = binary.LittleEndian.AppendUint64(dst, k)
+			}
+		}
+	}
+	return dst
+}
+
+func zigzag(d uint64) uint64   { return d<<1 ^ uint64(int64(d)>>63) }
+func unzigzag(z uint64) uint64 { return z>>1 ^ -(z & 1) }
+
+// uvarintLen is the encoded size of x: 1 byte per 7 significant bits.
+func uvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
+
+func deltaSize(keys []uint64) int {
+	n, prev := 0, uint64(0)
+	for _, k := range keys {
+		n += uvarintLen(zigzag(k - prev))
+		prev = k
+	}
+	return n
+}
+
+// LookupRequest is a decoded request. Decoding reuses its slices; Model
+// and the keys alias nothing of the input, but Model is only valid until
+// the next Decode.
+type LookupRequest struct {
+	Model    []byte
+	Version  uint64
+	Sections []Section
+	keys     []uint64 // backing store for every section's Keys
+}
+
+// NumKeys is the total number of keys across sections.
+func (r *LookupRequest) NumKeys() int { return len(r.keys) }
+
+// Decode parses b into r, reusing r's buffers. Every count is checked
+// against the bytes left before anything is allocated, so a hostile
+// length cannot make the decoder allocate more than ~8× len(b).
+func (r *LookupRequest) Decode(b []byte) error {
+	d := decoder{b: b}
+	if len(b) < 2 || b[0] != magicRequest {
+		return fmt.Errorf("%w: lookup request: bad magic", ErrCorrupt)
+	}
+	if b[1] != wireVersion {
+		return fmt.Errorf("%w: lookup request: unsupported format version %d", ErrCorrupt, b[1])
+	}
+	d.b = b[2:]
+	nameLen := d.uvarint()
+	if nameLen > uint64(len(d.b)) {
+		return d.fail("lookup request: model name longer than message")
+	}
+	r.Model = append(r.Model[:0], d.b[:nameLen]...)
+	d.b = d.b[nameLen:]
+	r.Version = d.uvarint()
+	nsec := d.uvarint()
+	// A section takes at least 3 bytes.
+	if d.err != nil || nsec > uint64(len(d.b))/3 {
+		return d.fail("lookup request: section count exceeds message")
+	}
+	r.Sections = r.Sections[:0]
+	r.keys = r.keys[:0]
+	for i := uint64(0); i < nsec; i++ {
+		part := d.uvarint()
+		n := d.uvarint()
+		if d.err != nil || part > math.MaxUint32 {
+			return d.fail("lookup request: bad section header")
+		}
+		if len(d.b) < 1 {
+			return d.fail("lookup request: truncated section")
+		}
+		enc := d.b[0]
+		d.b = d.b[1:]
+		start := len(r.keys)
+		switch enc {
+		case KeysFixed:
+			if n > uint64(len(d.b))/8 {
+				return d.fail("lookup request: key count exceeds message")
+			}
+			for j := uint64(0); j < n; j++ {
+				r.keys = append(r.keys, binary.LittleEndian.Uint64(d.b[8*j:]))
+			}
+			d.b = d.b[8*n:]
+		case KeysDelta:
+			if n > uint64(len(d.b)) {
+				return d.fail("lookup request: key count exceeds message")
+			}
+			prev := uint64(0)
+			for j := uint64(0); j < n; j++ {
+				prev += unzigzag(d.uvarint())
+				r.keys = append(r.keys, prev)
+			}
+			if d.err != nil {
+				return d.fail("lookup request: truncated keys")
+			}
+		default:
+			return d.fail(fmt.Sprintf("lookup request: unknown key encoding %d", enc))
+		}
+		// Keys is re-pointed below once r.keys stops growing (it may move).
+		r.Sections = append(r.Sections, Section{Partition: uint32(part), Keys: r.keys[start:len(r.keys):len(r.keys)]})
+	}
+	if len(d.b) != 0 {
+		return d.fail("lookup request: trailing bytes")
+	}
+	off := 0
+	for i := range r.Sections {
+		n := len(r.Sections[i].Keys)
+		r.Sections[i].Keys = r.keys[off : off+n : off+n]
+		off += n
+	}
+	return nil
+}
+
+// Lookup response, shard → router, answering keys in request order:
+//
+//	byte     magic 0xC6
+//	byte     format version (1)
+//	varint   key count n
+//	varint   width w (float32 values per key)
+//	ceil(n/8) bytes  presence bitmap, bit i (LSB first) set if key i was found
+//	(found keys) × w × float32 little-endian
+//
+// Absent keys cost one bit; a present key costs its values and nothing else.
+
+// AppendLookupResponse appends an encoded response. found is a bitmap of n
+// bits (LSB first, 64 per word); values holds w floats per found key in
+// key order.
+func AppendLookupResponse(dst []byte, n, w int, found []uint64, values []float32) []byte {
+	dst = append(dst, magicResponse, wireVersion)
+	dst = binary.AppendUvarint(dst, uint64(n))
+	dst = binary.AppendUvarint(dst, uint64(w))
+	nb := (n + 7) / 8
+	for i := 0; i < nb; i++ {
+		dst = append(dst, byte(found[i/8]>>(8*(i%8))))
+	}
+	for _, v := range values {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
+	}
+	return dst
+}
+
+// LookupResponse is a decoded response: views into the decoded buffer.
+type LookupResponse struct {
+	N, Width int
+	Bitmap   []byte // ceil(N/8) bytes
+	Values   []byte // Found × Width × 4 bytes
+}
+
+// Found reports whether key i was present.
+func (r *LookupResponse) Found(i int) bool { return r.Bitmap[i>>3]>>(i&7)&1 == 1 }
+
+// Value returns float j of the k-th found key's values.
+func (r *LookupResponse) Value(k, j int) float32 {
+	return math.Float32frombits(binary.LittleEndian.Uint32(r.Values[4*(k*r.Width+j):]))
+}
+
+// Decode parses b, checking it answers exactly n keys of width w.
+func (r *LookupResponse) Decode(b []byte, n, w int) error {
+	if len(b) < 2 || b[0] != magicResponse {
+		return fmt.Errorf("%w: lookup response: bad magic", ErrCorrupt)
+	}
+	if b[1] != wireVersion {
+		return fmt.Errorf("%w: lookup response: unsupported format version %d", ErrCorrupt, b[1])
+	}
+	d := decoder{b: b[2:]}
+	gotN, gotW := d.uvarint(), d.uvarint()
+	if d.err != nil {
+		return d.fail("lookup response: truncated header")
+	}
+	if gotN != uint64(n) || gotW != uint64(w) {
+		return fmt.Errorf("%w: lookup response: answers %d keys of width %d, want %d of width %d", ErrCorrupt, gotN, gotW, n, w)
+	}
+	nb := (n + 7) / 8
+	if len(d.b) < nb {
+		return d.fail("lookup response: truncated bitmap")
+	}
+	r.N, r.Width, r.Bitmap = n, w, d.b[:nb]
+	found := 0
+	for _, x := range r.Bitmap {
+		found += bits.OnesCount8(x)
+	}
+	if n%8 != 0 && r.Bitmap[nb-1]>>(n%8) != 0 {
+		return d.fail("lookup response: bitmap has bits past the key count")
+	}
+	if len(d.b)-nb != found*w*4 {
+		return d.fail("lookup response: value bytes do not match found keys")
+	}
+	r.Values = d.b[nb:]
+	return nil
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = ErrCorrupt
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) fail(msg string) error { return fmt.Errorf("%w: %s", ErrCorrupt, msg) }

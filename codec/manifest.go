@@ -1,0 +1,122 @@
+package codec
+
+import (
+	"encoding/json"
+	"fmt"
+	"path"
+	"regexp"
+
+	"github.com/cumulus-serving/cumulus/internal/partition"
+)
+
+// ManifestName is the manifest's file name inside a version directory.
+const ManifestName = "manifest.json"
+
+// Model types.
+const (
+	TypeLR = "lr" // score = σ(bias + Σ w_i x_i); one value per key
+	TypeFM = "fm" // adds ½ Σ_f [(Σ v_if x_i)² − Σ v_if² x_i²]; 1+dim values per key
+)
+
+// Version kinds.
+const (
+	KindFull  = "full"
+	KindDelta = "delta"
+)
+
+// Manifest describes one version of one model. It is written last, so a
+// version directory with a valid manifest is complete.
+type Manifest struct {
+	Format     int     `json:"format"` // 1
+	Name       string  `json:"name"`
+	Version    uint64  `json:"version"`
+	Kind       string  `json:"kind"`             // full or delta
+	Parent     uint64  `json:"parent,omitempty"` // the version a delta applies to
+	Type       string  `json:"type"`             // lr or fm
+	Dim        int     `json:"dim"`              // FM factor dimension; 0 for LR
+	Bias       float64 `json:"bias"`             // global bias term
+	Partitions uint32  `json:"partitions"`
+	Hash       string  `json:"hash"` // partition function; see internal/partition
+	Params     int64   `json:"params"`
+	Files      []File  `json:"files"`
+	Source     string  `json:"source,omitempty"` // free text: importer, generator flags
+	Created    string  `json:"created,omitempty"`
+}
+
+// File is one partition file of a version.
+type File struct {
+	Partition uint32 `json:"partition"`
+	Path      string `json:"path"` // relative to the version directory
+	Keys      int64  `json:"keys"`
+	Size      int64  `json:"size"`
+	SHA256    string `json:"sha256"`
+}
+
+// Width is the number of float32 values stored per key.
+func (m *Manifest) Width() int { return 1 + m.Dim }
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// ValidName reports whether s is usable as a model name: it becomes a
+// directory name and a URL path segment.
+func ValidName(s string) bool { return namePattern.MatchString(s) }
+
+// Validate checks internal consistency; it does not touch files.
+func (m *Manifest) Validate() error {
+	switch {
+	case m.Format != 1:
+		return fmt.Errorf("codec: manifest: unsupported format %d", m.Format)
+	case !ValidName(m.Name):
+		return fmt.Errorf("codec: manifest: invalid model name %q", m.Name)
+	case m.Version == 0:
+		return fmt.Errorf("codec: manifest: version must be ≥ 1")
+	case m.Kind != KindFull && m.Kind != KindDelta:
+		return fmt.Errorf("codec: manifest: kind %q is neither full nor delta", m.Kind)
+	case m.Kind == KindDelta && (m.Parent == 0 || m.Parent >= m.Version):
+		return fmt.Errorf("codec: manifest: delta version %d needs a parent version below it", m.Version)
+	case m.Type == TypeLR && m.Dim != 0:
+		return fmt.Errorf("codec: manifest: lr model with dim %d", m.Dim)
+	case m.Type == TypeFM && (m.Dim < 1 || m.Dim > 1024):
+		return fmt.Errorf("codec: manifest: fm dim %d outside 1..1024", m.Dim)
+	case m.Type != TypeLR && m.Type != TypeFM:
+		return fmt.Errorf("codec: manifest: unknown model type %q", m.Type)
+	case m.Partitions == 0 || m.Partitions > 1<<16:
+		return fmt.Errorf("codec: manifest: partition count %d outside 1..65536", m.Partitions)
+	case m.Hash != partition.HashName:
+		return fmt.Errorf("codec: manifest: unknown partition hash %q (want %q)", m.Hash, partition.HashName)
+	case len(m.Files) != int(m.Partitions):
+		return fmt.Errorf("codec: manifest: %d files for %d partitions", len(m.Files), m.Partitions)
+	}
+	var total int64
+	for i, f := range m.Files {
+		if f.Partition != uint32(i) {
+			return fmt.Errorf("codec: manifest: file %d is for partition %d; files must be in partition order", i, f.Partition)
+		}
+		if f.Path == "" || path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || f.Path == ".." || len(f.Path) > 2 && f.Path[:3] == "../" {
+			return fmt.Errorf("codec: manifest: file path %q must be relative and inside the version directory", f.Path)
+		}
+		if len(f.SHA256) != 64 {
+			return fmt.Errorf("codec: manifest: file %s has no SHA-256", f.Path)
+		}
+		if f.Keys < 0 || f.Size != PartitionFileSize(int(f.Keys), m.Width(), DefaultBlockSize) {
+			return fmt.Errorf("codec: manifest: file %s size %d does not match %d keys of width %d", f.Path, f.Size, f.Keys, m.Width())
+		}
+		total += f.Keys
+	}
+	if total != m.Params {
+		return fmt.Errorf("codec: manifest: files hold %d keys, params says %d", total, m.Params)
+	}
+	return nil
+}
+
+// ParseManifest decodes and validates a manifest.
+func ParseManifest(b []byte) (*Manifest, error) {
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("codec: manifest: %w", err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what the tests use
+# (LIBLINEAR and Redis from Debian, grpcurl and staticcheck from the Go
+# module proxy), checks formatting and lints, then runs every Go test.
+# CUMULUS_REQUIRE_TOOLS=1 makes tests that need those tools fail, rather
+# than skip, when a tool is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v liblinear-train >/dev/null || need_apt+=(liblinear-tools)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "== installing ${need_apt[*]} (Debian)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+export PATH="$(go env GOPATH)/bin:$PATH"
+command -v grpcurl >/dev/null || { echo "== installing grpcurl"; GOFLAGS= go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4; }
+command -v staticcheck >/dev/null || { echo "== installing staticcheck"; GOFLAGS= go install honnef.co/go/tools/cmd/staticcheck@v0.8.2; }
+
+echo "== gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then echo "gofmt would change: $unformatted"; exit 1; fi
+echo "== go vet"
+go vet ./...
+echo "== staticcheck"
+staticcheck ./...
+echo "== go test"
+export CUMULUS_REQUIRE_TOOLS=1
+go test -count=1 -timeout 15m ./... "$@"
