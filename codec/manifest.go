@@ -3,8 +3,10 @@ package codec
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"path"
 	"regexp"
+	"strings"
 
 	"github.com/cumulus-serving/cumulus/internal/partition"
 )
@@ -27,20 +29,29 @@ const (
 // Manifest describes one version of one model. It is written last, so a
 // version directory with a valid manifest is complete.
 type Manifest struct {
-	Format     int     `json:"format"` // 1
-	Name       string  `json:"name"`
-	Version    uint64  `json:"version"`
-	Kind       string  `json:"kind"`             // full or delta
-	Parent     uint64  `json:"parent,omitempty"` // the version a delta applies to
-	Type       string  `json:"type"`             // lr or fm
-	Dim        int     `json:"dim"`              // FM factor dimension; 0 for LR
-	Bias       float64 `json:"bias"`             // global bias term
-	Partitions uint32  `json:"partitions"`
-	Hash       string  `json:"hash"` // partition function; see internal/partition
-	Params     int64   `json:"params"`
-	Files      []File  `json:"files"`
-	Source     string  `json:"source,omitempty"` // free text: importer, generator flags
-	Created    string  `json:"created,omitempty"`
+	Format     int      `json:"format"` // 1
+	Name       string   `json:"name"`
+	Version    uint64   `json:"version"`
+	Kind       string   `json:"kind"`             // full or delta
+	Parent     uint64   `json:"parent,omitempty"` // the version a delta applies to
+	Type       string   `json:"type"`             // lr or fm
+	Dim        int      `json:"dim"`              // FM factor dimension; 0 for LR
+	Bias       float64  `json:"bias"`             // global bias term
+	Partitions uint32   `json:"partitions"`
+	Hash       string   `json:"hash"` // partition function; see internal/partition
+	Params     int64    `json:"params"`
+	Files      []File   `json:"files"`
+	Source     string   `json:"source,omitempty"` // free text: importer, generator flags
+	Generator  *GenInfo `json:"generator,omitempty"`
+	Created    string   `json:"created,omitempty"`
+}
+
+// GenInfo describes a synthetic model's ids, so load generators can send
+// traffic that hits it: the model holds the ids of ranks 0..Params-1, and
+// rank r's id is r itself ("dense") or splitmix64(Seed+r) ("hashed").
+type GenInfo struct {
+	Seed uint64 `json:"seed"`
+	IDs  string `json:"ids"` // dense or hashed
 }
 
 // File is one partition file of a version.
@@ -63,6 +74,37 @@ func ValidName(s string) bool { return namePattern.MatchString(s) }
 
 // Validate checks internal consistency; it does not touch files.
 func (m *Manifest) Validate() error {
+	if err := m.ValidateHeader(); err != nil {
+		return err
+	}
+	if len(m.Files) != int(m.Partitions) {
+		return fmt.Errorf("codec: manifest: %d files for %d partitions", len(m.Files), m.Partitions)
+	}
+	var total int64
+	for i, f := range m.Files {
+		if f.Partition != uint32(i) {
+			return fmt.Errorf("codec: manifest: file %d is for partition %d; files must be in partition order", i, f.Partition)
+		}
+		if f.Path == "" || path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || f.Path == ".." || strings.HasPrefix(f.Path, "../") {
+			return fmt.Errorf("codec: manifest: file path %q must be relative and inside the version directory", f.Path)
+		}
+		if len(f.SHA256) != 64 {
+			return fmt.Errorf("codec: manifest: file %s has no SHA-256", f.Path)
+		}
+		if f.Keys < 0 || f.Size != PartitionFileSize(int(f.Keys), m.Width(), DefaultBlockSize) {
+			return fmt.Errorf("codec: manifest: file %s size %d does not match %d keys of width %d", f.Path, f.Size, f.Keys, m.Width())
+		}
+		total += f.Keys
+	}
+	if total != m.Params {
+		return fmt.Errorf("codec: manifest: files hold %d keys, params says %d", total, m.Params)
+	}
+	return nil
+}
+
+// ValidateHeader checks every field but the file list and totals: what a
+// writer knows before it has written any partition.
+func (m *Manifest) ValidateHeader() error {
 	switch {
 	case m.Format != 1:
 		return fmt.Errorf("codec: manifest: unsupported format %d", m.Format)
@@ -84,27 +126,8 @@ func (m *Manifest) Validate() error {
 		return fmt.Errorf("codec: manifest: partition count %d outside 1..65536", m.Partitions)
 	case m.Hash != partition.HashName:
 		return fmt.Errorf("codec: manifest: unknown partition hash %q (want %q)", m.Hash, partition.HashName)
-	case len(m.Files) != int(m.Partitions):
-		return fmt.Errorf("codec: manifest: %d files for %d partitions", len(m.Files), m.Partitions)
-	}
-	var total int64
-	for i, f := range m.Files {
-		if f.Partition != uint32(i) {
-			return fmt.Errorf("codec: manifest: file %d is for partition %d; files must be in partition order", i, f.Partition)
-		}
-		if f.Path == "" || path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || f.Path == ".." || len(f.Path) > 2 && f.Path[:3] == "../" {
-			return fmt.Errorf("codec: manifest: file path %q must be relative and inside the version directory", f.Path)
-		}
-		if len(f.SHA256) != 64 {
-			return fmt.Errorf("codec: manifest: file %s has no SHA-256", f.Path)
-		}
-		if f.Keys < 0 || f.Size != PartitionFileSize(int(f.Keys), m.Width(), DefaultBlockSize) {
-			return fmt.Errorf("codec: manifest: file %s size %d does not match %d keys of width %d", f.Path, f.Size, f.Keys, m.Width())
-		}
-		total += f.Keys
-	}
-	if total != m.Params {
-		return fmt.Errorf("codec: manifest: files hold %d keys, params says %d", total, m.Params)
+	case math.IsNaN(m.Bias) || math.IsInf(m.Bias, 0):
+		return fmt.Errorf("codec: manifest: bias %v is not finite", m.Bias)
 	}
 	return nil
 }

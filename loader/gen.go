@@ -1,0 +1,110 @@
+package loader
+
+import (
+	"fmt"
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/partition"
+)
+
+// GenSpec describes a synthetic model.
+type GenSpec struct {
+	Name       string
+	Type       string // codec.TypeLR or codec.TypeFM
+	Dim        int    // FM factors; default 8 for FM
+	Params     int64  // number of features
+	Partitions uint32 // default 8
+	Seed       uint64
+	Dense      bool // ids 0..Params-1 instead of hashed 64-bit ids
+	// Progress, if set, is called with the number of features written
+	// since the last call. It is called from several goroutines.
+	Progress func(n int64)
+}
+
+// GenID is the id of rank r in a generated model (see codec.GenInfo).
+func GenID(g codec.GenInfo, r uint64) uint64 {
+	if g.IDs == "dense" {
+		return r
+	}
+	return splitmix64(g.Seed + r)
+}
+
+// splitmix64 is a bijection on uint64, so distinct ranks give distinct ids.
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// genValue is a deterministic value in [-scale, scale) for (id, j).
+func genValue(seed, id uint64, j int, scale float32) float32 {
+	u := splitmix64(id ^ seed*0x2545f4914f6cdd1d ^ uint64(j)<<56)
+	return (float32(u>>40)/float32(1<<24)*2 - 1) * scale
+}
+
+// Generate writes a synthetic model as the next version of spec.Name.
+// Each partition is produced by one pass over all ranks, keeping only its
+// own ids, so memory stays at one partition per worker however large the
+// model is.
+func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
+	if spec.Partitions == 0 {
+		spec.Partitions = 8
+	}
+	if spec.Type == codec.TypeFM && spec.Dim == 0 {
+		spec.Dim = 8
+	}
+	if spec.Params <= 0 {
+		return nil, fmt.Errorf("loader: gen: params must be positive")
+	}
+	gi := codec.GenInfo{Seed: spec.Seed, IDs: "hashed"}
+	if spec.Dense {
+		gi.IDs = "dense"
+	}
+	w, err := r.NewVersion(Spec{
+		Name: spec.Name, Type: spec.Type, Dim: spec.Dim, Bias: -1.5, Partitions: spec.Partitions,
+		Source:    fmt.Sprintf("cumulus model gen --type %s --params %d --dim %d --seed %d --ids %s", spec.Type, spec.Params, spec.Dim, spec.Seed, gi.IDs),
+		Generator: &gi,
+	})
+	if err != nil {
+		return nil, err
+	}
+	width := 1 + spec.Dim
+	expect := spec.Params/int64(spec.Partitions) + spec.Params/int64(spec.Partitions)/16 + 16
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for p := range spec.Partitions {
+		g.Go(func() error {
+			keys := make([]uint64, 0, expect)
+			vals := make([]float32, 0, expect*int64(width))
+			var reported int64
+			for rank := uint64(0); rank < uint64(spec.Params); rank++ {
+				id := GenID(gi, rank)
+				if partition.Of(id, spec.Partitions) != p {
+					continue
+				}
+				keys = append(keys, id)
+				vals = append(vals, genValue(spec.Seed, id, 0, 0.5))
+				for j := 1; j < width; j++ {
+					vals = append(vals, genValue(spec.Seed, id, j, 0.1))
+				}
+				if spec.Progress != nil && len(keys)%65536 == 0 {
+					spec.Progress(65536)
+					reported += 65536
+				}
+			}
+			if spec.Progress != nil {
+				spec.Progress(int64(len(keys)) - reported)
+			}
+			return w.WritePartition(p, keys, vals)
+		})
+	}
+	if err := g.Wait(); err != nil {
+		w.Abort()
+		return nil, err
+	}
+	return w.Commit()
+}

@@ -1,0 +1,356 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+)
+
+func smallFM() *Sparse {
+	s := &Sparse{Type: codec.TypeFM, Dim: 2, Bias: 0.25}
+	for i := uint64(0); i < 100; i++ {
+		s.Keys = append(s.Keys, i*1000003)
+		s.Values = append(s.Values, float32(i)/100, float32(i)/200, -float32(i)/300)
+	}
+	return s
+}
+
+func TestPublishAndRead(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	s := smallFM()
+	m, err := repo.Publish("fm", s, 4, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Version != 1 || m.Params != 100 || m.Width() != 3 {
+		t.Fatalf("manifest %+v", m)
+	}
+	m2, err := repo.Publish("fm", s, 4, "test")
+	if err != nil || m2.Version != 2 {
+		t.Fatalf("second publish: v%d, %v", m2.Version, err)
+	}
+	got, err := repo.Manifest("fm", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint64][]float32{}
+	for i, k := range s.Keys {
+		want[k] = s.Values[3*i : 3*i+3]
+	}
+	n := 0
+	for p := uint32(0); p < 4; p++ {
+		pt, err := repo.ReadPartition(got, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < pt.Count; i++ {
+			k := pt.Key(i)
+			if partition.Of(k, 4) != p {
+				t.Errorf("key %d filed in partition %d", k, p)
+			}
+			for j := 0; j < 3; j++ {
+				if pt.Value(i, j) != want[k][j] {
+					t.Errorf("key %d value %d = %v, want %v", k, j, pt.Value(i, j), want[k][j])
+				}
+			}
+			n++
+		}
+	}
+	if n != 100 {
+		t.Errorf("read %d keys, want 100", n)
+	}
+	if err := repo.Verify(got); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Versions being written are invisible; concurrent publishers each get
+// their own version number.
+func TestPublishAtomic(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	w, err := repo.NewVersion(Spec{Name: "m", Type: codec.TypeLR, Partitions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WritePartition(0, []uint64{1}, []float32{1}); err != nil {
+		t.Fatal(err)
+	}
+	if vs, _ := repo.Versions("m"); len(vs) != 0 {
+		t.Fatalf("uncommitted version visible: %v", vs)
+	}
+	var wg sync.WaitGroup
+	versions := make([]uint64, 8)
+	for i := range versions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := repo.Publish("m", &Sparse{Type: codec.TypeLR, Keys: []uint64{uint64(i)}, Values: []float32{1}}, 2, "")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			versions[i] = m.Version
+		}()
+	}
+	wg.Wait()
+	seen := map[uint64]bool{}
+	for _, v := range versions {
+		if seen[v] {
+			t.Fatalf("version %d published twice: %v", v, versions)
+		}
+		seen[v] = true
+	}
+	if _, err := w.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if vs, _ := repo.Versions("m"); len(vs) != 9 {
+		t.Fatalf("versions %v, want 9", vs)
+	}
+}
+
+func TestCorruptPartitionNamed(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	m, err := repo.Publish("m", smallFM(), 2, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(repo.VersionDir("m", 1), m.Files[1].Path)
+	b, _ := os.ReadFile(p)
+	b[100] ^= 1
+	os.WriteFile(p, b, 0o644)
+	err = repo.Verify(m)
+	if !errors.Is(err, codec.ErrCorrupt) || !strings.Contains(err.Error(), "part-00001.bin") {
+		t.Fatalf("err = %v, want corruption naming part-00001.bin", err)
+	}
+	os.WriteFile(p, b[:50], 0o644)
+	if err := repo.Verify(m); !errors.Is(err, codec.ErrCorrupt) {
+		t.Fatalf("truncated file: err = %v", err)
+	}
+}
+
+func TestPublishRefusesBadModels(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	cases := map[string]*Sparse{
+		"duplicate": {Type: codec.TypeLR, Keys: []uint64{5, 5}, Values: []float32{1, 2}},
+		"nan":       {Type: codec.TypeLR, Keys: []uint64{5}, Values: []float32{float32(math.NaN())}},
+		"inf bias":  {Type: codec.TypeLR, Bias: math.Inf(1), Keys: []uint64{5}, Values: []float32{1}},
+		"width":     {Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{1}},
+	}
+	for name, s := range cases {
+		if _, err := repo.Publish("m", s, 1, ""); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := repo.Publish("../x", smallFM(), 1, ""); err == nil {
+		t.Error("bad name accepted")
+	}
+}
+
+func TestGenerate(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	var progress int64
+	var mu sync.Mutex
+	m, err := repo.Generate(GenSpec{Name: "g", Type: codec.TypeFM, Dim: 4, Params: 200000, Partitions: 3, Seed: 7,
+		Progress: func(n int64) { mu.Lock(); progress += n; mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Params != 200000 || progress != 200000 || m.Generator == nil || m.Generator.IDs != "hashed" {
+		t.Fatalf("params %d, progress %d, generator %+v", m.Params, progress, m.Generator)
+	}
+	inModel := map[uint64]bool{}
+	for p := uint32(0); p < 3; p++ {
+		pt, err := repo.ReadPartition(m, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < pt.Count; i++ {
+			inModel[pt.Key(i)] = true
+		}
+	}
+	for _, r := range []uint64{0, 1, 199999} {
+		if !inModel[GenID(*m.Generator, r)] {
+			t.Errorf("rank %d's id missing from the model", r)
+		}
+	}
+	if len(inModel) != 200000 {
+		t.Errorf("%d distinct ids, want 200000", len(inModel))
+	}
+}
+
+func TestParseTSV(t *testing.T) {
+	good := "# an fm model\ntype fm\ndim 2\nbias -0.5\n1\t0.5\t0.1\t0.2\n18446744073709551615 1 2 3 # max id\n"
+	s, err := ParseTSV(strings.NewReader(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Type != codec.TypeFM || s.Dim != 2 || s.Bias != -0.5 || len(s.Keys) != 2 || s.Keys[1] != math.MaxUint64 || s.Values[5] != 3 {
+		t.Fatalf("parsed %+v", s)
+	}
+	bad := map[string]string{
+		"no type":       "1 0.5\n",
+		"wrong width":   "type fm\ndim 2\n1 0.5 0.1\n",
+		"lr with dim":   "type lr\ndim 2\n1 0.5\n",
+		"fm no dim":     "type fm\n1 0.5\n",
+		"header late":   "type lr\n1 0.5\nbias 1\n",
+		"bad number":    "type lr\n1 abc\n",
+		"duplicate":     "type lr\n1 0.5\n1 0.6\n",
+		"nan":           "type lr\n1 NaN\n",
+		"unknown":       "type lr\ncolor red\n",
+		"negative id":   "type lr\n-1 0.5\n",
+		"overflow f32":  "type lr\n1 1e39\n",
+		"unknown type":  "type dnn\n",
+		"huge dim":      "type fm\ndim 100000\n",
+		"empty":         "",
+		"bias not num":  "type lr\nbias x\n",
+		"id too large":  "type lr\n18446744073709551616 1\n",
+		"header arity":  "type lr fm\n",
+		"only comments": "# nothing\n",
+	}
+	for name, text := range bad {
+		if _, err := ParseTSV(strings.NewReader(text)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// writeSVM writes a random binary classification set in libsvm format.
+func writeSVM(t *testing.T, path string, rows, features int, labels [2]string, seed uint64) {
+	t.Helper()
+	var b strings.Builder
+	x := seed
+	next := func() uint64 { x = splitmix64(x); return x }
+	for i := 0; i < rows; i++ {
+		label := labels[next()%2]
+		b.WriteString(label)
+		idx := uint64(0)
+		for j := 0; j < 8; j++ {
+			idx += 1 + next()%uint64(features/8)
+			v := float64(next()%2000)/1000 - 1
+			if label == labels[0] && idx%3 == 0 {
+				v += 0.8
+			}
+			fmt.Fprintf(&b, " %d:%.3f", idx, v)
+		}
+		b.WriteByte('\n')
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// scoreLR is the plain definition: σ(bias + Σ w_i x_i).
+func scoreLR(s *Sparse, ids []uint64, vals []float64) float64 {
+	w := map[uint64]float64{}
+	for i, k := range s.Keys {
+		w[k] = float64(s.Values[i])
+	}
+	z := s.Bias
+	for i, id := range ids {
+		z += w[id] * vals[i]
+	}
+	return 1 / (1 + math.Exp(-z))
+}
+
+// TestImportLIBLINEAR checks the importer against the real LIBLINEAR
+// tools, for each supported solver, with and without bias, and both
+// label orders.
+func TestImportLIBLINEAR(t *testing.T) {
+	train := testenv.Tool(t, "liblinear-train")
+	predict := testenv.Tool(t, "liblinear-predict")
+	dir := t.TempDir()
+	for _, c := range []struct {
+		solver string
+		bias   string
+		labels [2]string
+	}{
+		{"0", "1", [2]string{"1", "-1"}},
+		{"0", "-1", [2]string{"-1", "1"}},
+		{"6", "2.5", [2]string{"0", "1"}},
+		{"7", "1", [2]string{"1", "0"}},
+	} {
+		name := fmt.Sprintf("s%s-B%s-%s%s", c.solver, c.bias, c.labels[0], c.labels[1])
+		t.Run(name, func(t *testing.T) {
+			data := filepath.Join(dir, name+".svm")
+			model := filepath.Join(dir, name+".model")
+			out := filepath.Join(dir, name+".out")
+			writeSVM(t, data, 300, 64, c.labels, 11)
+			if b, err := exec.Command(train, "-q", "-s", c.solver, "-B", c.bias, data, model).CombinedOutput(); err != nil {
+				t.Fatalf("liblinear-train: %v\n%s", err, b)
+			}
+			if b, err := exec.Command(predict, "-b", "1", data, model, out).CombinedOutput(); err != nil {
+				t.Fatalf("liblinear-predict: %v\n%s", err, b)
+			}
+			f, _ := os.Open(model)
+			s, err := ImportLIBLINEAR(f, "1")
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkAgainstPredict(t, s, data, out, "1")
+		})
+	}
+}
+
+// checkAgainstPredict compares the model's scores with the column of
+// `predict -b 1` output for label positive.
+func checkAgainstPredict(t *testing.T, s *Sparse, data, out, positive string) {
+	t.Helper()
+	outText, _ := os.ReadFile(out)
+	lines := strings.Split(strings.TrimSpace(string(outText)), "\n")
+	col := -1
+	for i, l := range strings.Fields(lines[0])[1:] {
+		if l == positive {
+			col = i + 1
+		}
+	}
+	dataText, _ := os.ReadFile(data)
+	rows := strings.Split(strings.TrimSpace(string(dataText)), "\n")
+	if len(rows) != len(lines)-1 {
+		t.Fatalf("%d rows, %d predictions", len(rows), len(lines)-1)
+	}
+	for i, row := range rows {
+		var ids []uint64
+		var vals []float64
+		for _, kv := range strings.Fields(row)[1:] {
+			k, v, _ := strings.Cut(kv, ":")
+			id, _ := strconv.ParseUint(k, 10, 64)
+			x, _ := strconv.ParseFloat(v, 64)
+			ids, vals = append(ids, id), append(vals, x)
+		}
+		want, _ := strconv.ParseFloat(strings.Fields(lines[i+1])[col], 64)
+		if got := scoreLR(s, ids, vals); math.Abs(got-want) > 1e-5 {
+			t.Fatalf("row %d: score %.7f, liblinear-predict says %.7f", i, got, want)
+		}
+	}
+}
+
+func TestImportLIBLINEARRejects(t *testing.T) {
+	header := "solver_type L2R_LR\nnr_class 2\nlabel 1 -1\nnr_feature 2\nbias -1\nw\n"
+	cases := map[string]string{
+		"svm solver":     strings.Replace(header, "L2R_LR", "L2R_L2LOSS_SVC_DUAL", 1) + "1\n2\n",
+		"multiclass":     strings.Replace(strings.Replace(header, "nr_class 2", "nr_class 3", 1), "label 1 -1", "label 1 2 3", 1) + "1 2 3\n1 2 3\n",
+		"short weights":  header + "1\n",
+		"extra text":     header + "1\n2\n3\n",
+		"no w":           "solver_type L2R_LR\nnr_class 2\n",
+		"bad weight":     header + "1\nx\n",
+		"wrong label":    strings.Replace(header, "label 1 -1", "label 2 4", 1) + "1\n2\n",
+		"unknown header": "colour blue\n" + header + "1\n2\n",
+	}
+	for name, text := range cases {
+		if _, err := ImportLIBLINEAR(strings.NewReader(text), "1"); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package loader
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+
+	"github.com/cumulus-serving/cumulus/codec"
+)
+
+// ErrNotFound is wrapped when a model or version does not exist.
+var ErrNotFound = errors.New("loader: not found")
+
+// Repo is a model repository on a file system:
+//
+//	DIR/NAME/VERSION/manifest.json
+//	DIR/NAME/VERSION/part-00000.bin …
+//
+// VERSION is a decimal number. Directories whose name starts with a dot
+// are versions being written and are never read.
+type Repo struct {
+	Dir string
+}
+
+// Models lists model names, sorted.
+func (r Repo) Models() ([]string, error) {
+	ents, err := os.ReadDir(r.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("loader: reading repository: %w", err)
+	}
+	var names []string
+	for _, e := range ents {
+		if e.IsDir() && codec.ValidName(e.Name()) {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
+}
+
+// Versions lists the published versions of a model, ascending.
+func (r Repo) Versions(name string) ([]uint64, error) {
+	if !codec.ValidName(name) {
+		return nil, fmt.Errorf("loader: invalid model name %q", name)
+	}
+	ents, err := os.ReadDir(filepath.Join(r.Dir, name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: model %q in %s", ErrNotFound, name, r.Dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	var vs []uint64
+	for _, e := range ents {
+		v, err := strconv.ParseUint(e.Name(), 10, 64)
+		if err != nil || !e.IsDir() || v == 0 {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(r.Dir, name, e.Name(), codec.ManifestName)); err == nil {
+			vs = append(vs, v)
+		}
+	}
+	slices.Sort(vs)
+	return vs, nil
+}
+
+// Latest returns the highest published version of a model.
+func (r Repo) Latest(name string) (uint64, error) {
+	vs, err := r.Versions(name)
+	if err != nil {
+		return 0, err
+	}
+	if len(vs) == 0 {
+		return 0, fmt.Errorf("%w: model %q has no published version", ErrNotFound, name)
+	}
+	return vs[len(vs)-1], nil
+}
+
+// VersionDir is the directory holding one version.
+func (r Repo) VersionDir(name string, version uint64) string {
+	return filepath.Join(r.Dir, name, strconv.FormatUint(version, 10))
+}
+
+// Manifest reads and validates a version's manifest, checking that it
+// describes the model and version it is filed under.
+func (r Repo) Manifest(name string, version uint64) (*codec.Manifest, error) {
+	p := filepath.Join(r.VersionDir(name, version), codec.ManifestName)
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: model %q version %d", ErrNotFound, name, version)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	m, err := codec.ParseManifest(b)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %s: %w", p, err)
+	}
+	if m.Name != name || m.Version != version {
+		return nil, fmt.Errorf("loader: %s describes %s version %d", p, m.Name, m.Version)
+	}
+	return m, nil
+}
+
+// ReadPartition reads one partition file of a version and verifies its
+// size, SHA-256 and block checksums. Errors name the file.
+func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, error) {
+	if part >= m.Partitions {
+		return nil, fmt.Errorf("loader: model %s has no partition %d", m.Name, part)
+	}
+	f := m.Files[part]
+	p := filepath.Join(r.VersionDir(m.Name, m.Version), f.Path)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	if int64(len(b)) != f.Size {
+		return nil, fmt.Errorf("loader: %s: %w: size %d, manifest says %d", p, codec.ErrCorrupt, len(b), f.Size)
+	}
+	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != f.SHA256 {
+		return nil, fmt.Errorf("loader: %s: %w: SHA-256 does not match the manifest", p, codec.ErrCorrupt)
+	}
+	pt, err := codec.ParsePartition(b)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %s: %w", p, err)
+	}
+	if pt.Number != part || pt.Width != m.Width() || int64(pt.Count) != f.Keys {
+		return nil, fmt.Errorf("loader: %s: %w: holds partition %d, width %d, %d keys; manifest says %d, %d, %d",
+			p, codec.ErrCorrupt, pt.Number, pt.Width, pt.Count, part, m.Width(), f.Keys)
+	}
+	return pt, nil
+}
+
+// Verify reads every partition of a version and checks it against the
+// manifest; it reports the first damaged file.
+func (r Repo) Verify(m *codec.Manifest) error {
+	for p := uint32(0); p < m.Partitions; p++ {
+		if _, err := r.ReadPartition(m, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,101 @@
+package loader
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/cumulus-serving/cumulus/codec"
+)
+
+// ParseTSV reads Cumulus's text model format (docs/model-format.md):
+//
+//	# comment
+//	type  fm        (lr or fm)
+//	dim   4         (fm only: factors per feature)
+//	bias  -1.25
+//	17    0.5   0.1 0.2 0.3 0.4    (feature id, weight, then dim factors)
+//
+// Fields are separated by tabs or spaces. Header lines come before the
+// first feature line. A line's first field decides its kind: a decimal
+// number starts a feature line.
+func ParseTSV(r io.Reader) (*Sparse, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<16), 1<<24)
+	m := &Sparse{Type: codec.TypeLR}
+	haveType, inBody := false, false
+	line := 0
+	for sc.Scan() {
+		line++
+		text := sc.Text()
+		if i := strings.IndexByte(text, '#'); i >= 0 {
+			text = text[:i]
+		}
+		f := strings.Fields(text)
+		if len(f) == 0 {
+			continue
+		}
+		id, idErr := strconv.ParseUint(f[0], 10, 64)
+		if idErr != nil {
+			if inBody {
+				return nil, fmt.Errorf("loader: tsv: line %d: %q is not a feature id (headers come first)", line, f[0])
+			}
+			if len(f) != 2 {
+				return nil, fmt.Errorf("loader: tsv: line %d: header %q wants one value", line, f[0])
+			}
+			var err error
+			switch f[0] {
+			case "type":
+				if f[1] != codec.TypeLR && f[1] != codec.TypeFM {
+					return nil, fmt.Errorf("loader: tsv: line %d: type %q is not lr or fm", line, f[1])
+				}
+				m.Type, haveType = f[1], true
+			case "dim":
+				m.Dim, err = strconv.Atoi(f[1])
+				if err == nil && (m.Dim < 1 || m.Dim > 1024) {
+					err = fmt.Errorf("dim %d outside 1..1024", m.Dim)
+				}
+			case "bias":
+				m.Bias, err = strconv.ParseFloat(f[1], 64)
+			default:
+				return nil, fmt.Errorf("loader: tsv: line %d: unknown header %q", line, f[0])
+			}
+			if err != nil {
+				return nil, fmt.Errorf("loader: tsv: line %d: %w", line, err)
+			}
+			continue
+		}
+		if !inBody {
+			inBody = true
+			if !haveType {
+				return nil, fmt.Errorf("loader: tsv: line %d: no \"type\" header before the first feature", line)
+			}
+			if m.Type == codec.TypeLR && m.Dim != 0 {
+				return nil, fmt.Errorf("loader: tsv: an lr model takes no dim")
+			}
+			if m.Type == codec.TypeFM && m.Dim == 0 {
+				return nil, fmt.Errorf("loader: tsv: an fm model needs a \"dim\" header")
+			}
+		}
+		if len(f) != 1+m.Width() {
+			return nil, fmt.Errorf("loader: tsv: line %d: feature %d has %d values, want %d", line, id, len(f)-1, m.Width())
+		}
+		m.Keys = append(m.Keys, id)
+		for _, s := range f[1:] {
+			v, err := strconv.ParseFloat(s, 32)
+			if err != nil {
+				return nil, fmt.Errorf("loader: tsv: line %d: %w", line, err)
+			}
+			m.Values = append(m.Values, float32(v))
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("loader: tsv: %w", err)
+	}
+	if !haveType {
+		return nil, fmt.Errorf("loader: tsv: no \"type\" header")
+	}
+	return m, m.check()
+}
