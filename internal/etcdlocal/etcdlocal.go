@@ -1,0 +1,51 @@
+// Package etcdlocal runs a single-member etcd inside the process, on
+// loopback ports the kernel picks: the store behind `cumulus dev` and the
+// integration tests. Production points at an etcd cluster instead.
+package etcdlocal
+
+import (
+	"fmt"
+	"net/url"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// Etcd is a running embedded etcd.
+type Etcd struct {
+	// Endpoint is the client URL, e.g. http://127.0.0.1:41234.
+	Endpoint string
+	e        *embed.Etcd
+}
+
+// Start starts etcd with its data in dir and waits until it serves.
+func Start(dir string) (*Etcd, error) {
+	cfg := embed.NewConfig()
+	cfg.Dir = dir
+	cfg.Name = "cumulus-dev"
+	cfg.LogLevel = "error"
+	local := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
+	cfg.ListenClientUrls = []url.URL{local}
+	cfg.AdvertiseClientUrls = []url.URL{local}
+	cfg.ListenPeerUrls = []url.URL{local}
+	cfg.AdvertisePeerUrls = []url.URL{local}
+	cfg.InitialCluster = cfg.Name + "=" + local.String()
+	cfg.ListenMetricsUrls = nil
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("etcdlocal: %w", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("etcdlocal: %w", err)
+	case <-time.After(30 * time.Second):
+		e.Close()
+		return nil, fmt.Errorf("etcdlocal: etcd not ready after 30s")
+	}
+	return &Etcd{Endpoint: "http://" + e.Clients[0].Addr().String(), e: e}, nil
+}
+
+// Close stops etcd.
+func (e *Etcd) Close() { e.e.Close() }

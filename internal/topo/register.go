@@ -1,0 +1,102 @@
+package topo
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Registration keeps one key alive under a lease for as long as its
+// process lives: if the process dies, etcd deletes the key after the TTL.
+// Set may be called at any time from any goroutine; the newest value is
+// (re)written whenever the lease is (re)established.
+type Registration struct {
+	cli *clientv3.Client
+	key string
+	ttl int64
+
+	mu      sync.Mutex
+	value   string
+	lease   clientv3.LeaseID
+	changed chan struct{}
+}
+
+// Register starts keeping key alive with the given TTL in seconds. The
+// key is written by the time Register returns, or an error is returned.
+func Register(ctx context.Context, cli *clientv3.Client, key, value string, ttl int64) (*Registration, error) {
+	r := &Registration{cli: cli, key: key, ttl: ttl, value: value, changed: make(chan struct{}, 1)}
+	ka, err := r.establish(ctx)
+	if err != nil {
+		return nil, err
+	}
+	go r.run(ctx, ka)
+	return r, nil
+}
+
+func (r *Registration) establish(ctx context.Context) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+	lease, err := r.cli.Grant(ctx, r.ttl)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.lease = lease.ID
+	v := r.value
+	r.mu.Unlock()
+	if _, err := r.cli.Put(ctx, r.key, v, clientv3.WithLease(lease.ID)); err != nil {
+		return nil, err
+	}
+	return r.cli.KeepAlive(ctx, lease.ID)
+}
+
+// Set replaces the registered value.
+func (r *Registration) Set(value string) {
+	r.mu.Lock()
+	r.value = value
+	r.mu.Unlock()
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Registration) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse) {
+	defer func() {
+		// Leave at once rather than after the TTL.
+		r.mu.Lock()
+		lease := r.lease
+		r.mu.Unlock()
+		c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		r.cli.Revoke(c, lease)
+		cancel()
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ka:
+			if ok {
+				continue
+			}
+			for ctx.Err() == nil {
+				var err error
+				if ka, err = r.establish(ctx); err == nil {
+					break
+				}
+				slog.Warn("topo: re-registering failed; retrying", "key", r.key, "err", err)
+				sleep(ctx, time.Second)
+			}
+		case <-r.changed:
+			r.mu.Lock()
+			v, lease := r.value, r.lease
+			r.mu.Unlock()
+			if _, err := r.cli.Put(ctx, r.key, v, clientv3.WithLease(lease)); err != nil && ctx.Err() == nil {
+				slog.Warn("topo: updating registration failed", "key", r.key, "err", err)
+				r.Set(v) // try again on the next turn
+				sleep(ctx, 200*time.Millisecond)
+			}
+		}
+	}
+}

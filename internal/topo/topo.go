@@ -1,0 +1,75 @@
+// Package topo is the cluster's shared view in etcd: the key layout, the
+// records stored under it, a watcher that turns a key prefix into a
+// stream of whole snapshots, and lease-backed registration.
+//
+// Layout (all values JSON):
+//
+//	/cumulus/shards/ID   ShardInfo, under the shard's lease: who is alive,
+//	                     where, and which partitions it has loaded
+//	/cumulus/models/NAME Assignment, written by the manager: the version
+//	                     to serve and which shards should hold each partition
+//
+// Shards read assignments and report what they hold; routers route only
+// to what shards report, so a shard still loading, or one that refused a
+// damaged file, never receives traffic for what it does not have.
+package topo
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+const (
+	ShardsPrefix = "/cumulus/shards/"
+	ModelsPrefix = "/cumulus/models/"
+)
+
+// ShardInfo is a live shard's registration.
+type ShardInfo struct {
+	ID     string   `json:"id"`
+	Addr   string   `json:"addr"` // gRPC host:port
+	Loaded []Loaded `json:"loaded,omitempty"`
+	// Errors lists loads this shard refused (damaged or missing files),
+	// newest first; the versions it already held keep serving.
+	Errors []string `json:"errors,omitempty"`
+}
+
+// Loaded is one model version a shard holds, with the metadata a router
+// needs to score it, so routers never read the model repository.
+type Loaded struct {
+	Model      string   `json:"model"`
+	Version    uint64   `json:"version"`
+	Type       string   `json:"type"`
+	Dim        int      `json:"dim"`
+	Bias       float64  `json:"bias"`
+	Partitions uint32   `json:"partitions"` // the model's total
+	Hash       string   `json:"hash"`
+	Have       []uint32 `json:"have"` // partitions held, ascending
+}
+
+// Assignment is the manager's decision for one model.
+type Assignment struct {
+	Model      string     `json:"model"`
+	Version    uint64     `json:"version"`
+	Partitions uint32     `json:"partitions"`
+	Replicas   [][]string `json:"replicas"` // partition → shard IDs
+}
+
+// ShardKey is the registration key of a shard.
+func ShardKey(id string) string { return ShardsPrefix + id }
+
+// ModelKey is the assignment key of a model.
+func ModelKey(name string) string { return ModelsPrefix + name }
+
+// Decode parses a JSON value of a snapshot, naming the key on error.
+func Decode[T any](key string, value []byte) (T, error) {
+	var v T
+	if err := json.Unmarshal(value, &v); err != nil {
+		return v, fmt.Errorf("topo: %s: %w", key, err)
+	}
+	return v, nil
+}
+
+// Suffix returns key without prefix.
+func Suffix(key, prefix string) string { return strings.TrimPrefix(key, prefix) }

@@ -1,0 +1,57 @@
+package topo
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Watch calls fn with the whole content of prefix (key → value) once at
+// start and again after every change, until ctx ends. fn runs on Watch's
+// goroutine and must not keep the map. A broken or compacted watch starts
+// over from a fresh read, so fn always sees a consistent state.
+func Watch(ctx context.Context, cli *clientv3.Client, prefix string, fn func(map[string][]byte)) {
+	for ctx.Err() == nil {
+		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+		if err != nil {
+			if ctx.Err() == nil {
+				slog.Warn("topo: read failed; retrying", "prefix", prefix, "err", err)
+				sleep(ctx, 500*time.Millisecond)
+			}
+			continue
+		}
+		state := make(map[string][]byte, len(resp.Kvs))
+		for _, kv := range resp.Kvs {
+			state[string(kv.Key)] = kv.Value
+		}
+		fn(maps.Clone(state))
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		for wr := range cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+			if err := wr.Err(); err != nil {
+				slog.Warn("topo: watch broken; re-reading", "prefix", prefix, "err", err)
+				break
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					delete(state, string(ev.Kv.Key))
+				} else {
+					state[string(ev.Kv.Key)] = ev.Kv.Value
+				}
+			}
+			fn(maps.Clone(state))
+		}
+		cancel()
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

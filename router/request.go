@@ -1,0 +1,93 @@
+package router
+
+import (
+	"fmt"
+	"math"
+)
+
+// Request is one batched predict call: rows of sparse features in the
+// ragged-row layout (row r is IDs[RowSplits[r]:RowSplits[r+1]]), plus
+// features shared by every row (the user's and the context's), sent once.
+// Values and SharedValues may be nil, meaning 1.0 for every feature.
+type Request struct {
+	Model        string
+	Version      uint64 // 0 for the live version
+	IDs          []uint64
+	Values       []float32
+	RowSplits    []int64
+	SharedIDs    []uint64
+	SharedValues []float32
+}
+
+// Rows is the batch size.
+func (r *Request) Rows() int { return max(len(r.RowSplits)-1, 0) }
+
+// Response holds one score per row: the model's probability.
+type Response struct {
+	Model   string
+	Version uint64
+	Scores  []float32
+}
+
+// Limits bound one request. Zero values mean the documented default.
+type Limits struct {
+	MaxRows int // default 10,000
+	MaxIDs  int // ids plus shared ids; default 1,048,576
+}
+
+func (l *Limits) fill() {
+	if l.MaxRows == 0 {
+		l.MaxRows = 10_000
+	}
+	if l.MaxIDs == 0 {
+		l.MaxIDs = 1 << 20
+	}
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("router: %w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
+// Validate checks the request's shape and numbers against l.
+func (r *Request) Validate(l Limits) error {
+	l.fill()
+	switch {
+	case r.Model == "":
+		return invalid("no model name")
+	case len(r.RowSplits) < 2:
+		return invalid("empty batch: row_splits needs at least 2 entries (batch+1), got %d", len(r.RowSplits))
+	case r.Rows() > l.MaxRows:
+		return invalid("batch of %d rows is over the limit of %d", r.Rows(), l.MaxRows)
+	case len(r.IDs)+len(r.SharedIDs) > l.MaxIDs:
+		return invalid("%d feature ids are over the limit of %d", len(r.IDs)+len(r.SharedIDs), l.MaxIDs)
+	case r.Values != nil && len(r.Values) != len(r.IDs):
+		return invalid("%d values for %d ids", len(r.Values), len(r.IDs))
+	case r.SharedValues != nil && len(r.SharedValues) != len(r.SharedIDs):
+		return invalid("%d shared values for %d shared ids", len(r.SharedValues), len(r.SharedIDs))
+	case r.RowSplits[0] != 0:
+		return invalid("row_splits must start at 0, starts at %d", r.RowSplits[0])
+	case r.RowSplits[len(r.RowSplits)-1] != int64(len(r.IDs)):
+		return invalid("row_splits must end at the number of ids (%d), ends at %d", len(r.IDs), r.RowSplits[len(r.RowSplits)-1])
+	}
+	for i := 1; i < len(r.RowSplits); i++ {
+		if r.RowSplits[i] < r.RowSplits[i-1] {
+			return invalid("row_splits must not decrease: entry %d is %d after %d", i, r.RowSplits[i], r.RowSplits[i-1])
+		}
+	}
+	if i := nonFinite(r.Values); i >= 0 {
+		return invalid("value %d is %v; values must be finite", i, r.Values[i])
+	}
+	if i := nonFinite(r.SharedValues); i >= 0 {
+		return invalid("shared value %d is %v; values must be finite", i, r.SharedValues[i])
+	}
+	return nil
+}
+
+func nonFinite(v []float32) int {
+	for i, x := range v {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,0 +1,457 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/ants/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/shard"
+)
+
+// Options configure a router. Zero values mean the documented default.
+type Options struct {
+	// Etcd is the cluster store the router watches; required.
+	Etcd *clientv3.Client
+	// Limits bound each request.
+	Limits Limits
+	// FanoutWorkers bounds concurrent shard calls across all requests
+	// (admission control). Default 512.
+	FanoutWorkers int
+	// DefaultTimeout applies to requests that carry no deadline.
+	// Default 1s.
+	DefaultTimeout time.Duration
+	// Dial connects to a shard. Default: gRPC without TLS. Tests use it
+	// to wrap shards with controllable faults.
+	Dial func(addr string) (shard.Service, io.Closer, error)
+	// Registry receives the router's metrics; nil registers nowhere.
+	Registry prometheus.Registerer
+}
+
+// Validate checks required fields and fills defaults.
+func (o *Options) Validate() error {
+	if o.Etcd == nil {
+		return errors.New("router: Options.Etcd is required")
+	}
+	o.Limits.fill()
+	if o.FanoutWorkers == 0 {
+		o.FanoutWorkers = 512
+	}
+	if o.DefaultTimeout == 0 {
+		o.DefaultTimeout = time.Second
+	}
+	if o.Dial == nil {
+		o.Dial = dialGRPC
+	}
+	return nil
+}
+
+func dialGRPC(addr string) (shard.Service, io.Closer, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)))
+	if err != nil {
+		return nil, nil, err
+	}
+	return shard.NewClient(conn), conn, nil
+}
+
+// Router answers predict calls by fanning out to shards. It is safe for
+// concurrent use; requests never lock.
+type Router struct {
+	opts     Options
+	tab      atomic.Pointer[table]
+	pool     *ants.Pool
+	rr       atomic.Uint64
+	cancel   context.CancelFunc
+	done     sync.WaitGroup
+	shardRPC *prometheus.HistogramVec
+}
+
+// Start begins watching etcd. It returns at once; Ready reports when
+// every assigned model can be served.
+func Start(ctx context.Context, opts Options) (*Router, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	pool, err := ants.NewPool(opts.FanoutWorkers)
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	r := &Router{opts: opts, pool: pool, cancel: cancel}
+	r.shardRPC = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "cumulus_router_shard_call_seconds", Help: "Router→shard lookup latency by outcome.",
+		Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
+	}, []string{"outcome"})
+	if opts.Registry != nil {
+		if err := opts.Registry.Register(r.shardRPC); err != nil {
+			cancel()
+			return nil, fmt.Errorf("router: metrics: %w", err)
+		}
+	}
+	r.tab.Store(&table{models: map[string]*modelRoute{}})
+	r.done.Add(1)
+	go func() { defer r.done.Done(); r.watch(ctx) }()
+	return r, nil
+}
+
+// Close stops watching and closes shard connections.
+func (r *Router) Close() {
+	r.cancel()
+	r.done.Wait()
+	r.pool.Release()
+}
+
+// watch rebuilds the routing table whenever shards or assignments
+// change. Connections are opened for new shard addresses and closed once
+// a table without them is in place.
+func (r *Router) watch(ctx context.Context) {
+	type event struct {
+		shards  map[string]topo.ShardInfo
+		assigns map[string]topo.Assignment
+	}
+	events := make(chan event, 16)
+	go topo.Watch(ctx, r.opts.Etcd, topo.ShardsPrefix, func(kv map[string][]byte) {
+		m := map[string]topo.ShardInfo{}
+		for k, v := range kv {
+			if si, err := topo.Decode[topo.ShardInfo](k, v); err == nil {
+				m[si.ID] = si
+			}
+		}
+		events <- event{shards: m}
+	})
+	go topo.Watch(ctx, r.opts.Etcd, topo.ModelsPrefix, func(kv map[string][]byte) {
+		m := map[string]topo.Assignment{}
+		for k, v := range kv {
+			if a, err := topo.Decode[topo.Assignment](k, v); err == nil {
+				m[a.Model] = a
+			}
+		}
+		events <- event{assigns: m}
+	})
+	backends := map[string]*backend{}
+	closers := map[string]io.Closer{}
+	var shards map[string]topo.ShardInfo
+	assigns := map[string]topo.Assignment{}
+	defer func() {
+		for _, c := range closers {
+			c.Close()
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-events:
+			if ev.shards != nil {
+				shards = ev.shards
+			}
+			if ev.assigns != nil {
+				assigns = ev.assigns
+			}
+		}
+		live := map[string]bool{}
+		for _, si := range shards {
+			live[si.Addr] = true
+			if backends[si.Addr] != nil {
+				continue
+			}
+			svc, c, err := r.opts.Dial(si.Addr)
+			if err != nil {
+				slog.Error("router: dialing shard", "shard", si.ID, "addr", si.Addr, "err", err)
+				continue
+			}
+			backends[si.Addr] = &backend{id: si.ID, addr: si.Addr, svc: svc}
+			closers[si.Addr] = c
+		}
+		r.tab.Store(buildTable(shards, assigns, backends))
+		for addr := range backends {
+			if !live[addr] {
+				closers[addr].Close()
+				delete(backends, addr)
+				delete(closers, addr)
+			}
+		}
+	}
+}
+
+// ModelStatus describes one model as served now.
+type ModelStatus struct {
+	Name     string
+	Ready    bool
+	Live     uint64   // version answering unpinned requests; 0 if none
+	Versions []uint64 // every servable version, ascending
+	Type     string
+	Dim      int
+}
+
+// Models lists every assigned model.
+func (r *Router) Models() []ModelStatus {
+	t := r.tab.Load()
+	var out []ModelStatus
+	for name := range t.models {
+		out = append(out, r.status(t, name))
+	}
+	slices.SortFunc(out, func(a, b ModelStatus) int { return cmpString(a.Name, b.Name) })
+	return out
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Model describes one model; ok is false if it is not assigned.
+func (r *Router) Model(name string) (ModelStatus, bool) {
+	t := r.tab.Load()
+	if t.models[name] == nil {
+		return ModelStatus{}, false
+	}
+	return r.status(t, name), true
+}
+
+func (r *Router) status(t *table, name string) ModelStatus {
+	mr := t.models[name]
+	s := ModelStatus{Name: name}
+	for v := range mr.versions {
+		s.Versions = append(s.Versions, v)
+	}
+	slices.Sort(s.Versions)
+	if mr.live != nil {
+		s.Ready, s.Live, s.Type, s.Dim = true, mr.live.version, mr.live.typ, mr.live.dim
+	}
+	return s
+}
+
+// Ready reports whether every assigned model is servable, and at least
+// one model is assigned.
+func (r *Router) Ready() bool {
+	t := r.tab.Load()
+	for _, mr := range t.models {
+		if mr.live == nil {
+			return false
+		}
+	}
+	return len(t.models) > 0
+}
+
+// call is the work of one shard in one request. Its slices are reused
+// by later requests.
+type call struct {
+	b        *backend
+	parts    []uint32 // partitions asked of this shard, ascending
+	sections []codec.Section
+	buf      []byte // the encoded request
+	err      error
+}
+
+// work is a request's reusable scratch.
+type work struct {
+	ids       idIndex
+	sharedPos []int32
+	pos       []int32
+	partOf    []uint32 // per distinct id
+	start     []int32  // per partition: first index into byPart
+	byPart    []int32  // distinct ids ordered by partition
+	keys      []uint64 // byPart's ids
+	cursor    []int32  // per partition: next free index into byPart
+	vals      []float32
+	fmBuf     []float64
+	calls     []call
+}
+
+var workPool = sync.Pool{New: func() any { return new(work) }}
+
+// Predict scores every row of req.
+func (r *Router) Predict(ctx context.Context, req *Request) (*Response, error) {
+	if err := req.Validate(r.opts.Limits); err != nil {
+		return nil, err
+	}
+	mr := r.tab.Load().models[req.Model]
+	if mr == nil {
+		return nil, fmt.Errorf("router: %w: model %q is not served", ErrNotFound, req.Model)
+	}
+	vr := mr.live
+	if req.Version != 0 {
+		if vr = mr.versions[req.Version]; vr == nil {
+			return nil, fmt.Errorf("router: %w: model %q version %d is not served (servable: %v)", ErrNotFound, req.Model, req.Version, r.status(r.tab.Load(), req.Model).Versions)
+		}
+	}
+	if vr == nil {
+		return nil, fmt.Errorf("router: %w: model %q has no version with every partition loaded yet", ErrUnavailable, req.Model)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.opts.DefaultTimeout)
+		defer cancel()
+	}
+	w := workPool.Get().(*work)
+	defer workPool.Put(w)
+
+	// Dedup across the whole batch, shared features included.
+	w.ids.reset(len(req.IDs) + len(req.SharedIDs))
+	w.sharedPos = w.sharedPos[:0]
+	for _, id := range req.SharedIDs {
+		w.sharedPos = append(w.sharedPos, w.ids.index(id))
+	}
+	w.pos = w.pos[:0]
+	for _, id := range req.IDs {
+		w.pos = append(w.pos, w.ids.index(id))
+	}
+	uniq := w.ids.uniq
+
+	// Group distinct ids by partition (counting sort).
+	P := int(vr.partitions)
+	w.start = resize(w.start, P+1)
+	clear(w.start)
+	w.partOf = resize(w.partOf, len(uniq))
+	for u, id := range uniq {
+		p := partition.Of(id, vr.partitions)
+		w.partOf[u] = p
+		w.start[p+1]++
+	}
+	for p := 1; p <= P; p++ {
+		w.start[p] += w.start[p-1]
+	}
+	w.byPart = resize(w.byPart, len(uniq))
+	w.keys = resize(w.keys, len(uniq))
+	w.cursor = append(w.cursor[:0], w.start[:P]...)
+	for u, p := range w.partOf {
+		w.byPart[w.cursor[p]] = int32(u)
+		w.keys[w.cursor[p]] = uniq[u]
+		w.cursor[p]++
+	}
+
+	// One call per shard, one replica per partition, rotating replicas.
+	rot := int(r.rr.Add(1))
+	w.calls = w.calls[:0]
+	for p := 0; p < P; p++ {
+		if w.start[p] == w.start[p+1] {
+			continue
+		}
+		reps := vr.replicas[p]
+		b := reps[(rot+p)%len(reps)]
+		ci := slices.IndexFunc(w.calls, func(c call) bool { return c.b == b })
+		if ci < 0 {
+			ci = len(w.calls)
+			if ci < cap(w.calls) {
+				w.calls = w.calls[:ci+1]
+			} else {
+				w.calls = append(w.calls, call{})
+			}
+			w.calls[ci].b, w.calls[ci].parts, w.calls[ci].err = b, w.calls[ci].parts[:0], nil
+		}
+		w.calls[ci].parts = append(w.calls[ci].parts, uint32(p))
+	}
+
+	width := vr.width()
+	w.vals = resize(w.vals, len(uniq)*width)
+	clear(w.vals) // absent features score zero
+	var wg sync.WaitGroup
+	for i := range w.calls {
+		c := &w.calls[i]
+		if i == len(w.calls)-1 {
+			r.lookup(ctx, vr, w, c) // the last call runs on this goroutine
+			continue
+		}
+		wg.Add(1)
+		if err := r.pool.Submit(func() { defer wg.Done(); r.lookup(ctx, vr, w, c) }); err != nil {
+			wg.Done()
+			c.err = err
+		}
+	}
+	wg.Wait()
+	for i := range w.calls {
+		if err := w.calls[i].err; err != nil {
+			return nil, err
+		}
+	}
+
+	resp := &Response{Model: vr.model, Version: vr.version, Scores: make([]float32, req.Rows())}
+	switch vr.typ {
+	case codec.TypeLR:
+		scoreLR(resp.Scores, vr.bias, w.vals, req, w.sharedPos, w.pos)
+	case codec.TypeFM:
+		w.fmBuf = resize(w.fmBuf, 4*vr.dim)
+		scoreFM(resp.Scores, vr.bias, vr.dim, w.vals, req, w.sharedPos, w.pos, w.fmBuf)
+	}
+	return resp, nil
+}
+
+// lookup asks one shard for its partitions' keys and scatters the values
+// into w.vals. Each call writes only its own distinct ids' slots.
+func (r *Router) lookup(ctx context.Context, vr *versionRoute, w *work, c *call) {
+	c.sections = c.sections[:0]
+	n := 0
+	for _, p := range c.parts {
+		keys := w.keys[w.start[p]:w.start[p+1]]
+		c.sections = append(c.sections, codec.Section{Partition: p, Keys: keys})
+		n += len(keys)
+	}
+	// Lookup is synchronous, so the buffer is free again when it returns.
+	c.buf = codec.AppendLookupRequest(c.buf[:0], vr.model, vr.version, c.sections)
+	t0 := time.Now()
+	raw, err := c.b.svc.Lookup(ctx, c.buf)
+	outcome := "ok"
+	defer func() { r.shardRPC.WithLabelValues(outcome).Observe(time.Since(t0).Seconds()) }()
+	if err != nil {
+		outcome = "error"
+		c.buf = nil // the transport may still hold it after an early error
+		if status.Code(err) == codes.InvalidArgument {
+			// The router built this request: a shard refusing it is a bug
+			// or version skew, not the caller's fault.
+			c.err = fmt.Errorf("router: %w: shard %s refused a lookup: %v", ErrUnavailable, c.b.id, err)
+			return
+		}
+		c.err = fmt.Errorf("router: %w: shard %s: %v", ErrUnavailable, c.b.id, err)
+		return
+	}
+	var resp codec.LookupResponse
+	width := vr.width()
+	if err := resp.Decode(raw, n, width); err != nil {
+		outcome = "error"
+		c.err = fmt.Errorf("router: %w: shard %s answered badly: %v", ErrUnavailable, c.b.id, err)
+		return
+	}
+	i, k := 0, 0
+	for _, p := range c.parts {
+		for _, u := range w.byPart[w.start[p]:w.start[p+1]] {
+			if resp.Found(i) {
+				dst := w.vals[int(u)*width : int(u+1)*width]
+				for j := range dst {
+					dst[j] = resp.Value(k, j)
+				}
+				k++
+			}
+			i++
+		}
+	}
+}
+
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}

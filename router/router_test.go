@@ -1,0 +1,215 @@
+package router_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/reference"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/router"
+)
+
+// randomModel has ids 0..n-1 scaled by a large odd number (so they spread
+// over 64 bits), plus id 0 and the maximum id.
+func randomModel(typ string, dim, n int, seed uint64) *loader.Sparse {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	m := &loader.Sparse{Type: typ, Dim: dim, Bias: rng.Float64() - 0.5}
+	for i := range n {
+		m.Keys = append(m.Keys, uint64(i)*0x9e3779b97f4a7c15)
+		for range 1 + dim {
+			m.Values = append(m.Values, float32(rng.NormFloat64()*0.3))
+		}
+	}
+	m.Keys = append(m.Keys, math.MaxUint64)
+	for range 1 + dim {
+		m.Values = append(m.Values, 0.25)
+	}
+	return m
+}
+
+// randomRequest draws rows from the model's ids, some absent ids and
+// duplicates, with shared features.
+func randomRequest(rng *rand.Rand, name string, m *loader.Sparse, rows, perRow, shared int) *router.Request {
+	pick := func() uint64 {
+		switch rng.IntN(10) {
+		case 0:
+			return rng.Uint64() // almost surely absent
+		case 1:
+			return math.MaxUint64
+		default:
+			return m.Keys[rng.IntN(len(m.Keys))]
+		}
+	}
+	req := &router.Request{Model: name, RowSplits: []int64{0}}
+	for range shared {
+		req.SharedIDs = append(req.SharedIDs, pick())
+		req.SharedValues = append(req.SharedValues, rng.Float32()*2)
+	}
+	for range rows {
+		k := rng.IntN(perRow + 1)
+		for range k {
+			req.IDs = append(req.IDs, pick())
+			req.Values = append(req.Values, rng.Float32()*2-1)
+		}
+		req.RowSplits = append(req.RowSplits, int64(len(req.IDs)))
+	}
+	return req
+}
+
+func checkScores(t *testing.T, ref *reference.Model, req *router.Request, resp *router.Response) {
+	t.Helper()
+	if len(resp.Scores) != req.Rows() {
+		t.Fatalf("%d scores for %d rows", len(resp.Scores), req.Rows())
+	}
+	for r := range req.Rows() {
+		var ids []uint64
+		var xs []float64
+		for i, id := range req.SharedIDs {
+			x := 1.0
+			if req.SharedValues != nil {
+				x = float64(req.SharedValues[i])
+			}
+			ids, xs = append(ids, id), append(xs, x)
+		}
+		for i := req.RowSplits[r]; i < req.RowSplits[r+1]; i++ {
+			x := 1.0
+			if req.Values != nil {
+				x = float64(req.Values[i])
+			}
+			ids, xs = append(ids, req.IDs[i]), append(xs, x)
+		}
+		if want := ref.Score(ids, xs); math.Abs(float64(resp.Scores[r])-want) > 1e-5 {
+			t.Fatalf("row %d: score %.7f, reference %.7f", r, resp.Scores[r], want)
+		}
+	}
+}
+
+func startCluster(t *testing.T, repo string, shards, replicas int) *devcluster.Cluster {
+	t.Helper()
+	c, err := devcluster.Start(context.Background(), devcluster.Options{Repo: repo, Shards: shards, Replicas: replicas, ScanInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestPredictMatchesReference(t *testing.T) {
+	repoDir := t.TempDir()
+	repo := loader.Repo{Dir: repoDir}
+	lr := randomModel(codec.TypeLR, 0, 5000, 1)
+	fm := randomModel(codec.TypeFM, 6, 3000, 2)
+	if _, err := repo.Publish("lr", lr, 5, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.Publish("fm", fm, 7, "test"); err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, repoDir, 3, 2)
+	rng := rand.New(rand.NewPCG(9, 9))
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		m    *loader.Sparse
+	}{{"lr", lr}, {"fm", fm}} {
+		ref := reference.New(tc.m)
+		for _, shape := range [][3]int{{1, 1, 0}, {200, 50, 40}, {17, 3, 0}, {50, 0, 5}} {
+			req := randomRequest(rng, tc.name, tc.m, shape[0], shape[1], shape[2])
+			resp, err := c.Router.Predict(ctx, req)
+			if err != nil {
+				t.Fatalf("%s %v: %v", tc.name, shape, err)
+			}
+			if resp.Version != 1 || resp.Model != tc.name {
+				t.Fatalf("answered by %s v%d", resp.Model, resp.Version)
+			}
+			checkScores(t, ref, req, resp)
+		}
+		// Values omitted mean 1.0.
+		req := randomRequest(rng, tc.name, tc.m, 20, 10, 3)
+		req.Values, req.SharedValues = nil, nil
+		resp, err := c.Router.Predict(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkScores(t, ref, req, resp)
+	}
+
+	// Errors keep their codes, and the router keeps serving.
+	_, err := c.Router.Predict(ctx, &router.Request{Model: "nope", RowSplits: []int64{0, 0}})
+	if !errors.Is(err, router.ErrNotFound) {
+		t.Errorf("unknown model: %v", err)
+	}
+	_, err = c.Router.Predict(ctx, &router.Request{Model: "lr", Version: 9, RowSplits: []int64{0, 0}})
+	if !errors.Is(err, router.ErrNotFound) {
+		t.Errorf("unknown version: %v", err)
+	}
+	_, err = c.Router.Predict(ctx, &router.Request{Model: "lr", IDs: []uint64{1}, RowSplits: []int64{0, 2}})
+	if !errors.Is(err, router.ErrInvalidArgument) {
+		t.Errorf("bad row_splits: %v", err)
+	}
+
+	// A new version rolls out; then losing a shard leaves a replica of
+	// every partition, and answers stay right.
+	lr2 := randomModel(codec.TypeLR, 0, 5000, 3)
+	if _, err := repo.Publish("lr", lr2, 5, "test"); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if s, _ := c.Router.Model("lr"); s.Live != 2 {
+			return errors.New("lr v2 not live")
+		}
+		return nil
+	})
+	c.Shards[0].Close()
+	ref2 := reference.New(lr2)
+	req := randomRequest(rng, "lr", lr2, 100, 20, 10)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		resp, err := c.Router.Predict(ctx, req)
+		if err != nil {
+			return err
+		}
+		checkScores(t, ref2, req, resp)
+		return nil
+	})
+}
+
+func TestValidate(t *testing.T) {
+	nan := float32(math.NaN())
+	cases := map[string]router.Request{
+		"no model":        {RowSplits: []int64{0}},
+		"empty batch":     {Model: "m", RowSplits: []int64{0}},
+		"no splits":       {Model: "m"},
+		"bad start":       {Model: "m", IDs: []uint64{1}, RowSplits: []int64{1, 1}},
+		"bad end":         {Model: "m", IDs: []uint64{1, 2}, RowSplits: []int64{0, 1}},
+		"decreasing":      {Model: "m", IDs: []uint64{1, 2}, RowSplits: []int64{0, 2, 1, 2}},
+		"values length":   {Model: "m", IDs: []uint64{1}, Values: []float32{1, 2}, RowSplits: []int64{0, 1}},
+		"nan":             {Model: "m", IDs: []uint64{1}, Values: []float32{nan}, RowSplits: []int64{0, 1}},
+		"inf shared":      {Model: "m", SharedIDs: []uint64{1}, SharedValues: []float32{float32(math.Inf(1))}, RowSplits: []int64{0, 0}},
+		"shared len":      {Model: "m", SharedIDs: []uint64{1}, SharedValues: []float32{}, RowSplits: []int64{0, 0}},
+		"too many rows":   {Model: "m", RowSplits: make([]int64, 12)},
+		"too many ids":    {Model: "m", IDs: make([]uint64, 11), RowSplits: []int64{0, 11}},
+		"negative splits": {Model: "m", IDs: []uint64{1}, RowSplits: []int64{0, -1, 1}},
+	}
+	for name, req := range cases {
+		if err := req.Validate(router.Limits{MaxRows: 10, MaxIDs: 10}); !errors.Is(err, router.ErrInvalidArgument) {
+			t.Errorf("%s: err = %v", name, err)
+		}
+	}
+	ok := router.Request{Model: "m", IDs: []uint64{1, 2}, RowSplits: []int64{0, 0, 2}}
+	if err := ok.Validate(router.Limits{}); err != nil {
+		t.Errorf("valid request refused: %v", err)
+	}
+}

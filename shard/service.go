@@ -1,0 +1,116 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/cumulus-serving/cumulus/codec"
+)
+
+// LookupMethod is the full gRPC method name of the shard's one RPC. It
+// carries codec lookup frames, not protobuf.
+const LookupMethod = "/cumulus.shard.v1.Shard/Lookup"
+
+// Service answers batched lookups. It is implemented by the shard itself
+// (in process), by Client (over gRPC), and by test fakes; hedging and
+// stats wrap it once.
+type Service interface {
+	// Lookup takes an encoded lookup request and returns the encoded
+	// response. Errors are gRPC status errors: InvalidArgument for a
+	// malformed request, FailedPrecondition when the shard does not hold
+	// the pinned version or a partition (try another replica).
+	Lookup(ctx context.Context, req []byte) ([]byte, error)
+}
+
+type scratch struct {
+	req   codec.LookupRequest
+	found []uint64
+	vals  []float32
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// Lookup implements Service on what the shard holds now.
+func (s *Shard) Lookup(_ context.Context, req []byte) ([]byte, error) {
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	if err := sc.req.Decode(req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	ver := s.snap.Load().get(string(sc.req.Model), sc.req.Version)
+	if ver == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold model %q version %d", s.opts.ID, sc.req.Model, sc.req.Version)
+	}
+	n := sc.req.NumKeys()
+	w := ver.m.Width()
+	sc.found = sc.found[:0]
+	for range (n + 63) / 64 {
+		sc.found = append(sc.found, 0)
+	}
+	sc.vals = sc.vals[:0]
+	i := 0
+	for _, sec := range sc.req.Sections {
+		if sec.Partition >= uint32(len(ver.parts)) || ver.parts[sec.Partition] == nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold partition %d of %q version %d", s.opts.ID, sec.Partition, sc.req.Model, sc.req.Version)
+		}
+		t := ver.parts[sec.Partition]
+		for _, k := range sec.Keys {
+			if v, ok := t.Get(k); ok {
+				sc.found[i>>6] |= 1 << (i & 63)
+				sc.vals = append(sc.vals, v...)
+			}
+			i++
+		}
+	}
+	s.metrics.keys.Add(float64(n))
+	return codec.AppendLookupResponse(make([]byte, 0, 16+n/8+4*len(sc.vals)), n, w, sc.found, sc.vals), nil
+}
+
+// serviceDesc registers a Service on a gRPC server without protobuf: the
+// codec frames pass through as they are.
+var serviceDesc = grpc.ServiceDesc{
+	ServiceName: "cumulus.shard.v1.Shard",
+	HandlerType: (*Service)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Lookup",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			var req codec.Frame
+			if err := dec(&req); err != nil {
+				return nil, err
+			}
+			resp, err := srv.(Service).Lookup(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			f := codec.Frame(resp)
+			return &f, nil
+		},
+	}},
+	Metadata: "cumulus/shard",
+}
+
+// RegisterService serves svc's lookups on a gRPC server.
+func RegisterService(s *grpc.Server, svc Service) { s.RegisterService(&serviceDesc, svc) }
+
+// Client is a Service over a gRPC connection.
+type Client struct{ conn *grpc.ClientConn }
+
+// NewClient wraps a connection to a shard.
+func NewClient(conn *grpc.ClientConn) *Client { return &Client{conn: conn} }
+
+// Lookup implements Service.
+func (c *Client) Lookup(ctx context.Context, req []byte) ([]byte, error) {
+	in, out := codec.Frame(req), codec.Frame(nil)
+	if err := c.conn.Invoke(ctx, LookupMethod, &in, &out, grpc.CallContentSubtype(codec.GRPCCodecName)); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// String names the peer, for errors and logs.
+func (c *Client) String() string { return fmt.Sprintf("shard at %s", c.conn.Target()) }

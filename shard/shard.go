@@ -1,0 +1,278 @@
+package shard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/loader"
+)
+
+// Options configure a shard. Zero values mean the documented default.
+type Options struct {
+	// ID names the shard in assignments; required, unique per cluster.
+	ID string
+	// Repo is the model repository the shard loads partitions from.
+	Repo loader.Repo
+	// Etcd is the cluster store; required.
+	Etcd *clientv3.Client
+	// ListenAddr is the gRPC listen address. Default 127.0.0.1:0.
+	ListenAddr string
+	// AdvertiseAddr is the address routers dial. Default: the listener's.
+	AdvertiseAddr string
+	// LeaseTTL is the registration lease in seconds. Default 10.
+	LeaseTTL int64
+	// MaxRequestBytes bounds one lookup request. Default 64 MiB.
+	MaxRequestBytes int
+	// Registry receives the shard's metrics; nil registers nowhere.
+	Registry prometheus.Registerer
+}
+
+// Validate checks required fields and fills defaults.
+func (o *Options) Validate() error {
+	switch {
+	case o.ID == "":
+		return errors.New("shard: Options.ID is required")
+	case o.Etcd == nil:
+		return errors.New("shard: Options.Etcd is required")
+	case o.Repo.Dir == "":
+		return errors.New("shard: Options.Repo is required")
+	}
+	if o.ListenAddr == "" {
+		o.ListenAddr = "127.0.0.1:0"
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = 10
+	}
+	if o.MaxRequestBytes == 0 {
+		o.MaxRequestBytes = 64 << 20
+	}
+	return nil
+}
+
+type metrics struct {
+	keys      prometheus.Counter
+	loads     prometheus.Counter
+	loadFails prometheus.Counter
+}
+
+// Shard is a running parameter-store process.
+type Shard struct {
+	opts    Options
+	snap    atomic.Pointer[snapshot]
+	lis     net.Listener
+	srv     *grpc.Server
+	reg     *topo.Registration
+	cancel  context.CancelFunc
+	done    sync.WaitGroup
+	metrics metrics
+
+	pending chan map[string]topo.Assignment // latest assignments, capacity 1
+	failed  map[string]error                // "model/version/partition" → why; loader goroutine only
+	errs    []string                        // newest first, at most 10
+}
+
+// Start listens, registers in etcd and begins loading what the manager
+// assigns to this shard. It returns once the shard serves lookups (for
+// what it holds: nothing, at first).
+func Start(ctx context.Context, opts Options) (*Shard, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", opts.ListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("shard: %w", err)
+	}
+	if opts.AdvertiseAddr == "" {
+		opts.AdvertiseAddr = lis.Addr().String()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s := &Shard{opts: opts, lis: lis, cancel: cancel, pending: make(chan map[string]topo.Assignment, 1), failed: map[string]error{}}
+	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})
+	label := prometheus.Labels{"shard": opts.ID}
+	s.metrics = metrics{
+		keys:      prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_lookup_keys_total", Help: "Keys looked up.", ConstLabels: label}),
+		loads:     prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_partition_loads_total", Help: "Partitions loaded.", ConstLabels: label}),
+		loadFails: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_partition_load_failures_total", Help: "Partition loads refused.", ConstLabels: label}),
+	}
+	if opts.Registry != nil {
+		for _, c := range []prometheus.Collector{s.metrics.keys, s.metrics.loads, s.metrics.loadFails} {
+			if err := opts.Registry.Register(c); err != nil {
+				cancel()
+				lis.Close()
+				return nil, fmt.Errorf("shard: metrics: %w", err)
+			}
+		}
+	}
+	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(opts.MaxRequestBytes))
+	RegisterService(s.srv, s)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(s.srv, hs)
+	s.done.Add(1)
+	go func() { defer s.done.Done(); s.srv.Serve(lis) }()
+
+	s.reg, err = topo.Register(ctx, opts.Etcd, topo.ShardKey(opts.ID), s.info(), opts.LeaseTTL)
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("shard %s: registering in etcd: %w", opts.ID, err)
+	}
+	s.done.Add(2)
+	go func() {
+		defer s.done.Done()
+		topo.Watch(ctx, opts.Etcd, topo.ModelsPrefix, func(kv map[string][]byte) {
+			as := map[string]topo.Assignment{}
+			for k, v := range kv {
+				a, err := topo.Decode[topo.Assignment](k, v)
+				if err != nil {
+					slog.Warn("shard: ignoring assignment", "err", err)
+					continue
+				}
+				as[a.Model] = a
+			}
+			select { // keep only the newest
+			case <-s.pending:
+			default:
+			}
+			s.pending <- as
+		})
+	}()
+	go func() {
+		defer s.done.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case as := <-s.pending:
+				s.reconcile(ctx, as)
+			}
+		}
+	}()
+	return s, nil
+}
+
+// Addr is the address routers dial.
+func (s *Shard) Addr() string { return s.opts.AdvertiseAddr }
+
+// ID is the shard's name.
+func (s *Shard) ID() string { return s.opts.ID }
+
+// Loaded reports what the shard holds.
+func (s *Shard) Loaded() []topo.Loaded { return s.snap.Load().report() }
+
+// Close deregisters and stops serving.
+func (s *Shard) Close() {
+	s.cancel()
+	s.srv.Stop()
+	s.done.Wait()
+}
+
+func (s *Shard) info() string {
+	b, _ := json.Marshal(topo.ShardInfo{ID: s.opts.ID, Addr: s.opts.AdvertiseAddr, Loaded: s.Loaded(), Errors: s.errs})
+	return string(b)
+}
+
+// reconcile loads what as assigns to this shard and then drops what it no
+// longer needs. A version's partitions are dropped only once every
+// partition of the newly assigned version is held, so the old version
+// keeps serving through a rollout and after a refused load.
+func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
+	want := map[string]map[uint32]bool{} // model → partitions of the assigned version
+	for name, a := range as {
+		for p, reps := range a.Replicas {
+			if slices.Contains(reps, s.opts.ID) {
+				if want[name] == nil {
+					want[name] = map[uint32]bool{}
+				}
+				want[name][uint32(p)] = true
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(want)) {
+		a := as[name]
+		vkey := fmt.Sprintf("%s/%d", name, a.Version)
+		if s.failed[vkey] != nil {
+			continue
+		}
+		m, err := s.opts.Repo.Manifest(name, a.Version)
+		if err == nil && m.Partitions != a.Partitions {
+			err = fmt.Errorf("manifest has %d partitions, assignment %d", m.Partitions, a.Partitions)
+		}
+		if err != nil {
+			s.refuse(vkey, err)
+			continue
+		}
+		for _, p := range slices.Sorted(maps.Keys(want[name])) {
+			if ctx.Err() != nil {
+				return
+			}
+			pkey := fmt.Sprintf("%s/%d", vkey, p)
+			if v := s.snap.Load().get(name, a.Version); v != nil && v.parts[p] != nil || s.failed[pkey] != nil {
+				continue
+			}
+			t, err := s.loadPartition(m, p)
+			if err != nil {
+				s.refuse(pkey, err)
+				continue
+			}
+			s.snap.Store(s.snap.Load().with(m, p, t))
+			s.metrics.loads.Inc()
+			s.reg.Set(s.info())
+		}
+	}
+	complete := func(name string) bool {
+		v := s.snap.Load().get(name, as[name].Version)
+		if v == nil {
+			return false
+		}
+		for p := range want[name] {
+			if v.parts[p] == nil {
+				return false
+			}
+		}
+		return true
+	}
+	after, dropped := s.snap.Load().keepOnly(func(name string, v uint64, p uint32) bool {
+		if want[name] == nil {
+			return false // no longer assigned here at all
+		}
+		if !complete(name) {
+			return true // still moving to the new version: keep everything
+		}
+		return v == as[name].Version && want[name][p]
+	})
+	if dropped {
+		s.snap.Store(after)
+		s.reg.Set(s.info())
+	}
+}
+
+func (s *Shard) loadPartition(m *codec.Manifest, p uint32) (*Table, error) {
+	pt, err := s.opts.Repo.ReadPartition(m, p)
+	if err != nil {
+		return nil, err
+	}
+	return NewTable(pt)
+}
+
+func (s *Shard) refuse(key string, err error) {
+	slog.Error("shard: refusing partition; keeping what is loaded", "shard", s.opts.ID, "partition", key, "err", err)
+	s.metrics.loadFails.Inc()
+	s.failed[key] = err
+	s.errs = append([]string{key + ": " + err.Error()}, s.errs[:min(len(s.errs), 9)]...)
+	s.reg.Set(s.info())
+}
