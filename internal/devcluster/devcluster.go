@@ -86,15 +86,17 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		return nil, fmt.Errorf("devcluster: %w", err)
 	}
 	repo := loader.Repo{Dir: o.Repo}
-	if c.Manager, err = manager.Start(ctx, manager.Options{Repo: repo, Etcd: c.Etcd, Replicas: o.Replicas, ScanInterval: o.ScanInterval}); err != nil {
-		return nil, err
-	}
 	for i := range o.Shards {
 		s, err := shard.Start(ctx, shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: repo, Etcd: c.Etcd, Registry: o.Registry})
 		if err != nil {
 			return nil, err
 		}
 		c.Shards = append(c.Shards, s)
+	}
+	// The manager starts after the shards have registered, so its first
+	// assignment already spreads partitions over all of them.
+	if c.Manager, err = manager.Start(ctx, manager.Options{Repo: repo, Etcd: c.Etcd, Replicas: o.Replicas, ScanInterval: o.ScanInterval}); err != nil {
+		return nil, err
 	}
 	ro := o.Router
 	ro.Etcd, ro.Registry = c.Etcd, o.Registry

@@ -1,0 +1,131 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cumulus-serving/cumulus/server/kservepb"
+)
+
+// LoadOptions configure a closed-loop load run.
+type LoadOptions struct {
+	Client      kservepb.GRPCInferenceServiceClient
+	Model       string
+	Generator   *Generator
+	Concurrency int           // callers, each with one request in flight; default 4
+	Duration    time.Duration // default 10s
+	MaxRequests int           // stop after this many; 0 means no bound but Duration
+	Distinct    int           // distinct pre-built requests cycled through; default 64
+}
+
+// Result is what a load run measured.
+type Result struct {
+	Requests       int
+	Errors         int
+	FirstError     error
+	Elapsed        time.Duration
+	P50, P99, P999 time.Duration
+	RequestBytes   int // mean serialized request size
+	IDsPerRequest  int
+}
+
+// QPS is completed requests per second.
+func (r Result) QPS() float64 { return float64(r.Requests) / r.Elapsed.Seconds() }
+
+// Print writes a one-line summary.
+func (r Result) Print(w io.Writer, workload string) {
+	fmt.Fprintf(w, "%-8s requests=%d errors=%d qps=%.0f p50=%s p99=%s p999=%s req_bytes=%d ids/req=%d\n",
+		workload, r.Requests, r.Errors, r.QPS(), r.P50.Round(time.Microsecond), r.P99.Round(time.Microsecond),
+		r.P999.Round(time.Microsecond), r.RequestBytes, r.IDsPerRequest)
+	if r.FirstError != nil {
+		fmt.Fprintf(w, "%-8s first error: %v\n", workload, r.FirstError)
+	}
+}
+
+// Run drives load until Duration passes or MaxRequests complete.
+func Run(ctx context.Context, o LoadOptions) Result {
+	if o.Concurrency == 0 {
+		o.Concurrency = 4
+	}
+	if o.Duration == 0 {
+		o.Duration = 10 * time.Second
+	}
+	if o.Distinct == 0 {
+		o.Distinct = 64
+	}
+	reqs := make([]*kservepb.ModelInferRequest, o.Distinct)
+	size := 0
+	for i := range reqs {
+		reqs[i] = o.Generator.Request(o.Model)
+		size += proto.Size(reqs[i])
+	}
+	ids := 0
+	for i, in := range reqs[0].Inputs {
+		if in.Name == "ids" || in.Name == "shared_ids" {
+			ids += len(reqs[0].RawInputContents[i]) / 8
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Duration)
+	defer cancel()
+	var (
+		mu       sync.Mutex
+		lat      []time.Duration
+		errs     int
+		firstErr error
+		issued   int
+	)
+	take := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if o.MaxRequests > 0 && issued >= o.MaxRequests {
+			return false
+		}
+		issued++
+		return true
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for c := range o.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for i := c; ctx.Err() == nil && take(); i++ {
+				t0 := time.Now()
+				_, err := o.Client.ModelInfer(ctx, reqs[i%len(reqs)])
+				d := time.Since(t0)
+				if err != nil {
+					if ctx.Err() != nil {
+						break // the run's deadline, not a failure
+					}
+					mu.Lock()
+					errs++
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					continue
+				}
+				mine = append(mine, d)
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	r := Result{Requests: len(lat), Errors: errs, FirstError: firstErr, Elapsed: time.Since(start),
+		RequestBytes: size / len(reqs), IDsPerRequest: ids}
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+		r.P50, r.P99, r.P999 = q(0.50), q(0.99), q(0.999)
+	}
+	return r
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/manager"
+	"github.com/cumulus-serving/cumulus/router"
+	"github.com/cumulus-serving/cumulus/server"
+	"github.com/cumulus-serving/cumulus/shard"
+)
+
+func shardCommand() *cobra.Command {
+	var id, repo, etcd, addr, advertise string
+	cmd := &cobra.Command{
+		Use:   "shard",
+		Short: "Run a shard server: holds the partitions the manager assigns to it",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cli, err := etcdClient(etcd)
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			s, err := shard.Start(cmd.Context(), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli,
+				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer})
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			fmt.Printf("shard %s serving on %s\n", id, s.Addr())
+			<-cmd.Context().Done()
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&id, "id", "", "shard name, unique in the cluster (required)")
+	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
+	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
+	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address")
+	cmd.Flags().StringVar(&advertise, "advertise", "", "address routers dial (default: the listen address)")
+	cmd.MarkFlagRequired("id")
+	cmd.MarkFlagRequired("repo")
+	return cmd
+}
+
+func routerCommand() *cobra.Command {
+	var etcd, httpAddr, grpcAddr string
+	cmd := &cobra.Command{
+		Use:   "router",
+		Short: "Run a router: KServe v2 gRPC and HTTP, fanning out to shards found in etcd",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cli, err := etcdClient(etcd)
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			r, err := router.Start(cmd.Context(), router.Options{Etcd: cli, Registry: prometheus.DefaultRegisterer})
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			srv, err := server.Start(server.Options{Predictor: r, GRPCAddr: grpcAddr, HTTPAddr: httpAddr})
+			if err != nil {
+				return err
+			}
+			defer srv.Close()
+			fmt.Printf("http: http://%s\ngrpc: %s\n", srv.HTTPAddr(), srv.GRPCAddr())
+			<-cmd.Context().Done()
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON, health and /metrics address")
+	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC address")
+	return cmd
+}
+
+func managerCommand() *cobra.Command {
+	var etcd, repo string
+	var replicas int
+	cmd := &cobra.Command{
+		Use:   "manager",
+		Short: "Run the manager: validates model versions and assigns partitions to shards",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cli, err := etcdClient(etcd)
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			m, err := manager.Start(cmd.Context(), manager.Options{Repo: loader.Repo{Dir: repo}, Etcd: cli, Replicas: replicas})
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			<-cmd.Context().Done()
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
+	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
+	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas per partition")
+	cmd.MarkFlagRequired("repo")
+	return cmd
+}

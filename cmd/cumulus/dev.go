@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/server"
+)
+
+func devCommand() *cobra.Command {
+	var (
+		repo, httpAddr, grpcAddr string
+		shards, replicas         int
+		readyTimeout             time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run a whole cluster on this machine: embedded etcd, shards, manager and router",
+		Long: `dev starts an embedded etcd, a manager, --shards shard servers and a router on
+localhost, serves every model in --repo (or a generated demo model when no
+--repo is given), prints the addresses and serves until interrupted.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if repo == "" {
+				dir, err := os.MkdirTemp("", "cumulus-demo-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				fmt.Println("no --repo given: generating the demo model (LR, 1,000,000 features, ids 0..999999)")
+				if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: "demo", Type: codec.TypeLR, Params: 1_000_000, Partitions: 8, Seed: 1, Dense: true}); err != nil {
+					return err
+				}
+				repo = dir
+			}
+			reg := prometheus.NewRegistry()
+			c, err := devcluster.Start(ctx, devcluster.Options{Repo: repo, Shards: shards, Replicas: replicas, Registry: reg})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			srv, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Registry: reg, Gatherer: reg})
+			if err != nil {
+				return err
+			}
+			defer srv.Close()
+			fmt.Printf("etcd: %s\n", c.EtcdAddr)
+			for _, s := range c.Shards {
+				fmt.Printf("shard: %s %s\n", s.ID(), s.Addr())
+			}
+			fmt.Printf("http: http://%s\n", srv.HTTPAddr())
+			fmt.Printf("grpc: %s\n", srv.GRPCAddr())
+			wctx, cancel := context.WithTimeout(ctx, readyTimeout)
+			err = c.WaitReady(wctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+			for _, m := range c.Router.Models() {
+				fmt.Printf("model: %s version %d (%s)\n", m.Name, m.Live, m.Type)
+			}
+			fmt.Println("ready")
+			<-ctx.Done()
+			fmt.Println("shutting down")
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (default: a generated demo model)")
+	cmd.Flags().IntVar(&shards, "shards", 4, "number of shard servers")
+	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas per partition")
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON (KServe v2), health and /metrics address")
+	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC (KServe v2) address")
+	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "give up if models are not servable by then")
+	return cmd
+}

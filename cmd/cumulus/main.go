@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	root := rootCommand()
+	root.SetArgs(args)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "cumulus:", err)
+		return 1
+	}
+	return 0
+}
+
+func rootCommand() *cobra.Command {
+	var logLevel string
+	root := &cobra.Command{
+		Use:           "cumulus",
+		Short:         "Low-latency serving of huge sparse models (LR, FM)",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
+			return nil
+		},
+	}
+	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	root.AddCommand(devCommand(), shardCommand(), routerCommand(), managerCommand(), modelCommand(), predictCommand(), benchCommand())
+	return root
+}
+
+func etcdClient(endpoints string) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(endpoints, ","), DialTimeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("etcd %s: %w", endpoints, err)
+	}
+	return cli, nil
+}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/loader"
+)
+
+func modelCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "model", Short: "Import, generate and inspect models in a model repository"}
+	cmd.AddCommand(modelImportCommand(), modelGenCommand(), modelInspectCommand())
+	return cmd
+}
+
+func modelImportCommand() *cobra.Command {
+	var format, name, repo, positive string
+	var partitions uint32
+	cmd := &cobra.Command{
+		Use:   "import MODEL_FILE",
+		Short: "Import a LIBLINEAR or TSV model as the next version of --name",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f, err := os.Open(args[0])
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			var s *loader.Sparse
+			switch format {
+			case "liblinear":
+				s, err = loader.ImportLIBLINEAR(f, positive)
+			case "tsv":
+				s, err = loader.ParseTSV(f)
+			default:
+				return fmt.Errorf("--format %q: want liblinear or tsv", format)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			m, err := loader.Repo{Dir: repo}.Publish(name, s, partitions, fmt.Sprintf("import --format %s %s", format, args[0]))
+			if err != nil {
+				return err
+			}
+			fmt.Printf("published %s version %d: %s, %d features, %d partitions\n", m.Name, m.Version, m.Type, m.Params, m.Partitions)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&format, "format", "", "liblinear or tsv (required)")
+	cmd.Flags().StringVar(&name, "name", "", "model name (required)")
+	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
+	cmd.Flags().StringVar(&positive, "positive-label", "1", "liblinear: the label whose probability is the score")
+	cmd.Flags().Uint32Var(&partitions, "partitions", 8, "number of partitions")
+	for _, f := range []string{"format", "name", "repo"} {
+		cmd.MarkFlagRequired(f)
+	}
+	return cmd
+}
+
+func modelGenCommand() *cobra.Command {
+	var spec loader.GenSpec
+	var repo, ids string
+	cmd := &cobra.Command{
+		Use:   "gen",
+		Short: "Generate a synthetic model (Zipf traffic ranks mapped to ids) for demos and benchmarks",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch ids {
+			case "hashed":
+			case "dense":
+				spec.Dense = true
+			default:
+				return fmt.Errorf("--ids %q: want hashed or dense", ids)
+			}
+			bar := progressbar.NewOptions64(spec.Params, progressbar.OptionSetDescription("features"),
+				progressbar.OptionSetWriter(os.Stderr), progressbar.OptionShowCount(), progressbar.OptionThrottle(100_000_000),
+				progressbar.OptionSetPredictTime(true), progressbar.OptionFullWidth())
+			spec.Progress = func(n int64) { bar.Add64(n) }
+			m, err := loader.Repo{Dir: repo}.Generate(spec)
+			bar.Finish()
+			fmt.Fprintln(os.Stderr)
+			if err != nil {
+				return err
+			}
+			var size int64
+			for _, f := range m.Files {
+				size += f.Size
+			}
+			fmt.Printf("published %s version %d: %s, %d features, %d partitions, %d bytes\n", m.Name, m.Version, m.Type, m.Params, m.Partitions, size)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&spec.Name, "name", "", "model name (required)")
+	cmd.Flags().StringVar(&spec.Type, "type", "lr", "lr or fm")
+	cmd.Flags().Int64Var(&spec.Params, "params", 1_000_000, "number of features")
+	cmd.Flags().IntVar(&spec.Dim, "dim", 8, "fm: factors per feature")
+	cmd.Flags().Uint32Var(&spec.Partitions, "partitions", 8, "number of partitions")
+	cmd.Flags().Uint64Var(&spec.Seed, "seed", 1, "random seed")
+	cmd.Flags().StringVar(&ids, "ids", "hashed", "hashed (64-bit ids, as hashed features are) or dense (0..params-1)")
+	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
+	cmd.MarkFlagRequired("name")
+	cmd.MarkFlagRequired("repo")
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		if spec.Type == codec.TypeLR {
+			spec.Dim = 0
+		}
+		return nil
+	}
+	return cmd
+}
+
+func modelInspectCommand() *cobra.Command {
+	var repo string
+	cmd := &cobra.Command{
+		Use:   "inspect NAME [VERSION]",
+		Short: "Print a version's manifest, file sizes and checksum status (default: the latest version)",
+		Args:  cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r := loader.Repo{Dir: repo}
+			var v uint64
+			var err error
+			if len(args) == 2 {
+				v, err = strconv.ParseUint(args[1], 10, 64)
+			} else {
+				v, err = r.Latest(args[0])
+			}
+			if err != nil {
+				return err
+			}
+			m, err := r.Manifest(args[0], v)
+			if err != nil {
+				return err
+			}
+			b, _ := json.MarshalIndent(m, "", "  ")
+			fmt.Println(string(b))
+			bad := 0
+			for p := range m.Partitions {
+				status := "ok"
+				if _, err := r.ReadPartition(m, p); err != nil {
+					status, bad = "DAMAGED: "+err.Error(), bad+1
+				}
+				fmt.Printf("partition %d  %s  %d keys  %d bytes  %s\n", p, m.Files[p].Path, m.Files[p].Keys, m.Files[p].Size, status)
+			}
+			if bad > 0 {
+				return fmt.Errorf("%d of %d partition files are damaged", bad, m.Partitions)
+			}
+			fmt.Println("checksums: all ok")
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
+	cmd.MarkFlagRequired("repo")
+	return cmd
+}

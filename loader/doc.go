@@ -1,0 +1,17 @@
+// Package loader reads and writes model repositories.
+//
+// A repository is a directory: DIR/NAME/VERSION/{manifest.json,
+// part-NNNNN.bin}. Writers (VersionWriter, Publish, Generate) build a
+// version in a hidden directory and rename it into place after the
+// manifest, so readers never see half a version. ReadPartition verifies
+// size, SHA-256 and block checksums before returning a partition and
+// names the damaged file otherwise.
+//
+// Importers turn other tools' models into a Sparse model: LIBLINEAR
+// (ImportLIBLINEAR; tested against the real liblinear-train/predict) and
+// Cumulus's TSV text format (ParseTSV). Generate writes synthetic models
+// of any size one partition at a time.
+//
+// Nothing here starts goroutines that outlive a call; Publish and
+// Generate write partitions in parallel, GOMAXPROCS at a time.
+package loader

@@ -1,0 +1,13 @@
+// Package manager is the control plane: it decides which version of each
+// model is served and which shards hold each partition, and publishes
+// that to etcd (/cumulus/models/NAME).
+//
+// Flow: scan the repository (on a timer, on Rescan, and when the set of
+// live shards changes); for each model take the newest version that
+// passes the validation gate (valid manifest, every file matching its
+// checksums; results cached per version); Assign partitions to the live
+// shards, a pure deterministic function; write assignments that changed.
+//
+// Not yet here (later work): raft-replicated manager state, rollback and
+// labels through an admin API, capacity scaling.
+package manager

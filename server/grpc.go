@@ -1,0 +1,157 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"math"
+	"strconv"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/cumulus-serving/cumulus/router"
+	"github.com/cumulus-serving/cumulus/server/kservepb"
+)
+
+// kserveGRPC implements the KServe v2 gRPC service on a Predictor.
+type kserveGRPC struct {
+	kservepb.UnimplementedGRPCInferenceServiceServer
+	s *Server
+}
+
+func (k *kserveGRPC) ServerLive(context.Context, *kservepb.ServerLiveRequest) (*kservepb.ServerLiveResponse, error) {
+	return &kservepb.ServerLiveResponse{Live: true}, nil
+}
+
+func (k *kserveGRPC) ServerReady(context.Context, *kservepb.ServerReadyRequest) (*kservepb.ServerReadyResponse, error) {
+	return &kservepb.ServerReadyResponse{Ready: k.s.opts.Predictor.Ready()}, nil
+}
+
+func (k *kserveGRPC) ModelReady(_ context.Context, r *kservepb.ModelReadyRequest) (*kservepb.ModelReadyResponse, error) {
+	ready, err := k.s.modelReady(r.Name, r.Version)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return &kservepb.ModelReadyResponse{Ready: ready}, nil
+}
+
+func (k *kserveGRPC) ServerMetadata(context.Context, *kservepb.ServerMetadataRequest) (*kservepb.ServerMetadataResponse, error) {
+	return &kservepb.ServerMetadataResponse{Name: "cumulus", Version: Version, Extensions: []string{}}, nil
+}
+
+func (k *kserveGRPC) ModelMetadata(_ context.Context, r *kservepb.ModelMetadataRequest) (*kservepb.ModelMetadataResponse, error) {
+	md, err := k.s.metadata(r.Name)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	resp := &kservepb.ModelMetadataResponse{Name: md.Name, Versions: md.Versions, Platform: md.Platform}
+	for _, t := range md.Inputs {
+		resp.Inputs = append(resp.Inputs, &kservepb.ModelMetadataResponse_TensorMetadata{Name: t.Name, Datatype: t.Datatype, Shape: t.Shape})
+	}
+	for _, t := range md.Outputs {
+		resp.Outputs = append(resp.Outputs, &kservepb.ModelMetadataResponse_TensorMetadata{Name: t.Name, Datatype: t.Datatype, Shape: t.Shape})
+	}
+	return resp, nil
+}
+
+func (k *kserveGRPC) ModelInfer(ctx context.Context, r *kservepb.ModelInferRequest) (*kservepb.ModelInferResponse, error) {
+	resp, err := k.infer(ctx, r)
+	k.s.observe("grpc", err)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return resp, nil
+}
+
+func (k *kserveGRPC) infer(ctx context.Context, r *kservepb.ModelInferRequest) (*kservepb.ModelInferResponse, error) {
+	if err := k.s.knownModel(r.ModelName); err != nil {
+		return nil, err
+	}
+	raw := len(r.RawInputContents) > 0
+	if raw && len(r.RawInputContents) != len(r.Inputs) {
+		return nil, badInput("%d raw_input_contents for %d inputs", len(r.RawInputContents), len(r.Inputs))
+	}
+	inputs := make([]tensor, len(r.Inputs))
+	for i, in := range r.Inputs {
+		t := tensor{name: in.Name, datatype: in.Datatype, shape: in.Shape}
+		if raw {
+			if in.Contents != nil {
+				return nil, badInput("input %q has both contents and raw_input_contents", in.Name)
+			}
+			if err := t.decodeRaw(r.RawInputContents[i]); err != nil {
+				return nil, err
+			}
+		} else if err := typedContents(&t, in.Contents); err != nil {
+			return nil, err
+		}
+		inputs[i] = t
+	}
+	for _, o := range r.Outputs {
+		if o.Name != outScores {
+			return nil, badInput("unknown output %q (the output is %q)", o.Name, outScores)
+		}
+	}
+	req, err := buildRequest(r.ModelName, r.ModelVersion, inputs)
+	if err != nil {
+		return nil, err
+	}
+	res, err := k.s.opts.Predictor.Predict(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	out := &kservepb.ModelInferResponse_InferOutputTensor{Name: outScores, Datatype: "FP32", Shape: []int64{int64(len(res.Scores))}}
+	resp := &kservepb.ModelInferResponse{ModelName: res.Model, ModelVersion: strconv.FormatUint(res.Version, 10), Id: r.Id,
+		Outputs: []*kservepb.ModelInferResponse_InferOutputTensor{out}}
+	if raw {
+		b := make([]byte, 4*len(res.Scores))
+		for i, s := range res.Scores {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(s))
+		}
+		resp.RawOutputContents = [][]byte{b}
+	} else {
+		out.Contents = &kservepb.InferTensorContents{Fp32Contents: res.Scores}
+	}
+	return resp, nil
+}
+
+func typedContents(t *tensor, c *kservepb.InferTensorContents) error {
+	if c == nil {
+		c = &kservepb.InferTensorContents{}
+	}
+	switch t.datatype {
+	case "INT64":
+		t.isInt, t.ints = true, make([]uint64, len(c.Int64Contents))
+		for i, x := range c.Int64Contents {
+			t.ints[i] = uint64(x)
+		}
+	case "UINT64":
+		t.isInt, t.ints = true, c.Uint64Contents
+	case "INT32":
+		t.isInt, t.ints = true, make([]uint64, len(c.IntContents))
+		for i, x := range c.IntContents {
+			t.ints[i] = uint64(int64(x))
+		}
+	case "FP32":
+		t.floats = c.Fp32Contents
+	default:
+		return badInput("input %q: datatype %q is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
+	}
+	return nil
+}
+
+// grpcError maps router error codes to gRPC codes.
+func grpcError(err error) error {
+	switch {
+	case errors.Is(err, router.ErrInvalidArgument):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, router.ErrNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	default:
+		return status.Error(codes.Unavailable, err.Error())
+	}
+}

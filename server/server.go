@@ -1,0 +1,221 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/cumulus-serving/cumulus/router"
+	"github.com/cumulus-serving/cumulus/server/kservepb"
+)
+
+// Version is reported by ServerMetadata.
+const Version = "0.1.0"
+
+// Predictor is what the front needs of a router.
+type Predictor interface {
+	Predict(ctx context.Context, req *router.Request) (*router.Response, error)
+	Ready() bool
+	Model(name string) (router.ModelStatus, bool)
+}
+
+// Options configure the front. Zero values mean the documented default.
+type Options struct {
+	// Predictor answers requests; required.
+	Predictor Predictor
+	// GRPCAddr is the KServe gRPC listen address. Default 127.0.0.1:8001.
+	GRPCAddr string
+	// HTTPAddr is the HTTP/JSON, health and metrics address.
+	// Default 127.0.0.1:8000.
+	HTTPAddr string
+	// MaxRequestBytes bounds one request body or message. Default 64 MiB.
+	MaxRequestBytes int
+	// Registry receives the front's metrics; Gatherer is served at
+	// /metrics. Both default to the Prometheus default registry.
+	Registry prometheus.Registerer
+	Gatherer prometheus.Gatherer
+}
+
+// Validate checks required fields and fills defaults.
+func (o *Options) Validate() error {
+	if o.Predictor == nil {
+		return errors.New("server: Options.Predictor is required")
+	}
+	if o.GRPCAddr == "" {
+		o.GRPCAddr = "127.0.0.1:8001"
+	}
+	if o.HTTPAddr == "" {
+		o.HTTPAddr = "127.0.0.1:8000"
+	}
+	if o.MaxRequestBytes == 0 {
+		o.MaxRequestBytes = 64 << 20
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.DefaultRegisterer
+	}
+	if o.Gatherer == nil {
+		o.Gatherer = prometheus.DefaultGatherer
+	}
+	return nil
+}
+
+// Server is the network front of a router: KServe v2 over gRPC and
+// HTTP/JSON, health, metrics.
+type Server struct {
+	opts      Options
+	grpcLis   net.Listener
+	httpLis   net.Listener
+	grpc      *grpc.Server
+	http      *http.Server
+	done      sync.WaitGroup
+	requests  *prometheus.CounterVec
+	latencies *prometheus.HistogramVec
+}
+
+// Start listens on both addresses and serves until Close.
+func Start(opts Options) (*Server, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts}
+	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_infer_requests_total", Help: "Infer requests by API and outcome."}, []string{"api", "code"})
+	s.latencies = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "cumulus_infer_seconds", Help: "Infer latency by API.",
+		Buckets: prometheus.ExponentialBuckets(100e-6, 2, 16)}, []string{"api"})
+	for _, c := range []prometheus.Collector{s.requests, s.latencies} {
+		if err := opts.Registry.Register(c); err != nil {
+			return nil, fmt.Errorf("server: metrics: %w", err)
+		}
+	}
+	var err error
+	if s.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("server: gRPC: %w", err)
+	}
+	if s.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
+		s.grpcLis.Close()
+		return nil, fmt.Errorf("server: HTTP: %w", err)
+	}
+	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(opts.MaxRequestBytes), grpc.UnaryInterceptor(s.timing))
+	kservepb.RegisterGRPCInferenceServiceServer(s.grpc, &kserveGRPC{s: s})
+	healthpb.RegisterHealthServer(s.grpc, health.NewServer())
+	reflection.Register(s.grpc)
+	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	s.done.Add(2)
+	go func() { defer s.done.Done(); s.grpc.Serve(s.grpcLis) }()
+	go func() { defer s.done.Done(); s.http.Serve(s.httpLis) }()
+	return s, nil
+}
+
+// GRPCAddr and HTTPAddr are the bound addresses.
+func (s *Server) GRPCAddr() string { return s.grpcLis.Addr().String() }
+func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
+
+// Close drains in-flight requests for up to 5 seconds, then stops.
+func (s *Server) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	s.http.Shutdown(ctx)
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		s.grpc.Stop()
+	}
+	s.done.Wait()
+}
+
+func (s *Server) timing(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if info.FullMethod != kservepb.GRPCInferenceService_ModelInfer_FullMethodName {
+		return h(ctx, req)
+	}
+	t0 := time.Now()
+	defer func() { s.latencies.WithLabelValues("grpc").Observe(time.Since(t0).Seconds()) }()
+	return h(ctx, req)
+}
+
+func (s *Server) observe(api string, err error) {
+	code := "ok"
+	switch {
+	case err == nil:
+	case errors.Is(err, router.ErrInvalidArgument):
+		code = "invalid_argument"
+	case errors.Is(err, router.ErrNotFound):
+		code = "not_found"
+	default:
+		code = "unavailable"
+	}
+	s.requests.WithLabelValues(api, code).Inc()
+}
+
+// knownModel fails with ErrNotFound for a model that is not served, so
+// that answer comes before any complaint about the request's inputs.
+func (s *Server) knownModel(name string) error {
+	if _, ok := s.opts.Predictor.Model(name); !ok {
+		return fmt.Errorf("server: %w: model %q is not served", router.ErrNotFound, name)
+	}
+	return nil
+}
+
+func (s *Server) modelReady(name, version string) (bool, error) {
+	st, ok := s.opts.Predictor.Model(name)
+	if !ok {
+		return false, fmt.Errorf("server: %w: model %q is not served", router.ErrNotFound, name)
+	}
+	if version == "" {
+		return st.Ready, nil
+	}
+	v, err := strconv.ParseUint(version, 10, 64)
+	if err != nil {
+		return false, badInput("model version %q is not a positive integer", version)
+	}
+	for _, have := range st.Versions {
+		if have == v {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// tensorMeta and modelMeta mirror the KServe metadata shapes.
+type tensorMeta struct {
+	Name     string  `json:"name"`
+	Datatype string  `json:"datatype"`
+	Shape    []int64 `json:"shape"`
+}
+
+type modelMeta struct {
+	Name     string       `json:"name"`
+	Versions []string     `json:"versions"`
+	Platform string       `json:"platform"`
+	Inputs   []tensorMeta `json:"inputs"`
+	Outputs  []tensorMeta `json:"outputs"`
+}
+
+func (s *Server) metadata(name string) (*modelMeta, error) {
+	st, ok := s.opts.Predictor.Model(name)
+	if !ok {
+		return nil, fmt.Errorf("server: %w: model %q is not served", router.ErrNotFound, name)
+	}
+	md := &modelMeta{Name: name, Platform: "cumulus_" + st.Type, Versions: []string{},
+		Inputs: []tensorMeta{
+			{inIDs, "INT64", []int64{-1}}, {inValues, "FP32", []int64{-1}}, {inRowSplits, "INT64", []int64{-1}},
+			{inSharedIDs, "INT64", []int64{-1}}, {inSharedValues, "FP32", []int64{-1}},
+		},
+		Outputs: []tensorMeta{{outScores, "FP32", []int64{-1}}},
+	}
+	for _, v := range st.Versions {
+		md.Versions = append(md.Versions, strconv.FormatUint(v, 10))
+	}
+	return md, nil
+}

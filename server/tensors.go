@@ -1,0 +1,166 @@
+package server
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/cumulus-serving/cumulus/router"
+)
+
+// The tensor contract of every Cumulus model:
+//
+//	ids           INT64 or UINT64 [nnz]   feature ids (INT64 bits read as uint64)
+//	values        FP32 [nnz]              optional; 1.0 when omitted
+//	row_splits    INT64 or INT32 [batch+1] row r is ids[row_splits[r]:row_splits[r+1]]
+//	shared_ids    INT64 or UINT64 [m]     optional; features of every row
+//	shared_values FP32 [m]                optional
+//	→ scores      FP32 [batch]            probability per row
+const (
+	inIDs          = "ids"
+	inValues       = "values"
+	inRowSplits    = "row_splits"
+	inSharedIDs    = "shared_ids"
+	inSharedValues = "shared_values"
+	outScores      = "scores"
+)
+
+// tensor is one decoded input, whatever it arrived as.
+type tensor struct {
+	name     string
+	datatype string
+	shape    []int64
+	ints     []uint64 // INT64/UINT64/INT32 data, as bit patterns
+	floats   []float32
+	isInt    bool
+}
+
+func badInput(format string, args ...any) error {
+	return fmt.Errorf("server: %w: "+format, append([]any{router.ErrInvalidArgument}, args...)...)
+}
+
+// elements checks a shape and returns its element count.
+func elements(name string, shape []int64) (int, error) {
+	n := int64(1)
+	for _, d := range shape {
+		if d < 0 || d > math.MaxInt32 {
+			return 0, badInput("input %q: shape %v has a dimension outside 0..2^31", name, shape)
+		}
+		n *= d
+		if n > math.MaxInt32 {
+			return 0, badInput("input %q: shape %v is too large", name, shape)
+		}
+	}
+	return int(n), nil
+}
+
+// decodeRaw fills t from little-endian raw bytes.
+func (t *tensor) decodeRaw(raw []byte) error {
+	n, err := elements(t.name, t.shape)
+	if err != nil {
+		return err
+	}
+	size := map[string]int{"INT64": 8, "UINT64": 8, "INT32": 4, "FP32": 4}[t.datatype]
+	if size == 0 {
+		return badInput("input %q: datatype %s is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
+	}
+	if len(raw) != n*size {
+		return badInput("input %q: %d raw bytes for shape %v of %s (want %d)", t.name, len(raw), t.shape, t.datatype, n*size)
+	}
+	switch t.datatype {
+	case "INT64", "UINT64":
+		t.isInt, t.ints = true, make([]uint64, n)
+		for i := range t.ints {
+			t.ints[i] = binary.LittleEndian.Uint64(raw[8*i:])
+		}
+	case "INT32":
+		t.isInt, t.ints = true, make([]uint64, n)
+		for i := range t.ints {
+			t.ints[i] = uint64(int64(int32(binary.LittleEndian.Uint32(raw[4*i:]))))
+		}
+	case "FP32":
+		t.floats = make([]float32, n)
+		for i := range t.floats {
+			t.floats[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+		}
+	}
+	return nil
+}
+
+// checkCount verifies the data matches the shape.
+func (t *tensor) checkCount() error {
+	n, err := elements(t.name, t.shape)
+	if err != nil {
+		return err
+	}
+	got := len(t.floats)
+	if t.isInt {
+		got = len(t.ints)
+	}
+	if got != n {
+		return badInput("input %q: %d elements for shape %v", t.name, got, t.shape)
+	}
+	return nil
+}
+
+// buildRequest turns decoded inputs into a router request.
+func buildRequest(model, version string, inputs []tensor) (*router.Request, error) {
+	req := &router.Request{Model: model}
+	if version != "" {
+		v, err := strconv.ParseUint(version, 10, 64)
+		if err != nil || v == 0 {
+			return nil, badInput("model version %q is not a positive integer", version)
+		}
+		req.Version = v
+	}
+	seen := map[string]bool{}
+	for i := range inputs {
+		t := &inputs[i]
+		if seen[t.name] {
+			return nil, badInput("input %q given twice", t.name)
+		}
+		seen[t.name] = true
+		if err := t.checkCount(); err != nil {
+			return nil, err
+		}
+		wantInt := t.name == inIDs || t.name == inSharedIDs || t.name == inRowSplits
+		switch t.name {
+		case inIDs, inSharedIDs, inRowSplits, inValues, inSharedValues:
+		default:
+			return nil, badInput("unknown input %q (inputs are ids, values, row_splits, shared_ids, shared_values)", t.name)
+		}
+		if wantInt != t.isInt {
+			want := "FP32"
+			if wantInt {
+				want = "INT64"
+			}
+			return nil, badInput("input %q has datatype %s, want %s", t.name, t.datatype, want)
+		}
+		switch t.name {
+		case inIDs:
+			req.IDs = t.ints
+		case inSharedIDs:
+			req.SharedIDs = t.ints
+		case inRowSplits:
+			req.RowSplits = make([]int64, len(t.ints))
+			for j, x := range t.ints {
+				req.RowSplits[j] = int64(x)
+			}
+		case inValues:
+			req.Values = t.floats
+		case inSharedValues:
+			req.SharedValues = t.floats
+		}
+	}
+	if !seen[inRowSplits] {
+		return nil, badInput("missing input %q (INT64 [batch+1])", inRowSplits)
+	}
+	if !seen[inIDs] {
+		return nil, badInput("missing input %q (INT64 [nnz])", inIDs)
+	}
+	if seen[inSharedValues] && !seen[inSharedIDs] {
+		return nil, badInput("shared_values without shared_ids")
+	}
+	return req, nil
+}

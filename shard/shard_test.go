@@ -1,0 +1,190 @@
+package shard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
+	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/loader"
+)
+
+func testModel(scale float32) *loader.Sparse {
+	s := &loader.Sparse{Type: codec.TypeLR}
+	for _, k := range []uint64{0, 1, 2, 77, 1 << 40, math.MaxUint64} {
+		s.Keys = append(s.Keys, k)
+		s.Values = append(s.Values, scale*float32(k%1000+1))
+	}
+	return s
+}
+
+func assign(t *testing.T, cli *clientv3.Client, version uint64, parts uint32) {
+	t.Helper()
+	a := topo.Assignment{Model: "m", Version: version, Partitions: parts, Replicas: make([][]string, parts)}
+	for p := range a.Replicas {
+		a.Replicas[p] = []string{"s1"}
+	}
+	b, _ := json.Marshal(a)
+	if _, err := cli.Put(context.Background(), topo.ModelKey("m"), string(b)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lookup asks the shard for keys, all sections by their partition.
+func lookup(s *Shard, version uint64, parts uint32, keys []uint64) (*codec.LookupResponse, error) {
+	sections := make([]codec.Section, parts)
+	for p := range sections {
+		sections[p].Partition = uint32(p)
+	}
+	for _, k := range keys {
+		p := partition.Of(k, parts)
+		sections[p].Keys = append(sections[p].Keys, k)
+	}
+	var ordered []uint64
+	for _, sec := range sections {
+		ordered = append(ordered, sec.Keys...)
+	}
+	copy(keys, ordered)
+	raw, err := s.Lookup(context.Background(), codec.AppendLookupRequest(nil, "m", version, sections))
+	if err != nil {
+		return nil, err
+	}
+	var r codec.LookupResponse
+	return &r, r.Decode(raw, len(keys), 1)
+}
+
+func TestShardServesAssignedAndRefusesDamage(t *testing.T) {
+	e, err := etcdlocal.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	repo := loader.Repo{Dir: t.TempDir()}
+	if _, err := repo.Publish("m", testModel(1), 2, ""); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	assign(t, cli, 1, 2)
+	held := func(v uint64) error {
+		for _, l := range s.Loaded() {
+			if l.Version == v && len(l.Have) == 2 {
+				return nil
+			}
+		}
+		return errors.New("not loaded yet")
+	}
+	testenv.Eventually(t, 10*time.Second, func() error { return held(1) })
+
+	// Exact membership: present keys give their own values, absent ones
+	// are absent, duplicates in a batch both answer.
+	keys := []uint64{0, math.MaxUint64, 3, 77, 77, 1<<40 + 1, 1 << 40}
+	want := map[uint64]float32{0: 1, 77: 78, 1 << 40: float32((1<<40)%1000 + 1), math.MaxUint64: float32(math.MaxUint64%1000 + 1)}
+	r, err := lookup(s, 1, 2, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := 0
+	for i, key := range keys {
+		w, present := want[key]
+		if r.Found(i) != present {
+			t.Fatalf("key %d: found %v, want %v", key, r.Found(i), present)
+		}
+		if present {
+			if got := r.Value(k, 0); got != w {
+				t.Errorf("key %d: value %v, want %v", key, got, w)
+			}
+			k++
+		}
+	}
+
+	// Malformed frames and unknown versions are refused with codes.
+	if _, err := s.Lookup(context.Background(), []byte{0xC5, 1, 200}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("garbage: %v", err)
+	}
+	if _, err := lookup(s, 9, 2, []uint64{1}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("unknown version: %v", err)
+	}
+
+	// Version 2 has a damaged file: the shard refuses it, says so in its
+	// registration, and keeps serving version 1.
+	m2, err := repo.Publish("m", testModel(2), 2, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(repo.VersionDir("m", 2), m2.Files[1].Path)
+	b, _ := os.ReadFile(f)
+	b[70] ^= 0xff
+	os.WriteFile(f, b, 0o644)
+	assign(t, cli, 2, 2)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		resp, err := cli.Get(context.Background(), topo.ShardKey("s1"))
+		if err != nil || len(resp.Kvs) == 0 {
+			return errors.New("no registration")
+		}
+		if !strings.Contains(string(resp.Kvs[0].Value), "part-00001.bin") {
+			return errors.New("refusal not reported yet")
+		}
+		return nil
+	})
+	if err := held(1); err != nil {
+		t.Fatal("version 1 was dropped after version 2 failed to load")
+	}
+	if _, err := lookup(s, 1, 2, []uint64{77}); err != nil {
+		t.Fatalf("version 1 stopped serving: %v", err)
+	}
+
+	// A good version 3 replaces both.
+	if _, err := repo.Publish("m", testModel(3), 2, ""); err != nil {
+		t.Fatal(err)
+	}
+	assign(t, cli, 3, 2)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if l := s.Loaded(); len(l) != 1 || l[0].Version != 3 {
+			return errors.New("still holding old versions")
+		}
+		return nil
+	})
+	r, err = lookup(s, 3, 2, []uint64{77})
+	if err != nil || !r.Found(0) || r.Value(0, 0) != 3*78 {
+		t.Fatalf("version 3 lookup: %v", err)
+	}
+}
+
+func TestTableRefusesDuplicates(t *testing.T) {
+	for _, keys := range [][]uint64{{5, 9, 5}, {0, 0}} {
+		var b strings.Builder
+		if _, err := codec.WritePartition(&b, 0, 1, keys, make([]float32, len(keys))); err != nil {
+			t.Fatal(err)
+		}
+		p, err := codec.ParsePartition([]byte(b.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := NewTable(p); err == nil {
+			t.Errorf("keys %v: duplicates accepted", keys)
+		}
+	}
+}
