@@ -73,6 +73,10 @@ func Run(ctx context.Context, o LoadOptions) Result {
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()
+	deadline, _ := ctx.Deadline()
+	// gRPC's deadline timer may fire just before ctx's, so the run's end
+	// is judged by the clock, not by ctx.Err().
+	over := func() bool { return ctx.Err() != nil || !time.Now().Before(deadline) }
 	var (
 		mu       sync.Mutex
 		lat      []time.Duration
@@ -96,12 +100,12 @@ func Run(ctx context.Context, o LoadOptions) Result {
 		go func() {
 			defer wg.Done()
 			var mine []time.Duration
-			for i := c; ctx.Err() == nil && take(); i++ {
+			for i := c; !over() && take(); i++ {
 				t0 := time.Now()
 				_, err := o.Client.ModelInfer(ctx, reqs[i%len(reqs)])
 				d := time.Since(t0)
 				if err != nil {
-					if ctx.Err() != nil {
+					if over() {
 						break // the run's deadline, not a failure
 					}
 					mu.Lock()

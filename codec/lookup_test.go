@@ -218,3 +218,35 @@ func FuzzLookupResponse(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkLookupRequest reports encoded bytes per key for dense ids
+// (sorted, gaps of ~40: what a partition of a 0..N id space looks like)
+// and for hashed 64-bit ids.
+func BenchmarkLookupRequest(b *testing.B) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	dense := make([]uint64, 5000)
+	for i := range dense {
+		dense[i] = uint64(i*40) + rng.Uint64N(40)
+	}
+	hashed := make([]uint64, 5000)
+	for i := range hashed {
+		hashed[i] = rng.Uint64()
+	}
+	for _, c := range []struct {
+		name string
+		keys []uint64
+	}{{"dense", dense}, {"hashed", hashed}} {
+		b.Run(c.name, func(b *testing.B) {
+			var buf []byte
+			var r LookupRequest
+			for b.Loop() {
+				buf = AppendLookupRequest(buf[:0], "model", 1, []Section{{Partition: 0, Keys: c.keys}})
+				if err := r.Decode(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(buf))/float64(len(c.keys)), "bytes/key")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(c.keys)), "ns/key")
+		})
+	}
+}

@@ -176,6 +176,9 @@ func (s *Shard) Loaded() []topo.Loaded { return s.snap.Load().report() }
 
 // Close deregisters and stops serving.
 func (s *Shard) Close() {
+	if s.reg != nil {
+		s.reg.Close()
+	}
 	s.cancel()
 	s.srv.Stop()
 	s.done.Wait()

@@ -23,7 +23,9 @@ func Start(dir string) (*Etcd, error) {
 	cfg := embed.NewConfig()
 	cfg.Dir = dir
 	cfg.Name = "cumulus-dev"
-	cfg.LogLevel = "error"
+	// etcd logs its own normal shutdown at error level; its real failures
+	// reach us as client errors, which the callers log.
+	cfg.LogLevel = "fatal"
 	local := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
 	cfg.ListenClientUrls = []url.URL{local}
 	cfg.AdvertiseClientUrls = []url.URL{local}

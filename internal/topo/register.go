@@ -22,18 +22,29 @@ type Registration struct {
 	value   string
 	lease   clientv3.LeaseID
 	changed chan struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 // Register starts keeping key alive with the given TTL in seconds. The
 // key is written by the time Register returns, or an error is returned.
 func Register(ctx context.Context, cli *clientv3.Client, key, value string, ttl int64) (*Registration, error) {
-	r := &Registration{cli: cli, key: key, ttl: ttl, value: value, changed: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancel(ctx)
+	r := &Registration{cli: cli, key: key, ttl: ttl, value: value, changed: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	ka, err := r.establish(ctx)
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	go r.run(ctx, ka)
+	go func() { defer close(r.done); r.run(ctx, ka) }()
 	return r, nil
+}
+
+// Close revokes the lease, deleting the key now rather than after the
+// TTL, and returns once that is done (or has failed).
+func (r *Registration) Close() {
+	r.cancel()
+	<-r.done
 }
 
 func (r *Registration) establish(ctx context.Context) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
