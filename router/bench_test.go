@@ -43,7 +43,6 @@ func decodeU64(b []byte) []uint64 {
 	return out
 }
 
-
 func benchmarkPredict(b *testing.B, typ, workload string) {
 	dir := b.TempDir()
 	const params = 1_000_000
