@@ -46,8 +46,20 @@ func shardCommand() *cobra.Command {
 	return cmd
 }
 
+// limitFlags are the request limits a router enforces.
+type limitFlags struct{ maxRows, maxIDs, maxBytes int }
+
+func (l *limitFlags) register(cmd *cobra.Command) {
+	cmd.Flags().IntVar(&l.maxRows, "max-batch-rows", 10_000, "largest batch (rows) a request may carry")
+	cmd.Flags().IntVar(&l.maxIDs, "max-ids", 1<<20, "most feature ids (shared included) a request may carry")
+	cmd.Flags().IntVar(&l.maxBytes, "max-request-bytes", 64<<20, "largest request body or message")
+}
+
+func (l *limitFlags) limits() router.Limits { return router.Limits{MaxRows: l.maxRows, MaxIDs: l.maxIDs} }
+
 func routerCommand() *cobra.Command {
 	var etcd, httpAddr, grpcAddr string
+	var lim limitFlags
 	cmd := &cobra.Command{
 		Use:   "router",
 		Short: "Run a router: KServe v2 gRPC and HTTP, fanning out to shards found in etcd",
@@ -58,12 +70,12 @@ func routerCommand() *cobra.Command {
 				return err
 			}
 			defer cli.Close()
-			r, err := router.Start(cmd.Context(), router.Options{Etcd: cli, Registry: prometheus.DefaultRegisterer})
+			r, err := router.Start(cmd.Context(), router.Options{Etcd: cli, Limits: lim.limits(), Registry: prometheus.DefaultRegisterer})
 			if err != nil {
 				return err
 			}
 			defer r.Close()
-			srv, err := server.Start(server.Options{Predictor: r, GRPCAddr: grpcAddr, HTTPAddr: httpAddr})
+			srv, err := server.Start(server.Options{Predictor: r, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, MaxRequestBytes: lim.maxBytes})
 			if err != nil {
 				return err
 			}
@@ -76,6 +88,7 @@ func routerCommand() *cobra.Command {
 	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON, health and /metrics address")
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC address")
+	lim.register(cmd)
 	return cmd
 }
 

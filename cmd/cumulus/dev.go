@@ -12,6 +12,7 @@ import (
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server"
 )
 
@@ -20,6 +21,7 @@ func devCommand() *cobra.Command {
 		repo, httpAddr, grpcAddr string
 		shards, replicas         int
 		readyTimeout             time.Duration
+		lim                      limitFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -43,12 +45,14 @@ localhost, serves every model in --repo (or a generated demo model when no
 				repo = dir
 			}
 			reg := prometheus.NewRegistry()
-			c, err := devcluster.Start(ctx, devcluster.Options{Repo: repo, Shards: shards, Replicas: replicas, Registry: reg})
+			c, err := devcluster.Start(ctx, devcluster.Options{Repo: repo, Shards: shards, Replicas: replicas, Registry: reg,
+				Router: router.Options{Limits: lim.limits()}})
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			srv, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Registry: reg, Gatherer: reg})
+			srv, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Registry: reg, Gatherer: reg,
+				MaxRequestBytes: lim.maxBytes})
 			if err != nil {
 				return err
 			}
@@ -79,6 +83,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas per partition")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON (KServe v2), health and /metrics address")
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC (KServe v2) address")
+	lim.register(cmd)
 	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "give up if models are not servable by then")
 	return cmd
 }

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestModelCommands(t *testing.T) {
+	repo := t.TempDir()
+	out, err := cumulus("model", "gen", "--name", "g", "--type", "fm", "--dim", "3", "--params", "5000", "--partitions", "3", "--repo", repo).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "published g version 1: fm, 5000 features, 3 partitions") {
+		t.Fatalf("gen: %v\n%s", err, out)
+	}
+	tsv := filepath.Join(t.TempDir(), "m.tsv")
+	os.WriteFile(tsv, []byte("type fm\ndim 2\nbias 0.5\n1 0.1 0.2 0.3\n2 -0.1 0.2 -0.3\n"), 0o644)
+	out, err = cumulus("model", "import", "--format", "tsv", "--name", "t", "--repo", repo, tsv).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "published t version 1: fm, 2 features") {
+		t.Fatalf("tsv import: %v\n%s", err, out)
+	}
+	os.WriteFile(tsv, []byte("type fm\ndim 2\n1 0.1 0.2\n"), 0o644)
+	out, err = cumulus("model", "import", "--format", "tsv", "--name", "t", "--repo", repo, tsv).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "line 3") {
+		t.Fatalf("bad tsv accepted or unclear: %v\n%s", err, out)
+	}
+
+	out, err = cumulus("model", "inspect", "--repo", repo, "g").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "checksums: all ok") || !strings.Contains(string(out), `"params": 5000`) {
+		t.Fatalf("inspect: %v\n%s", err, out)
+	}
+	p := filepath.Join(repo, "g", "1", "part-00002.bin")
+	b, _ := os.ReadFile(p)
+	b[len(b)/2] ^= 1
+	os.WriteFile(p, b, 0o644)
+	out, err = cumulus("model", "inspect", "--repo", repo, "g", "1").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "DAMAGED") || !strings.Contains(string(out), "part-00002.bin") {
+		t.Fatalf("inspect of a damaged version: %v\n%s", err, out)
+	}
+}
+
+func TestPredictParsers(t *testing.T) {
+	ids, vals, err := parseJSONRow(`{"ids": [18446744073709551615, 3]}`, nil, nil)
+	if err != nil || !slices.Equal(ids, []uint64{1<<64 - 1, 3}) || !slices.Equal(vals, []float32{1, 1}) {
+		t.Errorf("jsonl: %v %v %v", ids, vals, err)
+	}
+	if _, _, err := parseJSONRow(`{"ids": [1], "values": [1, 2]}`, nil, nil); err == nil {
+		t.Error("jsonl with mismatched values accepted")
+	}
+	ids, vals, err = parseLibsvmRow("-1 4:0.5 9:2", nil, nil)
+	if err != nil || !slices.Equal(ids, []uint64{4, 9}) || !slices.Equal(vals, []float32{0.5, 2}) {
+		t.Errorf("libsvm: %v %v %v", ids, vals, err)
+	}
+	for _, bad := range []string{"1 4", "1 x:1", "1 4:y"} {
+		if _, _, err := parseLibsvmRow(bad, nil, nil); err == nil {
+			t.Errorf("libsvm %q accepted", bad)
+		}
+	}
+}
