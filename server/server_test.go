@@ -206,4 +206,3 @@ func u64(v []int64) []uint64 {
 	}
 	return out
 }
-

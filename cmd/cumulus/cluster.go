@@ -55,7 +55,9 @@ func (l *limitFlags) register(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&l.maxBytes, "max-request-bytes", 64<<20, "largest request body or message")
 }
 
-func (l *limitFlags) limits() router.Limits { return router.Limits{MaxRows: l.maxRows, MaxIDs: l.maxIDs} }
+func (l *limitFlags) limits() router.Limits {
+	return router.Limits{MaxRows: l.maxRows, MaxIDs: l.maxIDs}
+}
 
 func routerCommand() *cobra.Command {
 	var etcd, httpAddr, grpcAddr string
