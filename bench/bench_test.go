@@ -45,16 +45,9 @@ func TestRunAgainstDevCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := devcluster.Start(context.Background(), devcluster.Options{Repo: dir, Shards: 2, ScanInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := devcluster.StartTB(t, devcluster.Options{Repo: dir, Shards: 2, ScanInterval: time.Hour})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
 	s, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Registry: nopRegistry{}})
 	if err != nil {
 		t.Fatal(err)

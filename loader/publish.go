@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -61,19 +62,13 @@ func (w *VersionWriter) WritePartition(p uint32, keys []uint64, values []float32
 		return fmt.Errorf("loader: partition %d of %d", p, w.spec.Partitions)
 	}
 	name := partFileName(p)
-	f, err := os.Create(filepath.Join(w.tmp, name))
+	var sum codec.FileSum
+	err := writeSynced(filepath.Join(w.tmp, name), func(f io.Writer) (err error) {
+		sum, err = codec.WritePartition(f, p, 1+w.spec.Dim, keys, values)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("loader: %w", err)
-	}
-	sum, err := codec.WritePartition(f, p, 1+w.spec.Dim, keys, values)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("loader: writing %s: %w", name, err)
+		return err
 	}
 	w.files[p] = codec.File{Partition: p, Path: name, Keys: int64(len(keys)), Size: sum.Size, SHA256: sum.SHA256}
 	w.done[p] = true
@@ -107,7 +102,11 @@ func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 			return nil, fmt.Errorf("loader: commit: %w", err)
 		}
 		b, _ := json.MarshalIndent(m, "", "  ")
-		if err := writeFileSync(filepath.Join(w.tmp, codec.ManifestName), append(b, '\n')); err != nil {
+		err = writeSynced(filepath.Join(w.tmp, codec.ManifestName), func(f io.Writer) error {
+			_, err := f.Write(append(b, '\n'))
+			return err
+		})
+		if err != nil {
 			w.Abort()
 			return nil, err
 		}
@@ -128,12 +127,13 @@ func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 // Abort removes everything written.
 func (w *VersionWriter) Abort() { os.RemoveAll(w.tmp) }
 
-func writeFileSync(path string, b []byte) error {
+// writeSynced creates path, lets write fill it, and fsyncs it.
+func writeSynced(path string, write func(io.Writer) error) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("loader: %w", err)
 	}
-	_, err = f.Write(b)
+	err = write(f)
 	if err == nil {
 		err = f.Sync()
 	}

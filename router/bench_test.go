@@ -50,16 +50,7 @@ func benchmarkPredict(b *testing.B, typ, workload string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := devcluster.Start(context.Background(), devcluster.Options{Repo: dir, Shards: 4, ScanInterval: time.Hour})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		b.Fatal(err)
-	}
+	c := devcluster.StartTB(b, devcluster.Options{Repo: dir, Shards: 4, ScanInterval: time.Hour})
 	req := benchRequest(bench.Workloads[workload], *m.Generator, params)
 	b.ReportAllocs()
 	b.ResetTimer()

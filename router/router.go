@@ -128,22 +128,10 @@ func (r *Router) watch(ctx context.Context) {
 	}
 	events := make(chan event, 16)
 	go topo.Watch(ctx, r.opts.Etcd, topo.ShardsPrefix, func(kv map[string][]byte) {
-		m := map[string]topo.ShardInfo{}
-		for k, v := range kv {
-			if si, err := topo.Decode[topo.ShardInfo](k, v); err == nil {
-				m[si.ID] = si
-			}
-		}
-		events <- event{shards: m}
+		events <- event{shards: topo.DecodeAll[topo.ShardInfo](kv, topo.ShardsPrefix)}
 	})
 	go topo.Watch(ctx, r.opts.Etcd, topo.ModelsPrefix, func(kv map[string][]byte) {
-		m := map[string]topo.Assignment{}
-		for k, v := range kv {
-			if a, err := topo.Decode[topo.Assignment](k, v); err == nil {
-				m[a.Model] = a
-			}
-		}
-		events <- event{assigns: m}
+		events <- event{assigns: topo.DecodeAll[topo.Assignment](kv, topo.ModelsPrefix)}
 	})
 	backends := map[string]*backend{}
 	closers := map[string]io.Closer{}

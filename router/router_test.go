@@ -91,21 +91,6 @@ func checkScores(t *testing.T, ref *reference.Model, req *router.Request, resp *
 	}
 }
 
-func startCluster(t *testing.T, repo string, shards, replicas int) *devcluster.Cluster {
-	t.Helper()
-	c, err := devcluster.Start(context.Background(), devcluster.Options{Repo: repo, Shards: shards, Replicas: replicas, ScanInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 func TestPredictMatchesReference(t *testing.T) {
 	repoDir := t.TempDir()
 	repo := loader.Repo{Dir: repoDir}
@@ -117,7 +102,7 @@ func TestPredictMatchesReference(t *testing.T) {
 	if _, err := repo.Publish("fm", fm, 7, "test"); err != nil {
 		t.Fatal(err)
 	}
-	c := startCluster(t, repoDir, 3, 2)
+	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 3, Replicas: 2, ScanInterval: time.Hour})
 	rng := rand.New(rand.NewPCG(9, 9))
 	ctx := context.Background()
 	for _, tc := range []struct {

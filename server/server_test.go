@@ -32,17 +32,8 @@ func start(t *testing.T) (*server.Server, kservepb.GRPCInferenceServiceClient) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	c, err := devcluster.Start(context.Background(), devcluster.Options{Repo: dir, Shards: 2, ScanInterval: time.Hour, Registry: reg,
+	c := devcluster.StartTB(t, devcluster.Options{Repo: dir, Shards: 2, ScanInterval: time.Hour, Registry: reg,
 		Router: router.Options{Limits: router.Limits{MaxRows: 50, MaxIDs: 5000}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
 	s, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		MaxRequestBytes: 64 << 10, Registry: reg, Gatherer: reg})
 	if err != nil {

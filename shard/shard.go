@@ -135,15 +135,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	go func() {
 		defer s.done.Done()
 		topo.Watch(ctx, opts.Etcd, topo.ModelsPrefix, func(kv map[string][]byte) {
-			as := map[string]topo.Assignment{}
-			for k, v := range kv {
-				a, err := topo.Decode[topo.Assignment](k, v)
-				if err != nil {
-					slog.Warn("shard: ignoring assignment", "err", err)
-					continue
-				}
-				as[a.Model] = a
-			}
+			as := topo.DecodeAll[topo.Assignment](kv, topo.ModelsPrefix)
 			select { // keep only the newest
 			case <-s.pending:
 			default:

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -144,4 +145,21 @@ func (c *Cluster) Close() {
 	if c.tmp != "" {
 		os.RemoveAll(c.tmp)
 	}
+}
+
+// StartTB starts a cluster for a test or benchmark, waits up to 30 seconds
+// for it to be ready, and stops it when the test ends.
+func StartTB(tb testing.TB, o Options) *Cluster {
+	tb.Helper()
+	c, err := Start(context.Background(), o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	return c
 }

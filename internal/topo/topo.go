@@ -17,6 +17,7 @@ package topo
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 )
 
@@ -69,6 +70,22 @@ func Decode[T any](key string, value []byte) (T, error) {
 		return v, fmt.Errorf("topo: %s: %w", key, err)
 	}
 	return v, nil
+}
+
+// DecodeAll decodes every value of a snapshot of prefix, keyed by what
+// follows the prefix. A value that does not decode is logged and left
+// out: one bad record must not hide the rest.
+func DecodeAll[T any](kv map[string][]byte, prefix string) map[string]T {
+	out := make(map[string]T, len(kv))
+	for k, v := range kv {
+		t, err := Decode[T](k, v)
+		if err != nil {
+			slog.Warn("topo: ignoring record", "err", err)
+			continue
+		}
+		out[Suffix(k, prefix)] = t
+	}
+	return out
 }
 
 // Suffix returns key without prefix.
