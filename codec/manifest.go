@@ -32,11 +32,12 @@ type Manifest struct {
 	Format     int      `json:"format"` // 1
 	Name       string   `json:"name"`
 	Version    uint64   `json:"version"`
-	Kind       string   `json:"kind"`             // full or delta
-	Parent     uint64   `json:"parent,omitempty"` // the version a delta applies to
-	Type       string   `json:"type"`             // lr or fm
-	Dim        int      `json:"dim"`              // FM factor dimension; 0 for LR
-	Bias       float64  `json:"bias"`             // global bias term
+	Kind       string   `json:"kind"`               // full or delta
+	Parent     uint64   `json:"parent,omitempty"`   // the version a delta applies to
+	Type       string   `json:"type"`               // lr or fm
+	Dim        int      `json:"dim"`                // FM factor dimension; 0 for LR
+	Encoding   string   `json:"encoding,omitempty"` // FM factors: fp32 (default), fp16 or int8
+	Bias       float64  `json:"bias"`               // global bias term
 	Partitions uint32   `json:"partitions"`
 	Hash       string   `json:"hash"` // partition function; see internal/partition
 	Params     int64    `json:"params"`
@@ -66,6 +67,9 @@ type File struct {
 // Width is the number of float32 values stored per key.
 func (m *Manifest) Width() int { return 1 + m.Dim }
 
+// Enc is the manifest's factor encoding.
+func (m *Manifest) Enc() Encoding { return Encodings[m.Encoding] }
+
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
 // ValidName reports whether s is usable as a model name: it becomes a
@@ -91,7 +95,7 @@ func (m *Manifest) Validate() error {
 		if len(f.SHA256) != 64 {
 			return fmt.Errorf("codec: manifest: file %s has no SHA-256", f.Path)
 		}
-		if f.Keys < 0 || f.Size != PartitionFileSize(int(f.Keys), m.Width(), DefaultBlockSize) {
+		if f.Keys < 0 || f.Keys > 1<<32-1 || f.Size != PartitionFileSize(int(f.Keys), m.Width(), m.Enc(), DefaultBlockSize) {
 			return fmt.Errorf("codec: manifest: file %s size %d does not match %d keys of width %d", f.Path, f.Size, f.Keys, m.Width())
 		}
 		total += f.Keys
@@ -126,6 +130,8 @@ func (m *Manifest) ValidateHeader() error {
 		return fmt.Errorf("codec: manifest: partition count %d outside 1..65536", m.Partitions)
 	case m.Hash != partition.HashName:
 		return fmt.Errorf("codec: manifest: unknown partition hash %q (want %q)", m.Hash, partition.HashName)
+	case m.Encoding != "" && m.Encoding != "fp32" && m.Encoding != "fp16" && m.Encoding != "int8":
+		return fmt.Errorf("codec: manifest: unknown encoding %q (fp32, fp16 or int8)", m.Encoding)
 	case math.IsNaN(m.Bias) || math.IsInf(m.Bias, 0):
 		return fmt.Errorf("codec: manifest: bias %v is not finite", m.Bias)
 	}

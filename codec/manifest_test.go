@@ -9,7 +9,7 @@ import (
 )
 
 func validManifest() Manifest {
-	size := PartitionFileSize(10, 1, DefaultBlockSize)
+	size := PartitionFileSize(10, 1, EncFP32, DefaultBlockSize)
 	sha := strings.Repeat("ab", 32)
 	return Manifest{
 		Format: 1, Name: "ctr", Version: 3, Kind: KindFull, Type: TypeLR,
@@ -43,6 +43,7 @@ func TestManifestValidate(t *testing.T) {
 		"size":          func(m *Manifest) { m.Files[0].Size++ },
 		"params":        func(m *Manifest) { m.Params = 21 },
 		"no partitions": func(m *Manifest) { m.Partitions = 0; m.Files = nil },
+		"encoding":      func(m *Manifest) { m.Encoding = "bf16" },
 	}
 	for name, mutate := range cases {
 		m := validManifest()

@@ -10,47 +10,139 @@ import (
 	"hash/crc32"
 	"io"
 	"math"
+	"math/bits"
+	"slices"
+
+	"github.com/x448/float16"
 )
 
-// Partition file, format 1. One file holds one partition of one model
-// version: every key of the partition and its values, structure-of-arrays
-// so a table can be built (or, later, used in place) without reshuffling.
+// Partition file, format 2: the image of a shard's lookup table, so a
+// loader verifies it and uses it in place, building nothing.
 //
 //	offset 0    header, 64 bytes:
 //	              [0:8]   magic "CMLSPRT1"
-//	              [8:12]  uint32 format version (1)
-//	              [12:16] uint32 value type (0 = float32)
-//	              [16:20] uint32 width: values per key
+//	              [8:12]  uint32 format version (2)
+//	              [12:16] uint32 vector encoding: 0 fp32, 1 fp16, 2 int8
+//	              [16:20] uint32 width: values per key (1 + FM dim)
 //	              [20:24] uint32 partition number
-//	              [24:32] uint64 key count c
+//	              [24:32] uint64 record count n
 //	              [32:36] uint32 checksum block size B in bytes
-//	              [36:60] zero
+//	              [36:40] uint32 record size R
+//	              [40:48] uint64 bucket count nb
+//	              [48:60] zero
 //	              [60:64] uint32 CRC-32C of bytes [0:60]
-//	offset 64   keys:   c × uint64 little-endian, unique, any order
-//	            values: c × width × float32 little-endian, key-major
-//	            block checksums: one CRC-32C per B-byte block of
-//	              everything above (the last block may be short)
-//	end - 16    trailer: uint64 block count, uint32 CRC-32C of the
-//	              checksum table, magic "CMLE"
+//	offset 64   directory: (nb+1) × uint32; bucket b holds records
+//	              dir[b] ≤ i < dir[b+1]; dir[nb] = n. Zero-padded to 8 bytes.
+//	            records: n × R bytes, ascending by h, where h = KeyHash(key):
+//	              [0:8]  uint64 h (KeyHash is a bijection: exact membership)
+//	              [8:12] float32 linear weight
+//	              fp32:  dim × float32 factors
+//	              fp16:  dim × IEEE half factors
+//	              int8:  float32 scale, dim × int8; factor = q × scale
+//	            block checksums: one CRC-32C per B-byte block of everything above
+//	end - 16    trailer: uint64 block count, uint32 CRC-32C of the checksum
+//	              table, magic "CMLE"
 //
-// All integers are little-endian. The whole file's SHA-256 is recorded in
-// the version's manifest; the per-block CRCs let a loader verify blocks in
-// parallel and name the damaged offset.
+// Bucket of h: the high 64 bits of h × nb; the low 64 bits are h's
+// position within its bucket, so a lookup's first guess is
+// dir[b] + ⌊low × count / 2^64⌋ — usually the right cache line.
+// nb = ⌈n / 16⌉: the directory costs 0.25 bytes a record.
 const (
 	partMagic       = "CMLSPRT1"
 	trailerMagic    = "CMLE"
+	partFormat      = 2
 	partHeaderSize  = 64
 	partTrailerSize = 16
 	// DefaultBlockSize is the checksum block size writers use.
 	DefaultBlockSize = 1 << 20
-	ValueFloat32     = 0
+	// RecordsPerBucket is the writers' mean bucket occupancy.
+	RecordsPerBucket = 16
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// Encoding is how FM factors are stored. The linear weight is always fp32.
+type Encoding uint32
+
+const (
+	EncFP32 Encoding = iota // exact
+	EncFP16                 // IEEE half, round to nearest even
+	EncInt8                 // per-record scale max|v|/127, round to nearest
+)
+
+// Encodings by manifest name.
+var Encodings = map[string]Encoding{"fp32": EncFP32, "fp16": EncFP16, "int8": EncInt8}
+
+func (e Encoding) String() string {
+	switch e {
+	case EncFP32:
+		return "fp32"
+	case EncFP16:
+		return "fp16"
+	case EncInt8:
+		return "int8"
+	}
+	return fmt.Sprintf("encoding(%d)", uint32(e))
+}
+
+// RecordSize is the bytes per record of width values in encoding e.
+func RecordSize(width int, e Encoding) int {
+	dim := width - 1
+	switch e {
+	case EncFP16:
+		return 12 + 2*dim
+	case EncInt8:
+		if dim == 0 {
+			return 12
+		}
+		return 16 + dim
+	}
+	return 12 + 4*dim
+}
+
+// KeyHash is the bijective mixer (splitmix64's finalizer) that orders
+// records; KeyUnhash inverts it.
+func KeyHash(k uint64) uint64 {
+	k = (k ^ k>>30) * 0xbf58476d1ce4e5b9
+	k = (k ^ k>>27) * 0x94d049bb133111eb
+	return k ^ k>>31
+}
+
+// KeyUnhash returns the key whose KeyHash is h.
+func KeyUnhash(h uint64) uint64 {
+	h = unxorshift(h, 31) * inv2
+	h = unxorshift(h, 27) * inv1
+	return unxorshift(h, 30)
+}
+
+// Multiplicative inverses mod 2^64 of KeyHash's odd constants.
+var inv1, inv2 = modInverse(0xbf58476d1ce4e5b9), modInverse(0x94d049bb133111eb)
+
+// modInverse of odd c by Newton's iteration: each step doubles the
+// number of correct low bits (3 → 6 → … → 96).
+func modInverse(c uint64) uint64 {
+	x := c
+	for range 5 {
+		x *= 2 - c*x
+	}
+	return x
+}
+
+// unxorshift inverts x ^= x >> s: each round fixes s more high bits.
+func unxorshift(x uint64, s uint) uint64 {
+	y := x
+	for i := uint(0); i < 64; i += s {
+		y = x ^ y>>s
+	}
+	return y
+}
+
+// Buckets is the directory size for n records.
+func Buckets(n int) int { return max(1, (n+RecordsPerBucket-1)/RecordsPerBucket) }
+
+func dirBytes(n int) int64 { return (int64(Buckets(n)+1)*4 + 7) &^ 7 }
 
 // PartitionFileSize is the exact size of a partition file.
-func PartitionFileSize(count, width, blockSize int) int64 {
-	body := int64(partHeaderSize) + int64(count)*8 + int64(count)*int64(width)*4
+func PartitionFileSize(count, width int, e Encoding, blockSize int) int64 {
+	body := int64(partHeaderSize) + dirBytes(count) + int64(count)*int64(RecordSize(width, e))
 	blocks := (body + int64(blockSize) - 1) / int64(blockSize)
 	return body + 4*blocks + partTrailerSize
 }
@@ -61,36 +153,140 @@ type FileSum struct {
 	SHA256 string // hex
 }
 
-// WritePartition writes a partition file to w. keys must be unique (the
-// loader refuses duplicates); values holds width floats per key.
-func WritePartition(w io.Writer, partition uint32, width int, keys []uint64, values []float32) (FileSum, error) {
-	if width <= 0 {
-		return FileSum{}, fmt.Errorf("codec: partition width %d must be positive", width)
+// WritePartition writes a partition file to w: keys with width float32
+// values each, factors stored in encoding e. Duplicate keys are refused.
+func WritePartition(w io.Writer, partition uint32, width int, e Encoding, keys []uint64, values []float32) (FileSum, error) {
+	if width <= 0 || width > 1<<16 {
+		return FileSum{}, fmt.Errorf("codec: partition width %d outside 1..65536", width)
+	}
+	if e > EncInt8 {
+		return FileSum{}, fmt.Errorf("codec: unknown encoding %d", e)
 	}
 	if len(values) != len(keys)*width {
 		return FileSum{}, fmt.Errorf("codec: %d values for %d keys of width %d", len(values), len(keys), width)
 	}
+	n := len(keys)
+	nb := Buckets(n)
+	// Counting sort by bucket yields the directory; each bucket (16 on
+	// average) is then sorted by h.
+	dir := make([]uint32, nb+1)
+	hs := make([]uint64, n)
+	for i, k := range keys {
+		hs[i] = KeyHash(k)
+		b, _ := bits.Mul64(hs[i], uint64(nb))
+		dir[b+1]++
+	}
+	for b := 1; b <= nb; b++ {
+		dir[b] += dir[b-1]
+	}
+	order := make([]uint32, n)
+	next := slices.Clone(dir[:nb])
+	for i, h := range hs {
+		b, _ := bits.Mul64(h, uint64(nb))
+		order[next[b]] = uint32(i)
+		next[b]++
+	}
+	for b := 0; b < nb; b++ {
+		bucket := order[dir[b]:dir[b+1]]
+		slices.SortFunc(bucket, func(x, y uint32) int {
+			switch {
+			case hs[x] < hs[y]:
+				return -1
+			case hs[x] > hs[y]:
+				return 1
+			}
+			return 0
+		})
+		for j := 1; j < len(bucket); j++ {
+			if hs[bucket[j]] == hs[bucket[j-1]] {
+				return FileSum{}, fmt.Errorf("codec: key %d appears twice", keys[bucket[j]])
+			}
+		}
+	}
+
 	bw := newBlockWriter(w, DefaultBlockSize)
+	rs := RecordSize(width, e)
 	var h [partHeaderSize]byte
 	copy(h[0:8], partMagic)
-	binary.LittleEndian.PutUint32(h[8:], 1)
-	binary.LittleEndian.PutUint32(h[12:], ValueFloat32)
+	binary.LittleEndian.PutUint32(h[8:], partFormat)
+	binary.LittleEndian.PutUint32(h[12:], uint32(e))
 	binary.LittleEndian.PutUint32(h[16:], uint32(width))
 	binary.LittleEndian.PutUint32(h[20:], partition)
-	binary.LittleEndian.PutUint64(h[24:], uint64(len(keys)))
+	binary.LittleEndian.PutUint64(h[24:], uint64(n))
 	binary.LittleEndian.PutUint32(h[32:], DefaultBlockSize)
+	binary.LittleEndian.PutUint32(h[36:], uint32(rs))
+	binary.LittleEndian.PutUint64(h[40:], uint64(nb))
 	binary.LittleEndian.PutUint32(h[60:], crc32.Checksum(h[:60], castagnoli))
 	bw.write(h[:])
-	var buf [8]byte
-	for _, k := range keys {
-		binary.LittleEndian.PutUint64(buf[:], k)
-		bw.write(buf[:8])
+	d := make([]byte, dirBytes(n))
+	for b, off := range dir {
+		binary.LittleEndian.PutUint32(d[4*b:], off)
 	}
-	for _, v := range values {
-		binary.LittleEndian.PutUint32(buf[:], math.Float32bits(v))
-		bw.write(buf[:4])
+	bw.write(d)
+	rec := make([]byte, rs)
+	for _, i := range order {
+		EncodeRecord(rec, hs[i], values[int(i)*width:int(i+1)*width], e)
+		bw.write(rec)
 	}
 	return bw.finish()
+}
+
+// EncodeRecord fills rec (RecordSize bytes) with h and vals in encoding e.
+func EncodeRecord(rec []byte, h uint64, vals []float32, e Encoding) {
+	binary.LittleEndian.PutUint64(rec, h)
+	binary.LittleEndian.PutUint32(rec[8:], math.Float32bits(vals[0]))
+	v := vals[1:]
+	switch e {
+	case EncFP32:
+		for j, x := range v {
+			binary.LittleEndian.PutUint32(rec[12+4*j:], math.Float32bits(x))
+		}
+	case EncFP16:
+		for j, x := range v {
+			binary.LittleEndian.PutUint16(rec[12+2*j:], uint16(float16.Fromfloat32(x)))
+		}
+	case EncInt8:
+		if len(v) == 0 {
+			return
+		}
+		var m float32
+		for _, x := range v {
+			m = max(m, float32(math.Abs(float64(x))))
+		}
+		scale := m / 127
+		binary.LittleEndian.PutUint32(rec[12:], math.Float32bits(scale))
+		for j, x := range v {
+			q := 0.0
+			if scale > 0 {
+				q = math.Round(float64(x / scale))
+			}
+			rec[16+j] = byte(int8(max(-127, min(127, q))))
+		}
+	}
+}
+
+// DecodeRecord writes a record's width values into dst.
+func DecodeRecord(dst []float32, rec []byte, e Encoding) {
+	dst[0] = math.Float32frombits(binary.LittleEndian.Uint32(rec[8:]))
+	v := dst[1:]
+	switch e {
+	case EncFP32:
+		for j := range v {
+			v[j] = math.Float32frombits(binary.LittleEndian.Uint32(rec[12+4*j:]))
+		}
+	case EncFP16:
+		for j := range v {
+			v[j] = float16.Frombits(binary.LittleEndian.Uint16(rec[12+2*j:])).Float32()
+		}
+	case EncInt8:
+		if len(v) == 0 {
+			return
+		}
+		scale := math.Float32frombits(binary.LittleEndian.Uint32(rec[12:]))
+		for j := range v {
+			v[j] = float32(int8(rec[16+j])) * scale
+		}
+	}
 }
 
 // blockWriter checksums everything it writes in fixed blocks and appends
@@ -153,80 +349,4 @@ func (b *blockWriter) finish() (FileSum, error) {
 	return FileSum{Size: b.size + int64(len(table)) + partTrailerSize, SHA256: hex.EncodeToString(b.sha.Sum(nil))}, nil
 }
 
-// Partition is a verified partition file's contents, as views into the
-// file's bytes.
-type Partition struct {
-	Number uint32
-	Width  int
-	Count  int
-	keys   []byte
-	values []byte
-}
-
-// Key returns the i-th key.
-func (p *Partition) Key(i int) uint64 { return binary.LittleEndian.Uint64(p.keys[8*i:]) }
-
-// Value returns value j of the i-th key.
-func (p *Partition) Value(i, j int) float32 {
-	return math.Float32frombits(binary.LittleEndian.Uint32(p.values[4*(i*p.Width+j):]))
-}
-
-// ParsePartition checks structure and every block checksum of a whole
-// partition file held in b, and returns views into b. A damaged file is
-// refused with an error wrapping ErrCorrupt that names the first bad
-// block's offset.
-func ParsePartition(b []byte) (*Partition, error) {
-	if len(b) < partHeaderSize+partTrailerSize {
-		return nil, fmt.Errorf("%w: partition file: %d bytes is shorter than header and trailer", ErrCorrupt, len(b))
-	}
-	h := b[:partHeaderSize]
-	if string(h[:8]) != partMagic {
-		return nil, fmt.Errorf("%w: partition file: bad magic %q", ErrCorrupt, h[:8])
-	}
-	if crc32.Checksum(h[:60], castagnoli) != binary.LittleEndian.Uint32(h[60:]) {
-		return nil, fmt.Errorf("%w: partition file: header checksum mismatch", ErrCorrupt)
-	}
-	if v := binary.LittleEndian.Uint32(h[8:]); v != 1 {
-		return nil, fmt.Errorf("%w: partition file: unsupported format version %d", ErrCorrupt, v)
-	}
-	if vt := binary.LittleEndian.Uint32(h[12:]); vt != ValueFloat32 {
-		return nil, fmt.Errorf("%w: partition file: unsupported value type %d", ErrCorrupt, vt)
-	}
-	width := int(binary.LittleEndian.Uint32(h[16:]))
-	count := binary.LittleEndian.Uint64(h[24:])
-	bs := int(binary.LittleEndian.Uint32(h[32:]))
-	if width <= 0 || width > 1<<16 || bs < 4096 || count > uint64(len(b))/8 {
-		return nil, fmt.Errorf("%w: partition file: implausible header (width %d, count %d, block size %d)", ErrCorrupt, width, count, bs)
-	}
-	if want := PartitionFileSize(int(count), width, bs); int64(len(b)) != want {
-		return nil, fmt.Errorf("%w: partition file: size %d, header implies %d (truncated or padded)", ErrCorrupt, len(b), want)
-	}
-	t := b[len(b)-partTrailerSize:]
-	if string(t[12:]) != trailerMagic {
-		return nil, fmt.Errorf("%w: partition file: bad trailer magic", ErrCorrupt)
-	}
-	body := int64(partHeaderSize) + int64(count)*8 + int64(count)*int64(width)*4
-	nblocks := int((body + int64(bs) - 1) / int64(bs))
-	if binary.LittleEndian.Uint64(t[0:]) != uint64(nblocks) {
-		return nil, fmt.Errorf("%w: partition file: trailer block count mismatch", ErrCorrupt)
-	}
-	table := b[body : body+4*int64(nblocks)]
-	if crc32.Checksum(table, castagnoli) != binary.LittleEndian.Uint32(t[8:]) {
-		return nil, fmt.Errorf("%w: partition file: checksum table corrupt", ErrCorrupt)
-	}
-	for i := 0; i < nblocks; i++ {
-		lo := int64(i) * int64(bs)
-		hi := min(lo+int64(bs), body)
-		if crc32.Checksum(b[lo:hi], castagnoli) != binary.LittleEndian.Uint32(table[4*i:]) {
-			return nil, fmt.Errorf("%w: partition file: checksum mismatch in block %d (bytes %d–%d)", ErrCorrupt, i, lo, hi)
-		}
-	}
-	kEnd := partHeaderSize + 8*int64(count)
-	return &Partition{
-		Number: binary.LittleEndian.Uint32(h[20:]),
-		Width:  width,
-		Count:  int(count),
-		keys:   b[partHeaderSize:kEnd],
-		values: b[kEnd:body],
-	}, nil
-}
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)

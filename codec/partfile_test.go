@@ -5,29 +5,33 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
 )
 
-func writeTestPartition(t testing.TB, n, width int) ([]byte, []uint64, []float32) {
+func writeTestPartition(t testing.TB, n, width int, e Encoding) ([]byte, []uint64, []float32) {
 	rng := rand.New(rand.NewPCG(uint64(n), uint64(width)))
 	keys := make([]uint64, n)
 	values := make([]float32, n*width)
 	for i := range keys {
 		keys[i] = rng.Uint64()
 	}
+	if n > 2 {
+		keys[0], keys[1] = 0, math.MaxUint64
+	}
 	for i := range values {
 		values[i] = rng.Float32() - 0.5
 	}
 	var buf bytes.Buffer
-	sum, err := WritePartition(&buf, 3, width, keys, values)
+	sum, err := WritePartition(&buf, 3, width, e, keys, values)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := buf.Bytes()
-	if sum.Size != int64(len(b)) || sum.Size != PartitionFileSize(n, width, DefaultBlockSize) {
-		t.Fatalf("size %d, file %d, formula %d", sum.Size, len(b), PartitionFileSize(n, width, DefaultBlockSize))
+	if sum.Size != int64(len(b)) || sum.Size != PartitionFileSize(n, width, e, DefaultBlockSize) {
+		t.Fatalf("size %d, file %d, formula %d", sum.Size, len(b), PartitionFileSize(n, width, e, DefaultBlockSize))
 	}
 	h := sha256.Sum256(b)
 	if sum.SHA256 != hex.EncodeToString(h[:]) {
@@ -36,25 +40,75 @@ func writeTestPartition(t testing.TB, n, width int) ([]byte, []uint64, []float32
 	return b, keys, values
 }
 
+func TestKeyHashBijection(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	for _, k := range []uint64{0, 1, 2, math.MaxUint64, 1 << 63} {
+		if KeyUnhash(KeyHash(k)) != k {
+			t.Fatalf("KeyUnhash(KeyHash(%d)) = %d", k, KeyUnhash(KeyHash(k)))
+		}
+	}
+	for range 100000 {
+		k := rng.Uint64()
+		if KeyUnhash(KeyHash(k)) != k {
+			t.Fatalf("KeyUnhash(KeyHash(%d)) = %d", k, KeyUnhash(KeyHash(k)))
+		}
+	}
+}
+
+// maxErr is the documented error bound of encoding e for a record.
+func maxErr(e Encoding, v []float32, j int) float64 {
+	if j == 0 {
+		return 0 // the linear weight is always fp32
+	}
+	switch e {
+	case EncFP16:
+		return math.Abs(float64(v[j]))*(1.0/2048) + 1.0/(1<<25) // half an ulp; subnormals below 2^-14
+	case EncInt8:
+		m := 0.0
+		for _, x := range v[1:] {
+			m = math.Max(m, math.Abs(float64(x)))
+		}
+		return m/254 + 1e-9
+	}
+	return 0
+}
+
 func TestPartitionRoundTrip(t *testing.T) {
-	for _, c := range []struct{ n, width int }{{0, 1}, {1, 1}, {1000, 1}, {70000, 9}} {
-		b, keys, values := writeTestPartition(t, c.n, c.width)
+	for _, c := range []struct {
+		n, width int
+		e        Encoding
+	}{{0, 1, EncFP32}, {1, 1, EncFP32}, {1000, 1, EncFP32}, {70000, 9, EncFP32}, {5000, 9, EncFP16}, {5000, 17, EncInt8}, {300, 1, EncInt8}} {
+		b, keys, values := writeTestPartition(t, c.n, c.width, c.e)
 		p, err := ParsePartition(b)
 		if err != nil {
-			t.Fatalf("n=%d w=%d: %v", c.n, c.width, err)
+			t.Fatalf("%+v: %v", c, err)
 		}
-		if p.Count != c.n || p.Width != c.width || p.Number != 3 {
+		if p.Count != c.n || p.Width != c.width || p.Number != 3 || p.Encoding != c.e {
 			t.Fatalf("header %+v", p)
 		}
-		for i := range keys {
-			if p.Key(i) != keys[i] {
-				t.Fatalf("key %d differs", i)
+		want := map[uint64][]float32{}
+		for i, k := range keys {
+			want[k] = values[i*c.width : (i+1)*c.width]
+		}
+		got := make([]float32, c.width)
+		for i := 0; i < p.Count; i++ {
+			if i > 0 && p.Hash(i) <= p.Hash(i-1) {
+				t.Fatalf("records not ascending at %d", i)
 			}
-			for j := 0; j < c.width; j++ {
-				if p.Value(i, j) != values[i*c.width+j] {
-					t.Fatalf("value %d,%d differs", i, j)
+			w, ok := want[p.Key(i)]
+			if !ok {
+				t.Fatalf("record %d has key %d, not written", i, p.Key(i))
+			}
+			delete(want, p.Key(i))
+			p.Values(i, got)
+			for j := range got {
+				if d := math.Abs(float64(got[j] - w[j])); d > maxErr(c.e, w, j) {
+					t.Fatalf("%v key %d value %d: %v, wrote %v (error %g > bound %g)", c.e, p.Key(i), j, got[j], w[j], d, maxErr(c.e, w, j))
 				}
 			}
+		}
+		if len(want) != 0 {
+			t.Fatalf("%d keys missing", len(want))
 		}
 	}
 }
@@ -62,7 +116,7 @@ func TestPartitionRoundTrip(t *testing.T) {
 // Every single-byte change anywhere in the file, and every truncation, is
 // detected.
 func TestPartitionCorruption(t *testing.T) {
-	b, _, _ := writeTestPartition(t, 300, 2) // 64 + 2400 + 2400 + 4 + 16 bytes
+	b, _, _ := writeTestPartition(t, 300, 3, EncFP16)
 	for i := 0; i < len(b); i++ {
 		bad := bytes.Clone(b)
 		bad[i] ^= 0x40
@@ -81,20 +135,42 @@ func TestPartitionCorruption(t *testing.T) {
 	}
 }
 
-func TestPartitionBlockError(t *testing.T) {
-	b, _, _ := writeTestPartition(t, 200000, 1) // 2.4 MB: three blocks
+func TestPartitionParallelVerifyNamesBlock(t *testing.T) {
+	b, _, _ := writeTestPartition(t, 300000, 1, EncFP32) // 3.6 MB: four blocks
 	bad := bytes.Clone(b)
-	bad[DefaultBlockSize+100] ^= 1
-	_, err := ParsePartition(bad)
-	if err == nil || !strings.Contains(err.Error(), "block 1") {
-		t.Fatalf("err = %v, want it to name block 1", err)
+	bad[2*DefaultBlockSize+100] ^= 1
+	p, err := ParsePartitionStructure(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.VerifyBlocks(4); err == nil || !strings.Contains(err.Error(), "block 2") {
+		t.Fatalf("err = %v, want it to name block 2", err)
+	}
+	p, _ = ParsePartitionStructure(b)
+	if err := p.VerifyBlocks(4); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWritePartitionRefuses(t *testing.T) {
+	var buf bytes.Buffer
+	if _, err := WritePartition(&buf, 0, 1, EncFP32, []uint64{4, 8, 4}, []float32{1, 2, 3}); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Errorf("duplicate keys: %v", err)
+	}
+	if _, err := WritePartition(&buf, 0, 2, EncFP32, []uint64{4}, []float32{1}); err == nil {
+		t.Error("wrong value count accepted")
+	}
+	if _, err := WritePartition(&buf, 0, 1, Encoding(7), nil, nil); err == nil {
+		t.Error("unknown encoding accepted")
 	}
 }
 
 func FuzzParsePartition(f *testing.F) {
-	b, _, _ := writeTestPartition(f, 5, 2)
-	f.Add(b)
-	b, _, _ = writeTestPartition(f, 0, 1)
+	for _, e := range []Encoding{EncFP32, EncFP16, EncInt8} {
+		b, _, _ := writeTestPartition(f, 5, 3, e)
+		f.Add(b)
+	}
+	b, _, _ := writeTestPartition(f, 0, 1, EncFP32)
 	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, err := ParsePartition(b)
@@ -104,9 +180,9 @@ func FuzzParsePartition(f *testing.F) {
 			}
 			return
 		}
-		if p.Count > 0 {
-			_ = p.Key(p.Count - 1)
-			_ = p.Value(p.Count-1, p.Width-1)
+		v := make([]float32, p.Width)
+		for i := range p.Count {
+			p.Values(i, v) // must stay in bounds
 		}
 	})
 }

@@ -17,6 +17,7 @@ type GenSpec struct {
 	Dim        int    // FM factors; default 8 for FM
 	Params     int64  // number of features
 	Partitions uint32 // default 8
+	Encoding   string // FM factors: fp32 (default), fp16 or int8
 	Seed       uint64
 	Dense      bool // ids 0..Params-1 instead of hashed 64-bit ids
 	// Progress, if set, is called with the number of features written
@@ -65,7 +66,7 @@ func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
 		gi.IDs = "dense"
 	}
 	w, err := r.NewVersion(Spec{
-		Name: spec.Name, Type: spec.Type, Dim: spec.Dim, Bias: -1.5, Partitions: spec.Partitions,
+		Name: spec.Name, Type: spec.Type, Dim: spec.Dim, Bias: -1.5, Partitions: spec.Partitions, Encoding: spec.Encoding,
 		Source:    fmt.Sprintf("cumulus model gen --type %s --params %d --dim %d --seed %d --ids %s", spec.Type, spec.Params, spec.Dim, spec.Seed, gi.IDs),
 		Generator: &gi,
 	})

@@ -50,10 +50,16 @@ func (s *Sparse) check() error {
 // Publish splits a model into partitions and publishes it as the next
 // version of name.
 func (r Repo) Publish(name string, s *Sparse, partitions uint32, source string) (*codec.Manifest, error) {
+	return r.PublishEncoded(name, s, partitions, "", source)
+}
+
+// PublishEncoded is Publish with FM factors stored in encoding (fp32,
+// fp16 or int8; "" means fp32).
+func (r Repo) PublishEncoded(name string, s *Sparse, partitions uint32, encoding, source string) (*codec.Manifest, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	w, err := r.NewVersion(Spec{Name: name, Type: s.Type, Dim: s.Dim, Bias: s.Bias, Partitions: partitions, Source: source})
+	w, err := r.NewVersion(Spec{Name: name, Type: s.Type, Dim: s.Dim, Bias: s.Bias, Partitions: partitions, Encoding: encoding, Source: source})
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ type Spec struct {
 	Dim        int     // FM factors
 	Bias       float64 // global bias
 	Partitions uint32
+	Encoding   string // FM factors: "" or fp32, fp16, int8
 	Source     string // recorded in the manifest
 	Generator  *codec.GenInfo
 }
@@ -38,7 +39,7 @@ type VersionWriter struct {
 // NewVersion starts writing a new version of spec.Name.
 func (r Repo) NewVersion(spec Spec) (*VersionWriter, error) {
 	m := codec.Manifest{Format: 1, Name: spec.Name, Version: 1, Kind: codec.KindFull, Type: spec.Type, Dim: spec.Dim,
-		Bias: spec.Bias, Partitions: spec.Partitions, Hash: partition.HashName}
+		Encoding: spec.Encoding, Bias: spec.Bias, Partitions: spec.Partitions, Hash: partition.HashName}
 	if err := m.ValidateHeader(); err != nil {
 		return nil, fmt.Errorf("loader: new version: %w", err)
 	}
@@ -64,7 +65,7 @@ func (w *VersionWriter) WritePartition(p uint32, keys []uint64, values []float32
 	name := partFileName(p)
 	var sum codec.FileSum
 	err := writeSynced(filepath.Join(w.tmp, name), func(f io.Writer) (err error) {
-		sum, err = codec.WritePartition(f, p, 1+w.spec.Dim, keys, values)
+		sum, err = codec.WritePartition(f, p, 1+w.spec.Dim, codec.Encodings[w.spec.Encoding], keys, values)
 		return err
 	})
 	if err != nil {
@@ -86,7 +87,7 @@ func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 		}
 		params += w.files[p].Keys
 	}
-	m := &codec.Manifest{Format: 1, Name: w.spec.Name, Kind: codec.KindFull, Type: w.spec.Type, Dim: w.spec.Dim,
+	m := &codec.Manifest{Format: 1, Name: w.spec.Name, Kind: codec.KindFull, Type: w.spec.Type, Dim: w.spec.Dim, Encoding: w.spec.Encoding,
 		Bias: w.spec.Bias, Partitions: w.spec.Partitions, Hash: partition.HashName, Params: params, Files: w.files,
 		Source: w.spec.Source, Generator: w.spec.Generator, Created: time.Now().UTC().Format(time.RFC3339)}
 	// Another writer may take a number between Latest and Rename: retry.

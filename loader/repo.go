@@ -5,13 +5,16 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/hugemem"
 )
 
 // ErrNotFound is wrapped when a model or version does not exist.
@@ -115,25 +118,49 @@ func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, e
 	}
 	f := m.Files[part]
 	p := filepath.Join(r.VersionDir(m.Name, m.Version), f.Path)
-	b, err := os.ReadFile(p)
+	mem, err := readWhole(p, f.Size)
 	if err != nil {
-		return nil, fmt.Errorf("loader: %w", err)
+		return nil, err
 	}
-	if int64(len(b)) != f.Size {
-		return nil, fmt.Errorf("loader: %s: %w: size %d, manifest says %d", p, codec.ErrCorrupt, len(b), f.Size)
-	}
+	b := mem.Bytes
 	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != f.SHA256 {
 		return nil, fmt.Errorf("loader: %s: %w: SHA-256 does not match the manifest", p, codec.ErrCorrupt)
 	}
-	pt, err := codec.ParsePartition(b)
+	pt, err := codec.ParsePartitionStructure(b)
+	if err == nil {
+		err = pt.VerifyBlocks(runtime.GOMAXPROCS(0))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("loader: %s: %w", p, err)
 	}
-	if pt.Number != part || pt.Width != m.Width() || int64(pt.Count) != f.Keys {
+	if pt.Number != part || pt.Width != m.Width() || pt.Encoding != m.Enc() || int64(pt.Count) != f.Keys {
 		return nil, fmt.Errorf("loader: %s: %w: holds partition %d, width %d, %d keys; manifest says %d, %d, %d",
 			p, codec.ErrCorrupt, pt.Number, pt.Width, pt.Count, part, m.Width(), f.Keys)
 	}
+	pt.Owner = mem
 	return pt, nil
+}
+
+// readWhole reads a file of the expected size with one read into memory
+// that will serve lookups in place (huge pages where possible).
+func readWhole(path string, size int64) (*hugemem.Buffer, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	if st.Size() != size {
+		return nil, fmt.Errorf("loader: %s: %w: size %d, manifest says %d", path, codec.ErrCorrupt, st.Size(), size)
+	}
+	mem := hugemem.Alloc(int(size))
+	if _, err := io.ReadFull(f, mem.Bytes); err != nil {
+		return nil, fmt.Errorf("loader: reading %s: %w", path, err)
+	}
+	return mem, nil
 }
 
 // Verify reads every partition of a version and checks it against the

@@ -29,6 +29,7 @@ type Service interface {
 
 type scratch struct {
 	req   codec.LookupRequest
+	idx   []int32
 	found []uint64
 	vals  []float32
 }
@@ -59,10 +60,14 @@ func (s *Shard) Lookup(_ context.Context, req []byte) ([]byte, error) {
 			return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold partition %d of %q version %d", s.opts.ID, sec.Partition, sc.req.Model, sc.req.Version)
 		}
 		t := ver.parts[sec.Partition]
-		for _, k := range sec.Keys {
-			if v, ok := t.Get(k); ok {
+		sc.idx = resize(sc.idx, len(sec.Keys))
+		t.Find(sec.Keys, sc.idx)
+		for _, r := range sc.idx {
+			if r >= 0 {
 				sc.found[i>>6] |= 1 << (i & 63)
-				sc.vals = append(sc.vals, v...)
+				n := len(sc.vals)
+				sc.vals = resize(sc.vals, n+w)
+				t.Decode(int(r), sc.vals[n:])
 			}
 			i++
 		}
@@ -114,3 +119,11 @@ func (c *Client) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 
 // String names the peer, for errors and logs.
 func (c *Client) String() string { return fmt.Sprintf("shard at %s", c.conn.Target()) }
+
+// resize returns s with length n, reusing its array when large enough.
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return append(s[:cap(s)], make([]T, n-cap(s))...)
+	}
+	return s[:n]
+}

@@ -261,7 +261,7 @@ func (s *Shard) loadPartition(m *codec.Manifest, p uint32) (*Table, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewTable(pt)
+	return NewTable(pt), nil
 }
 
 func (s *Shard) refuse(key string, err error) {

@@ -172,19 +172,3 @@ func TestShardServesAssignedAndRefusesDamage(t *testing.T) {
 		t.Fatalf("version 3 lookup: %v", err)
 	}
 }
-
-func TestTableRefusesDuplicates(t *testing.T) {
-	for _, keys := range [][]uint64{{5, 9, 5}, {0, 0}} {
-		var b strings.Builder
-		if _, err := codec.WritePartition(&b, 0, 1, keys, make([]float32, len(keys))); err != nil {
-			t.Fatal(err)
-		}
-		p, err := codec.ParsePartition([]byte(b.String()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := NewTable(p); err == nil {
-			t.Errorf("keys %v: duplicates accepted", keys)
-		}
-	}
-}

@@ -20,7 +20,7 @@ func modelCommand() *cobra.Command {
 }
 
 func modelImportCommand() *cobra.Command {
-	var format, name, repo, positive string
+	var format, name, repo, positive, encoding string
 	var partitions uint32
 	cmd := &cobra.Command{
 		Use:   "import MODEL_FILE",
@@ -44,7 +44,7 @@ func modelImportCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
-			m, err := loader.Repo{Dir: repo}.Publish(name, s, partitions, fmt.Sprintf("import --format %s %s", format, args[0]))
+			m, err := loader.Repo{Dir: repo}.PublishEncoded(name, s, partitions, encoding, fmt.Sprintf("import --format %s %s", format, args[0]))
 			if err != nil {
 				return err
 			}
@@ -57,6 +57,7 @@ func modelImportCommand() *cobra.Command {
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
 	cmd.Flags().StringVar(&positive, "positive-label", "1", "liblinear: the label whose probability is the score")
 	cmd.Flags().Uint32Var(&partitions, "partitions", 8, "number of partitions")
+	cmd.Flags().StringVar(&encoding, "encoding", "fp32", "fm: factor storage, fp32, fp16 or int8")
 	for _, f := range []string{"format", "name", "repo"} {
 		cmd.MarkFlagRequired(f)
 	}
@@ -102,13 +103,14 @@ func modelGenCommand() *cobra.Command {
 	cmd.Flags().IntVar(&spec.Dim, "dim", 8, "fm: factors per feature")
 	cmd.Flags().Uint32Var(&spec.Partitions, "partitions", 8, "number of partitions")
 	cmd.Flags().Uint64Var(&spec.Seed, "seed", 1, "random seed")
+	cmd.Flags().StringVar(&spec.Encoding, "encoding", "fp32", "fm: factor storage, fp32, fp16 or int8")
 	cmd.Flags().StringVar(&ids, "ids", "hashed", "hashed (64-bit ids, as hashed features are) or dense (0..params-1)")
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
 	cmd.MarkFlagRequired("name")
 	cmd.MarkFlagRequired("repo")
 	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
 		if spec.Type == codec.TypeLR {
-			spec.Dim = 0
+			spec.Dim, spec.Encoding = 0, ""
 		}
 		return nil
 	}

@@ -1,0 +1,166 @@
+package codec
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"sync"
+)
+
+// Partition is a partition file's table, as views into the file's bytes:
+// nothing is copied or built.
+type Partition struct {
+	Number     uint32
+	Width      int
+	Count      int
+	Encoding   Encoding
+	RecordSize int
+	Buckets    int
+	Dir        []byte // (Buckets+1) × uint32
+	Records    []byte // Count × RecordSize
+	// Owner keeps the bytes' backing memory alive (a mapping, say); whoever
+	// keeps views of the partition keeps Owner too. Nil for heap bytes.
+	Owner any
+	blockSize  int
+	body       []byte // everything the block checksums cover
+	table      []byte // the block checksums
+}
+
+// Hash returns record i's h.
+func (p *Partition) Hash(i int) uint64 { return binary.LittleEndian.Uint64(p.Records[i*p.RecordSize:]) }
+
+// Key returns record i's feature id.
+func (p *Partition) Key(i int) uint64 { return KeyUnhash(p.Hash(i)) }
+
+// Values decodes record i's Width values into dst.
+func (p *Partition) Values(i int, dst []float32) {
+	DecodeRecord(dst, p.Records[i*p.RecordSize:(i+1)*p.RecordSize], p.Encoding)
+}
+
+// Value returns value j of record i (convenient, not fast).
+func (p *Partition) Value(i, j int) float32 {
+	v := make([]float32, p.Width)
+	p.Values(i, v)
+	return v[j]
+}
+
+// ParsePartition checks a whole partition file held in b — structure and
+// every block checksum — and returns views into b. A damaged file is
+// refused with an error wrapping ErrCorrupt that names what is wrong.
+func ParsePartition(b []byte) (*Partition, error) {
+	p, err := ParsePartitionStructure(b)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.VerifyBlocks(1); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// ParsePartitionStructure checks everything but the block checksums,
+// touching only the header, directory and trailer; VerifyBlocks does the
+// rest, in parallel.
+func ParsePartitionStructure(b []byte) (*Partition, error) {
+	if len(b) < partHeaderSize+partTrailerSize {
+		return nil, fmt.Errorf("%w: partition file: %d bytes is shorter than header and trailer", ErrCorrupt, len(b))
+	}
+	h := b[:partHeaderSize]
+	if string(h[:8]) != partMagic {
+		return nil, fmt.Errorf("%w: partition file: bad magic %q", ErrCorrupt, h[:8])
+	}
+	if crc32.Checksum(h[:60], castagnoli) != binary.LittleEndian.Uint32(h[60:]) {
+		return nil, fmt.Errorf("%w: partition file: header checksum mismatch", ErrCorrupt)
+	}
+	if v := binary.LittleEndian.Uint32(h[8:]); v != partFormat {
+		return nil, fmt.Errorf("%w: partition file: format version %d, this build reads %d (re-import or regenerate the model)", ErrCorrupt, v, partFormat)
+	}
+	p := &Partition{
+		Encoding:   Encoding(binary.LittleEndian.Uint32(h[12:])),
+		Width:      int(binary.LittleEndian.Uint32(h[16:])),
+		Number:     binary.LittleEndian.Uint32(h[20:]),
+		RecordSize: int(binary.LittleEndian.Uint32(h[36:])),
+		blockSize:  int(binary.LittleEndian.Uint32(h[32:])),
+	}
+	count := binary.LittleEndian.Uint64(h[24:])
+	nb := binary.LittleEndian.Uint64(h[40:])
+	switch {
+	case p.Encoding > EncInt8:
+		return nil, fmt.Errorf("%w: partition file: unknown encoding %d", ErrCorrupt, p.Encoding)
+	case p.Width <= 0 || p.Width > 1<<16 || p.RecordSize != RecordSize(p.Width, p.Encoding):
+		return nil, fmt.Errorf("%w: partition file: width %d and record size %d disagree", ErrCorrupt, p.Width, p.RecordSize)
+	case p.blockSize < 4096 || count > uint64(len(b))/12:
+		return nil, fmt.Errorf("%w: partition file: implausible header (count %d, block size %d)", ErrCorrupt, count, p.blockSize)
+	case nb != uint64(Buckets(int(count))):
+		return nil, fmt.Errorf("%w: partition file: %d buckets for %d records", ErrCorrupt, nb, count)
+	}
+	p.Count, p.Buckets = int(count), int(nb)
+	if want := PartitionFileSize(p.Count, p.Width, p.Encoding, p.blockSize); int64(len(b)) != want {
+		return nil, fmt.Errorf("%w: partition file: size %d, header implies %d (truncated or padded)", ErrCorrupt, len(b), want)
+	}
+	t := b[len(b)-partTrailerSize:]
+	if string(t[12:]) != trailerMagic {
+		return nil, fmt.Errorf("%w: partition file: bad trailer magic", ErrCorrupt)
+	}
+	dirEnd := partHeaderSize + dirBytes(p.Count)
+	bodyEnd := dirEnd + int64(p.Count)*int64(p.RecordSize)
+	nblocks := (bodyEnd + int64(p.blockSize) - 1) / int64(p.blockSize)
+	if binary.LittleEndian.Uint64(t[0:]) != uint64(nblocks) {
+		return nil, fmt.Errorf("%w: partition file: trailer block count mismatch", ErrCorrupt)
+	}
+	p.body, p.table = b[:bodyEnd], b[bodyEnd:bodyEnd+4*nblocks]
+	if crc32.Checksum(p.table, castagnoli) != binary.LittleEndian.Uint32(t[8:]) {
+		return nil, fmt.Errorf("%w: partition file: checksum table corrupt", ErrCorrupt)
+	}
+	p.Dir = b[partHeaderSize : partHeaderSize+4*(p.Buckets+1)]
+	p.Records = b[dirEnd:bodyEnd]
+	// A lookup trusts the directory to stay inside the records.
+	prev := uint32(0)
+	for i := 0; i <= p.Buckets; i++ {
+		d := binary.LittleEndian.Uint32(p.Dir[4*i:])
+		if d < prev || d > uint32(p.Count) || i == 0 && d != 0 || i == p.Buckets && d != uint32(p.Count) {
+			return nil, fmt.Errorf("%w: partition file: directory entry %d is out of order", ErrCorrupt, i)
+		}
+		prev = d
+	}
+	return p, nil
+}
+
+// VerifyBlocks checks every block checksum using up to workers
+// goroutines, and names the first bad block found.
+func (p *Partition) VerifyBlocks(workers int) error {
+	n := len(p.table) / 4
+	workers = max(1, min(workers, n))
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		bad     = math.MaxInt
+		nextBlk = make(chan int, n)
+	)
+	for i := range n {
+		nextBlk <- i
+	}
+	close(nextBlk)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range nextBlk {
+				lo := i * p.blockSize
+				hi := min(lo+p.blockSize, len(p.body))
+				if crc32.Checksum(p.body[lo:hi], castagnoli) != binary.LittleEndian.Uint32(p.table[4*i:]) {
+					mu.Lock()
+					bad = min(bad, i)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if bad != math.MaxInt {
+		lo := bad * p.blockSize
+		return fmt.Errorf("%w: partition file: checksum mismatch in block %d (bytes %d–%d)", ErrCorrupt, bad, lo, min(lo+p.blockSize, len(p.body)))
+	}
+	return nil
+}

@@ -1,0 +1,129 @@
+package shard
+
+import (
+	"bytes"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cumulus-serving/cumulus/codec"
+)
+
+func buildTable(t testing.TB, keys []uint64, width int, e codec.Encoding, values []float32) *Table {
+	t.Helper()
+	var buf bytes.Buffer
+	if _, err := codec.WritePartition(&buf, 0, width, e, keys, values); err != nil {
+		t.Fatal(err)
+	}
+	p, err := codec.ParsePartition(buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewTable(p)
+}
+
+// An absent feature reads as absent, never as another feature's weight;
+// key 0 and the largest key are ordinary keys; a batch may repeat keys.
+func TestTableExactMembership(t *testing.T) {
+	keys := []uint64{0, 1, 2, 1000, math.MaxUint64, math.MaxUint64 - 1, 1 << 32}
+	vals := []float32{10, 11, 12, 13, 14, 15, 16}
+	tb := buildTable(t, keys, 1, codec.EncFP32, vals)
+	query := []uint64{math.MaxUint64, 3, 0, 0, 999, 1 << 32, 1<<32 + 1, math.MaxUint64 - 2, 2, 2}
+	want := []float32{14, -1, 10, 10, -1, 16, -1, -1, 12, 12}
+	out := make([]int32, len(query))
+	tb.Find(query, out)
+	v := make([]float32, 1)
+	for j, q := range query {
+		ok := tb.Get(q, v)
+		if want[j] < 0 {
+			if out[j] != -1 || ok {
+				t.Errorf("absent key %d: Find %d, Get %v", q, out[j], ok)
+			}
+			continue
+		}
+		if out[j] < 0 || !ok || v[0] != want[j] {
+			t.Errorf("key %d: Find %d, Get %v %v, want %v", q, out[j], ok, v[0], want[j])
+			continue
+		}
+		tb.Decode(int(out[j]), v)
+		if v[0] != want[j] {
+			t.Errorf("key %d: decoded %v, want %v", q, v[0], want[j])
+		}
+	}
+	empty := buildTable(t, nil, 1, codec.EncFP32, nil)
+	empty.Find(query, out)
+	for j := range out {
+		if out[j] != -1 || empty.Get(query[j], v) {
+			t.Fatal("empty table found a key")
+		}
+	}
+}
+
+// The table agrees with a Go map on many random keys, present and not,
+// in every encoding.
+func TestTableMatchesMap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	const n, width = 200000, 5
+	keys := make([]uint64, n)
+	vals := make([]float32, n*width)
+	ref := make(map[uint64]int, n)
+	for i := range keys {
+		for {
+			keys[i] = rng.Uint64() >> rng.UintN(40) // clustered and spread ids
+			if _, dup := ref[keys[i]]; !dup {
+				break
+			}
+		}
+		ref[keys[i]] = i
+	}
+	for i := range vals {
+		vals[i] = float32(rng.NormFloat64())
+	}
+	for _, e := range []codec.Encoding{codec.EncFP32, codec.EncFP16, codec.EncInt8} {
+		tb := buildTable(t, keys, width, e, vals)
+		query := make([]uint64, 50000)
+		for j := range query {
+			if j%3 == 0 {
+				query[j] = rng.Uint64()
+			} else {
+				query[j] = keys[rng.IntN(n)]
+			}
+		}
+		out := make([]int32, len(query))
+		tb.Find(query, out)
+		got := make([]float32, width)
+		for j, q := range query {
+			i, present := ref[q]
+			if present != (out[j] >= 0) {
+				t.Fatalf("%v: key %d present=%v, Find=%d", e, q, present, out[j])
+			}
+			if !present {
+				continue
+			}
+			tb.Decode(int(out[j]), got)
+			if got[0] != vals[i*width] {
+				t.Fatalf("%v: key %d weight %v, want %v", e, q, got[0], vals[i*width])
+			}
+			if e == codec.EncFP32 {
+				for f := 1; f < width; f++ {
+					if got[f] != vals[i*width+f] {
+						t.Fatalf("key %d factor %d: %v, want %v", q, f, got[f], vals[i*width+f])
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestTableFindAllocs(t *testing.T) {
+	keys := make([]uint64, 10000)
+	for i := range keys {
+		keys[i] = uint64(i) * 7919
+	}
+	tb := buildTable(t, keys, 1, codec.EncFP32, make([]float32, len(keys)))
+	out := make([]int32, len(keys))
+	v := make([]float32, 1)
+	if n := testing.AllocsPerRun(50, func() { tb.Find(keys, out); tb.Decode(int(out[9]), v) }); n != 0 {
+		t.Errorf("Find allocated %.1f times per batch, want 0", n)
+	}
+}
