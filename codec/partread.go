@@ -21,10 +21,10 @@ type Partition struct {
 	Records    []byte // Count × RecordSize
 	// Owner keeps the bytes' backing memory alive (a mapping, say); whoever
 	// keeps views of the partition keeps Owner too. Nil for heap bytes.
-	Owner any
-	blockSize  int
-	body       []byte // everything the block checksums cover
-	table      []byte // the block checksums
+	Owner     any
+	blockSize int
+	body      []byte // everything the block checksums cover
+	table     []byte // the block checksums
 }
 
 // Hash returns record i's h.
