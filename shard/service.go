@@ -30,6 +30,7 @@ type Service interface {
 type scratch struct {
 	req   codec.LookupRequest
 	idx   []int32
+	ws    []float32
 	found []uint64
 	vals  []float32
 }
@@ -61,6 +62,19 @@ func (s *Shard) Lookup(_ context.Context, req []byte) ([]byte, error) {
 		}
 		t := ver.parts[sec.Partition]
 		sc.idx = resize(sc.idx, len(sec.Keys))
+		if w == 1 {
+			// LR: the weight is read while the record is in cache.
+			sc.ws = resize(sc.ws, len(sec.Keys))
+			t.FindWeights(sec.Keys, sc.idx, sc.ws)
+			for j, r := range sc.idx {
+				if r >= 0 {
+					sc.found[i>>6] |= 1 << (i & 63)
+					sc.vals = append(sc.vals, sc.ws[j])
+				}
+				i++
+			}
+			continue
+		}
 		t.Find(sec.Keys, sc.idx)
 		for _, r := range sc.idx {
 			if r >= 0 {

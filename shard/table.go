@@ -2,6 +2,7 @@ package shard
 
 import (
 	"encoding/binary"
+	"math"
 	"math/bits"
 
 	"github.com/cumulus-serving/cumulus/codec"
@@ -39,6 +40,9 @@ func NewTable(p *codec.Partition) *Table {
 
 func (t *Table) dirAt(b uint64) uint32 { return binary.LittleEndian.Uint32(t.dir[4*b:]) }
 func (t *Table) hAt(i int) uint64      { return binary.LittleEndian.Uint64(t.rec[i*t.rs:]) }
+func (t *Table) weightAt(i int) float32 {
+	return math.Float32frombits(binary.LittleEndian.Uint32(t.rec[i*t.rs+8:]))
+}
 
 // findOne returns the record of h, or -1.
 func (t *Table) findOne(h uint64) int {
@@ -90,50 +94,99 @@ func (t *Table) Get(key uint64, dst []float32) bool {
 	return true
 }
 
-const group = 16
+const group = 32
 
 // Find stores in out[j] the record index of keys[j], or -1. It allocates
 // nothing.
-func (t *Table) Find(keys []uint64, out []int32) {
+func (t *Table) Find(keys []uint64, out []int32) { t.find(keys, out, nil) }
+
+// FindWeights is Find that also stores each found record's linear weight
+// in w[j] (0 when absent) while the record is in cache: for LR tables it
+// is the whole lookup.
+func (t *Table) FindWeights(keys []uint64, out []int32, w []float32) { t.find(keys, out, w) }
+
+func (t *Table) find(keys []uint64, out []int32, w []float32) {
 	if t.n == 0 {
 		for j := range keys {
 			out[j] = -1
+			if w != nil {
+				w[j] = 0
+			}
 		}
 		return
 	}
 	var (
-		hs    [group]uint64
-		frac  [group]uint64
-		lo    [group]uint32
-		cnt   [group]uint32
-		guess [group]int
-		first [group]uint64
+		hs      [group]uint64
+		frac    [group]uint64
+		lo, hi  [group]int32
+		pos     [group]int32
+		step    [group]int32
+		x       [group]uint64
+		pending [group]uint8
 	)
 	for base := 0; base < len(keys); base += group {
 		ks := keys[base:min(base+group, len(keys))]
+		res := out[base : base+len(ks)]
 		// Stage 1: hashes and directory reads, independent across keys.
 		for j, k := range ks {
 			h := codec.KeyHash(k)
 			b, f := bits.Mul64(h, t.nb)
-			l := t.dirAt(b)
-			hs[j], frac[j], lo[j], cnt[j] = h, f, l, t.dirAt(b+1)-l
+			hs[j], frac[j], lo[j], hi[j] = h, f, int32(t.dirAt(b)), int32(t.dirAt(b+1))
 		}
-		// Stage 2: first record reads, branch-free so they overlap.
+		// Stage 2: each key's first record read, branch-free, so the
+		// group's cache misses overlap.
 		for j := range ks {
-			g, _ := bits.Mul64(frac[j], uint64(cnt[j]))
-			i := min(int(lo[j])+int(g), t.n-1)
-			guess[j], first[j] = i, t.hAt(i)
+			g, _ := bits.Mul64(frac[j], uint64(hi[j]-lo[j]))
+			i := min(lo[j]+int32(g), int32(t.n-1))
+			pos[j], x[j] = i, t.hAt(int(i))
 		}
-		// Stage 3: finish each key; almost always within the cache line
-		// just read.
+		// Stage 3: settle what the first read decides; the rest walk one
+		// record a round, all pending keys together, so a guess that
+		// missed by a cache line costs one overlapped miss, not a
+		// serial one.
+		np := 0
 		for j := range ks {
 			switch {
-			case cnt[j] == 0:
-				out[base+j] = -1
-			case first[j] == hs[j]:
-				out[base+j] = int32(guess[j])
+			case lo[j] == hi[j]:
+				res[j] = -1
+			case x[j] == hs[j]:
+				res[j] = pos[j]
 			default:
-				out[base+j] = int32(t.scan(hs[j], guess[j], int(lo[j]), int(lo[j]+cnt[j])))
+				res[j] = -1
+				step[j] = 1
+				if x[j] > hs[j] {
+					step[j] = -1
+				}
+				pending[np] = uint8(j)
+				np++
+			}
+		}
+		for np > 0 {
+			kept := 0
+			for _, j := range pending[:np] {
+				p := pos[j] + step[j]
+				if p < lo[j] || p >= hi[j] {
+					continue // walked off the bucket: absent
+				}
+				v := t.hAt(int(p))
+				pos[j] = p
+				switch {
+				case v == hs[j]:
+					res[j] = p
+				case (v < hs[j]) == (step[j] > 0):
+					pending[kept] = j // still on the near side: keep walking
+					kept++
+				}
+			}
+			np = kept
+		}
+		if w != nil {
+			ws := w[base : base+len(ks)]
+			for j, r := range res {
+				ws[j] = 0
+				if r >= 0 {
+					ws[j] = t.weightAt(int(r))
+				}
 			}
 		}
 	}

@@ -40,10 +40,7 @@ func BenchmarkTable(b *testing.B) {
 			out := make([]float32, len(batch))
 			b.Run(dist+"/table/"+itoa(n), func(b *testing.B) {
 				for b.Loop() {
-					tb.Find(batch, idx)
-					for j, i := range idx {
-						tb.Decode(int(i), out[j:j+1])
-					}
+					tb.FindWeights(batch, idx, out)
 				}
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(batch)), "ns/key")
 			})

@@ -127,3 +127,18 @@ func TestTableFindAllocs(t *testing.T) {
 		t.Errorf("Find allocated %.1f times per batch, want 0", n)
 	}
 }
+
+func TestFindWeights(t *testing.T) {
+	keys := []uint64{5, 6, 7, 0}
+	tb := buildTable(t, keys, 1, codec.EncFP32, []float32{0.5, 0.6, 0.7, 0.9})
+	q := []uint64{7, 8, 0, 5, 5}
+	idx := make([]int32, len(q))
+	w := []float32{9, 9, 9, 9, 9}
+	tb.FindWeights(q, idx, w)
+	want := []float32{0.7, 0, 0.9, 0.5, 0.5}
+	for j := range q {
+		if w[j] != want[j] || (idx[j] < 0) != (want[j] == 0) {
+			t.Errorf("key %d: idx %d weight %v, want %v", q[j], idx[j], w[j], want[j])
+		}
+	}
+}

@@ -16,7 +16,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Buffer owns a mapping; Bytes is valid while the Buffer is reachable.
+// Buffer owns a mapping. Bytes is valid only while the Buffer itself is
+// reachable: once it is not, the mapping is unmapped and any slice of it
+// that survived faults. Keep the *Buffer next to every view of Bytes
+// (codec.Partition.Owner, shard.Table), never a bare slice.
 type Buffer struct {
 	Bytes []byte
 }
