@@ -186,3 +186,36 @@ func FuzzParsePartition(f *testing.F) {
 		}
 	})
 }
+
+func TestVerifyStream(t *testing.T) {
+	b, _, _ := writeTestPartition(t, 300, 3, EncInt8)
+	want := sha256.Sum256(b)
+	sum, err := VerifyStream(bytes.NewReader(b), int64(len(b)))
+	if err != nil || sum != hex.EncodeToString(want[:]) {
+		t.Fatalf("good file: %q, %v", sum, err)
+	}
+	for i := 0; i < len(b); i++ {
+		bad := bytes.Clone(b)
+		bad[i] ^= 0x10
+		sum, err := VerifyStream(bytes.NewReader(bad), int64(len(bad)))
+		if err == nil && sum == hex.EncodeToString(want[:]) {
+			t.Fatalf("flip at byte %d passed with the original SHA-256", i)
+		}
+		if err != nil && !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("flip at byte %d: error %v does not wrap ErrCorrupt", i, err)
+		}
+	}
+	for _, n := range []int{0, 70, len(b) - 1} {
+		if _, err := VerifyStream(bytes.NewReader(b[:n]), int64(n)); err == nil {
+			t.Fatalf("truncation to %d accepted", n)
+		}
+	}
+}
+
+func FuzzVerifyStream(f *testing.F) {
+	b, _, _ := writeTestPartition(f, 20, 2, EncFP16)
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		VerifyStream(bytes.NewReader(b), int64(len(b))) // must not panic or over-allocate
+	})
+}

@@ -1,12 +1,19 @@
 package codec
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"math"
 	"sync"
 )
+
+// maxBlockSize bounds the checksum block size a reader accepts: it sizes
+// the streaming verifier's buffer.
+const maxBlockSize = 64 << 20
 
 // Partition is a partition file's table, as views into the file's bytes:
 // nothing is copied or built.
@@ -90,7 +97,7 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 		return nil, fmt.Errorf("%w: partition file: unknown encoding %d", ErrCorrupt, p.Encoding)
 	case p.Width <= 0 || p.Width > 1<<16 || p.RecordSize != RecordSize(p.Width, p.Encoding):
 		return nil, fmt.Errorf("%w: partition file: width %d and record size %d disagree", ErrCorrupt, p.Width, p.RecordSize)
-	case p.blockSize < 4096 || count > uint64(len(b))/12:
+	case p.blockSize < 4096 || p.blockSize > maxBlockSize || count > uint64(len(b))/12:
 		return nil, fmt.Errorf("%w: partition file: implausible header (count %d, block size %d)", ErrCorrupt, count, p.blockSize)
 	case nb != uint64(Buckets(int(count))):
 		return nil, fmt.Errorf("%w: partition file: %d buckets for %d records", ErrCorrupt, nb, count)
@@ -163,4 +170,59 @@ func (p *Partition) VerifyBlocks(workers int) error {
 		return fmt.Errorf("%w: partition file: checksum mismatch in block %d (bytes %d–%d)", ErrCorrupt, bad, lo, min(lo+p.blockSize, len(p.body)))
 	}
 	return nil
+}
+
+// VerifyStream checks a whole partition file read from r — header,
+// trailer, every block checksum — with O(block) memory, and returns the
+// file's SHA-256 (hex). It builds no table: it is for validation gates
+// that must not hold a model in memory.
+func VerifyStream(r io.ReaderAt, size int64) (string, error) {
+	if size < partHeaderSize+partTrailerSize {
+		return "", fmt.Errorf("%w: partition file: %d bytes is shorter than header and trailer", ErrCorrupt, size)
+	}
+	var h [partHeaderSize]byte
+	var t [partTrailerSize]byte
+	if _, err := r.ReadAt(h[:], 0); err != nil {
+		return "", fmt.Errorf("codec: reading header: %w", err)
+	}
+	if _, err := r.ReadAt(t[:], size-partTrailerSize); err != nil {
+		return "", fmt.Errorf("codec: reading trailer: %w", err)
+	}
+	// The header and trailer alone decide the layout; parse them as a
+	// file of the right size whose middle is not yet read.
+	count := binary.LittleEndian.Uint64(h[24:])
+	bs := int64(binary.LittleEndian.Uint32(h[32:]))
+	nblocks := int64(binary.LittleEndian.Uint64(t[0:]))
+	if string(h[:8]) != partMagic || crc32.Checksum(h[:60], castagnoli) != binary.LittleEndian.Uint32(h[60:]) ||
+		string(t[12:]) != trailerMagic || bs < 4096 || bs > maxBlockSize || nblocks <= 0 || nblocks > size/bs+1 || count > uint64(size)/12 {
+		return "", fmt.Errorf("%w: partition file: bad header or trailer", ErrCorrupt)
+	}
+	body := size - partTrailerSize - 4*nblocks
+	if body <= 0 || (body+bs-1)/bs != nblocks {
+		return "", fmt.Errorf("%w: partition file: size %d disagrees with %d checksum blocks", ErrCorrupt, size, nblocks)
+	}
+	table := make([]byte, 4*nblocks)
+	if _, err := r.ReadAt(table, body); err != nil {
+		return "", fmt.Errorf("codec: reading checksum table: %w", err)
+	}
+	if crc32.Checksum(table, castagnoli) != binary.LittleEndian.Uint32(t[8:]) {
+		return "", fmt.Errorf("%w: partition file: checksum table corrupt", ErrCorrupt)
+	}
+	sha := sha256.New()
+	buf := make([]byte, bs)
+	for i := int64(0); i < nblocks; i++ {
+		lo := i * bs
+		blk := buf[:min(bs, body-lo)]
+		if _, err := r.ReadAt(blk, lo); err != nil {
+			return "", fmt.Errorf("codec: reading block %d: %w", i, err)
+		}
+		if crc32.Checksum(blk, castagnoli) != binary.LittleEndian.Uint32(table[4*i:]) {
+			return "", fmt.Errorf("%w: partition file: checksum mismatch in block %d (bytes %d–%d)", ErrCorrupt, i, lo, lo+int64(len(blk)))
+		}
+		sha.Write(blk)
+	}
+	sha.Write(table)
+	sha.Write(t[:])
+	// The structure past the header is checked when the file is loaded.
+	return hex.EncodeToString(sha.Sum(nil)), nil
 }

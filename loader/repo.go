@@ -163,13 +163,38 @@ func readWhole(path string, size int64) (*hugemem.Buffer, error) {
 	return mem, nil
 }
 
-// Verify reads every partition of a version and checks it against the
-// manifest; it reports the first damaged file.
+// Verify checks every partition file of a version against the manifest
+// (size, SHA-256, block checksums) with a small buffer, and reports the
+// first damaged file. It holds no table in memory.
 func (r Repo) Verify(m *codec.Manifest) error {
-	for p := uint32(0); p < m.Partitions; p++ {
-		if _, err := r.ReadPartition(m, p); err != nil {
+	for _, f := range m.Files {
+		p := filepath.Join(r.VersionDir(m.Name, m.Version), f.Path)
+		if err := verifyFile(p, f); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+func verifyFile(p string, f codec.File) error {
+	fh, err := os.Open(p)
+	if err != nil {
+		return fmt.Errorf("loader: %w", err)
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return fmt.Errorf("loader: %w", err)
+	}
+	if st.Size() != f.Size {
+		return fmt.Errorf("loader: %s: %w: size %d, manifest says %d", p, codec.ErrCorrupt, st.Size(), f.Size)
+	}
+	sum, err := codec.VerifyStream(fh, f.Size)
+	if err != nil {
+		return fmt.Errorf("loader: %s: %w", p, err)
+	}
+	if sum != f.SHA256 {
+		return fmt.Errorf("loader: %s: %w: SHA-256 does not match the manifest", p, codec.ErrCorrupt)
 	}
 	return nil
 }

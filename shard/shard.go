@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -219,11 +221,14 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 			if v := s.snap.Load().get(name, a.Version); v != nil && v.parts[p] != nil || s.failed[pkey] != nil {
 				continue
 			}
+			t0 := time.Now()
 			t, err := s.loadPartition(m, p)
 			if err != nil {
 				s.refuse(pkey, err)
 				continue
 			}
+			slog.Info("shard: loaded partition", "shard", s.opts.ID, "model", name, "version", a.Version, "partition", p,
+				"keys", t.Len(), "bytes", t.Bytes(), "took", time.Since(t0).Round(time.Millisecond))
 			s.snap.Store(s.snap.Load().with(m, p, t))
 			s.metrics.loads.Inc()
 			s.reg.Set(s.info())
@@ -253,6 +258,10 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 	if dropped {
 		s.snap.Store(after)
 		s.reg.Set(s.info())
+		// Tables live outside the Go heap and are unmapped by cleanups
+		// that run after a collection; the heap hardly grows when they are
+		// dropped, so ask for one rather than hold the memory until chance.
+		runtime.GC()
 	}
 }
 
