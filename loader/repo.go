@@ -14,7 +14,7 @@ import (
 	"strconv"
 
 	"github.com/cumulus-serving/cumulus/codec"
-	"github.com/cumulus-serving/cumulus/internal/hugemem"
+	"github.com/cumulus-serving/cumulus/internal/tablemem"
 )
 
 // ErrNotFound is wrapped when a model or version does not exist.
@@ -141,9 +141,44 @@ func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, e
 	return pt, nil
 }
 
+// MapPartition is ReadPartition for a partition served from a read-only
+// mapping of its file: it verifies the file by streaming it (size,
+// SHA-256, block checksums), maps it and checks its structure, without
+// faulting the records into memory. Repository files never change once
+// published, which is what makes verifying before mapping sound.
+func (r Repo) MapPartition(m *codec.Manifest, part uint32) (*codec.Partition, error) {
+	if part >= m.Partitions {
+		return nil, fmt.Errorf("loader: model %s has no partition %d", m.Name, part)
+	}
+	f := m.Files[part]
+	p := filepath.Join(r.VersionDir(m.Name, m.Version), f.Path)
+	if err := verifyFile(p, f); err != nil {
+		return nil, err
+	}
+	fh, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	defer fh.Close()
+	mem, err := tablemem.Map(fh, f.Size)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	pt, err := codec.ParsePartitionStructure(mem.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %s: %w", p, err)
+	}
+	if pt.Number != part || pt.Width != m.Width() || pt.Encoding != m.Enc() || int64(pt.Count) != f.Keys {
+		return nil, fmt.Errorf("loader: %s: %w: holds partition %d, width %d, %d keys; manifest says %d, %d, %d",
+			p, codec.ErrCorrupt, pt.Number, pt.Width, pt.Count, part, m.Width(), f.Keys)
+	}
+	pt.Owner = mem
+	return pt, nil
+}
+
 // readWhole reads a file of the expected size with one read into memory
 // that will serve lookups in place (huge pages where possible).
-func readWhole(path string, size int64) (*hugemem.Buffer, error) {
+func readWhole(path string, size int64) (*tablemem.Buffer, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("loader: %w", err)
@@ -156,7 +191,7 @@ func readWhole(path string, size int64) (*hugemem.Buffer, error) {
 	if st.Size() != size {
 		return nil, fmt.Errorf("loader: %s: %w: size %d, manifest says %d", path, codec.ErrCorrupt, st.Size(), size)
 	}
-	mem := hugemem.Alloc(int(size))
+	mem := tablemem.Alloc(int(size))
 	if _, err := io.ReadFull(f, mem.Bytes); err != nil {
 		return nil, fmt.Errorf("loader: reading %s: %w", path, err)
 	}

@@ -3,6 +3,8 @@ package manager
 import (
 	"fmt"
 	"testing"
+
+	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
 func TestAssign(t *testing.T) {
@@ -38,5 +40,24 @@ func TestAssign(t *testing.T) {
 	}
 	if Assign([]Model{{"a", 1, 4}}, nil, 1) != nil {
 		t.Error("assignment with no shards")
+	}
+}
+
+func TestReady(t *testing.T) {
+	a := topo.Assignment{Model: "m", Version: 2, Live: 1, Partitions: 2, Replicas: [][]string{{"a", "b"}, {"b"}}}
+	holds := func(v uint64, have ...uint32) []topo.Loaded {
+		return []topo.Loaded{{Model: "m", Version: 1, Have: []uint32{0, 1}}, {Model: "m", Version: v, Have: have}}
+	}
+	shards := map[string]topo.ShardInfo{"a": {ID: "a", Loaded: holds(2, 0)}, "b": {ID: "b", Loaded: holds(2, 0)}}
+	if Ready(a, shards) {
+		t.Error("ready while b lacks partition 1 of version 2")
+	}
+	shards["b"] = topo.ShardInfo{ID: "b", Loaded: holds(2, 0, 1)}
+	if !Ready(a, shards) {
+		t.Error("not ready though every replica holds version 2")
+	}
+	delete(shards, "a")
+	if Ready(a, shards) {
+		t.Error("ready with replica a gone")
 	}
 }

@@ -56,6 +56,7 @@ type Manager struct {
 	done    sync.WaitGroup
 	checked map[string]error // "model/version" → validation result; loop goroutine only
 	written map[string]string
+	live    map[string]uint64 // committed version per model
 }
 
 // Start begins managing. It returns at once.
@@ -63,23 +64,34 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
+	// A restarted manager carries on from the published assignments: what
+	// is committed stays committed.
+	resp, err := opts.Etcd.Get(ctx, topo.ModelsPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("manager: reading assignments: %w", err)
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	m := &Manager{opts: opts, rescan: make(chan struct{}, 1), cancel: cancel, checked: map[string]error{}, written: map[string]string{}}
-	shards := make(chan []string, 1)
+	m := &Manager{opts: opts, rescan: make(chan struct{}, 1), cancel: cancel, checked: map[string]error{}, written: map[string]string{},
+		live: map[string]uint64{}}
+	for _, kv := range resp.Kvs {
+		a, err := topo.Decode[topo.Assignment](string(kv.Key), kv.Value)
+		if err != nil {
+			continue
+		}
+		m.live[a.Model] = a.Live
+		m.written[a.Model] = string(kv.Value)
+	}
+	shards := make(chan map[string]topo.ShardInfo, 1)
 	m.done.Add(2)
 	go func() {
 		defer m.done.Done()
 		topo.Watch(ctx, opts.Etcd, topo.ShardsPrefix, func(kv map[string][]byte) {
-			ids := make([]string, 0, len(kv))
-			for k := range kv {
-				ids = append(ids, topo.Suffix(k, topo.ShardsPrefix))
-			}
-			slices.Sort(ids)
+			infos := topo.DecodeAll[topo.ShardInfo](kv, topo.ShardsPrefix)
 			select {
 			case <-shards:
 			default:
 			}
-			shards <- ids
+			shards <- infos
 		})
 	}()
 	go func() {
@@ -103,24 +115,26 @@ func (m *Manager) Close() {
 	m.done.Wait()
 }
 
-func (m *Manager) loop(ctx context.Context, shardsCh <-chan []string) {
+func (m *Manager) loop(ctx context.Context, shardsCh <-chan map[string]topo.ShardInfo) {
 	tick := time.NewTicker(m.opts.ScanInterval)
 	defer tick.Stop()
-	var shards []string
+	var shards map[string]topo.ShardInfo
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case ids := <-shardsCh:
-			if slices.Equal(ids, shards) {
-				continue
-			}
-			shards = ids
+		case shards = <-shardsCh:
 		case <-tick.C:
 		case <-m.rescan:
 		}
 		models := m.scan()
-		for _, a := range Assign(models, shards, m.opts.Replicas) {
+		ids := slices.Sorted(maps.Keys(shards))
+		for _, a := range Assign(models, ids, m.opts.Replicas) {
+			a.Live = m.live[a.Model]
+			if a.Live != a.Version && Ready(a, shards) {
+				a.Live = a.Version // commit: every replica holds the new version
+				slog.Info("manager: committed", "model", a.Model, "version", a.Version)
+			}
 			b, _ := json.Marshal(a)
 			if m.written[a.Model] == string(b) {
 				continue
@@ -130,7 +144,8 @@ func (m *Manager) loop(ctx context.Context, shardsCh <-chan []string) {
 				continue
 			}
 			m.written[a.Model] = string(b)
-			slog.Info("manager: serving", "model", a.Model, "version", a.Version, "partitions", a.Partitions, "shards", len(shards))
+			m.live[a.Model] = a.Live
+			slog.Info("manager: assigned", "model", a.Model, "version", a.Version, "live", a.Live, "partitions", a.Partitions, "shards", len(shards))
 		}
 	}
 }

@@ -3,8 +3,10 @@ package router_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/router"
+	"github.com/cumulus-serving/cumulus/shard"
 )
 
 // randomModel has ids 0..n-1 scaled by a large odd number (so they spread
@@ -243,4 +246,75 @@ func TestQuantizedScores(t *testing.T) {
 			t.Errorf("%s: max |Δp| %.3g over the bound %.g", enc, worst, bounds[enc])
 		}
 	}
+}
+
+// TestRolloutNeverFails holds one shard back while it loads version 2:
+// the others must keep version 1 (staged, not committed), every request
+// must be answered by version 1 until the commit, and by version 2 after.
+func TestRolloutNeverFails(t *testing.T) {
+	repoDir := t.TempDir()
+	repo := loader.Repo{Dir: repoDir}
+	v1, v2 := randomModel(codec.TypeLR, 0, 3000, 11), randomModel(codec.TypeLR, 0, 3000, 12)
+	if _, err := repo.Publish("lr", v1, 6, "v1"); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 3, ScanInterval: time.Hour,
+		Shard: func(i int, o *shard.Options) {
+			if i == 2 {
+				o.BeforeLoad = func(_ string, version uint64, _ uint32) {
+					if version == 2 {
+						<-release
+					}
+				}
+			}
+		}})
+	// Registered after the cluster's own cleanup, so it runs first: a
+	// failing test must not leave shard 2 blocked while the cluster stops.
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	if _, err := repo.Publish("lr", v2, 6, "v2"); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	rng := rand.New(rand.NewPCG(5, 5))
+	req := randomRequest(rng, "lr", v1, 50, 20, 5)
+	ref1, ref2 := reference.New(v1), reference.New(v2)
+	// Shards 0 and 1 load version 2 while shard 2 is held; wait until
+	// they hold all of theirs, then keep asking.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		for _, s := range c.Shards[:2] {
+			held := false
+			for _, l := range s.Loaded() {
+				held = held || l.Version == 2 && len(l.Have) == 2
+			}
+			if !held {
+				return errors.New("shards 0 and 1 have not loaded version 2")
+			}
+		}
+		return nil
+	})
+	for range 50 {
+		resp, err := c.Router.Predict(context.Background(), req)
+		if err != nil {
+			t.Fatalf("request failed mid-rollout: %v", err)
+		}
+		if resp.Version != 1 {
+			t.Fatalf("answered by version %d before the commit", resp.Version)
+		}
+		checkScores(t, ref1, req, resp)
+	}
+	unblock()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		resp, err := c.Router.Predict(context.Background(), req)
+		if err != nil {
+			return fmt.Errorf("request failed during the commit: %w", err)
+		}
+		if resp.Version != 2 {
+			return errors.New("version 2 not live yet")
+		}
+		checkScores(t, ref2, req, resp)
+		return nil
+	})
 }

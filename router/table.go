@@ -43,10 +43,11 @@ type table struct {
 	models map[string]*modelRoute
 }
 
-// buildTable routes each assigned model to its assigned version if some
-// set of shards holds all of it, otherwise to the newest version that is
-// complete: during a rollout, or after a shard refused a damaged file,
-// the previous version keeps serving.
+// buildTable routes each assigned model to its committed (Live) version
+// while some set of shards holds all of it, otherwise to the newest
+// complete version. A staged version is not served before the manager
+// commits it, and after a shard refuses a damaged file the previous
+// version keeps serving.
 func buildTable(shards map[string]topo.ShardInfo, assigns map[string]topo.Assignment, backends map[string]*backend) *table {
 	t := &table{models: map[string]*modelRoute{}}
 	for name, a := range assigns {
@@ -83,7 +84,10 @@ func buildTable(shards map[string]topo.ShardInfo, assigns map[string]topo.Assign
 				delete(mr.versions, v)
 			}
 		}
-		if vr := mr.versions[a.Version]; vr != nil {
+		// The committed version while it is complete; otherwise (before the
+		// first commit, or after losing every replica of a partition) the
+		// newest complete one.
+		if vr := mr.versions[a.Live]; vr != nil {
 			mr.live = vr
 		} else if len(mr.versions) > 0 {
 			mr.live = mr.versions[slices.Max(slices.Collect(maps.Keys(mr.versions)))]

@@ -41,8 +41,16 @@ type Options struct {
 	LeaseTTL int64
 	// MaxRequestBytes bounds one lookup request. Default 64 MiB.
 	MaxRequestBytes int
+	// MemoryBudget bounds the bytes of tables held resident (huge-page
+	// memory). A partition that does not fit is served from a read-only
+	// mapping of its file: the kernel keeps its hot pages in memory and
+	// reads the rest from disk. 0 means no bound: everything resident.
+	MemoryBudget int64
 	// Registry receives the shard's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
+	// BeforeLoad, if set, is called before each partition load and may
+	// block: tests use it to hold a shard back mid-rollout.
+	BeforeLoad func(model string, version uint64, partition uint32)
 }
 
 // Validate checks required fields and fills defaults.
@@ -221,6 +229,9 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 			if v := s.snap.Load().get(name, a.Version); v != nil && v.parts[p] != nil || s.failed[pkey] != nil {
 				continue
 			}
+			if s.opts.BeforeLoad != nil {
+				s.opts.BeforeLoad(name, a.Version, p)
+			}
 			t0 := time.Now()
 			t, err := s.loadPartition(m, p)
 			if err != nil {
@@ -228,12 +239,15 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 				continue
 			}
 			slog.Info("shard: loaded partition", "shard", s.opts.ID, "model", name, "version", a.Version, "partition", p,
-				"keys", t.Len(), "bytes", t.Bytes(), "took", time.Since(t0).Round(time.Millisecond))
+				"keys", t.Len(), "bytes", t.Bytes(), "mapped", t.Mapped, "took", time.Since(t0).Round(time.Millisecond))
 			s.snap.Store(s.snap.Load().with(m, p, t))
 			s.metrics.loads.Inc()
 			s.reg.Set(s.info())
 		}
 	}
+	// Retire: keep the committed version and the target's assigned
+	// partitions. Before the first commit (Live 0), keep everything until
+	// the target is complete here.
 	complete := func(name string) bool {
 		v := s.snap.Load().get(name, as[name].Version)
 		if v == nil {
@@ -247,13 +261,18 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 		return true
 	}
 	after, dropped := s.snap.Load().keepOnly(func(name string, v uint64, p uint32) bool {
-		if want[name] == nil {
+		a, ok := as[name]
+		switch {
+		case !ok || want[name] == nil:
 			return false // no longer assigned here at all
+		case v == a.Version:
+			return want[name][p]
+		case v == a.Live:
+			return true
+		case a.Live == 0:
+			return !complete(name)
 		}
-		if !complete(name) {
-			return true // still moving to the new version: keep everything
-		}
-		return v == as[name].Version && want[name][p]
+		return false
 	})
 	if dropped {
 		s.snap.Store(after)
@@ -263,10 +282,67 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 		// dropped, so ask for one rather than hold the memory until chance.
 		runtime.GC()
 	}
+	s.promote(ctx, as)
 }
 
+// residentBytes is the size of the tables held in resident memory.
+func (s *Shard) residentBytes() int64 {
+	var n int64
+	for _, vs := range s.snap.Load().models {
+		for _, v := range vs {
+			for _, t := range v.parts {
+				if t != nil && !t.Mapped {
+					n += t.Bytes()
+				}
+			}
+		}
+	}
+	return n
+}
+
+// fits reports whether n more resident bytes stay within the budget.
+func (s *Shard) fits(n int64) bool {
+	return s.opts.MemoryBudget == 0 || s.residentBytes()+n <= s.opts.MemoryBudget
+}
+
+// promote moves mapped partitions of committed versions into resident
+// memory while the budget allows, one at a time: the same version's bytes
+// replace each other, so lookups never see a mix of versions, and memory
+// grows by at most one partition before the mapping is released.
+func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
+	for _, name := range slices.Sorted(maps.Keys(as)) {
+		a := as[name]
+		if a.Live == 0 || a.Live != a.Version {
+			continue
+		}
+		v := s.snap.Load().get(name, a.Live)
+		if v == nil {
+			continue
+		}
+		for p, t := range v.parts {
+			if ctx.Err() != nil || t == nil || !t.Mapped || !s.fits(t.Bytes()) {
+				continue
+			}
+			pt, err := s.opts.Repo.ReadPartition(v.m, uint32(p))
+			if err != nil {
+				slog.Warn("shard: promoting a mapped partition failed; it stays mapped", "shard", s.opts.ID, "model", name, "partition", p, "err", err)
+				continue
+			}
+			s.snap.Store(s.snap.Load().with(v.m, uint32(p), NewTable(pt)))
+			runtime.GC() // release the mapping now
+			slog.Info("shard: partition now resident", "shard", s.opts.ID, "model", name, "version", a.Live, "partition", p)
+		}
+	}
+}
+
+// loadPartition loads into resident memory if the budget allows, else
+// maps the file.
 func (s *Shard) loadPartition(m *codec.Manifest, p uint32) (*Table, error) {
-	pt, err := s.opts.Repo.ReadPartition(m, p)
+	read := s.opts.Repo.ReadPartition
+	if !s.fits(m.Files[p].Size) {
+		read = s.opts.Repo.MapPartition
+	}
+	pt, err := read(m, p)
 	if err != nil {
 		return nil, err
 	}

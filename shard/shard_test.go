@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -171,4 +172,109 @@ func TestShardServesAssignedAndRefusesDamage(t *testing.T) {
 	if err != nil || !r.Found(0) || r.Value(0, 0) != 3*78 {
 		t.Fatalf("version 3 lookup: %v", err)
 	}
+}
+
+// TestMemoryBudget: partitions beyond the budget are served mapped and
+// answer the same; a staged version loads mapped beside the live one;
+// after the commit the old version goes and the new one is promoted to
+// resident memory as far as the budget allows.
+func TestMemoryBudget(t *testing.T) {
+	e, err := etcdlocal.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	repo := loader.Repo{Dir: t.TempDir()}
+	var spread uint64 = 0x9e3779b97f4a7c15 // odd: k*spread is a bijection
+	model := func(scale float32) *loader.Sparse {
+		s := &loader.Sparse{Type: codec.TypeLR}
+		for k := uint64(1); k <= 300000; k++ {
+			s.Keys = append(s.Keys, k*spread)
+			s.Values = append(s.Values, scale*float32(k%97))
+		}
+		return s
+	}
+	m1, err := repo.Publish("m", model(1), 2, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Room for one partition and a half: 1.8 MB each.
+	budget := m1.Files[0].Size * 3 / 2
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	put := func(version, live uint64) {
+		a := topo.Assignment{Model: "m", Version: version, Live: live, Partitions: 2, Replicas: [][]string{{"s1"}, {"s1"}}}
+		b, _ := json.Marshal(a)
+		if _, err := cli.Put(context.Background(), topo.ModelKey("m"), string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mapped := func(v uint64) (n int) {
+		for _, tb := range s.snap.Load().get("m", v).parts {
+			if tb != nil && tb.Mapped {
+				n++
+			}
+		}
+		return n
+	}
+	check := func(v uint64, scale float32) {
+		t.Helper()
+		for _, k := range []uint64{5, 299999, 1, 77777} {
+			r, err := lookup(s, v, 2, []uint64{k * spread})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !r.Found(0) || r.Value(0, 0) != scale*float32(k%97) {
+				t.Errorf("v%d: feature %d wrong", v, k)
+			}
+		}
+		if r, err := lookup(s, v, 2, []uint64{42}); err != nil || r.Found(0) {
+			t.Errorf("v%d: absent key: %v", v, err)
+		}
+	}
+	loaded := func(v uint64) func() error {
+		return func() error {
+			if ver := s.snap.Load().get("m", v); ver == nil || ver.parts[0] == nil || ver.parts[1] == nil {
+				return fmt.Errorf("version %d not loaded", v)
+			}
+			return nil
+		}
+	}
+	put(1, 0)
+	testenv.Eventually(t, 10*time.Second, loaded(1))
+	if mapped(1) != 1 || s.residentBytes() > budget {
+		t.Fatalf("v1: %d mapped, %d resident bytes; want 1 mapped within %d", mapped(1), s.residentBytes(), budget)
+	}
+	check(1, 1)
+
+	if _, err := repo.Publish("m", model(2), 2, ""); err != nil {
+		t.Fatal(err)
+	}
+	put(2, 1) // staged beside live version 1: no room, so mapped
+	testenv.Eventually(t, 10*time.Second, loaded(2))
+	if mapped(2) != 2 || s.snap.Load().get("m", 1) == nil {
+		t.Fatalf("staged v2: %d mapped, v1 kept: %v", mapped(2), s.snap.Load().get("m", 1) != nil)
+	}
+	check(1, 1)
+	check(2, 2)
+
+	put(2, 2) // commit: v1 retires, v2 is promoted as far as the budget allows
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if s.snap.Load().get("m", 1) != nil || mapped(2) != 1 {
+			return fmt.Errorf("v1 kept: %v, v2 mapped partitions: %d", s.snap.Load().get("m", 1) != nil, mapped(2))
+		}
+		return nil
+	})
+	if s.residentBytes() > budget {
+		t.Fatalf("%d resident bytes over the budget %d", s.residentBytes(), budget)
+	}
+	check(2, 2)
 }

@@ -6,6 +6,7 @@ import (
 	"math/bits"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/tablemem"
 )
 
 // Table is one partition's immutable lookup table, used in place on the
@@ -30,12 +31,19 @@ type Table struct {
 	enc   codec.Encoding
 	size  int64
 	owner any // keeps the bytes alive: the partition's Owner
+	// Mapped is true when the table is served from a file mapping rather
+	// than resident memory.
+	Mapped bool
 }
 
 // NewTable wraps a verified partition. The table keeps p's bytes alive.
 func NewTable(p *codec.Partition) *Table {
-	return &Table{dir: p.Dir, rec: p.Records, rs: p.RecordSize, nb: uint64(p.Buckets), n: p.Count,
+	t := &Table{dir: p.Dir, rec: p.Records, rs: p.RecordSize, nb: uint64(p.Buckets), n: p.Count,
 		width: p.Width, enc: p.Encoding, size: int64(len(p.Dir) + len(p.Records)), owner: p.Owner}
+	if b, ok := p.Owner.(*tablemem.Buffer); ok {
+		t.Mapped = b.Mapped
+	}
+	return t
 }
 
 func (t *Table) dirAt(b uint64) uint32 { return binary.LittleEndian.Uint32(t.dir[4*b:]) }

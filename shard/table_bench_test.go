@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/cumulus-serving/cumulus/codec"
-	"github.com/cumulus-serving/cumulus/internal/hugemem"
+	"github.com/cumulus-serving/cumulus/internal/tablemem"
 )
 
 // BenchmarkTable times batched lookups of 20,000 present keys (Find plus
@@ -67,7 +67,7 @@ func onHugePages(b *testing.B, tb *Table) *Table {
 	if _, err := codec.WritePartition(&buf, 0, 1, codec.EncFP32, keys, vals); err != nil {
 		b.Fatal(err)
 	}
-	mem := hugemem.Alloc(buf.Len())
+	mem := tablemem.Alloc(buf.Len())
 	copy(mem.Bytes, buf.Bytes())
 	p, err := codec.ParsePartition(mem.Bytes)
 	if err != nil {

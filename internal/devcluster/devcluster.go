@@ -42,6 +42,8 @@ type Options struct {
 	Router router.Options
 	// Registry receives every component's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
+	// Shard, if set, adjusts shard i's options before it starts.
+	Shard func(i int, o *shard.Options)
 }
 
 // Cluster is a running dev cluster.
@@ -91,7 +93,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	repo := loader.Repo{Dir: o.Repo}
 	for i := range o.Shards {
-		s, err := shard.Start(ctx, shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: repo, Etcd: c.Etcd, Registry: o.Registry})
+		so := shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: repo, Etcd: c.Etcd, Registry: o.Registry}
+		if o.Shard != nil {
+			o.Shard(i, &so)
+		}
+		s, err := shard.Start(ctx, so)
 		if err != nil {
 			return nil, err
 		}

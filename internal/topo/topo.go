@@ -49,10 +49,14 @@ type Loaded struct {
 	Have       []uint32 `json:"have"` // partitions held, ascending
 }
 
-// Assignment is the manager's decision for one model.
+// Assignment is the manager's decision for one model. A rollout stages
+// Version (shards load it beside Live), commits it (Live = Version, once
+// every assigned replica holds it) and retires the old one (shards drop
+// what is neither Live nor Version).
 type Assignment struct {
 	Model      string     `json:"model"`
-	Version    uint64     `json:"version"`
+	Version    uint64     `json:"version"`        // the version to load
+	Live       uint64     `json:"live,omitempty"` // the committed version routers serve; 0 before the first commit
 	Partitions uint32     `json:"partitions"`
 	Replicas   [][]string `json:"replicas"` // partition → shard IDs
 }
