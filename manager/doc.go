@@ -8,6 +8,12 @@
 // checksums; results cached per version); Assign partitions to the live
 // shards, a pure deterministic function; write assignments that changed.
 //
+// Rollouts are staged, committed, retired: an assignment names the target
+// Version and the committed Live version; Ready (a pure function of the
+// assignment and the shards' reports) decides when every replica holds the
+// target, and then Live becomes the target. The manager reads Live back
+// from etcd when it starts.
+//
 // Not yet here (later work): raft-replicated manager state, rollback and
 // labels through an admin API, capacity scaling.
 package manager

@@ -5,10 +5,17 @@
 // watches /cumulus/models/ for the manager's assignments, loads the
 // partitions assigned to it (verified by the loader) into immutable
 // Tables, and reports what it holds in its registration. Routers route
-// only to what a shard reports. The previous version is dropped only
-// once every assigned partition of the new one is loaded; a damaged file
-// is refused, named in the registration's errors, and the old version
-// keeps serving.
+// only to what a shard reports. It keeps the committed (live) version and
+// the target version's partitions and drops the rest, so a rollout never
+// removes what routers still serve; a damaged file is refused, named in
+// the registration's errors, and the live version keeps serving.
+//
+// Tables (table.go) are partition files used in place: resident on huge
+// pages while Options.MemoryBudget allows, otherwise read-only mappings of
+// the files. A version staged beside the live one may be mapped; after the
+// manager commits it, the old version is retired and the new one promoted
+// to resident memory a partition at a time. docs/storage.md has the
+// layout, the lookup and the measurements.
 //
 // Lookups (Service.Lookup) read an immutable snapshot through an atomic
 // pointer: no locks on the request path. Goroutines: the gRPC server, the

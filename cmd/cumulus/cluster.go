@@ -15,6 +15,7 @@ import (
 
 func shardCommand() *cobra.Command {
 	var id, repo, etcd, addr, advertise string
+	var budget byteSize
 	cmd := &cobra.Command{
 		Use:   "shard",
 		Short: "Run a shard server: holds the partitions the manager assigns to it",
@@ -26,7 +27,7 @@ func shardCommand() *cobra.Command {
 			}
 			defer cli.Close()
 			s, err := shard.Start(cmd.Context(), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli,
-				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer})
+				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget)})
 			if err != nil {
 				return err
 			}
@@ -41,6 +42,7 @@ func shardCommand() *cobra.Command {
 	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address routers dial (default: the listen address)")
+	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes (e.g. 8GB); partitions beyond it are served from mapped files (default: no bound)")
 	cmd.MarkFlagRequired("id")
 	cmd.MarkFlagRequired("repo")
 	return cmd

@@ -22,6 +22,7 @@ func devCommand() *cobra.Command {
 		shards, replicas         int
 		readyTimeout             time.Duration
 		lim                      limitFlags
+		budget                   byteSize
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -45,7 +46,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 				repo = dir
 			}
 			reg := prometheus.NewRegistry()
-			c, err := devcluster.Start(ctx, devcluster.Options{Repo: repo, Shards: shards, Replicas: replicas, Registry: reg,
+			c, err := devcluster.Start(ctx, devcluster.Options{Repo: repo, Shards: shards, Replicas: replicas, Registry: reg, MemoryBudget: int64(budget),
 				Router: router.Options{Limits: lim.limits()}})
 			if err != nil {
 				return err
@@ -84,6 +85,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON (KServe v2), health and /metrics address")
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC (KServe v2) address")
 	lim.register(cmd)
+	cmd.Flags().Var(&budget, "memory-budget", "per shard: resident table bytes (e.g. 1.5GB); partitions beyond it are served from mapped files (default: no bound)")
 	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "give up if models are not servable by then")
 	return cmd
 }

@@ -42,6 +42,9 @@ type Options struct {
 	Router router.Options
 	// Registry receives every component's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
+	// MemoryBudget is each shard's resident table budget in bytes (see
+	// shard.Options.MemoryBudget). 0: no bound.
+	MemoryBudget int64
 	// Shard, if set, adjusts shard i's options before it starts.
 	Shard func(i int, o *shard.Options)
 }
@@ -93,7 +96,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	repo := loader.Repo{Dir: o.Repo}
 	for i := range o.Shards {
-		so := shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: repo, Etcd: c.Etcd, Registry: o.Registry}
+		so := shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: repo, Etcd: c.Etcd, Registry: o.Registry, MemoryBudget: o.MemoryBudget}
 		if o.Shard != nil {
 			o.Shard(i, &so)
 		}

@@ -1,0 +1,170 @@
+package bench
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/tablemem"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/shard"
+)
+
+// WriteBenchPartition writes one partition file of n LR features with
+// hashed ids (ranks 0..n-1, seed) to path and returns its size.
+func WriteBenchPartition(path string, n int, seed uint64) (int64, error) {
+	gen := codec.GenInfo{Seed: seed, IDs: "hashed"}
+	keys := make([]uint64, n)
+	vals := make([]float32, n)
+	for r := range keys {
+		keys[r] = loader.GenID(gen, uint64(r))
+		vals[r] = float32(r%1000) / 1000
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	w := bufio.NewWriterSize(f, 1<<20)
+	sum, err := codec.WritePartition(w, 0, 1, codec.EncFP32, keys, vals)
+	if err == nil {
+		err = w.Flush()
+	}
+	return sum.Size, err
+}
+
+// LookupLatency is what a lookup run measured for one key distribution.
+type LookupLatency struct {
+	Dist     string
+	NsPerKey float64
+	P50, P99 time.Duration // per 20k-key batch
+	Warm     int           // batches run before timing
+}
+
+// MappedLookups maps a partition file and times batched lookups over
+// it, after warm batches that let the page cache settle on the hot set.
+// resident loads it into resident memory instead, as the baseline.
+func MappedLookups(path string, n int, seed uint64, resident bool, batch, batches, warm int) ([]LookupLatency, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	var mem *tablemem.Buffer
+	if resident {
+		mem = tablemem.Alloc(int(st.Size()))
+		if _, err := io.ReadFull(f, mem.Bytes); err != nil {
+			return nil, err
+		}
+	} else if mem, err = tablemem.Map(f, st.Size()); err != nil {
+		return nil, err
+	}
+	p, err := codec.ParsePartitionStructure(mem.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	p.Owner = mem
+	tb := shard.NewTable(p)
+	gen := codec.GenInfo{Seed: seed, IDs: "hashed"}
+	idx := make([]int32, batch)
+	w := make([]float32, batch)
+	var out []LookupLatency
+	for _, d := range Distributions {
+		// Batches are drawn as they are used: holding 200 × 20k keys
+		// would itself eat the memory budget.
+		draw := func(i int) []uint64 { return idsOf(queryBatches(d, n, batch, 1, seed+uint64(i)), gen)[0] }
+		for i := range warm {
+			tb.FindWeights(draw(i), idx, w)
+		}
+		lat := make([]time.Duration, batches)
+		var total time.Duration
+		for i := range batches {
+			keys := draw(warm + i)
+			t0 := time.Now()
+			tb.FindWeights(keys, idx, w)
+			lat[i] = time.Since(t0)
+			total += lat[i]
+			for j, r := range idx {
+				if r < 0 {
+					return nil, fmt.Errorf("bench: key %d of batch %d not found", keys[j], i)
+				}
+			}
+		}
+		ns, p50, p99 := summarize(lat, total, batch)
+		out = append(out, LookupLatency{Dist: d, NsPerKey: ns, P50: p50, P99: p99, Warm: warm})
+	}
+	return out, nil
+}
+
+func summarize(lat []time.Duration, total time.Duration, batch int) (float64, time.Duration, time.Duration) {
+	sorted := append([]time.Duration(nil), lat...)
+	slices.Sort(sorted)
+	return float64(total.Nanoseconds()) / float64(len(lat)*batch), sorted[len(sorted)/2], sorted[len(sorted)*99/100]
+}
+
+// Cgroup is a cgroup v1 memory cgroup made for one measurement.
+type Cgroup struct{ Dir string }
+
+// NewMemoryCgroup creates a memory cgroup limited to limit bytes. It
+// needs root and the cgroup v1 memory controller.
+func NewMemoryCgroup(limit int64) (*Cgroup, error) {
+	dir := filepath.Join("/sys/fs/cgroup/memory", fmt.Sprintf("cumulus-bench-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("bench: making a memory cgroup (needs root and cgroup v1 memory): %w", err)
+	}
+	c := &Cgroup{Dir: dir}
+	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(strconv.FormatInt(limit, 10)), 0o644); err != nil {
+		c.Remove()
+		return nil, fmt.Errorf("bench: setting the memory limit: %w", err)
+	}
+	return c, nil
+}
+
+// Join moves the calling process into the cgroup.
+func (c *Cgroup) Join() error {
+	return os.WriteFile(filepath.Join(c.Dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644)
+}
+
+// MaxUsage is the cgroup's peak memory charge (page cache included).
+func (c *Cgroup) MaxUsage() int64 {
+	b, _ := os.ReadFile(filepath.Join(c.Dir, "memory.max_usage_in_bytes"))
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n
+}
+
+// Remove deletes the cgroup (it must be empty).
+func (c *Cgroup) Remove() { os.Remove(c.Dir) }
+
+// DropFromPageCache asks the kernel to forget a file's cached pages, so
+// the next reads come from disk and are charged to whoever makes them.
+func DropFromPageCache(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	f.Sync()
+	return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+}
+
+// EncodeLatencies and DecodeLatencies carry a child's results to its parent.
+func EncodeLatencies(w io.Writer, ls []LookupLatency) error { return json.NewEncoder(w).Encode(ls) }
+func DecodeLatencies(b []byte) ([]LookupLatency, error) {
+	var ls []LookupLatency
+	err := json.Unmarshal(b, &ls)
+	return ls, err
+}
