@@ -83,6 +83,14 @@ func (e Encoding) String() string {
 	return fmt.Sprintf("encoding(%d)", uint32(e))
 }
 
+// Tombstone is the linear weight of a delta record that deletes its
+// feature. Weights are finite everywhere else (importers and writers
+// refuse NaN), so a NaN weight is unambiguous.
+var Tombstone = math.Float32frombits(0x7fc0dead)
+
+// IsTombstone reports whether a decoded linear weight marks a deletion.
+func IsTombstone(w float32) bool { return w != w }
+
 // RecordSize is the bytes per record of width values in encoding e.
 func RecordSize(width int, e Encoding) int {
 	dim := width - 1

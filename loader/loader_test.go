@@ -330,7 +330,7 @@ func checkAgainstPredict(t *testing.T, s *Sparse, data, out, positive string) {
 			ids, vals = append(ids, id), append(vals, x)
 		}
 		want, _ := strconv.ParseFloat(strings.Fields(lines[i+1])[col], 64)
-		if got := scoreLR(s, ids, vals); math.Abs(got-want) > 1e-5 {
+		if got := scoreLR(s, ids, vals); !(math.Abs(got-want) <= 1e-5) {
 			t.Fatalf("row %d: score %.7f, liblinear-predict says %.7f", i, got, want)
 		}
 	}
@@ -352,5 +352,56 @@ func TestImportLIBLINEARRejects(t *testing.T) {
 		if _, err := ImportLIBLINEAR(strings.NewReader(text), "1"); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+func TestPublishDelta(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	if _, err := repo.PublishDelta("m", Delta{Deletes: []uint64{1}}); err == nil {
+		t.Error("delta on a model with no version accepted")
+	}
+	if _, err := repo.Publish("m", smallFM(), 3, ""); err != nil {
+		t.Fatal(err)
+	}
+	m, err := repo.PublishDelta("m", Delta{Deletes: []uint64{1000003, 77}})
+	if err != nil || m.Kind != codec.KindDelta || m.Parent != 1 || m.Params != 2 || m.Bias != 0.25 {
+		t.Fatalf("delta: %+v, %v", m, err)
+	}
+	chain, err := repo.Chain("m", 2)
+	if err != nil || len(chain) != 2 || chain[1].Version != 1 {
+		t.Fatalf("chain: %v, %v", chain, err)
+	}
+	// The deletion is a tombstone record.
+	found := 0
+	for p := uint32(0); p < 3; p++ {
+		pt, err := repo.ReadPartition(m, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < pt.Count; i++ {
+			if !codec.IsTombstone(pt.Value(i, 0)) {
+				t.Errorf("key %d is not a tombstone", pt.Key(i))
+			}
+			found++
+		}
+	}
+	if found != 2 {
+		t.Errorf("%d records, want 2", found)
+	}
+	refusals := map[string]Delta{
+		"shape":          {Upserts: &Sparse{Type: codec.TypeLR, Keys: []uint64{1}, Values: []float32{1}}},
+		"change+delete":  {Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{1, 2, 3}}, Deletes: []uint64{5}},
+		"non-finite":     {Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{float32(math.NaN()), 0, 0}}},
+		"duplicate keys": {Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5, 5}, Values: make([]float32, 6)}},
+	}
+	for name, d := range refusals {
+		if _, err := repo.PublishDelta("m", d); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// A broken chain is refused, naming the missing parent.
+	os.RemoveAll(repo.VersionDir("m", 1))
+	if _, err := repo.Chain("m", 2); err == nil || !strings.Contains(err.Error(), "parent 1") {
+		t.Errorf("broken chain: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 
 	"golang.org/x/sync/errgroup"
 
@@ -59,22 +60,81 @@ func (r Repo) PublishEncoded(name string, s *Sparse, partitions uint32, encoding
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	w, err := r.NewVersion(Spec{Name: name, Type: s.Type, Dim: s.Dim, Bias: s.Bias, Partitions: partitions, Encoding: encoding, Source: source})
+	return r.publish(Spec{Name: name, Type: s.Type, Dim: s.Dim, Bias: s.Bias, Partitions: partitions, Encoding: encoding, Source: source},
+		s.Keys, s.Values)
+}
+
+// Delta is an increment to the latest version of a model.
+type Delta struct {
+	Upserts *Sparse  // features added or changed; may be nil
+	Deletes []uint64 // features removed
+	Bias    *float64 // the new bias; nil keeps the parent's
+	Source  string
+}
+
+// PublishDelta publishes d as a delta version on top of the model's
+// latest version: its partition files hold the upserted records and, for
+// each deleted feature, a record whose weight is codec.Tombstone.
+func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
+	latest, err := r.Latest(name)
 	if err != nil {
 		return nil, err
 	}
-	width := s.Width()
-	keys := make([][]uint64, partitions)
-	vals := make([][]float32, partitions)
-	for i, k := range s.Keys {
-		p := partition.Of(k, partitions)
-		keys[p] = append(keys[p], k)
-		vals[p] = append(vals[p], s.Values[i*width:(i+1)*width]...)
+	parent, err := r.Manifest(name, latest)
+	if err != nil {
+		return nil, err
+	}
+	up := d.Upserts
+	if up == nil {
+		up = &Sparse{Type: parent.Type, Dim: parent.Dim}
+	}
+	if up.Type != parent.Type || up.Dim != parent.Dim {
+		return nil, fmt.Errorf("loader: delta is %s dim %d; %s version %d is %s dim %d", up.Type, up.Dim, name, latest, parent.Type, parent.Dim)
+	}
+	if err := up.check(); err != nil {
+		return nil, err
+	}
+	keys := slices.Clone(up.Keys)
+	values := slices.Clone(up.Values)
+	in := make(map[uint64]bool, len(keys))
+	for _, k := range keys {
+		in[k] = true
+	}
+	for _, k := range d.Deletes {
+		if in[k] {
+			return nil, fmt.Errorf("loader: delta both changes and deletes feature %d", k)
+		}
+		in[k] = true
+		keys = append(keys, k)
+		values = append(values, codec.Tombstone)
+		values = append(values, make([]float32, parent.Dim)...)
+	}
+	bias := parent.Bias
+	if d.Bias != nil {
+		bias = *d.Bias
+	}
+	return r.publish(Spec{Name: name, Type: parent.Type, Dim: parent.Dim, Bias: bias, Partitions: parent.Partitions,
+		Encoding: parent.Encoding, Parent: latest, Source: d.Source}, keys, values)
+}
+
+// publish splits keys by partition and writes them as a new version.
+func (r Repo) publish(spec Spec, keys []uint64, values []float32) (*codec.Manifest, error) {
+	w, err := r.NewVersion(spec)
+	if err != nil {
+		return nil, err
+	}
+	width := 1 + spec.Dim
+	pk := make([][]uint64, spec.Partitions)
+	pv := make([][]float32, spec.Partitions)
+	for i, k := range keys {
+		p := partition.Of(k, spec.Partitions)
+		pk[p] = append(pk[p], k)
+		pv[p] = append(pv[p], values[i*width:(i+1)*width]...)
 	}
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
-	for p := range partitions {
-		g.Go(func() error { return w.WritePartition(p, keys[p], vals[p]) })
+	for p := range spec.Partitions {
+		g.Go(func() error { return w.WritePartition(p, pk[p], pv[p]) })
 	}
 	if err := g.Wait(); err != nil {
 		w.Abort()

@@ -21,6 +21,7 @@ type Spec struct {
 	Bias       float64 // global bias
 	Partitions uint32
 	Encoding   string // FM factors: "" or fp32, fp16, int8
+	Parent     uint64 // for a delta: the version it applies to; 0 for a full version
 	Source     string // recorded in the manifest
 	Generator  *codec.GenInfo
 }
@@ -87,7 +88,11 @@ func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 		}
 		params += w.files[p].Keys
 	}
-	m := &codec.Manifest{Format: 1, Name: w.spec.Name, Kind: codec.KindFull, Type: w.spec.Type, Dim: w.spec.Dim, Encoding: w.spec.Encoding,
+	kind := codec.KindFull
+	if w.spec.Parent != 0 {
+		kind = codec.KindDelta
+	}
+	m := &codec.Manifest{Format: 1, Name: w.spec.Name, Kind: kind, Parent: w.spec.Parent, Type: w.spec.Type, Dim: w.spec.Dim, Encoding: w.spec.Encoding,
 		Bias: w.spec.Bias, Partitions: w.spec.Partitions, Hash: partition.HashName, Params: params, Files: w.files,
 		Source: w.spec.Source, Generator: w.spec.Generator, Created: time.Now().UTC().Format(time.RFC3339)}
 	// Another writer may take a number between Latest and Rename: retry.

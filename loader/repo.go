@@ -233,3 +233,36 @@ func verifyFile(p string, f codec.File) error {
 	}
 	return nil
 }
+
+// maxChain bounds how many deltas may stack on a full version.
+const maxChain = 1000
+
+// Chain returns the manifests a version is made of, newest first: the
+// version itself, then its parents, ending at a full version. Every link
+// must agree on the model's shape (type, dim, encoding, partitions, hash).
+func (r Repo) Chain(name string, version uint64) ([]*codec.Manifest, error) {
+	var chain []*codec.Manifest
+	for v := version; ; {
+		m, err := r.Manifest(name, v)
+		if err != nil {
+			if len(chain) > 0 {
+				return nil, fmt.Errorf("loader: %s version %d: parent %d: %w", name, chain[len(chain)-1].Version, v, err)
+			}
+			return nil, err
+		}
+		if len(chain) > 0 {
+			top := chain[0]
+			if m.Type != top.Type || m.Dim != top.Dim || m.Enc() != top.Enc() || m.Partitions != top.Partitions || m.Hash != top.Hash {
+				return nil, fmt.Errorf("loader: %s version %d does not match the shape of its parent %d", name, chain[len(chain)-1].Version, v)
+			}
+		}
+		chain = append(chain, m)
+		if m.Kind == codec.KindFull {
+			return chain, nil
+		}
+		if len(chain) > maxChain {
+			return nil, fmt.Errorf("loader: %s version %d stacks more than %d deltas", name, version, maxChain)
+		}
+		v = m.Parent
+	}
+}

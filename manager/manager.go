@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 )
@@ -166,26 +167,37 @@ func (m *Manager) scan() []Model {
 			continue
 		}
 		for i := len(vs) - 1; i >= 0; i-- {
-			key := fmt.Sprintf("%s/%d", name, vs[i])
-			err, seen := m.checked[key]
-			man, merr := m.opts.Repo.Manifest(name, vs[i])
-			if !seen {
-				err = merr
-				if err == nil {
-					err = m.opts.Repo.Verify(man)
-				}
-				m.checked[key] = err
+			// A delta is servable when it and every version under it, down
+			// to a full version, pass.
+			chain, err := m.opts.Repo.Chain(name, vs[i])
+			for _, man := range chain {
 				if err != nil {
-					slog.Error("manager: version fails validation; not serving it", "model", name, "version", vs[i], "err", err)
+					break
 				}
+				err = m.validate(man)
 			}
-			if err == nil && merr == nil {
-				out = append(out, Model{Name: name, Version: vs[i], Partitions: man.Partitions})
+			if err == nil {
+				out = append(out, Model{Name: name, Version: vs[i], Partitions: chain[0].Partitions})
 				break
 			}
 		}
 	}
 	return out
+}
+
+// validate checks one version's files, once: results are cached, and a
+// failure is logged the first time.
+func (m *Manager) validate(man *codec.Manifest) error {
+	key := fmt.Sprintf("%s/%d", man.Name, man.Version)
+	err, seen := m.checked[key]
+	if !seen {
+		err = m.opts.Repo.Verify(man)
+		m.checked[key] = err
+		if err != nil {
+			slog.Error("manager: version fails validation; not serving it", "model", man.Name, "version", man.Version, "err", err)
+		}
+	}
+	return err
 }
 
 // lastGood is what was last published, for when the repository cannot

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -88,7 +89,8 @@ func checkScores(t *testing.T, ref *reference.Model, req *router.Request, resp *
 			}
 			ids, xs = append(ids, req.IDs[i]), append(xs, x)
 		}
-		if want := ref.Score(ids, xs); math.Abs(float64(resp.Scores[r])-want) > 1e-5 {
+		// Written as "not within" so a NaN score fails.
+		if want := ref.Score(ids, xs); !(math.Abs(float64(resp.Scores[r])-want) <= 1e-5) {
 			t.Fatalf("row %d: score %.7f, reference %.7f", r, resp.Scores[r], want)
 		}
 	}
@@ -238,6 +240,9 @@ func TestQuantizedScores(t *testing.T) {
 					ids, xs = append(ids, req.IDs[i]), append(xs, float64(req.Values[i]))
 				}
 				d := math.Abs(float64(resp.Scores[r]) - ref.Score(ids, xs))
+				if math.IsNaN(d) {
+					t.Fatalf("%s: row %d scored NaN", enc, r)
+				}
 				worst, sum, n = math.Max(worst, d), sum+d, n+1
 			}
 		}
@@ -317,4 +322,101 @@ func TestRolloutNeverFails(t *testing.T) {
 		checkScores(t, ref2, req, resp)
 		return nil
 	})
+}
+
+// applyDelta is the plain meaning of a delta: change or add the upserted
+// features, remove the deleted ones, take the new bias.
+func applyDelta(m *loader.Sparse, d loader.Delta) *loader.Sparse {
+	w := m.Width()
+	vals := map[uint64][]float32{}
+	for i, k := range m.Keys {
+		vals[k] = m.Values[i*w : (i+1)*w]
+	}
+	if d.Upserts != nil {
+		for i, k := range d.Upserts.Keys {
+			vals[k] = d.Upserts.Values[i*w : (i+1)*w]
+		}
+	}
+	for _, k := range d.Deletes {
+		delete(vals, k)
+	}
+	out := &loader.Sparse{Type: m.Type, Dim: m.Dim, Bias: m.Bias}
+	if d.Bias != nil {
+		out.Bias = *d.Bias
+	}
+	for k, v := range vals {
+		out.Keys = append(out.Keys, k)
+		out.Values = append(out.Values, v...)
+	}
+	return out
+}
+
+func TestDeltaVersions(t *testing.T) {
+	repoDir := t.TempDir()
+	repo := loader.Repo{Dir: repoDir}
+	v1 := randomModel(codec.TypeFM, 4, 2000, 21)
+	if _, err := repo.Publish("fm", v1, 5, "v1"); err != nil {
+		t.Fatal(err)
+	}
+	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 3, Replicas: 2, ScanInterval: time.Hour})
+	rng := rand.New(rand.NewPCG(6, 6))
+	// Requests draw from v1's ids plus ids the deltas add.
+	added := &loader.Sparse{Type: codec.TypeFM, Dim: 4}
+	for i := range 300 {
+		added.Keys = append(added.Keys, uint64(1_000_000+i))
+		for range 5 {
+			added.Values = append(added.Values, float32(rng.NormFloat64()*0.3))
+		}
+	}
+	pool := &loader.Sparse{Type: codec.TypeFM, Dim: 4, Keys: append(slices.Clone(v1.Keys), added.Keys...)}
+	serves := func(version uint64, want *loader.Sparse) {
+		t.Helper()
+		c.Manager.Rescan()
+		ref := reference.New(want)
+		testenv.Eventually(t, 30*time.Second, func() error {
+			req := randomRequest(rng, "fm", pool, 100, 30, 10)
+			resp, err := c.Router.Predict(context.Background(), req)
+			if err != nil {
+				return err
+			}
+			if resp.Version != version {
+				return fmt.Errorf("answered by version %d, want %d", resp.Version, version)
+			}
+			checkScores(t, ref, req, resp)
+			return nil
+		})
+	}
+	// v2: change 100 features, add 300, delete 200, new bias.
+	changed := &loader.Sparse{Type: codec.TypeFM, Dim: 4}
+	for i := range 100 {
+		changed.Keys = append(changed.Keys, v1.Keys[i])
+		for range 5 {
+			changed.Values = append(changed.Values, float32(rng.NormFloat64()))
+		}
+	}
+	up := &loader.Sparse{Type: codec.TypeFM, Dim: 4, Keys: append(slices.Clone(changed.Keys), added.Keys...),
+		Values: append(slices.Clone(changed.Values), added.Values...)}
+	bias := 0.75
+	d2 := loader.Delta{Upserts: up, Deletes: slices.Clone(v1.Keys[500:700]), Bias: &bias}
+	m2, err := repo.PublishDelta("fm", d2)
+	if err != nil || m2.Kind != codec.KindDelta || m2.Parent != 1 {
+		t.Fatalf("delta v2: %+v, %v", m2, err)
+	}
+	want2 := applyDelta(v1, d2)
+	serves(2, want2)
+
+	// v3 on v2: delete what v2 added, bring back what v2 deleted.
+	back := &loader.Sparse{Type: codec.TypeFM, Dim: 4, Keys: slices.Clone(v1.Keys[500:600]), Values: slices.Clone(v1.Values[500*5 : 600*5])}
+	d3 := loader.Delta{Upserts: back, Deletes: slices.Clone(added.Keys[:150])}
+	if _, err := repo.PublishDelta("fm", d3); err != nil {
+		t.Fatal(err)
+	}
+	serves(3, applyDelta(want2, d3))
+
+	// A full version replaces the whole chain.
+	v4 := randomModel(codec.TypeFM, 4, 2000, 22)
+	if _, err := repo.Publish("fm", v4, 5, "v4"); err != nil {
+		t.Fatal(err)
+	}
+	serves(4, v4)
 }

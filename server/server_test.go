@@ -120,7 +120,7 @@ func TestFront(t *testing.T) {
 	}
 	a, b := scoresOf(t, body), scoresOf(t, body2)
 	for i := range a {
-		if math.Abs(float64(a[i]-b[i])) > 1e-6 {
+		if !(math.Abs(float64(a[i]-b[i])) <= 1e-6) {
 			t.Errorf("row %d: %v with shared features, %v with them repeated", i, a[i], b[i])
 		}
 	}

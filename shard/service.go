@@ -30,9 +30,45 @@ type Service interface {
 type scratch struct {
 	req   codec.LookupRequest
 	idx   []int32
+	idx2  []int32
+	layer []int32
 	ws    []float32
 	found []uint64
 	vals  []float32
+}
+
+// lookupLayers answers keys from a delta stack: the newest layer holding
+// a key decides, and a tombstone there means the feature was deleted.
+// i is the index of keys[0] in the whole request; it returns the index
+// after the last key.
+func (sc *scratch) lookupLayers(layers []*Table, keys []uint64, w, i int) int {
+	n := len(keys)
+	sc.idx, sc.idx2, sc.layer = resize(sc.idx, n), resize(sc.idx2, n), resize(sc.layer, n)
+	for j := range sc.layer {
+		sc.layer[j] = -1
+	}
+	for li, t := range layers {
+		t.Find(keys, sc.idx2)
+		for j, r := range sc.idx2 {
+			if r >= 0 && sc.layer[j] < 0 {
+				sc.layer[j], sc.idx[j] = int32(li), r
+			}
+		}
+	}
+	for j := range keys {
+		if li := sc.layer[j]; li >= 0 {
+			at := len(sc.vals)
+			sc.vals = resize(sc.vals, at+w)
+			layers[li].Decode(int(sc.idx[j]), sc.vals[at:])
+			if codec.IsTombstone(sc.vals[at]) {
+				sc.vals = sc.vals[:at]
+			} else {
+				sc.found[i>>6] |= 1 << (i & 63)
+			}
+		}
+		i++
+	}
+	return i
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -57,10 +93,14 @@ func (s *Shard) Lookup(_ context.Context, req []byte) ([]byte, error) {
 	sc.vals = sc.vals[:0]
 	i := 0
 	for _, sec := range sc.req.Sections {
-		if sec.Partition >= uint32(len(ver.parts)) || ver.parts[sec.Partition] == nil {
+		if sec.Partition >= uint32(len(ver.layers)) || ver.layers[sec.Partition] == nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold partition %d of %q version %d", s.opts.ID, sec.Partition, sc.req.Model, sc.req.Version)
 		}
-		t := ver.parts[sec.Partition]
+		if layers := ver.layers[sec.Partition]; len(layers) > 1 {
+			i = sc.lookupLayers(layers, sec.Keys, w, i)
+			continue
+		}
+		t := ver.layers[sec.Partition][0]
 		sc.idx = resize(sc.idx, len(sec.Keys))
 		if w == 1 {
 			// LR: the weight is read while the record is in cache.

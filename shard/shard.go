@@ -213,35 +213,36 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 		if s.failed[vkey] != nil {
 			continue
 		}
-		m, err := s.opts.Repo.Manifest(name, a.Version)
-		if err == nil && m.Partitions != a.Partitions {
-			err = fmt.Errorf("manifest has %d partitions, assignment %d", m.Partitions, a.Partitions)
+		chain, err := s.opts.Repo.Chain(name, a.Version)
+		if err == nil && chain[0].Partitions != a.Partitions {
+			err = fmt.Errorf("manifest has %d partitions, assignment %d", chain[0].Partitions, a.Partitions)
 		}
 		if err != nil {
 			s.refuse(vkey, err)
 			continue
+		}
+		m := chain[0]
+		versions := make([]uint64, len(chain))
+		for i, c := range chain {
+			versions[i] = c.Version
 		}
 		for _, p := range slices.Sorted(maps.Keys(want[name])) {
 			if ctx.Err() != nil {
 				return
 			}
 			pkey := fmt.Sprintf("%s/%d", vkey, p)
-			if v := s.snap.Load().get(name, a.Version); v != nil && v.parts[p] != nil || s.failed[pkey] != nil {
+			if v := s.snap.Load().get(name, a.Version); v != nil && v.layers[p] != nil || s.failed[pkey] != nil {
 				continue
 			}
 			if s.opts.BeforeLoad != nil {
 				s.opts.BeforeLoad(name, a.Version, p)
 			}
-			t0 := time.Now()
-			t, err := s.loadPartition(m, p)
+			layers, err := s.loadStack(chain, p)
 			if err != nil {
 				s.refuse(pkey, err)
 				continue
 			}
-			slog.Info("shard: loaded partition", "shard", s.opts.ID, "model", name, "version", a.Version, "partition", p,
-				"keys", t.Len(), "bytes", t.Bytes(), "mapped", t.Mapped, "took", time.Since(t0).Round(time.Millisecond))
-			s.snap.Store(s.snap.Load().with(m, p, t))
-			s.metrics.loads.Inc()
+			s.snap.Store(s.snap.Load().with(m, versions, p, layers))
 			s.reg.Set(s.info())
 		}
 	}
@@ -254,7 +255,7 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 			return false
 		}
 		for p := range want[name] {
-			if v.parts[p] == nil {
+			if v.layers[p] == nil {
 				return false
 			}
 		}
@@ -288,15 +289,11 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 // residentBytes is the size of the tables held in resident memory.
 func (s *Shard) residentBytes() int64 {
 	var n int64
-	for _, vs := range s.snap.Load().models {
-		for _, v := range vs {
-			for _, t := range v.parts {
-				if t != nil && !t.Mapped {
-					n += t.Bytes()
-				}
-			}
+	s.snap.Load().tables(func(t *Table) {
+		if !t.Mapped {
+			n += t.Bytes()
 		}
-	}
+	})
 	return n
 }
 
@@ -319,20 +316,49 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 		if v == nil {
 			continue
 		}
-		for p, t := range v.parts {
-			if ctx.Err() != nil || t == nil || !t.Mapped || !s.fits(t.Bytes()) {
+		for p, l := range v.layers {
+			// Deltas are small and loaded resident; the base is what may
+			// be mapped.
+			if ctx.Err() != nil || l == nil || !l[len(l)-1].Mapped || !s.fits(l[len(l)-1].Bytes()) {
 				continue
 			}
-			pt, err := s.opts.Repo.ReadPartition(v.m, uint32(p))
+			base, err := s.opts.Repo.Manifest(name, v.chain[len(v.chain)-1])
+			var pt *codec.Partition
+			if err == nil {
+				pt, err = s.opts.Repo.ReadPartition(base, uint32(p))
+			}
 			if err != nil {
 				slog.Warn("shard: promoting a mapped partition failed; it stays mapped", "shard", s.opts.ID, "model", name, "partition", p, "err", err)
 				continue
 			}
-			s.snap.Store(s.snap.Load().with(v.m, uint32(p), NewTable(pt)))
+			layers := append(slices.Clone(l[:len(l)-1]), NewTable(pt))
+			s.snap.Store(s.snap.Load().with(v.m, v.chain, uint32(p), layers))
 			runtime.GC() // release the mapping now
 			slog.Info("shard: partition now resident", "shard", s.opts.ID, "model", name, "version", a.Live, "partition", p)
 		}
 	}
+}
+
+// loadStack returns partition p's tables for a version's chain, newest
+// first, reusing tables already held for any link.
+func (s *Shard) loadStack(chain []*codec.Manifest, p uint32) ([]*Table, error) {
+	layers := make([]*Table, len(chain))
+	for i, c := range chain {
+		if t := s.snap.Load().file(c.Name, c.Version, p); t != nil {
+			layers[i] = t
+			continue
+		}
+		t0 := time.Now()
+		t, err := s.loadPartition(c, p)
+		if err != nil {
+			return nil, err
+		}
+		layers[i] = t
+		s.metrics.loads.Inc()
+		slog.Info("shard: loaded partition", "shard", s.opts.ID, "model", c.Name, "version", c.Version, "kind", c.Kind, "partition", p,
+			"keys", t.Len(), "bytes", t.Bytes(), "mapped", t.Mapped, "took", time.Since(t0).Round(time.Millisecond))
+	}
+	return layers, nil
 }
 
 // loadPartition loads into resident memory if the budget allows, else

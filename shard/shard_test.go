@@ -218,8 +218,8 @@ func TestMemoryBudget(t *testing.T) {
 		}
 	}
 	mapped := func(v uint64) (n int) {
-		for _, tb := range s.snap.Load().get("m", v).parts {
-			if tb != nil && tb.Mapped {
+		for _, l := range s.snap.Load().get("m", v).layers {
+			if l != nil && l[0].Mapped {
 				n++
 			}
 		}
@@ -242,7 +242,7 @@ func TestMemoryBudget(t *testing.T) {
 	}
 	loaded := func(v uint64) func() error {
 		return func() error {
-			if ver := s.snap.Load().get("m", v); ver == nil || ver.parts[0] == nil || ver.parts[1] == nil {
+			if ver := s.snap.Load().get("m", v); ver == nil || ver.layers[0] == nil || ver.layers[1] == nil {
 				return fmt.Errorf("version %d not loaded", v)
 			}
 			return nil

@@ -8,10 +8,14 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
-// version is one model version as this shard holds it.
+// version is one model version as this shard holds it: for each
+// partition, the tables of its chain, newest first — the version's own
+// file, then its parents' down to a full version. A full version's stack
+// has one table; a delta's lookups take the first layer that has a key.
 type version struct {
-	m     *codec.Manifest
-	parts []*Table // indexed by partition; nil where not held
+	m      *codec.Manifest
+	chain  []uint64   // versions of the layers, newest first
+	layers [][]*Table // per partition; nil where not held
 }
 
 // snapshot is the immutable set of everything loaded. Lookups read it
@@ -24,19 +28,30 @@ func (s *snapshot) get(model string, v uint64) *version {
 	return s.models[model][v]
 }
 
-// with returns a copy of s in which (model, version) holds partition p as t.
-func (s *snapshot) with(m *codec.Manifest, p uint32, t *Table) *snapshot {
-	n := s.clone()
+// file finds a table already held for one partition file, whichever
+// version's stack it is in, so chains share their common layers.
+func (s *snapshot) file(model string, fileVersion uint64, p uint32) *Table {
+	for _, ver := range s.models[model] {
+		if i := slices.Index(ver.chain, fileVersion); i >= 0 && ver.layers[p] != nil {
+			return ver.layers[p][i]
+		}
+	}
+	return nil
+}
+
+// with returns a copy of s in which version m (of chain) holds partition
+// p as the stack layers.
+func (s *snapshot) with(m *codec.Manifest, chain []uint64, p uint32, layers []*Table) *snapshot {
+	n := &snapshot{models: maps.Clone(s.models)}
 	vs := maps.Clone(n.models[m.Name])
 	if vs == nil {
 		vs = map[uint64]*version{}
 	}
-	old := vs[m.Version]
-	nv := &version{m: m, parts: make([]*Table, m.Partitions)}
-	if old != nil {
-		copy(nv.parts, old.parts)
+	nv := &version{m: m, chain: chain, layers: make([][]*Table, m.Partitions)}
+	if old := vs[m.Version]; old != nil {
+		copy(nv.layers, old.layers)
 	}
-	nv.parts[p] = t
+	nv.layers[p] = layers
 	vs[m.Version] = nv
 	n.models[m.Name] = vs
 	return n
@@ -49,14 +64,14 @@ func (s *snapshot) keepOnly(keep func(model string, v uint64, p uint32) bool) (*
 	dropped := false
 	for name, vs := range s.models {
 		for v, ver := range vs {
-			nv := &version{m: ver.m, parts: make([]*Table, len(ver.parts))}
+			nv := &version{m: ver.m, chain: ver.chain, layers: make([][]*Table, len(ver.layers))}
 			held := false
-			for p, t := range ver.parts {
-				if t == nil {
+			for p, l := range ver.layers {
+				if l == nil {
 					continue
 				}
 				if keep(name, v, uint32(p)) {
-					nv.parts[p], held = t, true
+					nv.layers[p], held = l, true
 				} else {
 					dropped = true
 				}
@@ -72,8 +87,21 @@ func (s *snapshot) keepOnly(keep func(model string, v uint64, p uint32) bool) (*
 	return n, dropped
 }
 
-func (s *snapshot) clone() *snapshot {
-	return &snapshot{models: maps.Clone(s.models)}
+// tables calls fn on every distinct table held.
+func (s *snapshot) tables(fn func(*Table)) {
+	seen := map[*Table]bool{}
+	for _, vs := range s.models {
+		for _, v := range vs {
+			for _, l := range v.layers {
+				for _, t := range l {
+					if !seen[t] {
+						seen[t] = true
+						fn(t)
+					}
+				}
+			}
+		}
+	}
 }
 
 // report lists what the snapshot holds, for the shard's registration.
@@ -85,7 +113,7 @@ func (s *snapshot) report() []topo.Loaded {
 			ver := vs[v]
 			l := topo.Loaded{Model: name, Version: v, Type: ver.m.Type, Dim: ver.m.Dim, Bias: ver.m.Bias,
 				Partitions: ver.m.Partitions, Hash: ver.m.Hash}
-			for p, t := range ver.parts {
+			for p, t := range ver.layers {
 				if t != nil {
 					l.Have = append(l.Have, uint32(p))
 				}

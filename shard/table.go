@@ -17,10 +17,11 @@ import (
 //
 // A lookup reads the directory entry of h's bucket, guesses h's place in
 // the bucket by interpolation (h is uniform, so the guess is usually in
-// the right cache line), and scans from there. Find resolves keys in
+// the right cache line), and walks from there. Find resolves keys in
 // groups in stages — all directory reads, then all first record reads,
-// then the scans — so the CPU overlaps a group's cache misses instead of
-// waiting on each key in turn.
+// then walks one record a round for every key whose guess missed — so
+// the CPU overlaps a group's cache misses instead of waiting on each key
+// in turn. docs/storage.md has the measurements.
 type Table struct {
 	dir   []byte
 	rec   []byte

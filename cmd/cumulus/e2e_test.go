@@ -210,7 +210,11 @@ func TestLIBLINEAREndToEnd(t *testing.T) {
 		}
 		worst := 0.0
 		for i := range got {
-			worst = math.Max(worst, math.Abs(float64(got[i])-want[i]))
+			d := math.Abs(float64(got[i]) - want[i])
+			if math.IsNaN(d) {
+				t.Fatalf("%s: row %d scored NaN", api, i)
+			}
+			worst = math.Max(worst, d)
 		}
 		if worst > 1e-5 {
 			t.Fatalf("%s: largest difference from liblinear-predict is %g, want ≤ 1e-5", api, worst)
@@ -299,7 +303,7 @@ func TestLIBLINEAREndToEnd(t *testing.T) {
 		t.Fatalf("grpcurl output: %v\n%s", err, gout)
 	}
 	for i, s := range gc.Outputs[0].Contents.Fp32Contents {
-		if math.Abs(float64(s)-want[i]) > 1e-5 {
+		if !(math.Abs(float64(s)-want[i]) <= 1e-5) {
 			t.Errorf("grpcurl row %d: %v, liblinear-predict %v", i, s, want[i])
 		}
 	}

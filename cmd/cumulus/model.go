@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
@@ -15,7 +16,7 @@ import (
 
 func modelCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "model", Short: "Import, generate and inspect models in a model repository"}
-	cmd.AddCommand(modelImportCommand(), modelGenCommand(), modelInspectCommand())
+	cmd.AddCommand(modelImportCommand(), modelGenCommand(), modelInspectCommand(), modelDeltaCommand())
 	return cmd
 }
 
@@ -157,6 +158,71 @@ func modelInspectCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
+	cmd.MarkFlagRequired("repo")
+	return cmd
+}
+
+func modelDeltaCommand() *cobra.Command {
+	var name, repo, upserts, deletes string
+	var bias float64
+	cmd := &cobra.Command{
+		Use:   "delta",
+		Short: "Publish an increment on top of a model's latest version: changed, new and deleted features",
+		Long: `delta publishes a delta version whose parent is the model's latest version.
+--upserts is a TSV model (docs/model-format.md) of the same type and dim
+holding features to add or change; --deletes is a file of feature ids to
+remove, one per line; --bias sets a new bias. Shards serve a delta over
+its parents until the next full version.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			d := loader.Delta{Source: "cumulus model delta"}
+			if upserts != "" {
+				f, err := os.Open(upserts)
+				if err != nil {
+					return err
+				}
+				d.Upserts, err = loader.ParseTSV(f)
+				f.Close()
+				if err != nil {
+					return fmt.Errorf("%s: %w", upserts, err)
+				}
+			}
+			if deletes != "" {
+				b, err := os.ReadFile(deletes)
+				if err != nil {
+					return err
+				}
+				for i, line := range strings.Split(string(b), "\n") {
+					if line = strings.TrimSpace(line); line == "" || line[0] == '#' {
+						continue
+					}
+					id, err := strconv.ParseUint(line, 10, 64)
+					if err != nil {
+						return fmt.Errorf("%s: line %d: %w", deletes, i+1, err)
+					}
+					d.Deletes = append(d.Deletes, id)
+				}
+			}
+			if cmd.Flags().Changed("bias") {
+				d.Bias = &bias
+			}
+			if d.Upserts == nil && d.Deletes == nil && d.Bias == nil {
+				return fmt.Errorf("nothing to publish: give --upserts, --deletes or --bias")
+			}
+			m, err := loader.Repo{Dir: repo}.PublishDelta(name, d)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("published %s version %d: delta on %d, %d records\n", m.Name, m.Version, m.Parent, m.Params)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "model name (required)")
+	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
+	cmd.Flags().StringVar(&upserts, "upserts", "", "TSV of features to add or change")
+	cmd.Flags().StringVar(&deletes, "deletes", "", "file of feature ids to delete, one per line")
+	cmd.Flags().Float64Var(&bias, "bias", 0, "new bias (default: keep the parent's)")
+	cmd.MarkFlagRequired("name")
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }

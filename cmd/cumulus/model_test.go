@@ -26,6 +26,20 @@ func TestModelCommands(t *testing.T) {
 		t.Fatalf("bad tsv accepted or unclear: %v\n%s", err, out)
 	}
 
+	// A delta on t: change feature 1, delete feature 2, new bias.
+	up := filepath.Join(t.TempDir(), "up.tsv")
+	os.WriteFile(up, []byte("type fm\ndim 2\n1 0.9 0.1 0.1\n"), 0o644)
+	del := filepath.Join(t.TempDir(), "del.txt")
+	os.WriteFile(del, []byte("2\n"), 0o644)
+	out, err = cumulus("model", "delta", "--name", "t", "--repo", repo, "--upserts", up, "--deletes", del, "--bias", "0.25").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "published t version 2: delta on 1, 2 records") {
+		t.Fatalf("delta: %v\n%s", err, out)
+	}
+	out, err = cumulus("model", "delta", "--name", "t", "--repo", repo, "--deletes", up).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "line 1") {
+		t.Fatalf("bad deletes file accepted or unclear: %v\n%s", err, out)
+	}
+
 	out, err = cumulus("model", "inspect", "--repo", repo, "g").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "checksums: all ok") || !strings.Contains(string(out), `"params": 5000`) {
 		t.Fatalf("inspect: %v\n%s", err, out)
