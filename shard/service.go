@@ -28,13 +28,15 @@ type Service interface {
 }
 
 type scratch struct {
-	req   codec.LookupRequest
-	idx   []int32
-	idx2  []int32
-	layer []int32
-	ws    []float32
-	found []uint64
-	vals  []float32
+	req     codec.LookupRequest
+	idx     []int32
+	idx2    []int32
+	layer   []int32
+	pending []int32
+	pkeys   []uint64
+	ws      []float32
+	found   []uint64
+	vals    []float32
 }
 
 // lookupLayers answers keys from a delta stack: the newest layer holding
@@ -44,15 +46,33 @@ type scratch struct {
 func (sc *scratch) lookupLayers(layers []*Table, keys []uint64, w, i int) int {
 	n := len(keys)
 	sc.idx, sc.idx2, sc.layer = resize(sc.idx, n), resize(sc.idx2, n), resize(sc.layer, n)
+	sc.pending = resize(sc.pending, n)
 	for j := range sc.layer {
-		sc.layer[j] = -1
+		sc.layer[j], sc.pending[j] = -1, int32(j)
 	}
+	// The base learns from every key, not only from those the layers
+	// above miss: otherwise cached keys would fade from the hot tier.
+	layers[len(layers)-1].Sample(keys)
+	// Each layer sees only the keys the layers above it did not have: a
+	// mapped base under a hot tier is asked only for the cold keys.
 	for li, t := range layers {
-		t.Find(keys, sc.idx2)
-		for j, r := range sc.idx2 {
-			if r >= 0 && sc.layer[j] < 0 {
+		sc.pkeys = sc.pkeys[:0]
+		for _, j := range sc.pending {
+			sc.pkeys = append(sc.pkeys, keys[j])
+		}
+		t.Find(sc.pkeys, sc.idx2[:len(sc.pkeys)])
+		kept := 0
+		for q, j := range sc.pending {
+			if r := sc.idx2[q]; r >= 0 {
 				sc.layer[j], sc.idx[j] = int32(li), r
+			} else {
+				sc.pending[kept] = j
+				kept++
 			}
+		}
+		sc.pending = sc.pending[:kept]
+		if kept == 0 {
+			break
 		}
 	}
 	for j := range keys {
@@ -101,6 +121,7 @@ func (s *Shard) Lookup(_ context.Context, req []byte) ([]byte, error) {
 			continue
 		}
 		t := ver.layers[sec.Partition][0]
+		t.Sample(sec.Keys)
 		sc.idx = resize(sc.idx, len(sec.Keys))
 		if w == 1 {
 			// LR: the weight is read while the record is in cache.
@@ -180,4 +201,27 @@ func resize[T any](s []T, n int) []T {
 		return append(s[:cap(s)], make([]T, n-cap(s))...)
 	}
 	return s[:n]
+}
+
+// StackScratch is reusable memory for StackWeights.
+type StackScratch struct{ sc scratch }
+
+// StackWeights looks keys up in a stack of LR tables (newest or hottest
+// first) the way a shard does, for tools and benchmarks: w[j] is keys[j]'s
+// weight and found[j] whether it is present.
+func StackWeights(layers []*Table, keys []uint64, w []float32, found []bool, s *StackScratch) {
+	sc := &s.sc
+	sc.vals = sc.vals[:0]
+	sc.found = resize(sc.found, (len(keys)+63)/64)
+	clear(sc.found)
+	sc.lookupLayers(layers, keys, 1, 0)
+	k := 0
+	for j := range keys {
+		found[j] = sc.found[j>>6]>>(j&63)&1 == 1
+		w[j] = 0
+		if found[j] {
+			w[j] = sc.vals[k]
+			k++
+		}
+	}
 }

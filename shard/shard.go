@@ -48,6 +48,9 @@ type Options struct {
 	MemoryBudget int64
 	// Registry receives the shard's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
+	// HotInterval is how often the hot tiers of mapped partitions are
+	// rebuilt from sampled traffic. Default 2s.
+	HotInterval time.Duration
 	// BeforeLoad, if set, is called before each partition load and may
 	// block: tests use it to hold a shard back mid-rollout.
 	BeforeLoad func(model string, version uint64, partition uint32)
@@ -72,6 +75,9 @@ func (o *Options) Validate() error {
 	if o.MaxRequestBytes == 0 {
 		o.MaxRequestBytes = 64 << 20
 	}
+	if o.HotInterval == 0 {
+		o.HotInterval = 2 * time.Second
+	}
 	return nil
 }
 
@@ -94,6 +100,7 @@ type Shard struct {
 
 	pending chan map[string]topo.Assignment // latest assignments, capacity 1
 	failed  map[string]error                // "model/version/partition" → why; loader goroutine only
+	hot     hotState                        // loader goroutine only
 	errs    []string                        // newest first, at most 10
 }
 
@@ -155,12 +162,16 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	}()
 	go func() {
 		defer s.done.Done()
+		hotTick := time.NewTicker(opts.HotInterval)
+		defer hotTick.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case as := <-s.pending:
 				s.reconcile(ctx, as)
+			case <-hotTick.C:
+				s.maintainHot()
 			}
 		}
 	}()
@@ -286,20 +297,22 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 	s.promote(ctx, as)
 }
 
-// residentBytes is the size of the tables held in resident memory.
-func (s *Shard) residentBytes() int64 {
+// residentBytes is the size of the tables held in resident memory;
+// with hot false, hot tiers (which give way to anything else) are left out.
+func (s *Shard) residentBytes(hot bool) int64 {
 	var n int64
 	s.snap.Load().tables(func(t *Table) {
-		if !t.Mapped {
+		if !t.Mapped && (hot || t.hotOf == nil) {
 			n += t.Bytes()
 		}
 	})
 	return n
 }
 
-// fits reports whether n more resident bytes stay within the budget.
+// fits reports whether n more resident bytes stay within the budget. Hot
+// tiers do not count: they shrink at their next rebuild.
 func (s *Shard) fits(n int64) bool {
-	return s.opts.MemoryBudget == 0 || s.residentBytes()+n <= s.opts.MemoryBudget
+	return s.opts.MemoryBudget == 0 || s.residentBytes(false)+n <= s.opts.MemoryBudget
 }
 
 // promote moves mapped partitions of committed versions into resident

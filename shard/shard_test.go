@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -250,8 +251,8 @@ func TestMemoryBudget(t *testing.T) {
 	}
 	put(1, 0)
 	testenv.Eventually(t, 10*time.Second, loaded(1))
-	if mapped(1) != 1 || s.residentBytes() > budget {
-		t.Fatalf("v1: %d mapped, %d resident bytes; want 1 mapped within %d", mapped(1), s.residentBytes(), budget)
+	if mapped(1) != 1 || s.residentBytes(true) > budget {
+		t.Fatalf("v1: %d mapped, %d resident bytes; want 1 mapped within %d", mapped(1), s.residentBytes(true), budget)
 	}
 	check(1, 1)
 
@@ -273,8 +274,88 @@ func TestMemoryBudget(t *testing.T) {
 		}
 		return nil
 	})
-	if s.residentBytes() > budget {
-		t.Fatalf("%d resident bytes over the budget %d", s.residentBytes(), budget)
+	if s.residentBytes(true) > budget {
+		t.Fatalf("%d resident bytes over the budget %d", s.residentBytes(true), budget)
 	}
 	check(2, 2)
+}
+
+// TestHotTier: a partition far over the budget is served mapped; traffic
+// that keeps asking for a few features puts exactly those in a resident
+// hot tier above the mapped base, and every answer stays exact.
+func TestHotTier(t *testing.T) {
+	e, err := etcdlocal.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	repo := loader.Repo{Dir: t.TempDir()}
+	m := &loader.Sparse{Type: codec.TypeLR}
+	for k := uint64(1); k <= 400000; k++ {
+		m.Keys = append(m.Keys, k)
+		m.Values = append(m.Values, float32(k%1000))
+	}
+	if _, err := repo.Publish("m", m, 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	budget := int64(64 << 10) // room for ~5,000 records of a 4.9 MB partition
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget, HotInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	a := topo.Assignment{Model: "m", Version: 1, Live: 1, Partitions: 1, Replicas: [][]string{{"s1"}}}
+	b, _ := json.Marshal(a)
+	if _, err := cli.Put(context.Background(), topo.ModelKey("m"), string(b)); err != nil {
+		t.Fatal(err)
+	}
+	hotKeys := make([]uint64, 1000)
+	for i := range hotKeys {
+		hotKeys[i] = uint64(1000 + 7*i)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if _, err := lookup(s, 1, 1, slices.Clone(hotKeys)); err != nil {
+			return err
+		}
+		v := s.snap.Load().get("m", 1)
+		if len(v.layers[0]) != 2 || v.layers[0][0].hotOf == nil || !v.layers[0][1].Mapped {
+			return errors.New("no hot tier yet")
+		}
+		hot := v.layers[0][0]
+		idx := make([]int32, len(hotKeys))
+		hot.Find(hotKeys, idx)
+		for _, r := range idx {
+			if r < 0 {
+				return errors.New("hot tier lacks some hot keys")
+			}
+		}
+		return nil
+	})
+	if s.residentBytes(true) > budget {
+		t.Fatalf("%d resident bytes over the budget %d", s.residentBytes(true), budget)
+	}
+	// Hot, cold and absent keys all answer exactly.
+	keys := []uint64{1000, 1007, 399999, 5, 0, 400001, 1000}
+	r, err := lookup(s, 1, 1, slices.Clone(keys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := 0
+	for i, key := range keys {
+		present := key >= 1 && key <= 400000
+		if r.Found(i) != present {
+			t.Fatalf("key %d: found %v", key, r.Found(i))
+		}
+		if present {
+			if got := r.Value(k, 0); got != float32(key%1000) {
+				t.Errorf("key %d: %v, want %v", key, got, key%1000)
+			}
+			k++
+		}
+	}
 }

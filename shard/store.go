@@ -87,6 +87,40 @@ func (s *snapshot) keepOnly(keep func(model string, v uint64, p uint32) bool) (*
 	return n, dropped
 }
 
+// withHot returns a copy of s in which every stack whose base is base
+// has hot as its hot tier, just above the base (below any deltas: the
+// hot tier copies the base's values), replacing any earlier hot tier.
+func (s *snapshot) withHot(base, hot *Table) *snapshot {
+	n := &snapshot{models: maps.Clone(s.models)}
+	for name, vs := range s.models {
+		var nvs map[uint64]*version
+		for v, ver := range vs {
+			for p, l := range ver.layers {
+				if len(l) == 0 || l[len(l)-1] != base {
+					continue
+				}
+				if nvs == nil {
+					nvs = maps.Clone(vs)
+				}
+				if nvs[v] == ver {
+					nv := *ver
+					nv.layers = slices.Clone(ver.layers)
+					nvs[v] = &nv
+				}
+				upper := l[:len(l)-1]
+				if len(upper) > 0 && upper[len(upper)-1].hotOf == base {
+					upper = upper[:len(upper)-1]
+				}
+				nvs[v].layers[p] = append(slices.Clone(upper), hot, base)
+			}
+		}
+		if nvs != nil {
+			n.models[name] = nvs
+		}
+	}
+	return n
+}
+
 // tables calls fn on every distinct table held.
 func (s *snapshot) tables(fn func(*Table)) {
 	seen := map[*Table]bool{}

@@ -35,14 +35,16 @@ type Table struct {
 	// Mapped is true when the table is served from a file mapping rather
 	// than resident memory.
 	Mapped bool
+	sample *sampler // keys looked up, for the hot tier; mapped tables only
+	hotOf  *Table   // for a hot tier: the mapped table it caches
 }
 
 // NewTable wraps a verified partition. The table keeps p's bytes alive.
 func NewTable(p *codec.Partition) *Table {
 	t := &Table{dir: p.Dir, rec: p.Records, rs: p.RecordSize, nb: uint64(p.Buckets), n: p.Count,
 		width: p.Width, enc: p.Encoding, size: int64(len(p.Dir) + len(p.Records)), owner: p.Owner}
-	if b, ok := p.Owner.(*tablemem.Buffer); ok {
-		t.Mapped = b.Mapped
+	if b, ok := p.Owner.(*tablemem.Buffer); ok && b.Mapped {
+		t.Mapped, t.sample = true, new(sampler)
 	}
 	return t
 }
