@@ -51,10 +51,19 @@ type LookupLatency struct {
 	Warm     int           // batches run before timing
 }
 
-// MappedLookups maps a partition file and times batched lookups over
-// it, after warm batches that let the page cache settle on the hot set.
-// resident loads it into resident memory instead, as the baseline.
-func MappedLookups(path string, n int, seed uint64, resident bool, batch, batches, warm int) ([]LookupLatency, error) {
+// Tiering is how MappedLookups holds the partition.
+type Tiering int
+
+const (
+	Resident Tiering = iota // all in resident memory: the baseline
+	Mapped                  // a mapping; the page cache keeps what it keeps
+	HotTier                 // a mapping under a hot tier of hotBytes learned from the warm batches
+)
+
+// MappedLookups times batched lookups over a partition file held as t,
+// after warm batches that let the page cache (or the hot tier) learn the
+// traffic. Lookups go through shard.StackWeights, the shard's own path.
+func MappedLookups(path string, n int, seed uint64, t Tiering, hotBytes int64, batch, batches, warm int) ([]LookupLatency, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -65,12 +74,12 @@ func MappedLookups(path string, n int, seed uint64, resident bool, batch, batche
 		return nil, err
 	}
 	var mem *tablemem.Buffer
-	if resident {
+	if t == Resident {
 		mem = tablemem.Alloc(int(st.Size()))
 		if _, err := io.ReadFull(f, mem.Bytes); err != nil {
 			return nil, err
 		}
-	} else if mem, err = tablemem.Map(f, st.Size()); err != nil {
+	} else if mem, err = tablemem.Map(path, st.Size()); err != nil {
 		return nil, err
 	}
 	p, err := codec.ParsePartitionStructure(mem.Bytes)
@@ -78,28 +87,45 @@ func MappedLookups(path string, n int, seed uint64, resident bool, batch, batche
 		return nil, err
 	}
 	p.Owner = mem
-	tb := shard.NewTable(p)
+	base := shard.NewTable(p)
 	gen := codec.GenInfo{Seed: seed, IDs: "hashed"}
-	idx := make([]int32, batch)
+	found := make([]bool, batch)
 	w := make([]float32, batch)
+	var sc shard.StackScratch
 	var out []LookupLatency
 	for _, d := range Distributions {
 		// Batches are drawn as they are used: holding 200 × 20k keys
 		// would itself eat the memory budget.
 		draw := func(i int) []uint64 { return idsOf(queryBatches(d, n, batch, 1, seed+uint64(i)), gen)[0] }
+		// Warm up. With a hot tier, learn as a shard does: observe the
+		// samples after every batch and rebuild the tier every 10 batches,
+		// so later warm batches already run on it.
+		layers := []*shard.Table{base}
+		var heat shard.Heat
 		for i := range warm {
-			tb.FindWeights(draw(i), idx, w)
+			shard.StackWeights(layers, draw(i), w, found, &sc)
+			if t != HotTier {
+				continue
+			}
+			heat.Observe(base)
+			if i%10 == 9 || i == warm-1 {
+				hot, err := heat.Build(base, hotBytes)
+				if err != nil {
+					return nil, err
+				}
+				layers = []*shard.Table{hot, base}
+			}
 		}
 		lat := make([]time.Duration, batches)
 		var total time.Duration
 		for i := range batches {
 			keys := draw(warm + i)
 			t0 := time.Now()
-			tb.FindWeights(keys, idx, w)
+			shard.StackWeights(layers, keys, w, found, &sc)
 			lat[i] = time.Since(t0)
 			total += lat[i]
-			for j, r := range idx {
-				if r < 0 {
+			for j, ok := range found {
+				if !ok {
 					return nil, fmt.Errorf("bench: key %d of batch %d not found", keys[j], i)
 				}
 			}

@@ -26,6 +26,8 @@ type Partition struct {
 	Buckets    int
 	Dir        []byte // (Buckets+1) × uint32
 	Records    []byte // Count × RecordSize
+	// RecordsOffset is where Records starts in the file.
+	RecordsOffset int64
 	// Owner keeps the bytes' backing memory alive (a mapping, say); whoever
 	// keeps views of the partition keeps Owner too. Nil for heap bytes.
 	Owner     any
@@ -122,6 +124,7 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 	}
 	p.Dir = b[partHeaderSize : partHeaderSize+4*(p.Buckets+1)]
 	p.Records = b[dirEnd:bodyEnd]
+	p.RecordsOffset = dirEnd
 	// A lookup trusts the directory to stay inside the records.
 	prev := uint32(0)
 	for i := 0; i <= p.Buckets; i++ {

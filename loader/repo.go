@@ -155,12 +155,7 @@ func (r Repo) MapPartition(m *codec.Manifest, part uint32) (*codec.Partition, er
 	if err := verifyFile(p, f); err != nil {
 		return nil, err
 	}
-	fh, err := os.Open(p)
-	if err != nil {
-		return nil, fmt.Errorf("loader: %w", err)
-	}
-	defer fh.Close()
-	mem, err := tablemem.Map(fh, f.Size)
+	mem, err := tablemem.Map(p, f.Size)
 	if err != nil {
 		return nil, fmt.Errorf("loader: %w", err)
 	}

@@ -185,14 +185,25 @@ func (s *Shard) maintainHot() {
 	runtime.GC() // release replaced hot tiers now
 }
 
-// HotFromSamples builds a hot tier for base from the traffic sampled on it
-// so far, holding as many hottest records as fit in bytes. The shard does
-// this continuously (maintainHot); tools and benchmarks call it directly.
-func HotFromSamples(base *Table, bytes int64) (*Table, error) {
+// Heat learns one mapped table's hot keys from the traffic sampled on
+// it, as the shard's loader does; tools and benchmarks use it directly.
+type Heat struct{ h heat }
+
+// Observe drains base's samples. Call it often: base keeps only the last
+// 65,536 samples between calls.
+func (h *Heat) Observe(base *Table) {
+	if h.h.counts == nil {
+		h.h.counts = map[uint64]uint32{}
+	}
+	if base.sample != nil {
+		h.h.add(base.sample)
+	}
+}
+
+// Build makes a hot tier of the hottest records of base that fit in bytes.
+func (h *Heat) Build(base *Table, bytes int64) (*Table, error) {
 	if base.sample == nil {
 		return nil, fmt.Errorf("shard: table is not mapped; it has no hot tier")
 	}
-	h := &heat{counts: map[uint64]uint32{}}
-	h.add(base.sample)
-	return BuildHot(base, hotKeys(h.counts, int(bytes/int64(base.rs+1))))
+	return BuildHot(base, hotKeys(h.h.counts, int(bytes/int64(base.rs+1))))
 }

@@ -60,7 +60,11 @@ func (sc *scratch) lookupLayers(layers []*Table, keys []uint64, w, i int) int {
 		for _, j := range sc.pending {
 			sc.pkeys = append(sc.pkeys, keys[j])
 		}
-		t.Find(sc.pkeys, sc.idx2[:len(sc.pkeys)])
+		if t.Mapped {
+			t.findCold(sc.pkeys, sc.idx2[:len(sc.pkeys)])
+		} else {
+			t.Find(sc.pkeys, sc.idx2[:len(sc.pkeys)])
+		}
 		kept := 0
 		for q, j := range sc.pending {
 			if r := sc.idx2[q]; r >= 0 {
@@ -116,12 +120,11 @@ func (s *Shard) Lookup(_ context.Context, req []byte) ([]byte, error) {
 		if sec.Partition >= uint32(len(ver.layers)) || ver.layers[sec.Partition] == nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold partition %d of %q version %d", s.opts.ID, sec.Partition, sc.req.Model, sc.req.Version)
 		}
-		if layers := ver.layers[sec.Partition]; len(layers) > 1 {
+		if layers := ver.layers[sec.Partition]; len(layers) > 1 || layers[0].Mapped {
 			i = sc.lookupLayers(layers, sec.Keys, w, i)
 			continue
 		}
 		t := ver.layers[sec.Partition][0]
-		t.Sample(sec.Keys)
 		sc.idx = resize(sc.idx, len(sec.Keys))
 		if w == 1 {
 			// LR: the weight is read while the record is in cache.

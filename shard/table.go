@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"math"
 	"math/bits"
+	"os"
+	"slices"
+	"sync"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/tablemem"
@@ -37,6 +40,8 @@ type Table struct {
 	Mapped bool
 	sample *sampler // keys looked up, for the hot tier; mapped tables only
 	hotOf  *Table   // for a hot tier: the mapped table it caches
+	file   *os.File // mapped tables: the file, for findCold
+	recOff int64    // where the records start in file
 }
 
 // NewTable wraps a verified partition. The table keeps p's bytes alive.
@@ -45,6 +50,10 @@ func NewTable(p *codec.Partition) *Table {
 		width: p.Width, enc: p.Encoding, size: int64(len(p.Dir) + len(p.Records)), owner: p.Owner}
 	if b, ok := p.Owner.(*tablemem.Buffer); ok && b.Mapped {
 		t.Mapped, t.sample = true, new(sampler)
+		t.file, t.recOff = b.File, p.RecordsOffset
+		// The directory (0.25 bytes a record) stays resident, so finding
+		// a bucket never waits on the disk.
+		t.dir = slices.Clone(p.Dir)
 	}
 	return t
 }
@@ -216,3 +225,58 @@ func (t *Table) Width() int { return t.width }
 
 // Bytes is the table's size: directory and records.
 func (t *Table) Bytes() int64 { return t.size }
+
+// coldReaders is how many goroutines read a mapped table at once. A page
+// fault blocks its thread unseen by the scheduler, so faults on a mapping
+// proceed GOMAXPROCS at a time; pread is a system call, during which the
+// scheduler runs other goroutines, so the disk sees this many reads.
+const coldReaders = 64
+
+// findCold is Find for a mapped table: each key's bucket is read with
+// pread, from many goroutines. Found records are in the page cache
+// afterwards, so decoding them through the mapping does not wait on disk.
+func (t *Table) findCold(keys []uint64, out []int32) {
+	if t.file == nil || len(keys) < 2*coldReaders {
+		t.Find(keys, out)
+		return
+	}
+	chunk := (len(keys) + coldReaders - 1) / coldReaders
+	var wg sync.WaitGroup
+	for lo := 0; lo < len(keys); lo += chunk {
+		hi := min(lo+chunk, len(keys))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.preadFind(keys[lo:hi], out[lo:hi])
+		}()
+	}
+	wg.Wait()
+}
+
+func (t *Table) preadFind(keys []uint64, out []int32) {
+	var buf [64 * 16]byte
+	for j, k := range keys {
+		h := codec.KeyHash(k)
+		b, _ := bits.Mul64(h, t.nb)
+		lo, hi := int(t.dirAt(b)), int(t.dirAt(b+1))
+		out[j] = -1
+		n := (hi - lo) * t.rs
+		if n == 0 {
+			continue
+		}
+		if n > len(buf) { // an unusually full bucket: read it through the mapping
+			out[j] = int32(t.findOne(h))
+			continue
+		}
+		if _, err := t.file.ReadAt(buf[:n], t.recOff+int64(lo*t.rs)); err != nil {
+			out[j] = int32(t.findOne(h))
+			continue
+		}
+		for i := 0; i < hi-lo; i++ {
+			if binary.LittleEndian.Uint64(buf[i*t.rs:]) == h {
+				out[j] = int32(lo + i)
+				break
+			}
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/loader"
 )
 
 func buildTable(t testing.TB, keys []uint64, width int, e codec.Encoding, values []float32) *Table {
@@ -140,5 +141,47 @@ func TestFindWeights(t *testing.T) {
 		if w[j] != want[j] || (idx[j] < 0) != (want[j] == 0) {
 			t.Errorf("key %d: idx %d weight %v, want %v", q[j], idx[j], w[j], want[j])
 		}
+	}
+}
+
+func TestFindColdMatchesFind(t *testing.T) {
+	repo := loader.Repo{Dir: t.TempDir()}
+	m := &loader.Sparse{Type: codec.TypeLR}
+	for k := uint64(0); k < 200000; k++ {
+		m.Keys = append(m.Keys, k*k+k)
+		m.Values = append(m.Values, float32(k))
+	}
+	man, err := repo.Publish("m", m, 1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := repo.MapPartition(man, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := NewTable(p)
+	if !tb.Mapped || tb.file == nil {
+		t.Fatal("not a mapped table")
+	}
+	rng := rand.New(rand.NewPCG(3, 3))
+	keys := make([]uint64, 20000)
+	for j := range keys {
+		k := rng.Uint64N(200000)
+		keys[j] = k*k + k + uint64(j%2) // odd j: almost always absent
+	}
+	cold, warm := make([]int32, len(keys)), make([]int32, len(keys))
+	tb.findCold(keys, cold)
+	tb.Find(keys, warm)
+	hits := 0
+	for j := range keys {
+		if cold[j] != warm[j] {
+			t.Fatalf("key %d: findCold %d, Find %d", keys[j], cold[j], warm[j])
+		}
+		if cold[j] >= 0 {
+			hits++
+		}
+	}
+	if hits < 9000 {
+		t.Fatalf("only %d hits: the test is not exercising present keys", hits)
 	}
 }

@@ -33,7 +33,9 @@ on it held resident (the baseline), then evicts it from the page cache and
 times the same lookups from a child process that serves it from a mapped
 file inside a cgroup whose memory limit is the partition's size / --ratio
 (plus --overhead for the process itself), so the kernel must keep only
-the hot pages. Needs root and the cgroup v1 memory controller.`,
+the hot pages; then again with a hot tier (the budget's worth of the
+hottest records, learned from the warm batches) above the mapping. Needs
+root and the cgroup v1 memory controller.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dir, err := os.MkdirTemp("", "cumulus-overbudget-")
@@ -47,7 +49,7 @@ the hot pages. Needs root and the cgroup v1 memory controller.`,
 			if err != nil {
 				return err
 			}
-			base, err := bench.MappedLookups(path, f.params, f.seed, true, f.batch, f.batches, 5)
+			base, err := bench.MappedLookups(path, f.params, f.seed, bench.Resident, 0, f.batch, f.batches, 5)
 			if err != nil {
 				return err
 			}
@@ -55,34 +57,48 @@ the hot pages. Needs root and the cgroup v1 memory controller.`,
 				return err
 			}
 			budget := int64(float64(size) / f.ratio)
-			cg, err := bench.NewMemoryCgroup(budget + int64(f.overhead))
+			// Each constrained run gets a fresh cgroup and a cold page cache.
+			constrained := func(mode string) ([]bench.LookupLatency, int64, error) {
+				if err := bench.DropFromPageCache(path); err != nil {
+					return nil, 0, err
+				}
+				cg, err := bench.NewMemoryCgroup(budget + int64(f.overhead))
+				if err != nil {
+					return nil, 0, err
+				}
+				defer cg.Remove()
+				exe, _ := os.Executable()
+				child := exec.CommandContext(cmd.Context(), exe, "bench", "overbudget-child", "--file", path, "--cgroup", cg.Dir,
+					"--mode", mode, "--hot-bytes", strconv.FormatInt(budget, 10),
+					"--params", strconv.Itoa(f.params), "--seed", strconv.FormatUint(f.seed, 10),
+					"--batch", strconv.Itoa(f.batch), "--batches", strconv.Itoa(f.batches), "--warm", strconv.Itoa(f.warm))
+				var out bytes.Buffer
+				child.Stdout, child.Stderr = &out, os.Stderr
+				if err := child.Run(); err != nil {
+					return nil, 0, fmt.Errorf("overbudget child (%s): %w", mode, err)
+				}
+				ls, err := bench.DecodeLatencies(out.Bytes())
+				return ls, cg.MaxUsage(), err
+			}
+			mapped, peakMapped, err := constrained("mapped")
 			if err != nil {
 				return err
 			}
-			defer cg.Remove()
-			exe, _ := os.Executable()
-			child := exec.CommandContext(cmd.Context(), exe, "bench", "overbudget-child", "--file", path, "--cgroup", cg.Dir,
-				"--params", strconv.Itoa(f.params), "--seed", strconv.FormatUint(f.seed, 10),
-				"--batch", strconv.Itoa(f.batch), "--batches", strconv.Itoa(f.batches), "--warm", strconv.Itoa(f.warm))
-			var out bytes.Buffer
-			child.Stdout, child.Stderr = &out, os.Stderr
-			if err := child.Run(); err != nil {
-				return fmt.Errorf("overbudget child: %w", err)
-			}
-			mapped, err := bench.DecodeLatencies(out.Bytes())
+			tiered, peakTiered, err := constrained("hot")
 			if err != nil {
-				return fmt.Errorf("overbudget child output: %w", err)
+				return err
 			}
-			fmt.Printf("partition %s (%d features); budget %s = 1/%.1f of it, cgroup limit %s, cgroup peak charge %s\n",
+			fmt.Printf("partition %s (%d features); budget %s = 1/%.1f of it; cgroup limit %s; cgroup peak charge: mapped %s, hot tier %s\n",
 				humanize.IBytes(uint64(size)), f.params, humanize.IBytes(uint64(budget)), f.ratio,
-				humanize.IBytes(uint64(budget+int64(f.overhead))), humanize.IBytes(uint64(cg.MaxUsage())))
-			fmt.Printf("%-26s %-9s %10s %12s %12s\n", "mode", "keys", "ns/key", "batch p50", "batch p99")
+				humanize.IBytes(uint64(budget+int64(f.overhead))), humanize.IBytes(uint64(peakMapped)), humanize.IBytes(uint64(peakTiered)))
+			fmt.Printf("%-30s %-9s %10s %12s %12s\n", "mode", "keys", "ns/key", "batch p50", "batch p99")
+			frac := "1/" + strconv.FormatFloat(f.ratio, 'g', 3, 64) + " budget"
 			for _, run := range []struct {
 				name string
 				ls   []bench.LookupLatency
-			}{{"resident, no limit", base}, {"mapped, 1/" + strconv.FormatFloat(f.ratio, 'g', 3, 64) + " budget", mapped}} {
+			}{{"resident, no limit", base}, {"mapped, " + frac, mapped}, {"hot tier + mapped, " + frac, tiered}} {
 				for _, l := range run.ls {
-					fmt.Printf("%-26s %-9s %10.1f %12s %12s\n", run.name, l.Dist, l.NsPerKey, l.P50.Round(time.Microsecond), l.P99.Round(time.Microsecond))
+					fmt.Printf("%-30s %-9s %10.1f %12s %12s\n", run.name, l.Dist, l.NsPerKey, l.P50.Round(time.Microsecond), l.P99.Round(time.Microsecond))
 				}
 			}
 			return nil
@@ -101,7 +117,8 @@ the hot pages. Needs root and the cgroup v1 memory controller.`,
 // benchOverBudgetChild runs inside the memory cgroup.
 func benchOverBudgetChild() *cobra.Command {
 	var f overBudgetFlags
-	var file, cgroup string
+	var file, cgroup, mode string
+	var hotBytes int64
 	cmd := &cobra.Command{
 		Use:    "overbudget-child",
 		Hidden: true,
@@ -110,7 +127,11 @@ func benchOverBudgetChild() *cobra.Command {
 			if err := (&bench.Cgroup{Dir: cgroup}).Join(); err != nil {
 				return err
 			}
-			ls, err := bench.MappedLookups(file, f.params, f.seed, false, f.batch, f.batches, f.warm)
+			t := bench.Mapped
+			if mode == "hot" {
+				t = bench.HotTier
+			}
+			ls, err := bench.MappedLookups(file, f.params, f.seed, t, hotBytes, f.batch, f.batches, f.warm)
 			if err != nil {
 				return err
 			}
@@ -119,6 +140,8 @@ func benchOverBudgetChild() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&file, "file", "", "partition file")
 	cmd.Flags().StringVar(&cgroup, "cgroup", "", "memory cgroup to join")
+	cmd.Flags().StringVar(&mode, "mode", "mapped", "mapped or hot")
+	cmd.Flags().Int64Var(&hotBytes, "hot-bytes", 0, "hot tier size")
 	cmd.Flags().IntVar(&f.params, "params", 0, "")
 	cmd.Flags().Uint64Var(&f.seed, "seed", 1, "")
 	cmd.Flags().IntVar(&f.batch, "batch", 20_000, "")

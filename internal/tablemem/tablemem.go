@@ -32,6 +32,9 @@ type Buffer struct {
 	Bytes []byte
 	// Mapped is true for a file mapping, false for resident memory.
 	Mapped bool
+	// File is the mapped file, kept open for reads that should not fault
+	// (pread from many goroutines overlaps disk reads; page faults do not).
+	File *os.File
 }
 
 // Alloc returns n zeroed resident bytes. Below 2 MiB, or if the mapping
@@ -48,19 +51,28 @@ func Alloc(n int) *Buffer {
 	return withCleanup(&Buffer{Bytes: mem})
 }
 
-// Map maps size bytes of f read-only. Reads fault pages in from the page
-// cache or the disk; the kernel may evict them again under memory
-// pressure. Readahead is turned off: lookups are random.
-func Map(f *os.File, size int64) (*Buffer, error) {
+// Map maps size bytes of the file at path read-only and keeps it open.
+// Reads fault pages in from the page cache or the disk; the kernel may
+// evict them again under memory pressure. Readahead is turned off:
+// lookups are random.
+func Map(path string, size int64) (*Buffer, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("tablemem: %w", err)
+	}
 	if size == 0 {
+		f.Close()
 		return &Buffer{Mapped: true}, nil
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("tablemem: mapping %s: %w", f.Name(), err)
+		f.Close()
+		return nil, fmt.Errorf("tablemem: mapping %s: %w", path, err)
 	}
 	unix.Madvise(mem, unix.MADV_RANDOM)
-	return withCleanup(&Buffer{Bytes: mem, Mapped: true}), nil
+	b := &Buffer{Bytes: mem, Mapped: true, File: f}
+	runtime.AddCleanup(b, func(m []byte) { unix.Munmap(m) }, mem)
+	return b, nil
 }
 
 func withCleanup(b *Buffer) *Buffer {
