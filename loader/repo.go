@@ -110,14 +110,31 @@ func (r Repo) Manifest(name string, version uint64) (*codec.Manifest, error) {
 	return m, nil
 }
 
+// partFile returns the manifest entry and path of one partition's file.
+func (r Repo) partFile(m *codec.Manifest, part uint32) (codec.File, string, error) {
+	if part >= m.Partitions {
+		return codec.File{}, "", fmt.Errorf("loader: model %s has no partition %d", m.Name, part)
+	}
+	f := m.Files[part]
+	return f, filepath.Join(r.VersionDir(m.Name, m.Version), f.Path), nil
+}
+
+// matchesManifest checks a parsed partition is the one the manifest lists.
+func matchesManifest(pt *codec.Partition, m *codec.Manifest, part uint32, f codec.File, path string) error {
+	if pt.Number != part || pt.Width != m.Width() || pt.Encoding != m.Enc() || int64(pt.Count) != f.Keys {
+		return fmt.Errorf("loader: %s: %w: holds partition %d, width %d, %d keys; manifest says %d, %d, %d",
+			path, codec.ErrCorrupt, pt.Number, pt.Width, pt.Count, part, m.Width(), f.Keys)
+	}
+	return nil
+}
+
 // ReadPartition reads one partition file of a version and verifies its
 // size, SHA-256 and block checksums. Errors name the file.
 func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, error) {
-	if part >= m.Partitions {
-		return nil, fmt.Errorf("loader: model %s has no partition %d", m.Name, part)
+	f, p, err := r.partFile(m, part)
+	if err != nil {
+		return nil, err
 	}
-	f := m.Files[part]
-	p := filepath.Join(r.VersionDir(m.Name, m.Version), f.Path)
 	mem, err := readWhole(p, f.Size)
 	if err != nil {
 		return nil, err
@@ -133,9 +150,8 @@ func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, e
 	if err != nil {
 		return nil, fmt.Errorf("loader: %s: %w", p, err)
 	}
-	if pt.Number != part || pt.Width != m.Width() || pt.Encoding != m.Enc() || int64(pt.Count) != f.Keys {
-		return nil, fmt.Errorf("loader: %s: %w: holds partition %d, width %d, %d keys; manifest says %d, %d, %d",
-			p, codec.ErrCorrupt, pt.Number, pt.Width, pt.Count, part, m.Width(), f.Keys)
+	if err := matchesManifest(pt, m, part, f, p); err != nil {
+		return nil, err
 	}
 	pt.Owner = mem
 	return pt, nil
@@ -147,11 +163,10 @@ func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, e
 // faulting the records into memory. Repository files never change once
 // published, which is what makes verifying before mapping sound.
 func (r Repo) MapPartition(m *codec.Manifest, part uint32) (*codec.Partition, error) {
-	if part >= m.Partitions {
-		return nil, fmt.Errorf("loader: model %s has no partition %d", m.Name, part)
+	f, p, err := r.partFile(m, part)
+	if err != nil {
+		return nil, err
 	}
-	f := m.Files[part]
-	p := filepath.Join(r.VersionDir(m.Name, m.Version), f.Path)
 	if err := verifyFile(p, f); err != nil {
 		return nil, err
 	}
@@ -163,9 +178,8 @@ func (r Repo) MapPartition(m *codec.Manifest, part uint32) (*codec.Partition, er
 	if err != nil {
 		return nil, fmt.Errorf("loader: %s: %w", p, err)
 	}
-	if pt.Number != part || pt.Width != m.Width() || pt.Encoding != m.Enc() || int64(pt.Count) != f.Keys {
-		return nil, fmt.Errorf("loader: %s: %w: holds partition %d, width %d, %d keys; manifest says %d, %d, %d",
-			p, codec.ErrCorrupt, pt.Number, pt.Width, pt.Count, part, m.Width(), f.Keys)
+	if err := matchesManifest(pt, m, part, f, p); err != nil {
+		return nil, err
 	}
 	pt.Owner = mem
 	return pt, nil
