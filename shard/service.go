@@ -39,8 +39,10 @@ type scratch struct {
 	vals    []float32
 }
 
-// lookupLayers answers keys from a delta stack: the newest layer holding
-// a key decides, and a tombstone there means the feature was deleted.
+// lookupLayers answers keys from a partition's stack — deltas newest
+// first, then a hot tier, then the base, which may be mapped: the first
+// layer holding a key decides, and a tombstone there means the feature
+// was deleted.
 // i is the index of keys[0] in the whole request; it returns the index
 // after the last key.
 func (sc *scratch) lookupLayers(layers []*Table, keys []uint64, w, i int) int {
