@@ -18,28 +18,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/codec"
-	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
 	"github.com/cumulus-serving/cumulus/internal/partition"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 )
-
-// startEtcd runs an embedded etcd for the test and returns a client.
-func startEtcd(t *testing.T) *clientv3.Client {
-	t.Helper()
-	e, err := etcdlocal.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
 
 func testModel(scale float32) *loader.Sparse {
 	s := &loader.Sparse{Type: codec.TypeLR}
@@ -86,7 +69,7 @@ func lookup(s *Shard, version uint64, parts uint32, keys []uint64) (*codec.Looku
 }
 
 func TestShardServesAssignedAndRefusesDamage(t *testing.T) {
-	cli := startEtcd(t)
+	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	if _, err := repo.Publish("m", testModel(1), 2, ""); err != nil {
 		t.Fatal(err)
@@ -187,7 +170,7 @@ func TestShardServesAssignedAndRefusesDamage(t *testing.T) {
 // after the commit the old version goes and the new one is promoted to
 // resident memory as far as the budget allows.
 func TestMemoryBudget(t *testing.T) {
-	cli := startEtcd(t)
+	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	var spread uint64 = 0x9e3779b97f4a7c15 // odd: k*spread is a bijection
 	model := func(scale float32) *loader.Sparse {
@@ -282,7 +265,7 @@ func TestMemoryBudget(t *testing.T) {
 // that keeps asking for a few features puts exactly those in a resident
 // hot tier above the mapped base, and every answer stays exact.
 func TestHotTier(t *testing.T) {
-	cli := startEtcd(t)
+	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	m := &loader.Sparse{Type: codec.TypeLR}
 	for k := uint64(1); k <= 400000; k++ {

@@ -6,30 +6,13 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 )
-
-func startEtcd(t *testing.T) *clientv3.Client {
-	e, err := etcdlocal.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
 
 // A registration is visible to a watcher, follows Set, and disappears
 // when its owner stops.
 func TestRegisterAndWatch(t *testing.T) {
-	cli := startEtcd(t)
+	cli := testenv.Etcd(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	snaps := make(chan map[string][]byte, 100)
