@@ -168,6 +168,7 @@ func (s *Shard) maintainHot() {
 		}
 	}
 	share := (s.opts.MemoryBudget - s.residentBytes(false)) / int64(len(bases))
+	rebuilt := false
 	for _, b := range bases {
 		h := s.hot.heat[b]
 		k := int(share / int64(b.rs+1)) // a record and its share of the directory
@@ -181,8 +182,11 @@ func (s *Shard) maintainHot() {
 			continue
 		}
 		s.snap.Store(s.snap.Load().withHot(b, hot))
+		rebuilt = true
 	}
-	runtime.GC() // release replaced hot tiers now
+	if rebuilt {
+		runtime.GC() // release the replaced hot tiers now
+	}
 }
 
 // Heat learns one mapped table's hot keys from the traffic sampled on
