@@ -20,11 +20,10 @@ import (
 //
 // A lookup reads the directory entry of h's bucket, guesses h's place in
 // the bucket by interpolation (h is uniform, so the guess is usually in
-// the right cache line), and walks from there. Find resolves keys in
-// groups in stages — all directory reads, then all first record reads,
-// then walks one record a round for every key whose guess missed — so
-// the CPU overlaps a group's cache misses instead of waiting on each key
-// in turn. docs/storage.md has the measurements.
+// the right cache line), and scans from there. Find pipelines groups of
+// keys with software prefetch (find.go) so a batch's cache misses overlap
+// instead of waiting on each key in turn. docs/storage.md has the
+// measurements.
 type Table struct {
 	dir   []byte
 	rec   []byte
@@ -124,93 +123,6 @@ func (t *Table) Find(keys []uint64, out []int32) { t.find(keys, out, nil) }
 // in w[j] (0 when absent) while the record is in cache: for LR tables it
 // is the whole lookup.
 func (t *Table) FindWeights(keys []uint64, out []int32, w []float32) { t.find(keys, out, w) }
-
-func (t *Table) find(keys []uint64, out []int32, w []float32) {
-	if t.n == 0 {
-		for j := range keys {
-			out[j] = -1
-			if w != nil {
-				w[j] = 0
-			}
-		}
-		return
-	}
-	var (
-		hs      [group]uint64
-		frac    [group]uint64
-		lo, hi  [group]int32
-		pos     [group]int32
-		step    [group]int32
-		x       [group]uint64
-		pending [group]uint8
-	)
-	for base := 0; base < len(keys); base += group {
-		ks := keys[base:min(base+group, len(keys))]
-		res := out[base : base+len(ks)]
-		// Stage 1: hashes and directory reads, independent across keys.
-		for j, k := range ks {
-			h := codec.KeyHash(k)
-			b, f := bits.Mul64(h, t.nb)
-			hs[j], frac[j], lo[j], hi[j] = h, f, int32(t.dirAt(b)), int32(t.dirAt(b+1))
-		}
-		// Stage 2: each key's first record read, branch-free, so the
-		// group's cache misses overlap.
-		for j := range ks {
-			g, _ := bits.Mul64(frac[j], uint64(hi[j]-lo[j]))
-			i := min(lo[j]+int32(g), int32(t.n-1))
-			pos[j], x[j] = i, t.hAt(int(i))
-		}
-		// Stage 3: settle what the first read decides; the rest walk one
-		// record a round, all pending keys together, so a guess that
-		// missed by a cache line costs one overlapped miss, not a
-		// serial one.
-		np := 0
-		for j := range ks {
-			switch {
-			case lo[j] == hi[j]:
-				res[j] = -1
-			case x[j] == hs[j]:
-				res[j] = pos[j]
-			default:
-				res[j] = -1
-				step[j] = 1
-				if x[j] > hs[j] {
-					step[j] = -1
-				}
-				pending[np] = uint8(j)
-				np++
-			}
-		}
-		for np > 0 {
-			kept := 0
-			for _, j := range pending[:np] {
-				p := pos[j] + step[j]
-				if p < lo[j] || p >= hi[j] {
-					continue // walked off the bucket: absent
-				}
-				v := t.hAt(int(p))
-				pos[j] = p
-				switch {
-				case v == hs[j]:
-					res[j] = p
-				case (v < hs[j]) == (step[j] > 0):
-					pending[kept] = j // still on the near side: keep walking
-					kept++
-				}
-			}
-			np = kept
-		}
-		if w != nil {
-			ws := w[base : base+len(ks)]
-			for j, r := range res {
-				ws[j] = 0
-				if r >= 0 {
-					ws[j] = t.weightAt(int(r))
-				}
-			}
-		}
-	}
-}
 
 // Decode writes record i's Width values into dst.
 func (t *Table) Decode(i int, dst []float32) {

@@ -1,0 +1,6 @@
+package prefetch
+
+// Line starts loading the cache line holding addr into all cache levels.
+//
+//go:noescape
+func Line(addr uintptr)
