@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -19,7 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cumulus-serving/cumulus/codec"
-	"github.com/cumulus-serving/cumulus/internal/tablemem"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/shard"
 )
@@ -138,20 +136,10 @@ func CompareStores(ctx context.Context, o StoreOptions, log io.Writer) ([]StoreR
 	// Cumulus table: one partition holding every key.
 	fmt.Fprintf(log, "building the Cumulus table of %d params\n", o.Params)
 	before := heapInUse()
-	var buf bytes.Buffer
-	if _, err := codec.WritePartition(&buf, 0, 1, codec.EncFP32, keys, vals); err != nil {
-		return nil, err
-	}
-	// As a shard loads it: one copy into huge-page memory.
-	mem := tablemem.Alloc(buf.Len())
-	copy(mem.Bytes, buf.Bytes())
-	buf = bytes.Buffer{}
-	p, err := codec.ParsePartition(mem.Bytes)
+	tb, err := shard.ResidentTable(1, codec.EncFP32, keys, vals) // as a shard holds it
 	if err != nil {
 		return nil, err
 	}
-	p.Owner = mem
-	tb := shard.NewTable(p)
 	tableHeap := heapInUse() - before
 	res := StoreResult{Store: "cumulus table", Params: o.Params, BytesPerParam: float64(tb.Bytes()) / float64(o.Params),
 		NsPerKey: map[string]float64{}, BatchP50: map[string]time.Duration{}, BatchP99: map[string]time.Duration{}}
@@ -165,7 +153,7 @@ func CompareStores(ctx context.Context, o StoreOptions, log io.Writer) ([]StoreR
 		})
 	}
 	results = append(results, res)
-	p, tb = nil, nil
+	tb = nil
 
 	// Go map.
 	fmt.Fprintf(log, "building map[uint64]float32 of %d params\n", o.Params)

@@ -1,16 +1,12 @@
 package shard
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"maps"
 	"runtime"
 	"slices"
 	"sync/atomic"
-
-	"github.com/cumulus-serving/cumulus/codec"
-	"github.com/cumulus-serving/cumulus/internal/tablemem"
 )
 
 // A partition served from a mapped file keeps its hottest records in a
@@ -116,18 +112,10 @@ func BuildHot(base *Table, keys []uint64) (*Table, error) {
 		ks = append(ks, keys[j])
 		vals = append(vals, v...)
 	}
-	var buf bytes.Buffer
-	if _, err := codec.WritePartition(&buf, 0, base.width, base.enc, ks, vals); err != nil {
+	hot, err := ResidentTable(base.width, base.enc, ks, vals)
+	if err != nil {
 		return nil, fmt.Errorf("shard: building the hot tier: %w", err)
 	}
-	mem := tablemem.Alloc(buf.Len())
-	copy(mem.Bytes, buf.Bytes())
-	p, err := codec.ParsePartition(mem.Bytes)
-	if err != nil {
-		return nil, err
-	}
-	p.Owner = mem
-	hot := NewTable(p)
 	hot.hotOf = base
 	return hot, nil
 }

@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math"
 	"math/bits"
@@ -41,6 +42,24 @@ type Table struct {
 	hotOf  *Table   // for a hot tier: the mapped table it caches
 	file   *os.File // mapped tables: the file, for findCold
 	recOff int64    // where the records start in file
+}
+
+// ResidentTable builds a table of keys and their values (width floats a
+// key, factors stored in encoding e) in resident huge-page memory, as a
+// shard holds a loaded partition.
+func ResidentTable(width int, e codec.Encoding, keys []uint64, vals []float32) (*Table, error) {
+	var buf bytes.Buffer
+	if _, err := codec.WritePartition(&buf, 0, width, e, keys, vals); err != nil {
+		return nil, err
+	}
+	mem := tablemem.Alloc(buf.Len())
+	copy(mem.Bytes, buf.Bytes())
+	p, err := codec.ParsePartition(mem.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	p.Owner = mem
+	return NewTable(p), nil
 }
 
 // NewTable wraps a verified partition. The table keeps p's bytes alive.

@@ -1,12 +1,10 @@
 package shard
 
 import (
-	"bytes"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/cumulus-serving/cumulus/codec"
-	"github.com/cumulus-serving/cumulus/internal/tablemem"
 )
 
 // BenchmarkTable times batched lookups of 20,000 present keys beside a Go
@@ -21,8 +19,10 @@ func BenchmarkTable(b *testing.B) {
 			keys[i] = codec.KeyHash(uint64(i) + 12345) // distinct, spread
 		}
 		vals := make([]float32, n)
-		tb := buildTable(b, keys, 1, codec.EncFP32, vals)
-		tb = onHugePages(b, tb)
+		tb, err := ResidentTable(1, codec.EncFP32, keys, vals) // as a shard holds it
+		if err != nil {
+			b.Fatal(err)
+		}
 		m := make(map[uint64]float32, n)
 		for i, k := range keys {
 			m[k] = vals[i]
@@ -62,27 +62,6 @@ func BenchmarkTable(b *testing.B) {
 			})
 		}
 	}
-}
-
-// onHugePages rebuilds tb on a huge-page buffer, as the loader does.
-func onHugePages(b *testing.B, tb *Table) *Table {
-	var buf bytes.Buffer
-	keys := make([]uint64, 0, tb.Len())
-	for i := range tb.Len() {
-		keys = append(keys, codec.KeyUnhash(tb.hAt(i)))
-	}
-	vals := make([]float32, len(keys))
-	if _, err := codec.WritePartition(&buf, 0, 1, codec.EncFP32, keys, vals); err != nil {
-		b.Fatal(err)
-	}
-	mem := tablemem.Alloc(buf.Len())
-	copy(mem.Bytes, buf.Bytes())
-	p, err := codec.ParsePartition(mem.Bytes)
-	if err != nil {
-		b.Fatal(err)
-	}
-	p.Owner = mem
-	return NewTable(p)
 }
 
 func itoa(n int) string {
