@@ -331,3 +331,41 @@ func TestHotTier(t *testing.T) {
 		}
 	}
 }
+
+// A lookup allocates only its response: everything else comes from
+// pooled scratch.
+func TestLookupAllocs(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	if _, err := repo.Publish("m", testModel(1), 2, ""); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	assign(t, cli, 1, 2)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if v := s.snap.Load().get("m", 1); v == nil || v.layers[0] == nil || v.layers[1] == nil {
+			return errors.New("not loaded")
+		}
+		return nil
+	})
+	keys := []uint64{0, 1, 2, 77, 1 << 40, 5, 6}
+	sections := make([]codec.Section, 2)
+	for p := range sections {
+		sections[p].Partition = uint32(p)
+	}
+	for _, k := range keys {
+		p := partition.Of(k, 2)
+		sections[p].Keys = append(sections[p].Keys, k)
+	}
+	req := codec.AppendLookupRequest(nil, "m", 1, sections)
+	if _, err := s.Lookup(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(200, func() { s.Lookup(context.Background(), req) }); n > 1 {
+		t.Errorf("Lookup allocated %.1f times per call, want 1 (the response)", n)
+	}
+}
