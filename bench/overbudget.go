@@ -136,6 +136,8 @@ func MappedLookups(path string, n int, seed uint64, t Tiering, hotBytes int64, b
 	return out, nil
 }
 
+// summarize returns ns/key and the p50 and p99 batch latencies of batches
+// of batch keys each.
 func summarize(lat []time.Duration, total time.Duration, batch int) (float64, time.Duration, time.Duration) {
 	sorted := append([]time.Duration(nil), lat...)
 	slices.Sort(sorted)

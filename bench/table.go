@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -94,17 +93,14 @@ func idsOf(ranks [][]uint64, gen codec.GenInfo) [][]uint64 {
 func timeBatches(batches [][]uint64, fn func([]uint64)) (float64, time.Duration, time.Duration) {
 	fn(batches[0]) // warm
 	lat := make([]time.Duration, len(batches))
-	keys := 0
 	var total time.Duration
 	for i, b := range batches {
 		t0 := time.Now()
 		fn(b)
 		lat[i] = time.Since(t0)
 		total += lat[i]
-		keys += len(b)
 	}
-	slices.Sort(lat)
-	return float64(total.Nanoseconds()) / float64(keys), lat[len(lat)/2], lat[len(lat)*99/100]
+	return summarize(lat, total, len(batches[0]))
 }
 
 func heapInUse() uint64 {

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -196,18 +197,8 @@ func (r *Router) Models() []ModelStatus {
 	for name := range t.models {
 		out = append(out, r.status(t, name))
 	}
-	slices.SortFunc(out, func(a, b ModelStatus) int { return cmpString(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b ModelStatus) int { return cmp.Compare(a.Name, b.Name) })
 	return out
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Model describes one model; ok is false if it is not assigned.

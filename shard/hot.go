@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -84,13 +85,7 @@ func (h *heat) add(s *sampler) {
 // hotKeys returns up to k keys of counts, most frequent first.
 func hotKeys(counts map[uint64]uint32, k int) []uint64 {
 	keys := slices.SortedFunc(maps.Keys(counts), func(a, b uint64) int {
-		switch ca, cb := counts[a], counts[b]; {
-		case ca > cb:
-			return -1
-		case ca < cb:
-			return 1
-		}
-		return 0
+		return cmp.Compare(counts[b], counts[a]) // most frequent first
 	})
 	return keys[:min(k, len(keys))]
 }
