@@ -335,6 +335,12 @@ func TestHotTier(t *testing.T) {
 // A lookup allocates only its response: everything else comes from
 // pooled scratch.
 func TestLookupAllocs(t *testing.T) {
+	if testenv.RaceEnabled {
+		// The race detector makes sync.Pool drop items at random, so
+		// pooled paths allocate; scripts/test.sh checks this in its
+		// ordinary pass.
+		t.Skip("allocation counts are not meaningful under -race")
+	}
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	if _, err := repo.Publish("m", testModel(1), 2, ""); err != nil {
