@@ -18,22 +18,31 @@ type pfGroup struct {
 	pos    [group]int32
 }
 
-// find resolves keys in groups, pipelined two groups deep with software
-// prefetch: while group g settles, group g+1's guessed record lines (and
-// the lines two records either side, where a missed guess usually lands)
-// and group g+2's directory lines are on their way. Measured against the
-// previous round-based walk, minimum of 8 interleaved runs at 10M keys:
-// 57.7 vs 82.0 ns/key (docs/storage.md).
+// find stores in out[j] the record of keys[j] or -1, and, if w is not
+// nil, the record's linear weight or 0 in w[j].
 func (t *Table) find(keys []uint64, out []int32, w []float32) {
-	if t.n == 0 {
+	switch {
+	case t.n == 0:
 		for j := range keys {
 			out[j] = -1
 			if w != nil {
 				w[j] = 0
 			}
 		}
-		return
+	case t.rs <= maxWindowRecord && t.n >= window:
+		t.findWindow(keys, out, w)
+	default:
+		t.findScan(keys, out, w)
 	}
+}
+
+// findScan resolves keys in groups, pipelined two groups deep with
+// software prefetch: while group g settles, group g+1's guessed record
+// lines (and the lines two records either side, where a missed guess
+// usually lands) and group g+2's directory lines are on their way. It
+// serves tables of wide records (FM factors), where comparing a window
+// of records would read many lines for one key.
+func (t *Table) findScan(keys []uint64, out []int32, w []float32) {
 	var st [3]pfGroup
 	ng := (len(keys) + group - 1) / group
 	dir := uintptr(unsafe.Pointer(unsafe.SliceData(t.dir)))

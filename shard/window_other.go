@@ -1,0 +1,9 @@
+//go:build !amd64
+
+package shard
+
+var (
+	hashGroup   = hashGroupGo
+	placeGroup  = placeGroupGo
+	settleGroup = settleGroupGo
+)
