@@ -18,142 +18,149 @@ const window = 8
 // make every lookup read many lines.
 const maxWindowRecord = 16
 
-// wgroup is how many keys findWindow moves through its pipeline at once.
-// Small on purpose: each key has ~3 lines in flight and the core tracks
-// only a few dozen misses; prefetching further ahead measured slower
-// (docs/storage.md).
-const wgroup = 8
+// How far ahead of the key being settled the pipeline works, in keys:
+// keys placeAhead ahead have their window's lines on the way, keys
+// hashAhead ahead their directory entry. Each key has ~3 lines in flight
+// and the core tracks only a few dozen misses: prefetching further ahead
+// measured slower (docs/storage.md).
+const (
+	placeAhead = 8
+	hashAhead  = 16
+	ringSize   = 32 // > hashAhead, a power of two
+)
 
-// winGroup is one group of keys in findWindow's pipeline. The assembly
-// stages (window_amd64.s) find its fields through go_asm.h.
-type winGroup struct {
-	hs     [wgroup]uint64 // KeyHash of each key
-	frac   [wgroup]uint64 // low half of hs × nb: the place inside the bucket
-	bucket [wgroup]uint64 // high half: the bucket
-	start  [wgroup]int32  // first record of the key's window
+// chunkKeys bounds one call into scanWindows: assembly is not
+// preemptible, so a huge batch is cut into pieces of ~0.2 ms.
+const chunkKeys = 8192
+
+// outside marks, in scanWindows' output, a key whose place lay outside
+// its window: the caller resolves it.
+const outside = -2
+
+// windowScan is scanWindows' argument block; the assembly finds its
+// fields through go_asm.h.
+type windowScan struct {
+	keys  *uint64
+	n     int
+	out   *int32
+	w     *float32 // nil: no weights wanted
+	dir   unsafe.Pointer
+	rec   unsafe.Pointer
+	rs    uintptr
+	nb    uint64
+	last  int64 // the last possible window start: count - window
+	count int64
+	ring  [ringSize]windowSlot
+}
+
+// windowSlot is one key in flight.
+type windowSlot struct {
+	h      uint64 // KeyHash(key)
+	frac   uint64 // low half of h × nb: the place inside the bucket
+	bucket uint64 // high half: the bucket
+	start  int64  // the first record of the key's window
 }
 
 // findWindow is find for narrow records (LR weights, tiny factor
-// vectors), without a data-dependent branch per key. A three-stage
-// pipeline: group g+2 is hashed and its directory entries prefetched;
-// group g+1 reads its directory entries, places an 8-record window
-// around each guess and prefetches the window's lines; group g counts,
-// for each key, the records in its window that sort below it. Records
-// are sorted, so that count is the key's place, checked with one more
-// comparison. Keys whose place lies outside the window (~3%) are left
-// to findOne.
-//
-// The stages run in assembly on amd64 (window_amd64.s): this is the
-// shard's innermost loop, and the Go compiler's version of it executed
-// about twice the instructions (bounds checks, spills around the
-// prefetch calls; docs/storage.md). windowGeneric is the same algorithm
-// in Go, used elsewhere and as the assembly's reference in tests.
+// vectors), without a data-dependent branch per key. It is a software
+// pipeline over the batch (scanWindows): key i+16 is hashed and its
+// directory entry prefetched; key i+8 reads its directory entry, places
+// an 8-record window around its guess and prefetches the window's
+// lines; key i counts the records in its window that sort below it.
+// Records are sorted, so that count is the key's place, checked with one
+// more comparison. Keys whose place lies outside the window (~3%) are
+// resolved here by findOne.
 func (t *Table) findWindow(keys []uint64, out []int32, w []float32) {
-	var st [3]winGroup
-	dir := unsafe.Pointer(unsafe.SliceData(t.dir))
-	rec := unsafe.Pointer(unsafe.SliceData(t.rec))
-	rs := uintptr(t.rs)
-	last := int64(t.n - window)
-	ng := (len(keys) + wgroup - 1) / wgroup
-	for g := -2; g < ng; g++ {
-		if a := g + 2; a < ng {
-			ks := keys[a*wgroup : min((a+1)*wgroup, len(keys))]
-			hashGroup(&st[a%3], unsafe.SliceData(ks), len(ks), t.nb, dir)
+	a := windowScan{
+		dir: unsafe.Pointer(unsafe.SliceData(t.dir)), rec: unsafe.Pointer(unsafe.SliceData(t.rec)),
+		rs: uintptr(t.rs), nb: t.nb, last: int64(t.n - window), count: int64(t.n),
+	}
+	for lo := 0; lo < len(keys); lo += chunkKeys {
+		hi := min(lo+chunkKeys, len(keys))
+		a.keys, a.n, a.out = &keys[lo], hi-lo, &out[lo]
+		if w != nil {
+			a.w = &w[lo]
 		}
-		if b := g + 1; b >= 0 && b < ng {
-			placeGroup(&st[b%3], min((b+1)*wgroup, len(keys))-b*wgroup, dir, rec, rs, last)
-		}
-		if g < 0 {
+		scanWindows(&a)
+	}
+	out = out[:len(keys)]
+	for j, r := range out {
+		if r != outside {
 			continue
 		}
-		s, base := &st[g%3], g*wgroup
-		os := out[base:min(base+wgroup, len(keys))]
-		var wp *float32
+		r = int32(t.findOne(codec.KeyHash(keys[j])))
+		out[j] = r
 		if w != nil {
-			wp = &w[base]
-		}
-		miss := settleGroup(s, len(os), rec, rs, int64(t.n), unsafe.SliceData(os), wp)
-		for miss != 0 {
-			j := bits.TrailingZeros64(miss)
-			miss &= miss - 1
-			r := int32(t.findOne(s.hs[j]))
-			os[j] = r
-			if w != nil {
-				w[base+j] = 0
-				if r >= 0 {
-					w[base+j] = t.weightAt(int(r))
-				}
+			w[j] = 0
+			if r >= 0 {
+				w[j] = t.weightAt(int(r))
 			}
 		}
 	}
 }
 
-// The stages below are the pure-Go reference of window_amd64.s; each
-// takes at most wgroup keys.
-
-// hashGroupGo hashes n keys, splits each hash into bucket and place, and
-// prefetches each bucket's directory entry.
-func hashGroupGo(s *winGroup, keys *uint64, n int, nb uint64, dir unsafe.Pointer) {
-	for j, k := range unsafe.Slice(keys, n) {
-		h := codec.KeyHash(k)
-		b, f := bits.Mul64(h, nb)
-		s.hs[j], s.frac[j], s.bucket[j] = h, f, b
-		prefetch.Line(uintptr(unsafe.Add(dir, 4*b)))
+// scanWindowsGo is the pure-Go reference of scanWindows (the assembly in
+// window_amd64.s), and scanWindows itself on other architectures. It
+// stores in out[i] key i's record, outside, or -1 when the window proves
+// the key absent; and in w[i], if w is not nil, the record's linear
+// weight or 0 (left as it is for outside).
+//
+// Why assembly on amd64: this loop is the shard's innermost one, and the
+// Go compiler's version of it ran about twice the instructions (bounds
+// checks, spills around each prefetch call; docs/storage.md).
+func scanWindowsGo(a *windowScan) {
+	keys := unsafe.Slice(a.keys, a.n)
+	out := unsafe.Slice(a.out, a.n)
+	var w []float32
+	if a.w != nil {
+		w = unsafe.Slice(a.w, a.n)
 	}
-}
-
-// placeGroupGo places each key's window: its guess minus window/2,
-// clamped to [0, last], and prefetches the window's first, second and
-// last lines (8 records of ≤ 16 bytes span at most three).
-func placeGroupGo(s *winGroup, n int, dir, rec unsafe.Pointer, rs uintptr, last int64) {
-	for j := range n {
-		// Both ends of the bucket in one load: bucket < nb, and the
-		// directory holds nb+1 entries.
-		e := *(*uint64)(unsafe.Add(dir, 4*s.bucket[j]))
-		lo, hi := e&0xffffffff, e>>32
-		g, _ := bits.Mul64(s.frac[j], hi-lo)
-		start := max(min(int64(lo+g)-window/2, last), 0)
-		s.start[j] = int32(start)
-		a := uintptr(unsafe.Add(rec, uintptr(start)*rs))
-		prefetch.Line(a)
-		prefetch.Line(a + 64)
-		prefetch.Line(a + window*rs - 1)
-	}
-}
-
-// settleGroupGo stores each key's record in out[j] (and its weight in
-// w[j] if w is not nil), or -1 and 0 for an absent key. It returns a
-// bit mask of the keys whose place lay outside their window: their out
-// and w are for the caller to fill.
-func settleGroupGo(s *winGroup, n int, rec unsafe.Pointer, rs uintptr, count int64, out *int32, w *float32) (miss uint64) {
-	os := unsafe.Slice(out, n)
-	var ws []float32
-	if w != nil {
-		ws = unsafe.Slice(w, n)
-	}
-	for j := range os {
-		h, start := s.hs[j], int64(s.start[j])
-		a := unsafe.Add(rec, uintptr(start)*rs)
+	for i := -hashAhead; i < a.n; i++ {
+		if k := i + hashAhead; k < a.n {
+			s := &a.ring[k%ringSize]
+			s.h = codec.KeyHash(keys[k])
+			s.bucket, s.frac = bits.Mul64(s.h, a.nb)
+			prefetch.Line(uintptr(unsafe.Add(a.dir, 4*s.bucket)))
+		}
+		if k := i + placeAhead; k >= 0 && k < a.n {
+			s := &a.ring[k%ringSize]
+			// Both ends of the bucket in one load: bucket < nb, and the
+			// directory holds nb+1 entries.
+			e := *(*uint64)(unsafe.Add(a.dir, 4*s.bucket))
+			lo, hi := e&0xffffffff, e>>32
+			g, _ := bits.Mul64(s.frac, hi-lo)
+			s.start = max(min(int64(lo+g)-window/2, a.last), 0)
+			// The window's first, second and last lines: 8 records of
+			// ≤ 16 bytes span at most three.
+			p := uintptr(unsafe.Add(a.rec, uintptr(s.start)*a.rs))
+			prefetch.Line(p)
+			prefetch.Line(p + 64)
+			prefetch.Line(p + window*a.rs - 1)
+		}
+		if i < 0 {
+			continue
+		}
+		s := &a.ring[i%ringSize]
+		p := unsafe.Add(a.rec, uintptr(s.start)*a.rs)
 		var c uintptr // records in the window below h
-		for i := range uintptr(window) {
-			_, b := bits.Sub64(*(*uint64)(unsafe.Add(a, i*rs)), h, 0)
+		for r := range uintptr(window) {
+			_, b := bits.Sub64(*(*uint64)(unsafe.Add(p, r*a.rs)), s.h, 0)
 			c += uintptr(b)
 		}
-		r := unsafe.Add(a, c*rs)
+		r := unsafe.Add(p, c*a.rs)
 		switch {
-		case start+int64(c) < count && *(*uint64)(r) == h:
-			os[j] = int32(start + int64(c))
-			if ws != nil {
-				ws[j] = *(*float32)(unsafe.Add(r, 8))
+		case s.start+int64(c) < a.count && *(*uint64)(r) == s.h:
+			out[i] = int32(s.start + int64(c))
+			if w != nil {
+				w[i] = *(*float32)(unsafe.Add(r, 8))
 			}
 		case c == 0 || c == window:
-			miss |= 1 << j
+			out[i] = outside
 		default:
-			os[j] = -1
-			if ws != nil {
-				ws[j] = 0
+			out[i] = -1
+			if w != nil {
+				w[i] = 0
 			}
 		}
 	}
-	return miss
 }

@@ -2,8 +2,4 @@
 
 package shard
 
-var (
-	hashGroup   = hashGroupGo
-	placeGroup  = placeGroupGo
-	settleGroup = settleGroupGo
-)
+func scanWindows(a *windowScan) { scanWindowsGo(a) }
