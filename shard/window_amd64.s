@@ -5,8 +5,9 @@
 //
 // scanWindowsGo in window.go is the reference; the stages and their
 // comments match. Registers: SI the argument block, BX the key being
-// settled (i), R8 n, R9 dir, R10 rec, R11 record size, R12 keys, R13 a
-// window's last byte (window*rs - 1).
+// settled (i), R8 n, R9 dir, R10 rec, R11 record size rs, R12 keys,
+// R13 3×rs (with rs, 2rs, 4rs and 8rs, x86 addressing reaches each of a
+// window's records from two base registers).
 TEXT ·scanWindows(SB), NOSPLIT|NOFRAME, $0-8
 	MOVQ a+0(FP), SI
 	MOVQ windowScan_n(SI), R8
@@ -14,9 +15,7 @@ TEXT ·scanWindows(SB), NOSPLIT|NOFRAME, $0-8
 	MOVQ windowScan_rec(SI), R10
 	MOVQ windowScan_rs(SI), R11
 	MOVQ windowScan_keys(SI), R12
-	MOVQ R11, R13
-	SHLQ $3, R13
-	DECQ R13
+	LEAQ (R11)(R11*2), R13
 	MOVQ $-const_hashAhead, BX
 
 loop:
@@ -79,7 +78,7 @@ place:
 	ADDQ R10, AX
 	PREFETCHT0 (AX)
 	PREFETCHT0 64(AX)
-	PREFETCHT0 (AX)(R13*1)
+	PREFETCHT0 -1(AX)(R11*8)
 
 settle:
 	// Key i: AX = how many of the window's 8 records are below h
@@ -97,28 +96,22 @@ settle:
 	IMULQ R11, CX
 	ADDQ R10, CX
 	XORL AX, AX
+	LEAQ (CX)(R13*1), DX // record 3
 	CMPQ (CX), R14
 	ADCQ $0, AX
-	ADDQ R11, CX
-	CMPQ (CX), R14
+	CMPQ (CX)(R11*1), R14
 	ADCQ $0, AX
-	ADDQ R11, CX
-	CMPQ (CX), R14
+	CMPQ (CX)(R11*2), R14
 	ADCQ $0, AX
-	ADDQ R11, CX
-	CMPQ (CX), R14
+	CMPQ (DX), R14
 	ADCQ $0, AX
-	ADDQ R11, CX
-	CMPQ (CX), R14
+	CMPQ (CX)(R11*4), R14
 	ADCQ $0, AX
-	ADDQ R11, CX
-	CMPQ (CX), R14
+	CMPQ (DX)(R11*2), R14
 	ADCQ $0, AX
-	ADDQ R11, CX
-	CMPQ (CX), R14
+	CMPQ (DX)(R13*1), R14
 	ADCQ $0, AX
-	ADDQ R11, CX
-	CMPQ (CX), R14
+	CMPQ (DX)(R11*4), R14
 	ADCQ $0, AX
 	ADDQ AX, R15
 	MOVQ R15, CX
