@@ -50,15 +50,11 @@ type windowScan struct {
 	nb    uint64
 	last  int64 // the last possible window start: count - window
 	count int64
-	ring  [ringSize]windowSlot
-}
-
-// windowSlot is one key in flight.
-type windowSlot struct {
-	h      uint64 // KeyHash(key)
-	frac   uint64 // low half of h × nb: the place inside the bucket
-	bucket uint64 // high half: the bucket
-	start  int64  // the first record of the key's window
+	// The keys in flight, by key index mod ringSize.
+	h      [ringSize]uint64 // KeyHash(key)
+	frac   [ringSize]uint64 // low half of h × nb: the place inside the bucket
+	bucket [ringSize]uint64 // high half: the bucket
+	start  [ringSize]int64  // the first record of the key's window
 }
 
 // findWindow is find for narrow records (LR weights, tiny factor
@@ -117,22 +113,22 @@ func scanWindowsGo(a *windowScan) {
 	}
 	for i := -hashAhead; i < a.n; i++ {
 		if k := i + hashAhead; k < a.n {
-			s := &a.ring[k%ringSize]
-			s.h = codec.KeyHash(keys[k])
-			s.bucket, s.frac = bits.Mul64(s.h, a.nb)
-			prefetch.Line(uintptr(unsafe.Add(a.dir, 4*s.bucket)))
+			s := k % ringSize
+			a.h[s] = codec.KeyHash(keys[k])
+			a.bucket[s], a.frac[s] = bits.Mul64(a.h[s], a.nb)
+			prefetch.Line(uintptr(unsafe.Add(a.dir, 4*a.bucket[s])))
 		}
 		if k := i + placeAhead; k >= 0 && k < a.n {
-			s := &a.ring[k%ringSize]
+			s := k % ringSize
 			// Both ends of the bucket in one load: bucket < nb, and the
 			// directory holds nb+1 entries.
-			e := *(*uint64)(unsafe.Add(a.dir, 4*s.bucket))
+			e := *(*uint64)(unsafe.Add(a.dir, 4*a.bucket[s]))
 			lo, hi := e&0xffffffff, e>>32
-			g, _ := bits.Mul64(s.frac, hi-lo)
-			s.start = max(min(int64(lo+g)-window/2, a.last), 0)
+			g, _ := bits.Mul64(a.frac[s], hi-lo)
+			a.start[s] = max(min(int64(lo+g)-window/2, a.last), 0)
 			// The window's first, second and last lines: 8 records of
 			// ≤ 16 bytes span at most three.
-			p := uintptr(unsafe.Add(a.rec, uintptr(s.start)*a.rs))
+			p := uintptr(unsafe.Add(a.rec, uintptr(a.start[s])*a.rs))
 			prefetch.Line(p)
 			prefetch.Line(p + 64)
 			prefetch.Line(p + window*a.rs - 1)
@@ -140,17 +136,17 @@ func scanWindowsGo(a *windowScan) {
 		if i < 0 {
 			continue
 		}
-		s := &a.ring[i%ringSize]
-		p := unsafe.Add(a.rec, uintptr(s.start)*a.rs)
+		h, start := a.h[i%ringSize], a.start[i%ringSize]
+		p := unsafe.Add(a.rec, uintptr(start)*a.rs)
 		var c uintptr // records in the window below h
 		for r := range uintptr(window) {
-			_, b := bits.Sub64(*(*uint64)(unsafe.Add(p, r*a.rs)), s.h, 0)
+			_, b := bits.Sub64(*(*uint64)(unsafe.Add(p, r*a.rs)), h, 0)
 			c += uintptr(b)
 		}
 		r := unsafe.Add(p, c*a.rs)
 		switch {
-		case s.start+int64(c) < a.count && *(*uint64)(r) == s.h:
-			out[i] = int32(s.start + int64(c))
+		case start+int64(c) < a.count && *(*uint64)(r) == h:
+			out[i] = int32(start + int64(c))
 			if w != nil {
 				w[i] = *(*float32)(unsafe.Add(r, 8))
 			}

@@ -39,12 +39,10 @@ loop:
 	SHRQ $31, DX
 	XORQ DX, AX
 	ANDQ $(const_ringSize-1), CX
-	IMUL3Q $windowSlot__size, CX, DI
-	LEAQ windowScan_ring(SI)(DI*1), DI
-	MOVQ AX, windowSlot_h(DI)
+	MOVQ AX, windowScan_h(SI)(CX*8)
 	MULQ windowScan_nb(SI)
-	MOVQ AX, windowSlot_frac(DI)
-	MOVQ DX, windowSlot_bucket(DI)
+	MOVQ AX, windowScan_frac(SI)(CX*8)
+	MOVQ DX, windowScan_bucket(SI)(CX*8)
 	PREFETCHT0 (R9)(DX*4)
 
 place:
@@ -57,14 +55,13 @@ place:
 	TESTQ CX, CX
 	JLT next
 	ANDQ $(const_ringSize-1), CX
-	IMUL3Q $windowSlot__size, CX, DI
-	LEAQ windowScan_ring(SI)(DI*1), DI
-	MOVQ windowSlot_bucket(DI), AX
+	MOVQ CX, DI
+	MOVQ windowScan_bucket(SI)(DI*8), AX
 	MOVQ (R9)(AX*4), CX
 	MOVL CX, R14
 	SHRQ $32, CX
 	SUBQ R14, CX
-	MOVQ windowSlot_frac(DI), AX
+	MOVQ windowScan_frac(SI)(DI*8), AX
 	MULQ CX
 	LEAQ -4(R14)(DX*1), AX // -window/2
 	MOVQ windowScan_last(SI), CX
@@ -73,7 +70,7 @@ place:
 	XORL CX, CX
 	TESTQ AX, AX
 	CMOVQLT CX, AX
-	MOVQ AX, windowSlot_start(DI)
+	MOVQ AX, windowScan_start(SI)(DI*8)
 	IMULQ R11, AX
 	ADDQ R10, AX
 	PREFETCHT0 (AX)
@@ -86,12 +83,10 @@ settle:
 	// key's place is start+AX.
 	TESTQ BX, BX
 	JLT next
-	MOVQ BX, CX
-	ANDQ $(const_ringSize-1), CX
-	IMUL3Q $windowSlot__size, CX, DI
-	LEAQ windowScan_ring(SI)(DI*1), DI
-	MOVQ windowSlot_h(DI), R14
-	MOVQ windowSlot_start(DI), R15
+	MOVQ BX, DI
+	ANDQ $(const_ringSize-1), DI
+	MOVQ windowScan_h(SI)(DI*8), R14
+	MOVQ windowScan_start(SI)(DI*8), R15
 	MOVQ R15, CX
 	IMULQ R11, CX
 	ADDQ R10, CX
