@@ -20,13 +20,15 @@ const maxWindowRecord = 16
 
 // How far ahead of the key being settled the pipeline works, in keys:
 // keys placeAhead ahead have their window's lines on the way, keys
-// hashAhead ahead their directory entry. Each key has ~3 lines in flight
-// and the core tracks only a few dozen misses: prefetching further ahead
-// measured slower (docs/storage.md).
+// hashAhead ahead their directory entry. Measured with the assembly
+// (docs/storage.md): when every line was prefetched into L1, looking
+// further ahead than 8/16 gained nothing; with a window's second and
+// third lines prefetched into L2 only (PREFETCHT1), 16/32 is ~35% faster
+// at 10M keys, and 24/48 or 32/64 no better.
 const (
-	placeAhead = 8
-	hashAhead  = 16
-	ringSize   = 32 // > hashAhead, a power of two
+	placeAhead = 16
+	hashAhead  = 32
+	ringSize   = 64 // > hashAhead, a power of two
 )
 
 // chunkKeys bounds one call into scanWindows: assembly is not
