@@ -141,7 +141,16 @@ absent:
 	JMP next
 
 outside:
+	// Mark it, and list it while the list has room.
 	MOVL $const_outside, (DX)(BX*4)
+	MOVQ windowScan_nout(SI), AX
+	CMPQ AX, $const_outsideCap
+	JGE counted
+	MOVL BX, windowScan_outs(SI)(AX*4)
+
+counted:
+	INCQ AX
+	MOVQ AX, windowScan_nout(SI)
 
 next:
 	INCQ BX

@@ -3,6 +3,7 @@ package shard
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -139,13 +140,20 @@ func TestScanWindowsMatchesGo(t *testing.T) {
 		if round%2 == 0 {
 			wA, wB = nil, nil
 		}
-		scanWindows(args(q, outA, wA))
-		scanWindowsGo(args(q, outB, wB))
+		a, b := args(q, outA, wA), args(q, outB, wB)
+		scanWindows(a)
+		scanWindowsGo(b)
+		if a.nout != b.nout || a.outs != b.outs {
+			t.Fatalf("round %d: outside list %d %v, Go %d %v", round, a.nout, a.outs[:a.nout], b.nout, b.outs[:b.nout])
+		}
 		for j := range q {
 			if outA[j] != outB[j] || (wA != nil && wA[j] != wB[j]) {
 				t.Fatalf("round %d key %d: %d, Go %d (weights %v, %v)", round, q[j], outA[j], outB[j], wA, wB)
 			}
 			if outA[j] == outside {
+				if !slices.Contains(a.outs[:a.nout], int32(j)) {
+					t.Fatalf("round %d: key %d marked outside, not listed", round, j)
+				}
 				outsides++
 				continue
 			}
@@ -156,5 +164,46 @@ func TestScanWindowsMatchesGo(t *testing.T) {
 	}
 	if outsides == 0 {
 		t.Fatal("no key fell outside its window: that path went untested")
+	}
+}
+
+// A batch with more keys outside their windows than scanWindows lists
+// (outsideCap) is still answered in full.
+func TestFindManyOutside(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	const n = 50000
+	keys := make([]uint64, n)
+	vals := make([]float32, n)
+	for i := range keys {
+		keys[i], vals[i] = rng.Uint64(), float32(i)
+	}
+	tb := buildTable(t, keys, 1, codec.EncFP32, vals)
+	// Keys whose place lies outside their window, found one at a time.
+	var far []int
+	out := make([]int32, 1)
+	for i, k := range keys {
+		a := &windowScan{keys: &k, n: 1, out: &out[0],
+			dir: unsafe.Pointer(unsafe.SliceData(tb.dir)), rec: unsafe.Pointer(unsafe.SliceData(tb.rec)),
+			rs: uintptr(tb.rs), nb: tb.nb, last: int64(tb.n - window), count: int64(tb.n)}
+		scanWindows(a)
+		if out[0] == outside {
+			far = append(far, i)
+		}
+	}
+	if len(far) < 100 {
+		t.Fatalf("only %d keys outside their windows", len(far))
+	}
+	var q []uint64
+	var want []float32
+	for len(q) < 3*outsideCap {
+		i := far[rng.IntN(len(far))]
+		q, want = append(q, keys[i]), append(want, vals[i])
+	}
+	idx, w := make([]int32, len(q)), make([]float32, len(q))
+	tb.FindWeights(q, idx, w)
+	for j := range q {
+		if idx[j] < 0 || w[j] != want[j] {
+			t.Fatalf("key %d: record %d weight %v, want %v", q[j], idx[j], w[j], want[j])
+		}
 	}
 }
