@@ -9,9 +9,16 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v liblinear-train >/dev/null || need_apt+=(liblinear-tools)
+command -v redis-server >/dev/null || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (Debian)"
   export DEBIAN_FRONTEND=noninteractive
+  # Packages only: the tests start their own redis-server on loopback, so
+  # keep the package from starting a system service.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
