@@ -30,7 +30,7 @@ type StoreOptions struct {
 	RedisServer string // path of redis-server; default: found on PATH
 	Batch       int    // keys per batched lookup; default 20,000
 	Batches     int    // batches timed per store and distribution; default 200
-	Rounds      int    // turns the table and the map take over the batches; default 3
+	Rounds      int    // turns the table and the map take over the batches; default 5
 	Seed        uint64
 }
 
@@ -48,7 +48,7 @@ func (o *StoreOptions) fill() {
 		o.Batches = 200
 	}
 	if o.Rounds == 0 {
-		o.Rounds = 3
+		o.Rounds = 5
 	}
 }
 

@@ -35,7 +35,7 @@ both; each reports its median round. Redis runs once, after them.`,
 	cmd.Flags().BoolVar(&o.NoRedis, "no-redis", false, "skip the Redis baseline")
 	cmd.Flags().IntVar(&o.Batch, "batch", 20_000, "keys per batched lookup")
 	cmd.Flags().IntVar(&o.Batches, "batches", 200, "batches timed per store and distribution")
-	cmd.Flags().IntVar(&o.Rounds, "rounds", 3, "turns the table and the Go map take over the batches; each reports its median round")
+	cmd.Flags().IntVar(&o.Rounds, "rounds", 5, "turns the table and the Go map take over the batches; each reports its median round")
 	cmd.Flags().Uint64Var(&o.Seed, "seed", 1, "random seed")
 	return cmd
 }
