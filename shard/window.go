@@ -40,8 +40,8 @@ const chunkKeys = 8192
 const outside = -2
 
 // outsideCap is how many outside keys scanWindows lists per call; past
-// that, the caller finds the rest by their outside mark. ~2.8% of a
-// chunk's keys fall outside their windows: 230 of 8192.
+// that, the caller finds the rest by their outside mark. 1–3% of a
+// chunk's keys fall outside their windows: 80–250 of 8192.
 const outsideCap = 512
 
 // windowScan is scanWindows' argument block; the assembly finds its
@@ -70,13 +70,13 @@ type windowScan struct {
 
 // findWindow is find for narrow records (LR weights, tiny factor
 // vectors), without a data-dependent branch per key. It is a software
-// pipeline over the batch (scanWindows): key i+16 is hashed and its
-// directory entry prefetched; key i+8 reads its directory entry, places
-// an 8-record window around its guess and prefetches the window's
-// lines; key i counts the records in its window that sort below it.
-// Records are sorted, so that count is the key's place, checked with one
-// more comparison. Keys whose place lies outside the window (~3%) are
-// resolved here by findOne.
+// pipeline over the batch (scanWindows): key i+hashAhead is hashed and
+// its directory entry prefetched; key i+placeAhead reads its directory
+// entry, places an 8-record window around its guess and prefetches the
+// window's lines; key i counts the records in its window that sort below
+// it. Records are sorted, so that count is the key's place, checked with
+// one more comparison. Keys whose place lies outside the window (1–3%)
+// are listed by scanWindows and resolved here by findOne.
 func (t *Table) findWindow(keys []uint64, out []int32, w []float32) {
 	a := windowScan{
 		dir: unsafe.Pointer(unsafe.SliceData(t.dir)), rec: unsafe.Pointer(unsafe.SliceData(t.rec)),
