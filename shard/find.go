@@ -8,7 +8,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/prefetch"
 )
 
-// pfGroup is one group of keys in flight in findPF's pipeline.
+// pfGroup is one group of keys in flight in findScan's pipeline.
 type pfGroup struct {
 	n      int
 	hs     [group]uint64

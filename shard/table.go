@@ -19,11 +19,13 @@ import (
 // records. An fp32 LR parameter costs 12.25 bytes: its 8-byte h, its
 // 4-byte weight and a quarter of a directory entry.
 //
-// A lookup reads the directory entry of h's bucket, guesses h's place in
-// the bucket by interpolation (h is uniform, so the guess is usually in
-// the right cache line), and scans from there. Find pipelines groups of
-// keys with software prefetch (find.go) so a batch's cache misses overlap
-// instead of waiting on each key in turn. docs/storage.md has the
+// A lookup reads the directory entry of h's bucket and guesses h's place
+// in the bucket by interpolation (h is uniform, so the guess is usually
+// within a few records). Narrow records (LR) are then found by counting,
+// without branches, the records below h in an 8-record window around the
+// guess (window.go); wide ones by scanning from the guess (find.go). Both
+// run a batch as a software pipeline with prefetch, so its cache misses
+// overlap instead of waiting on each key in turn. docs/storage.md has the
 // measurements.
 type Table struct {
 	dir   []byte
@@ -132,6 +134,7 @@ func (t *Table) Get(key uint64, dst []float32) bool {
 	return true
 }
 
+// group is how many keys findScan moves through its pipeline at once.
 const group = 32
 
 // Find stores in out[j] the record index of keys[j], or -1. It allocates
