@@ -29,7 +29,7 @@ func (t *Table) find(keys []uint64, out []int32, w []float32) {
 				w[j] = 0
 			}
 		}
-	case t.rs <= maxWindowRecord && t.n >= window:
+	case t.windowed():
 		t.findWindow(keys, out, w)
 	default:
 		t.findScan(keys, out, w)

@@ -78,10 +78,7 @@ type windowScan struct {
 // one more comparison. Keys whose place lies outside the window (1–3%)
 // are listed by scanWindows and resolved here by findOne.
 func (t *Table) findWindow(keys []uint64, out []int32, w []float32) {
-	a := windowScan{
-		dir: unsafe.Pointer(unsafe.SliceData(t.dir)), rec: unsafe.Pointer(unsafe.SliceData(t.rec)),
-		rs: uintptr(t.rs), nb: t.nb, last: int64(t.n - window), count: int64(t.n),
-	}
+	a := t.windowScan()
 	for lo := 0; lo < len(keys); lo += chunkKeys {
 		hi := min(lo+chunkKeys, len(keys))
 		a.keys, a.n, a.out, a.nout = &keys[lo], hi-lo, &out[lo], 0
@@ -101,6 +98,18 @@ func (t *Table) findWindow(keys []uint64, out []int32, w []float32) {
 				t.resolve(j, keys[lo:hi], out[lo:hi], ws)
 			}
 		}
+	}
+}
+
+// windowed reports whether find takes the windowed search: narrow
+// records, and at least one window's worth of them.
+func (t *Table) windowed() bool { return t.rs <= maxWindowRecord && t.n >= window }
+
+// windowScan returns scanWindows' argument block for t, without keys.
+func (t *Table) windowScan() windowScan {
+	return windowScan{
+		dir: unsafe.Pointer(unsafe.SliceData(t.dir)), rec: unsafe.Pointer(unsafe.SliceData(t.rec)),
+		rs: uintptr(t.rs), nb: t.nb, last: int64(t.n - window), count: int64(t.n),
 	}
 }
 

@@ -48,7 +48,7 @@ func TestFindPathsMatchMap(t *testing.T) {
 			vals[i] = float32(rng.NormFloat64())
 		}
 		tb := buildTable(t, keys, tc.width, tc.e, vals)
-		if got := tb.rs <= maxWindowRecord && tb.n >= window; got != tc.windowed {
+		if got := tb.windowed(); got != tc.windowed {
 			t.Fatalf("n=%d width=%d %v: windowed=%v, want %v", tc.n, tc.width, tc.e, got, tc.windowed)
 		}
 		query := []uint64{0, math.MaxUint64, 2, math.MaxUint64 - 2}
@@ -111,13 +111,12 @@ func TestScanWindowsMatchesGo(t *testing.T) {
 	}
 	tb := buildTable(t, keys, 1, codec.EncFP32, vals)
 	args := func(q []uint64, out []int32, w []float32) *windowScan {
-		a := &windowScan{keys: unsafe.SliceData(q), n: len(q), out: unsafe.SliceData(out),
-			dir: unsafe.Pointer(unsafe.SliceData(tb.dir)), rec: unsafe.Pointer(unsafe.SliceData(tb.rec)),
-			rs: uintptr(tb.rs), nb: tb.nb, last: int64(tb.n - window), count: int64(tb.n)}
+		a := tb.windowScan()
+		a.keys, a.n, a.out = unsafe.SliceData(q), len(q), unsafe.SliceData(out)
 		if w != nil {
 			a.w = unsafe.SliceData(w)
 		}
-		return a
+		return &a
 	}
 	var outsides int
 	for round := range 300 {
@@ -182,10 +181,9 @@ func TestFindManyOutside(t *testing.T) {
 	var far []int
 	out := make([]int32, 1)
 	for i, k := range keys {
-		a := &windowScan{keys: &k, n: 1, out: &out[0],
-			dir: unsafe.Pointer(unsafe.SliceData(tb.dir)), rec: unsafe.Pointer(unsafe.SliceData(tb.rec)),
-			rs: uintptr(tb.rs), nb: tb.nb, last: int64(tb.n - window), count: int64(tb.n)}
-		scanWindows(a)
+		a := tb.windowScan()
+		a.keys, a.n, a.out = &k, 1, &out[0]
+		scanWindows(&a)
 		if out[0] == outside {
 			far = append(far, i)
 		}
