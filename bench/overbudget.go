@@ -117,20 +117,18 @@ func MappedLookups(path string, n int, seed uint64, t Tiering, hotBytes int64, b
 			}
 		}
 		lat := make([]time.Duration, batches)
-		var total time.Duration
 		for i := range batches {
 			keys := draw(warm + i)
 			t0 := time.Now()
 			shard.StackWeights(layers, keys, w, found, &sc)
 			lat[i] = time.Since(t0)
-			total += lat[i]
 			for j, ok := range found {
 				if !ok {
 					return nil, fmt.Errorf("bench: key %d of batch %d not found", keys[j], i)
 				}
 			}
 		}
-		ns, p50, p99 := summarize(lat, total, batch)
+		ns, p50, p99 := summarize(lat, batch)
 		out = append(out, LookupLatency{Dist: d, NsPerKey: ns, P50: p50, P99: p99, Warm: warm})
 	}
 	return out, nil
@@ -138,7 +136,11 @@ func MappedLookups(path string, n int, seed uint64, t Tiering, hotBytes int64, b
 
 // summarize returns ns/key and the p50 and p99 batch latencies of batches
 // of batch keys each.
-func summarize(lat []time.Duration, total time.Duration, batch int) (float64, time.Duration, time.Duration) {
+func summarize(lat []time.Duration, batch int) (float64, time.Duration, time.Duration) {
+	var total time.Duration
+	for _, l := range lat {
+		total += l
+	}
 	sorted := append([]time.Duration(nil), lat...)
 	slices.Sort(sorted)
 	return float64(total.Nanoseconds()) / float64(len(lat)*batch), sorted[len(sorted)/2], sorted[len(sorted)*99/100]

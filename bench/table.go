@@ -94,19 +94,16 @@ func idsOf(ranks [][]uint64, gen codec.GenInfo) [][]uint64 {
 	return out
 }
 
-// timeBatches runs fn on every batch and returns ns/key and each batch's
-// latency.
-func timeBatches(batches [][]uint64, fn func([]uint64)) (float64, []time.Duration) {
+// timeBatches runs fn on every batch and returns each batch's latency.
+func timeBatches(batches [][]uint64, fn func([]uint64)) []time.Duration {
 	fn(batches[0]) // warm
 	lat := make([]time.Duration, len(batches))
-	var total time.Duration
 	for i, b := range batches {
 		t0 := time.Now()
 		fn(b)
 		lat[i] = time.Since(t0)
-		total += lat[i]
 	}
-	return float64(total.Nanoseconds()) / float64(len(batches)*len(batches[0])), lat
+	return lat
 }
 
 func heapInUse() uint64 {
@@ -182,7 +179,8 @@ func CompareStores(ctx context.Context, o StoreOptions, log io.Writer) ([]StoreR
 		lat := make([][]time.Duration, len(stores))
 		for range o.Rounds {
 			for i, st := range stores {
-				ns, l := timeBatches(queries[d], st.lookup)
+				l := timeBatches(queries[d], st.lookup)
+				ns, _, _ := summarize(l, o.Batch)
 				rounds[i], lat[i] = append(rounds[i], ns), append(lat[i], l...)
 			}
 		}
@@ -190,7 +188,7 @@ func CompareStores(ctx context.Context, o StoreOptions, log io.Writer) ([]StoreR
 			r := &stores[i].res
 			slices.Sort(rounds[i])
 			r.NsPerKey[d] = rounds[i][len(rounds[i])/2]
-			_, r.BatchP50[d], r.BatchP99[d] = summarize(lat[i], 0, o.Batch)
+			_, r.BatchP50[d], r.BatchP99[d] = summarize(lat[i], o.Batch)
 		}
 	}
 	runtime.KeepAlive(tb)
@@ -315,7 +313,7 @@ func redisBaseline(ctx context.Context, o StoreOptions, keys []uint64, log io.Wr
 	for _, d := range Distributions {
 		qs := idsOf(queryBatches(d, len(keys), o.Batch, batches, o.Seed), gen)
 		var ferr error
-		ns, lat := timeBatches(qs, func(b []uint64) {
+		lat := timeBatches(qs, func(b []uint64) {
 			ks := make([]string, len(b))
 			for j, k := range b {
 				ks[j] = key(k)
@@ -331,8 +329,7 @@ func redisBaseline(ctx context.Context, o StoreOptions, keys []uint64, log io.Wr
 		if ferr != nil {
 			return StoreResult{}, ferr
 		}
-		res.NsPerKey[d] = ns
-		_, res.BatchP50[d], res.BatchP99[d] = summarize(lat, 0, o.Batch)
+		res.NsPerKey[d], res.BatchP50[d], res.BatchP99[d] = summarize(lat, o.Batch)
 	}
 	return res, nil
 }
