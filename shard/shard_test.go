@@ -45,8 +45,28 @@ func assign(t *testing.T, cli *clientv3.Client, version uint64, parts uint32) {
 	}
 }
 
-// lookup asks the shard for keys, all sections by their partition.
-func lookup(s *Shard, version uint64, parts uint32, keys []uint64) (*codec.LookupResponse, error) {
+// servingShard starts shard s1 and assigns it version 1 of model m
+// (testModel(1), two partitions), published in a fresh repository. It
+// returns before the shard has loaded the version.
+func servingShard(t *testing.T) (*Shard, *clientv3.Client, loader.Repo) {
+	t.Helper()
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	if _, err := repo.Publish("m", testModel(1), 2, ""); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	assign(t, cli, 1, 2)
+	return s, cli, repo
+}
+
+// sectionsOf groups keys into one section per partition, as a router
+// does.
+func sectionsOf(keys []uint64, parts uint32) []codec.Section {
 	sections := make([]codec.Section, parts)
 	for p := range sections {
 		sections[p].Partition = uint32(p)
@@ -55,6 +75,12 @@ func lookup(s *Shard, version uint64, parts uint32, keys []uint64) (*codec.Looku
 		p := partition.Of(k, parts)
 		sections[p].Keys = append(sections[p].Keys, k)
 	}
+	return sections
+}
+
+// lookup asks the shard for keys, all sections by their partition.
+func lookup(s *Shard, version uint64, parts uint32, keys []uint64) (*codec.LookupResponse, error) {
+	sections := sectionsOf(keys, parts)
 	var ordered []uint64
 	for _, sec := range sections {
 		ordered = append(ordered, sec.Keys...)
@@ -69,17 +95,7 @@ func lookup(s *Shard, version uint64, parts uint32, keys []uint64) (*codec.Looku
 }
 
 func TestShardServesAssignedAndRefusesDamage(t *testing.T) {
-	cli := testenv.Etcd(t)
-	repo := loader.Repo{Dir: t.TempDir()}
-	if _, err := repo.Publish("m", testModel(1), 2, ""); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	assign(t, cli, 1, 2)
+	s, cli, repo := servingShard(t)
 	held := func(v uint64) error {
 		for _, l := range s.Loaded() {
 			if l.Version == v && len(l.Have) == 2 {
@@ -341,33 +357,14 @@ func TestLookupAllocs(t *testing.T) {
 		// ordinary pass.
 		t.Skip("allocation counts are not meaningful under -race")
 	}
-	cli := testenv.Etcd(t)
-	repo := loader.Repo{Dir: t.TempDir()}
-	if _, err := repo.Publish("m", testModel(1), 2, ""); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	assign(t, cli, 1, 2)
+	s, _, _ := servingShard(t)
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if v := s.snap.Load().get("m", 1); v == nil || v.layers[0] == nil || v.layers[1] == nil {
 			return errors.New("not loaded")
 		}
 		return nil
 	})
-	keys := []uint64{0, 1, 2, 77, 1 << 40, 5, 6}
-	sections := make([]codec.Section, 2)
-	for p := range sections {
-		sections[p].Partition = uint32(p)
-	}
-	for _, k := range keys {
-		p := partition.Of(k, 2)
-		sections[p].Keys = append(sections[p].Keys, k)
-	}
-	req := codec.AppendLookupRequest(nil, "m", 1, sections)
+	req := codec.AppendLookupRequest(nil, "m", 1, sectionsOf([]uint64{0, 1, 2, 77, 1 << 40, 5, 6}, 2))
 	if _, err := s.Lookup(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
