@@ -78,7 +78,8 @@ type windowScan struct {
 // one more comparison. Keys whose place lies outside the window (1–3%)
 // are listed by scanWindows and resolved here by findOne.
 func (t *Table) findWindow(keys []uint64, out []int32, w []float32) {
-	a := t.windowScan()
+	var a windowScan
+	t.tableArgs(&a)
 	for lo := 0; lo < len(keys); lo += chunkKeys {
 		hi := min(lo+chunkKeys, len(keys))
 		a.keys, a.n, a.out, a.nout = &keys[lo], hi-lo, &out[lo], 0
@@ -105,12 +106,12 @@ func (t *Table) findWindow(keys []uint64, out []int32, w []float32) {
 // records, and at least one window's worth of them.
 func (t *Table) windowed() bool { return t.rs <= maxWindowRecord && t.n >= window }
 
-// windowScan returns scanWindows' argument block for t, without keys.
-func (t *Table) windowScan() windowScan {
-	return windowScan{
-		dir: unsafe.Pointer(unsafe.SliceData(t.dir)), rec: unsafe.Pointer(unsafe.SliceData(t.rec)),
-		rs: uintptr(t.rs), nb: t.nb, last: int64(t.n - window), count: int64(t.n),
-	}
+// tableArgs sets the fields of scanWindows' argument block that come from
+// t. In place: the block is ~4 KiB, and returning it by value cost a
+// zeroing and a copy on every lookup.
+func (t *Table) tableArgs(a *windowScan) {
+	a.dir, a.rec = unsafe.Pointer(unsafe.SliceData(t.dir)), unsafe.Pointer(unsafe.SliceData(t.rec))
+	a.rs, a.nb, a.last, a.count = uintptr(t.rs), t.nb, int64(t.n-window), int64(t.n)
 }
 
 // resolve finds keys[j], which scanWindows left outside, with findOne.

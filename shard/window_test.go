@@ -111,7 +111,8 @@ func TestScanWindowsMatchesGo(t *testing.T) {
 	}
 	tb := buildTable(t, keys, 1, codec.EncFP32, vals)
 	args := func(q []uint64, out []int32, w []float32) *windowScan {
-		a := tb.windowScan()
+		var a windowScan
+		tb.tableArgs(&a)
 		a.keys, a.n, a.out = unsafe.SliceData(q), len(q), unsafe.SliceData(out)
 		if w != nil {
 			a.w = unsafe.SliceData(w)
@@ -181,7 +182,8 @@ func TestFindManyOutside(t *testing.T) {
 	var far []int
 	out := make([]int32, 1)
 	for i, k := range keys {
-		a := tb.windowScan()
+		var a windowScan
+		tb.tableArgs(&a)
 		a.keys, a.n, a.out = &k, 1, &out[0]
 		scanWindows(&a)
 		if out[0] == outside {
