@@ -61,3 +61,56 @@ func TestReady(t *testing.T) {
 		t.Error("ready with replica a gone")
 	}
 }
+
+func TestHandover(t *testing.T) {
+	loaded := func(v uint64, have ...uint32) topo.Loaded { return topo.Loaded{Model: "m", Version: v, Have: have} }
+	info := func(id string, ls ...topo.Loaded) topo.ShardInfo { return topo.ShardInfo{ID: id, Loaded: ls} }
+	// s0 held both partitions of version 1; s1 joins and takes partition 1.
+	prev := topo.Assignment{Model: "m", Version: 1, Live: 1, Partitions: 2, Replicas: [][]string{{"s0"}, {"s0"}}}
+	target := topo.Assignment{Model: "m", Version: 1, Live: 1, Partitions: 2, Replicas: [][]string{{"s0"}, {"s1"}}}
+	shards := map[string]topo.ShardInfo{"s0": info("s0", loaded(1, 0, 1)), "s1": info("s1")}
+	got := Handover(target, prev, shards)
+	if want := [][]string{{"s0"}, {"s1", "s0"}}; fmt.Sprint(got.Replicas) != fmt.Sprint(want) {
+		t.Errorf("while s1 loads: %v, want %v", got.Replicas, want)
+	}
+	if fmt.Sprint(target.Replicas) != "[[s0] [s1]]" {
+		t.Errorf("Handover changed its input: %v", target.Replicas)
+	}
+	// Published again while s1 still loads, the union stands.
+	if again := Handover(target, got, shards); fmt.Sprint(again.Replicas) != fmt.Sprint(got.Replicas) {
+		t.Errorf("second pass while s1 loads: %v", again.Replicas)
+	}
+	shards["s1"] = info("s1", loaded(1, 1))
+	if got := Handover(target, got, shards); fmt.Sprint(got.Replicas) != fmt.Sprint(target.Replicas) {
+		t.Errorf("once s1 holds partition 1: %v, want the target %v", got.Replicas, target.Replicas)
+	}
+
+	// A previous holder that is gone, or never loaded the partition, is
+	// not kept.
+	shards = map[string]topo.ShardInfo{"s1": info("s1"), "s2": info("s2")}
+	prev = topo.Assignment{Model: "m", Version: 1, Live: 1, Partitions: 2, Replicas: [][]string{{"s0"}, {"s2"}}}
+	target = topo.Assignment{Model: "m", Version: 1, Live: 1, Partitions: 2, Replicas: [][]string{{"s1"}, {"s1"}}}
+	if got := Handover(target, prev, shards); fmt.Sprint(got.Replicas) != "[[s1] [s1]]" {
+		t.Errorf("gone or empty previous holders kept: %v", got.Replicas)
+	}
+
+	// Mid-rollout: the old holder of live version 1 stays until the new
+	// holder has version 2.
+	prev = topo.Assignment{Model: "m", Version: 1, Live: 1, Partitions: 1, Replicas: [][]string{{"s0"}}}
+	target = topo.Assignment{Model: "m", Version: 2, Live: 1, Partitions: 1, Replicas: [][]string{{"s1"}}}
+	shards = map[string]topo.ShardInfo{"s0": info("s0", loaded(1, 0)), "s1": info("s1", loaded(1))}
+	if got := Handover(target, prev, shards); fmt.Sprint(got.Replicas) != "[[s1 s0]]" {
+		t.Errorf("rollout and move: %v", got.Replicas)
+	}
+	shards["s1"] = info("s1", loaded(2, 0))
+	if got := Handover(target, prev, shards); fmt.Sprint(got.Replicas) != "[[s1]]" {
+		t.Errorf("rollout and move, new holder ready: %v", got.Replicas)
+	}
+
+	// A new partition count has no correspondence: the target as it is.
+	shards["s1"] = info("s1")
+	prev.Partitions, prev.Replicas = 2, [][]string{{"s0"}, {"s0"}}
+	if got := Handover(target, prev, shards); fmt.Sprint(got.Replicas) != "[[s1]]" {
+		t.Errorf("repartitioned: %v", got.Replicas)
+	}
+}

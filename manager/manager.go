@@ -55,9 +55,10 @@ type Manager struct {
 	rescan  chan struct{}
 	cancel  context.CancelFunc
 	done    sync.WaitGroup
-	checked map[string]error // "model/version" → validation result; loop goroutine only
-	written map[string]string
-	live    map[string]uint64 // committed version per model
+	checked map[string]error           // "model/version" → validation result; loop goroutine only
+	written map[string]string          // model → JSON last published
+	prev    map[string]topo.Assignment // model → assignment last published
+	live    map[string]uint64          // committed version per model
 }
 
 // Start begins managing. It returns at once.
@@ -73,14 +74,14 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	m := &Manager{opts: opts, rescan: make(chan struct{}, 1), cancel: cancel, checked: map[string]error{}, written: map[string]string{},
-		live: map[string]uint64{}}
+		prev: map[string]topo.Assignment{}, live: map[string]uint64{}}
 	for _, kv := range resp.Kvs {
 		a, err := topo.Decode[topo.Assignment](string(kv.Key), kv.Value)
 		if err != nil {
 			continue
 		}
 		m.live[a.Model] = a.Live
-		m.written[a.Model] = string(kv.Value)
+		m.written[a.Model], m.prev[a.Model] = string(kv.Value), a
 	}
 	shards := make(chan map[string]topo.ShardInfo, 1)
 	m.done.Add(2)
@@ -128,26 +129,52 @@ func (m *Manager) loop(ctx context.Context, shardsCh <-chan map[string]topo.Shar
 		case <-tick.C:
 		case <-m.rescan:
 		}
-		models := m.scan()
-		ids := slices.Sorted(maps.Keys(shards))
-		for _, a := range Assign(models, ids, m.opts.Replicas) {
-			a.Live = m.live[a.Model]
-			if a.Live != a.Version && Ready(a, shards) {
-				a.Live = a.Version // commit: every replica holds the new version
-				slog.Info("manager: committed", "model", a.Model, "version", a.Version)
+		m.publish(ctx, shards)
+	}
+}
+
+// maxTxnOps is etcd's default limit on operations in one transaction.
+const maxTxnOps = 128
+
+// publish writes the assignments of this pass that changed. They go in
+// one etcd transaction (up to maxTxnOps models), so a router sees the
+// whole serving map change at once: never one model's new assignment
+// without another's.
+func (m *Manager) publish(ctx context.Context, shards map[string]topo.ShardInfo) {
+	models := m.scan()
+	ids := slices.Sorted(maps.Keys(shards))
+	var changed []topo.Assignment
+	var vals []string
+	for _, a := range Assign(models, ids, m.opts.Replicas) {
+		a.Live = m.live[a.Model]
+		if a.Live != a.Version && Ready(a, shards) {
+			a.Live = a.Version // commit: every replica holds the new version
+		}
+		a = Handover(a, m.prev[a.Model], shards)
+		b, _ := json.Marshal(a)
+		if m.written[a.Model] == string(b) {
+			continue
+		}
+		changed, vals = append(changed, a), append(vals, string(b))
+	}
+	for len(changed) > 0 {
+		n := min(len(changed), maxTxnOps)
+		ops := make([]clientv3.Op, n)
+		for i := range n {
+			ops[i] = clientv3.OpPut(topo.ModelKey(changed[i].Model), vals[i])
+		}
+		if _, err := m.opts.Etcd.Txn(ctx).Then(ops...).Commit(); err != nil {
+			slog.Error("manager: publishing assignments", "models", n, "err", err)
+			return
+		}
+		for i, a := range changed[:n] {
+			if a.Live != m.live[a.Model] {
+				slog.Info("manager: committed", "model", a.Model, "version", a.Live)
 			}
-			b, _ := json.Marshal(a)
-			if m.written[a.Model] == string(b) {
-				continue
-			}
-			if _, err := m.opts.Etcd.Put(ctx, topo.ModelKey(a.Model), string(b)); err != nil {
-				slog.Error("manager: publishing assignment", "model", a.Model, "err", err)
-				continue
-			}
-			m.written[a.Model] = string(b)
-			m.live[a.Model] = a.Live
+			m.written[a.Model], m.prev[a.Model], m.live[a.Model] = vals[i], a, a.Live
 			slog.Info("manager: assigned", "model", a.Model, "version", a.Version, "live", a.Live, "partitions", a.Partitions, "shards", len(shards))
 		}
+		changed, vals = changed[n:], vals[n:]
 	}
 }
 
@@ -204,9 +231,8 @@ func (m *Manager) validate(man *codec.Manifest) error {
 // be read at all.
 func (m *Manager) lastGood() []Model {
 	var out []Model
-	for _, name := range slices.Sorted(maps.Keys(m.written)) {
-		var a topo.Assignment
-		json.Unmarshal([]byte(m.written[name]), &a)
+	for _, name := range slices.Sorted(maps.Keys(m.prev)) {
+		a := m.prev[name]
 		out = append(out, Model{Name: a.Model, Version: a.Version, Partitions: a.Partitions})
 	}
 	return out

@@ -1,0 +1,72 @@
+package manager_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/manager"
+)
+
+// TestPublishesAtOnce: a router watching the assignments must see the
+// serving map change whole. If it could see one model assigned before
+// another, it would call itself ready with a model still missing.
+func TestPublishesAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	e, err := etcdlocal.Start(filepath.Join(dir, "etcd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	repo := loader.Repo{Dir: filepath.Join(dir, "repo")}
+	const models = 6
+	for i := range models {
+		m := &loader.Sparse{Type: codec.TypeLR, Keys: []uint64{1, 2, 3}, Values: []float32{0.1, 0.2, 0.3}}
+		if _, err := repo.Publish(fmt.Sprintf("m%d", i), m, 2, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The manager only reads registrations: a record is enough.
+	info, _ := json.Marshal(topo.ShardInfo{ID: "s0", Addr: "127.0.0.1:1"})
+	if _, err := cli.Put(ctx, topo.ShardKey("s0"), string(info)); err != nil {
+		t.Fatal(err)
+	}
+	sizes := make(chan int, 100)
+	go topo.Watch(ctx, cli, topo.ModelsPrefix, func(kv map[string][]byte) { sizes <- len(kv) })
+	if n := <-sizes; n != 0 {
+		t.Fatalf("%d assignments before the manager started", n)
+	}
+	m, err := manager.Start(ctx, manager.Options{Repo: repo, Etcd: cli, ScanInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		select {
+		case n := <-sizes:
+			if n != models {
+				t.Fatalf("a watcher saw %d of %d models assigned", n, models)
+			}
+			return nil
+		default:
+			return fmt.Errorf("no assignment yet")
+		}
+	})
+}
