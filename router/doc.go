@@ -13,9 +13,15 @@
 // served at its assigned version when every partition has a shard
 // reporting it, otherwise at the newest complete version.
 //
+// A shard call answered FailedPrecondition, Unavailable or Canceled is
+// asked again of another replica; failing that, the request runs again on
+// the next routing table (Predict, lookup).
+//
 // Errors wrap one of ErrInvalidArgument, ErrNotFound, ErrUnavailable.
 // Memory: the caller owns the Request; the Response is new per call.
 //
 // Tests: router_test.go runs the whole path on a dev cluster (real etcd,
-// real sockets) against internal/reference's pairwise scorer.
+// real sockets) against internal/reference's pairwise scorer;
+// scale_test.go adds a shard under traffic and injects shard faults
+// through Options.Dial.
 package router

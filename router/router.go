@@ -82,6 +82,7 @@ type Router struct {
 	cancel   context.CancelFunc
 	done     sync.WaitGroup
 	shardRPC *prometheus.HistogramVec
+	retries  *prometheus.CounterVec
 }
 
 // Start begins watching etcd. It returns at once; Ready reports when
@@ -100,13 +101,19 @@ func Start(ctx context.Context, opts Options) (*Router, error) {
 		Name: "cumulus_router_shard_call_seconds", Help: "Router→shard lookup latency by outcome.",
 		Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
 	}, []string{"outcome"})
+	r.retries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cumulus_router_retries_total",
+		Help: "Lookups asked again: of another replica of the same partitions (replica), or whole requests run again on a newer routing table (table).",
+	}, []string{"kind"})
 	if opts.Registry != nil {
-		if err := opts.Registry.Register(r.shardRPC); err != nil {
-			cancel()
-			return nil, fmt.Errorf("router: metrics: %w", err)
+		for _, c := range []prometheus.Collector{r.shardRPC, r.retries} {
+			if err := opts.Registry.Register(c); err != nil {
+				cancel()
+				return nil, fmt.Errorf("router: metrics: %w", err)
+			}
 		}
 	}
-	r.tab.Store(&table{models: map[string]*modelRoute{}})
+	r.tab.Store(&table{models: map[string]*modelRoute{}, replaced: make(chan struct{})})
 	r.done.Add(1)
 	go func() { defer r.done.Done(); r.watch(ctx) }()
 	return r, nil
@@ -169,7 +176,8 @@ func (r *Router) watch(ctx context.Context) {
 			backends[si.Addr] = &backend{id: si.ID, addr: si.Addr, svc: svc}
 			closers[si.Addr] = c
 		}
-		r.tab.Store(buildTable(shards, assigns, backends))
+		old := r.tab.Swap(buildTable(shards, assigns, backends))
+		close(old.replaced)
 		for addr := range backends {
 			if !live[addr] {
 				closers[addr].Close()
@@ -238,11 +246,16 @@ func (r *Router) Ready() bool {
 // call is the work of one shard in one request. Its slices are reused
 // by later requests.
 type call struct {
-	b        *backend
-	parts    []uint32 // partitions asked of this shard, ascending
+	b     *backend
+	parts []uint32 // partitions asked of this shard, ascending
+	rpc   rpcBuf
+	err   error
+}
+
+// rpcBuf is one lookup's reusable request scratch.
+type rpcBuf struct {
 	sections []codec.Section
 	buf      []byte // the encoded request
-	err      error
 }
 
 // work is a request's reusable scratch.
@@ -262,28 +275,58 @@ type work struct {
 
 var workPool = sync.Pool{New: func() any { return new(work) }}
 
+// maxAttempts bounds how often Predict runs a request against a newer
+// routing table after shards answered that they no longer hold what the
+// table said.
+const maxAttempts = 3
+
 // Predict scores every row of req.
+//
+// The routing table can lag the shards by a moment (a shard drops a
+// partition it handed over, or a version retired at a commit, before this
+// router has seen the news). A shard then answers FailedPrecondition and
+// its partitions are asked of another replica; if none has them, the
+// request waits for the next routing table and runs again, within its
+// deadline and at most maxAttempts times.
 func (r *Router) Predict(ctx context.Context, req *Request) (*Response, error) {
 	if err := req.Validate(r.opts.Limits); err != nil {
 		return nil, err
 	}
-	mr := r.tab.Load().models[req.Model]
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.opts.DefaultTimeout)
+		defer cancel()
+	}
+	t := r.tab.Load()
+	for attempt := 1; ; attempt++ {
+		resp, err := r.predict(ctx, t, req)
+		if err == nil || attempt == maxAttempts || !retryable(ctx, err) {
+			return resp, err
+		}
+		select {
+		case <-t.replaced:
+		case <-ctx.Done():
+			return nil, err
+		}
+		r.retries.WithLabelValues("table").Inc()
+		t = r.tab.Load()
+	}
+}
+
+// predict answers req from routing table t.
+func (r *Router) predict(ctx context.Context, t *table, req *Request) (*Response, error) {
+	mr := t.models[req.Model]
 	if mr == nil {
 		return nil, fmt.Errorf("router: %w: model %q is not served", ErrNotFound, req.Model)
 	}
 	vr := mr.live
 	if req.Version != 0 {
 		if vr = mr.versions[req.Version]; vr == nil {
-			return nil, fmt.Errorf("router: %w: model %q version %d is not served (servable: %v)", ErrNotFound, req.Model, req.Version, r.status(r.tab.Load(), req.Model).Versions)
+			return nil, fmt.Errorf("router: %w: model %q version %d is not served (servable: %v)", ErrNotFound, req.Model, req.Version, r.status(t, req.Model).Versions)
 		}
 	}
 	if vr == nil {
 		return nil, fmt.Errorf("router: %w: model %q has no version with every partition loaded yet", ErrUnavailable, req.Model)
-	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.opts.DefaultTimeout)
-		defer cancel()
 	}
 	w := workPool.Get().(*work)
 	defer workPool.Put(w)
@@ -379,42 +422,88 @@ func (r *Router) Predict(ctx context.Context, req *Request) (*Response, error) {
 }
 
 // lookup asks one shard for its partitions' keys and scatters the values
-// into w.vals. Each call writes only its own distinct ids' slots.
+// into w.vals. Each call writes only its own distinct ids' slots. A shard
+// that no longer holds a partition (it has just handed it over) or is
+// going away is not the end: each of its partitions is asked once more
+// of the next replica that holds it.
 func (r *Router) lookup(ctx context.Context, vr *versionRoute, w *work, c *call) {
-	c.sections = c.sections[:0]
-	n := 0
+	err := r.ask(ctx, vr, w, c.b, c.parts, &c.rpc)
+	if err == nil || !retryable(ctx, err) {
+		c.err = err
+		return
+	}
+	// The retry path may allocate: it is taken only while the cluster
+	// changes under the routing table.
+	alts := map[*backend][]uint32{}
 	for _, p := range c.parts {
+		reps := vr.replicas[p]
+		alt := reps[(slices.Index(reps, c.b)+1)%len(reps)]
+		if alt == c.b {
+			c.err = err // no other replica
+			return
+		}
+		alts[alt] = append(alts[alt], p)
+	}
+	r.retries.WithLabelValues("replica").Inc()
+	var rb rpcBuf
+	for b, parts := range alts {
+		if err := r.ask(ctx, vr, w, b, parts, &rb); err != nil {
+			c.err = err
+			return
+		}
+	}
+}
+
+// retryable reports whether err from one shard may be answered by
+// another replica: the shard does not hold what was asked (codes.
+// FailedPrecondition), could not be reached (codes.Unavailable), or left
+// while asked, its connection closed under the call (codes.Canceled while
+// the request itself is not); and the request still has time.
+func retryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.FailedPrecondition, codes.Unavailable, codes.Canceled:
+		return true
+	}
+	return false
+}
+
+// ask makes one lookup of shard b for the keys of parts and scatters the
+// answer into w.vals.
+func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, b *backend, parts []uint32, rb *rpcBuf) error {
+	rb.sections = rb.sections[:0]
+	n := 0
+	for _, p := range parts {
 		keys := w.keys[w.start[p]:w.start[p+1]]
-		c.sections = append(c.sections, codec.Section{Partition: p, Keys: keys})
+		rb.sections = append(rb.sections, codec.Section{Partition: p, Keys: keys})
 		n += len(keys)
 	}
 	// Lookup is synchronous, so the buffer is free again when it returns.
-	c.buf = codec.AppendLookupRequest(c.buf[:0], vr.model, vr.version, c.sections)
+	rb.buf = codec.AppendLookupRequest(rb.buf[:0], vr.model, vr.version, rb.sections)
 	t0 := time.Now()
-	raw, err := c.b.svc.Lookup(ctx, c.buf)
+	raw, err := b.svc.Lookup(ctx, rb.buf)
 	outcome := "ok"
 	defer func() { r.shardRPC.WithLabelValues(outcome).Observe(time.Since(t0).Seconds()) }()
 	if err != nil {
 		outcome = "error"
-		c.buf = nil // the transport may still hold it after an early error
+		rb.buf = nil // the transport may still hold it after an early error
 		if status.Code(err) == codes.InvalidArgument {
 			// The router built this request: a shard refusing it is a bug
 			// or version skew, not the caller's fault.
-			c.err = fmt.Errorf("router: %w: shard %s refused a lookup: %v", ErrUnavailable, c.b.id, err)
-			return
+			return fmt.Errorf("router: %w: shard %s refused a lookup: %w", ErrUnavailable, b.id, err)
 		}
-		c.err = fmt.Errorf("router: %w: shard %s: %v", ErrUnavailable, c.b.id, err)
-		return
+		return fmt.Errorf("router: %w: shard %s: %w", ErrUnavailable, b.id, err)
 	}
 	var resp codec.LookupResponse
 	width := vr.width()
 	if err := resp.Decode(raw, n, width); err != nil {
 		outcome = "error"
-		c.err = fmt.Errorf("router: %w: shard %s answered badly: %v", ErrUnavailable, c.b.id, err)
-		return
+		return fmt.Errorf("router: %w: shard %s answered badly: %v", ErrUnavailable, b.id, err)
 	}
 	i, k := 0, 0
-	for _, p := range c.parts {
+	for _, p := range parts {
 		for _, u := range w.byPart[w.start[p]:w.start[p+1]] {
 			if resp.Found(i) {
 				dst := w.vals[int(u)*width : int(u+1)*width]
@@ -426,6 +515,7 @@ func (r *Router) lookup(ctx context.Context, vr *versionRoute, w *work, c *call)
 			i++
 		}
 	}
+	return nil
 }
 
 func resize[T any](s []T, n int) []T {

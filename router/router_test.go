@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/reference"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/shard"
@@ -69,8 +71,15 @@ func randomRequest(rng *rand.Rand, name string, m *loader.Sparse, rows, perRow, 
 
 func checkScores(t *testing.T, ref *reference.Model, req *router.Request, resp *router.Response) {
 	t.Helper()
+	if err := scoresMatch(ref, req, resp); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// scoresMatch compares every row's score with the reference model's.
+func scoresMatch(ref *reference.Model, req *router.Request, resp *router.Response) error {
 	if len(resp.Scores) != req.Rows() {
-		t.Fatalf("%d scores for %d rows", len(resp.Scores), req.Rows())
+		return fmt.Errorf("%d scores for %d rows", len(resp.Scores), req.Rows())
 	}
 	for r := range req.Rows() {
 		var ids []uint64
@@ -91,9 +100,10 @@ func checkScores(t *testing.T, ref *reference.Model, req *router.Request, resp *
 		}
 		// Written as "not within" so a NaN score fails.
 		if want := ref.Score(ids, xs); !(math.Abs(float64(resp.Scores[r])-want) <= 1e-5) {
-			t.Fatalf("row %d: score %.7f, reference %.7f", r, resp.Scores[r], want)
+			return fmt.Errorf("row %d: score %.7f, reference %.7f", r, resp.Scores[r], want)
 		}
 	}
+	return nil
 }
 
 func TestPredictMatchesReference(t *testing.T) {
@@ -163,17 +173,34 @@ func TestPredictMatchesReference(t *testing.T) {
 		}
 		return nil
 	})
-	c.Shards[0].Close()
+	// Requests flow while shard 0 goes away and its partitions' other
+	// replicas take over: none may fail.
 	ref2 := reference.New(lr2)
 	req := randomRequest(rng, "lr", lr2, 100, 20, 10)
-	testenv.Eventually(t, 30*time.Second, func() error {
-		resp, err := c.Router.Predict(ctx, req)
-		if err != nil {
-			return err
+	tr := startTraffic(t, c.Router, req, func(resp *router.Response) error { return scoresMatch(ref2, req, resp) })
+	tr.await(t, 5)
+	c.Shards[0].Close()
+	// Until the manager has reassigned shard 0's partitions and every
+	// assigned replica holds them.
+	tr.until(t, func() error {
+		a := assignment(t, c, "lr")
+		for p, reps := range a.Replicas {
+			if len(reps) != 2 || slices.Contains(reps, "shard-0") {
+				return fmt.Errorf("partition %d on %v", p, reps)
+			}
+			for _, id := range reps {
+				s := c.Shards[slices.IndexFunc(c.Shards, func(s *shard.Shard) bool { return s.ID() == id })]
+				if !slices.ContainsFunc(s.Loaded(), func(l topo.Loaded) bool { return l.Version == 2 && slices.Contains(l.Have, uint32(p)) }) {
+					return fmt.Errorf("%s does not hold partition %d yet", id, p)
+				}
+			}
 		}
-		checkScores(t, ref2, req, resp)
 		return nil
 	})
+	tr.await(t, 20)
+	if n, err := tr.Stop(); err != nil {
+		t.Fatalf("after %d answered: %v", n, err)
+	}
 }
 
 func TestValidate(t *testing.T) {
@@ -310,18 +337,28 @@ func TestRolloutNeverFails(t *testing.T) {
 		}
 		checkScores(t, ref1, req, resp)
 	}
-	unblock()
-	testenv.Eventually(t, 30*time.Second, func() error {
-		resp, err := c.Router.Predict(context.Background(), req)
-		if err != nil {
-			return fmt.Errorf("request failed during the commit: %w", err)
+	// Through the commit and the retirement of version 1, requests sent
+	// back to back are all answered, by one version or the other.
+	var sawV2 atomic.Bool
+	tr := startTraffic(t, c.Router, req, func(resp *router.Response) error {
+		if resp.Version == 1 {
+			return scoresMatch(ref1, req, resp)
 		}
-		if resp.Version != 2 {
+		sawV2.Store(true)
+		return scoresMatch(ref2, req, resp)
+	})
+	tr.await(t, 5)
+	unblock()
+	tr.until(t, func() error {
+		if !sawV2.Load() {
 			return errors.New("version 2 not live yet")
 		}
-		checkScores(t, ref2, req, resp)
 		return nil
 	})
+	tr.await(t, 20)
+	if n, err := tr.Stop(); err != nil {
+		t.Fatalf("after %d answered: %v", n, err)
+	}
 }
 
 // applyDelta is the plain meaning of a delta: change or add the upserted

@@ -40,7 +40,8 @@ type modelRoute struct {
 // table is an immutable routing snapshot; requests read it through an
 // atomic pointer and never lock.
 type table struct {
-	models map[string]*modelRoute
+	models   map[string]*modelRoute
+	replaced chan struct{} // closed once a newer table is in place
 }
 
 // buildTable routes each assigned model to its committed (Live) version
@@ -49,7 +50,7 @@ type table struct {
 // commits it, and after a shard refuses a damaged file the previous
 // version keeps serving.
 func buildTable(shards map[string]topo.ShardInfo, assigns map[string]topo.Assignment, backends map[string]*backend) *table {
-	t := &table{models: map[string]*modelRoute{}}
+	t := &table{models: map[string]*modelRoute{}, replaced: make(chan struct{})}
 	for name, a := range assigns {
 		mr := &modelRoute{name: name, versions: map[uint64]*versionRoute{}}
 		t.models[name] = mr

@@ -57,7 +57,9 @@ type Cluster struct {
 	Router   *router.Router
 	etcd     *etcdlocal.Etcd
 	tmp      string
+	ctx      context.Context
 	cancel   context.CancelFunc
+	opts     Options
 	EtcdAddr string
 }
 
@@ -74,7 +76,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		o.ScanInterval = 2 * time.Second
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	c = &Cluster{cancel: cancel}
+	c = &Cluster{ctx: ctx, cancel: cancel, opts: o}
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -94,18 +96,12 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if c.Etcd, err = clientv3.New(clientv3.Config{Endpoints: []string{c.etcd.Endpoint}, DialTimeout: 5 * time.Second, Logger: quiet}); err != nil {
 		return nil, fmt.Errorf("devcluster: %w", err)
 	}
-	repo := loader.Repo{Dir: o.Repo}
-	for i := range o.Shards {
-		so := shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: repo, Etcd: c.Etcd, Registry: o.Registry, MemoryBudget: o.MemoryBudget}
-		if o.Shard != nil {
-			o.Shard(i, &so)
-		}
-		s, err := shard.Start(ctx, so)
-		if err != nil {
+	for range o.Shards {
+		if _, err := c.AddShard(); err != nil {
 			return nil, err
 		}
-		c.Shards = append(c.Shards, s)
 	}
+	repo := loader.Repo{Dir: o.Repo}
 	// The manager starts after the shards have registered, so its first
 	// assignment already spreads partitions over all of them.
 	if c.Manager, err = manager.Start(ctx, manager.Options{Repo: repo, Etcd: c.Etcd, Replicas: o.Replicas, ScanInterval: o.ScanInterval}); err != nil {
@@ -131,6 +127,23 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// AddShard starts shard number len(c.Shards), as Options describe it, and
+// registers it: scaling out. Close stops it with the others.
+func (c *Cluster) AddShard() (*shard.Shard, error) {
+	i := len(c.Shards)
+	so := shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: loader.Repo{Dir: c.opts.Repo}, Etcd: c.Etcd,
+		Registry: c.opts.Registry, MemoryBudget: c.opts.MemoryBudget}
+	if c.opts.Shard != nil {
+		c.opts.Shard(i, &so)
+	}
+	s, err := shard.Start(c.ctx, so)
+	if err != nil {
+		return nil, err
+	}
+	c.Shards = append(c.Shards, s)
+	return s, nil
 }
 
 // Close stops everything, in reverse order.

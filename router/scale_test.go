@@ -1,0 +1,287 @@
+package router_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/reference"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/router"
+	"github.com/cumulus-serving/cumulus/shard"
+)
+
+// traffic sends one request again and again, from its own goroutine,
+// until stopped or until a request fails or is answered wrongly.
+type traffic struct {
+	answered atomic.Int64
+	stop     chan struct{}
+	done     chan struct{}
+	once     sync.Once
+	err      error
+}
+
+func startTraffic(t *testing.T, r *router.Router, req *router.Request, check func(*router.Response) error) *traffic {
+	tr := &traffic{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(tr.done)
+		for {
+			select {
+			case <-tr.stop:
+				return
+			default:
+			}
+			resp, err := r.Predict(context.Background(), req)
+			if err == nil {
+				err = check(resp)
+			}
+			if err != nil {
+				tr.err = fmt.Errorf("request %d: %w", tr.answered.Load()+1, err)
+				return
+			}
+			tr.answered.Add(1)
+		}
+	}()
+	t.Cleanup(func() { tr.Stop() })
+	return tr
+}
+
+// Stop ends the traffic and returns how many requests were answered and
+// the first failure.
+func (tr *traffic) Stop() (int64, error) {
+	tr.once.Do(func() { close(tr.stop) })
+	<-tr.done
+	return tr.answered.Load(), tr.err
+}
+
+// await waits until n more requests have been answered.
+func (tr *traffic) await(t *testing.T, n int64) {
+	t.Helper()
+	until := tr.answered.Load() + n
+	tr.until(t, func() error {
+		if tr.answered.Load() < until {
+			return fmt.Errorf("%d of %d requests answered", tr.answered.Load(), until)
+		}
+		return nil
+	})
+}
+
+// until waits for cond, failing the test at once if the traffic stops on
+// an error first.
+func (tr *traffic) until(t *testing.T, cond func() error) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		select {
+		case <-tr.done:
+			t.Fatalf("traffic stopped: %v", tr.err)
+		default:
+		}
+		return cond()
+	})
+}
+
+func assignment(t *testing.T, c *devcluster.Cluster, model string) topo.Assignment {
+	t.Helper()
+	resp, err := c.Etcd.Get(context.Background(), topo.ModelKey(model))
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("reading %s's assignment: %v", model, err)
+	}
+	a, err := topo.Decode[topo.Assignment](string(resp.Kvs[0].Key), resp.Kvs[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestScaleOutNeverFails adds a shard under traffic. The manager moves
+// half the partitions to it; the new shard is held before it loads them,
+// and the old one must keep serving them meanwhile (make before break).
+// No request may fail or be answered wrongly, before, during or after
+// the handover.
+func TestScaleOutNeverFails(t *testing.T) {
+	repoDir := t.TempDir()
+	m := randomModel(codec.TypeLR, 0, 4000, 21)
+	if _, err := (loader.Repo{Dir: repoDir}).Publish("lr", m, 8, "test"); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 1, ScanInterval: time.Hour,
+		Shard: func(i int, o *shard.Options) {
+			if i == 1 {
+				o.BeforeLoad = func(string, uint64, uint32) { <-release }
+			}
+		}})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before the cluster's own cleanup: never leave the new shard blocked
+	ref := reference.New(m)
+	req := randomRequest(rand.New(rand.NewPCG(21, 21)), "lr", m, 50, 20, 5)
+	tr := startTraffic(t, c.Router, req, func(resp *router.Response) error { return scoresMatch(ref, req, resp) })
+	tr.await(t, 10)
+
+	if _, err := c.AddShard(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if !slices.ContainsFunc(assignment(t, c, "lr").Replicas, func(r []string) bool { return slices.Contains(r, "shard-1") }) {
+			return errors.New("shard-1 has no partition yet")
+		}
+		return nil
+	})
+	for p, reps := range assignment(t, c, "lr").Replicas {
+		if !slices.Contains(reps, "shard-0") {
+			t.Errorf("partition %d taken from shard-0 before shard-1 loaded it: %v", p, reps)
+		}
+	}
+	tr.await(t, 20) // served by shard-0 alone while shard-1 is held
+
+	unblock()
+	var moved []uint32
+	testenv.Eventually(t, 30*time.Second, func() error {
+		moved = moved[:0]
+		for p, reps := range assignment(t, c, "lr").Replicas {
+			if len(reps) != 1 {
+				return fmt.Errorf("partition %d still assigned to %v", p, reps)
+			}
+			if reps[0] == "shard-1" {
+				moved = append(moved, uint32(p))
+			}
+		}
+		for _, l := range c.Shards[0].Loaded() {
+			if l.Model == "lr" && slices.ContainsFunc(moved, func(p uint32) bool { return slices.Contains(l.Have, p) }) {
+				return fmt.Errorf("shard-0 still holds some of %v", moved)
+			}
+		}
+		return nil
+	})
+	if len(moved) == 0 || len(moved) == 8 {
+		t.Fatalf("shard-1 took %d of 8 partitions", len(moved))
+	}
+	tr.await(t, 20) // served by both after the handover
+	n, err := tr.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d requests answered through the scale-out; partitions %v moved", n, moved)
+}
+
+// faulty is a shard's real gRPC client that, while fail holds a code
+// other than OK, answers every lookup with that status instead.
+type faulty struct {
+	svc  shard.Service
+	fail atomic.Uint32 // a codes.Code
+}
+
+func (f *faulty) Lookup(ctx context.Context, req []byte) ([]byte, error) {
+	if c := codes.Code(f.fail.Load()); c != codes.OK {
+		return nil, status.Error(c, "injected fault")
+	}
+	return f.svc.Lookup(ctx, req)
+}
+
+// retries reads cumulus_router_retries_total{kind}.
+func retries(t *testing.T, reg *prometheus.Registry, kind string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "cumulus_router_retries_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestRetryOtherReplica: a replica that answers FailedPrecondition (it no
+// longer holds the partition) or Unavailable (unreachable) costs a retry
+// on the other replica, not a failed request; with every replica failing,
+// the request fails as unavailable within its deadline.
+func TestRetryOtherReplica(t *testing.T) {
+	repoDir := t.TempDir()
+	m := randomModel(codec.TypeFM, 4, 3000, 31)
+	if _, err := (loader.Repo{Dir: repoDir}).Publish("fm", m, 6, "test"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	faults := map[string]*faulty{}
+	reg := prometheus.NewRegistry()
+	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 2, Replicas: 2, ScanInterval: time.Hour, Registry: reg,
+		Router: router.Options{Dial: func(addr string) (shard.Service, io.Closer, error) {
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, nil, err
+			}
+			f := &faulty{svc: shard.NewClient(conn)}
+			mu.Lock()
+			faults[addr] = f
+			mu.Unlock()
+			return f, conn, nil
+		}}})
+	fault := func(i int) *faulty {
+		mu.Lock()
+		defer mu.Unlock()
+		return faults[c.Shards[i].Addr()]
+	}
+	ref := reference.New(m)
+	rng := rand.New(rand.NewPCG(31, 31))
+	for _, code := range []codes.Code{codes.FailedPrecondition, codes.Unavailable} {
+		fault(0).fail.Store(uint32(code))
+		before := retries(t, reg, "replica")
+		// Replicas are taken in turn, so shard-0 is asked (once the router
+		// has seen it hold its partitions) and retried away from; every
+		// request meanwhile must be answered right.
+		testenv.Eventually(t, 30*time.Second, func() error {
+			req := randomRequest(rng, "fm", m, 30, 10, 3)
+			resp, err := c.Router.Predict(context.Background(), req)
+			if err != nil {
+				t.Fatalf("with shard-0 answering %v: %v", code, err)
+			}
+			checkScores(t, ref, req, resp)
+			if retries(t, reg, "replica") == before {
+				return fmt.Errorf("with shard-0 answering %v: no retry counted yet", code)
+			}
+			return nil
+		})
+	}
+	fault(1).fail.Store(uint32(codes.FailedPrecondition))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := c.Router.Predict(ctx, randomRequest(rng, "fm", m, 30, 10, 3))
+	if !errors.Is(err, router.ErrUnavailable) {
+		t.Errorf("every replica failing: %v, want unavailable", err)
+	}
+	fault(0).fail.Store(uint32(codes.OK))
+	fault(1).fail.Store(uint32(codes.OK))
+	req := randomRequest(rng, "fm", m, 30, 10, 3)
+	resp, err := c.Router.Predict(context.Background(), req)
+	if err != nil {
+		t.Fatalf("after the faults cleared: %v", err)
+	}
+	checkScores(t, ref, req, resp)
+}
