@@ -4,14 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/cumulus-serving/cumulus/codec"
-	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
@@ -22,18 +18,8 @@ import (
 // serving map change whole. If it could see one model assigned before
 // another, it would call itself ready with a model still missing.
 func TestPublishesAtOnce(t *testing.T) {
-	dir := t.TempDir()
-	e, err := etcdlocal.Start(filepath.Join(dir, "etcd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	repo := loader.Repo{Dir: filepath.Join(dir, "repo")}
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
 	const models = 6
 	for i := range models {
 		m := &loader.Sparse{Type: codec.TypeLR, Keys: []uint64{1, 2, 3}, Values: []float32{0.1, 0.2, 0.3}}
