@@ -55,10 +55,10 @@ type Manager struct {
 	rescan  chan struct{}
 	cancel  context.CancelFunc
 	done    sync.WaitGroup
-	checked map[string]error           // "model/version" → validation result; loop goroutine only
-	written map[string]string          // model → JSON last published
-	prev    map[string]topo.Assignment // model → assignment last published
-	live    map[string]uint64          // committed version per model
+	checked map[string]error // "model/version" → validation result; loop goroutine only
+	// published is each model's assignment as last written (or read back
+	// at start): its Live is the committed version.
+	published map[string]topo.Assignment
 }
 
 // Start begins managing. It returns at once.
@@ -73,15 +73,14 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, fmt.Errorf("manager: reading assignments: %w", err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	m := &Manager{opts: opts, rescan: make(chan struct{}, 1), cancel: cancel, checked: map[string]error{}, written: map[string]string{},
-		prev: map[string]topo.Assignment{}, live: map[string]uint64{}}
+	m := &Manager{opts: opts, rescan: make(chan struct{}, 1), cancel: cancel, checked: map[string]error{},
+		published: map[string]topo.Assignment{}}
 	for _, kv := range resp.Kvs {
 		a, err := topo.Decode[topo.Assignment](string(kv.Key), kv.Value)
 		if err != nil {
 			continue
 		}
-		m.live[a.Model] = a.Live
-		m.written[a.Model], m.prev[a.Model] = string(kv.Value), a
+		m.published[a.Model] = a
 	}
 	shards := make(chan map[string]topo.ShardInfo, 1)
 	m.done.Add(2)
@@ -146,13 +145,14 @@ func (m *Manager) publish(ctx context.Context, shards map[string]topo.ShardInfo)
 	var changed []topo.Assignment
 	var vals []string
 	for _, a := range Assign(models, ids, m.opts.Replicas) {
-		a.Live = m.live[a.Model]
+		prev := m.published[a.Model]
+		a.Live = prev.Live
 		if a.Live != a.Version && Ready(a, shards) {
 			a.Live = a.Version // commit: every replica holds the new version
 		}
-		a = Handover(a, m.prev[a.Model], shards)
+		a = Handover(a, prev, shards)
 		b, _ := json.Marshal(a)
-		if m.written[a.Model] == string(b) {
+		if was, _ := json.Marshal(prev); string(was) == string(b) {
 			continue
 		}
 		changed, vals = append(changed, a), append(vals, string(b))
@@ -167,11 +167,11 @@ func (m *Manager) publish(ctx context.Context, shards map[string]topo.ShardInfo)
 			slog.Error("manager: publishing assignments", "models", n, "err", err)
 			return
 		}
-		for i, a := range changed[:n] {
-			if a.Live != m.live[a.Model] {
+		for _, a := range changed[:n] {
+			if a.Live != m.published[a.Model].Live {
 				slog.Info("manager: committed", "model", a.Model, "version", a.Live)
 			}
-			m.written[a.Model], m.prev[a.Model], m.live[a.Model] = vals[i], a, a.Live
+			m.published[a.Model] = a
 			slog.Info("manager: assigned", "model", a.Model, "version", a.Version, "live", a.Live, "partitions", a.Partitions, "shards", len(shards))
 		}
 		changed, vals = changed[n:], vals[n:]
@@ -231,8 +231,8 @@ func (m *Manager) validate(man *codec.Manifest) error {
 // be read at all.
 func (m *Manager) lastGood() []Model {
 	var out []Model
-	for _, name := range slices.Sorted(maps.Keys(m.prev)) {
-		a := m.prev[name]
+	for _, name := range slices.Sorted(maps.Keys(m.published)) {
+		a := m.published[name]
 		out = append(out, Model{Name: a.Model, Version: a.Version, Partitions: a.Partitions})
 	}
 	return out
