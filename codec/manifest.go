@@ -1,7 +1,10 @@
 package codec
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"io"
 	"fmt"
 	"math"
 	"path"
@@ -148,4 +151,38 @@ func ParseManifest(b []byte) (*Manifest, error) {
 		return nil, err
 	}
 	return &m, nil
+}
+
+// PartitionIdentity is the content identity of partition p of the version
+// whose chain (newest first, ending at a full version) is given: the
+// SHA-256 of the full version's file as its manifest records it, or, for
+// a delta, the SHA-256 of the chain's file hashes from the full version
+// up, one per line. Two versions with the same identity for p serve the
+// same parameters for p; shards report it for what they verified and
+// routers use only reports that match the serving map's.
+func PartitionIdentity(chain []*Manifest, p uint32) string {
+	if len(chain) == 0 || p >= chain[0].Partitions {
+		return ""
+	}
+	if len(chain) == 1 {
+		return chain[0].Files[p].SHA256
+	}
+	h := sha256.New()
+	for i := len(chain) - 1; i >= 0; i-- {
+		io.WriteString(h, chain[i].Files[p].SHA256)
+		io.WriteString(h, "\n")
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Identities is PartitionIdentity for every partition.
+func Identities(chain []*Manifest) []string {
+	if len(chain) == 0 {
+		return nil
+	}
+	out := make([]string, chain[0].Partitions)
+	for p := range out {
+		out[p] = PartitionIdentity(chain, uint32(p))
+	}
+	return out
 }

@@ -7,13 +7,15 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 )
@@ -24,11 +26,22 @@ type Options struct {
 	Repo loader.Repo
 	// Etcd is the cluster store; required.
 	Etcd *clientv3.Client
+	// Cluster names the cluster; every key sits under /cumulus/NAME/.
+	// Default "default".
+	Cluster topo.Cluster
 	// Replicas is how many shards hold each partition. Default 1.
 	Replicas int
+	// KeepVersions is how many full versions besides the live one stay
+	// loaded on the shards for rollback, with their deltas. Default 2;
+	// negative keeps none.
+	KeepVersions int
 	// ScanInterval is how often the repository is scanned for new
 	// versions. Default 10s.
 	ScanInterval time.Duration
+	// Registry receives the manager's metrics; nil registers nowhere.
+	Registry prometheus.Registerer
+	// Writer names this manager in what it writes. Default host:pid.
+	Writer string
 }
 
 // Validate checks required fields and fills defaults.
@@ -39,66 +52,109 @@ func (o *Options) Validate() error {
 	case o.Etcd == nil:
 		return errors.New("manager: Options.Etcd is required")
 	}
+	o.Cluster = o.Cluster.OrDefault()
+	if err := o.Cluster.Validate(); err != nil {
+		return err
+	}
 	if o.Replicas == 0 {
 		o.Replicas = 1
+	}
+	switch {
+	case o.KeepVersions == 0:
+		o.KeepVersions = 2
+	case o.KeepVersions < 0:
+		o.KeepVersions = 0
 	}
 	if o.ScanInterval == 0 {
 		o.ScanInterval = 10 * time.Second
 	}
+	if o.Writer == "" {
+		host, _ := os.Hostname()
+		o.Writer = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
 	return nil
 }
 
-// Manager publishes the serving map: for every model in the repository,
-// the newest version that passes validation, spread over the live shards.
+// Manager owns what is served. One goroutine applies events — repository
+// scans, validation results, shard reports, operator commands — one at a
+// time through Decide, persists the result and publishes the serving map,
+// both in one conditional etcd transaction.
 type Manager struct {
-	opts    Options
-	rescan  chan struct{}
-	cancel  context.CancelFunc
-	done    sync.WaitGroup
-	checked map[string]error // "model/version" → validation result; loop goroutine only
-	// published is each model's assignment as last written (or read back
-	// at start): its Live is the committed version.
-	published map[string]topo.Assignment
+	opts     Options
+	policy   Policy
+	st       store
+	commands chan request
+	rescan   chan struct{}
+	results  chan Event // from the validator; unbuffered, so it never runs ahead of what the loop has applied
+	queue    validateQueue
+	cancel   context.CancelFunc
+	done     sync.WaitGroup
+	view     atomic.Pointer[State] // the newest state; never modified
+	// persisted is the state as last written; loop goroutine only.
+	persisted *State
+	written   time.Time // when persisted was written
+	metrics   metrics
 }
 
-// Start begins managing. It returns at once.
+type request struct {
+	cmd   Command
+	reply chan error
+}
+
+type metrics struct {
+	conflicts  prometheus.Counter
+	commits    prometheus.Counter
+	mismatches prometheus.Gauge
+}
+
+// Start reads the persisted state and begins managing. It returns once
+// the state is read.
 func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	// A restarted manager carries on from the published assignments: what
-	// is committed stays committed.
-	resp, err := opts.Etcd.Get(ctx, topo.ModelsPrefix, clientv3.WithPrefix())
-	if err != nil {
-		return nil, fmt.Errorf("manager: reading assignments: %w", err)
+	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions},
+		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
+		commands: make(chan request), rescan: make(chan struct{}, 1), results: make(chan Event)}
+	m.queue.init()
+	m.metrics = metrics{
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_write_conflicts_total",
+			Help: "State writes refused because another manager wrote first; each is followed by a fresh read."}),
+		commits: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_commits_total",
+			Help: "Versions made live (rollouts and rollbacks)."}),
+		mismatches: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cumulus_manager_identity_mismatches",
+			Help: "Shard × model version pairs whose reported content differs from what the manager validated."}),
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	m := &Manager{opts: opts, rescan: make(chan struct{}, 1), cancel: cancel, checked: map[string]error{},
-		published: map[string]topo.Assignment{}}
-	for _, kv := range resp.Kvs {
-		a, err := topo.Decode[topo.Assignment](string(kv.Key), kv.Value)
-		if err != nil {
-			continue
+	if opts.Registry != nil {
+		for _, c := range []prometheus.Collector{m.metrics.conflicts, m.metrics.commits, m.metrics.mismatches} {
+			if err := opts.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("manager: metrics: %w", err)
+			}
 		}
-		m.published[a.Model] = a
 	}
+	models, err := m.st.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m.persisted = &State{Models: models, Shards: map[string]topo.ShardInfo{}}
+	m.view.Store(m.persisted)
+	ctx, cancel := context.WithCancel(ctx)
+	m.cancel = cancel
 	shards := make(chan map[string]topo.ShardInfo, 1)
-	m.done.Add(2)
+	m.done.Add(3)
 	go func() {
 		defer m.done.Done()
-		topo.Watch(ctx, opts.Etcd, topo.ShardsPrefix, func(kv map[string][]byte) {
-			infos := topo.DecodeAll[topo.ShardInfo](kv, topo.ShardsPrefix)
-			select {
+		topo.Watch(ctx, opts.Etcd, opts.Cluster.ShardsPrefix(), func(kv map[string][]byte) {
+			infos := topo.DecodeAll[topo.ShardInfo](kv, opts.Cluster.ShardsPrefix())
+			select { // keep only the newest
 			case <-shards:
 			default:
 			}
 			shards <- infos
 		})
 	}()
-	go func() {
-		defer m.done.Done()
-		m.loop(ctx, shards)
-	}()
+	go func() { defer m.done.Done(); m.validator(ctx) }()
+	go func() { defer m.done.Done(); m.loop(ctx, shards) }()
 	return m, nil
 }
 
@@ -110,130 +166,264 @@ func (m *Manager) Rescan() {
 	}
 }
 
+// Do applies an operator's command and returns once its result is
+// persisted and the serving map written (or the command refused:
+// ErrNotFound, ErrConflict, ErrInvalid).
+func (m *Manager) Do(ctx context.Context, c Command) error {
+	req := request{cmd: c, reply: make(chan error, 1)}
+	select {
+	case m.commands <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-req.reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// State returns the newest state. The caller must not modify it.
+func (m *Manager) State() *State { return m.view.Load() }
+
 // Close stops the manager. The serving map stays as last written.
 func (m *Manager) Close() {
 	m.cancel()
 	m.done.Wait()
 }
 
-func (m *Manager) loop(ctx context.Context, shardsCh <-chan map[string]topo.ShardInfo) {
+func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardInfo) {
 	tick := time.NewTicker(m.opts.ScanInterval)
 	defer tick.Stop()
-	var shards map[string]topo.ShardInfo
+	m.scan(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case shards = <-shardsCh:
+		case s := <-shards:
+			m.apply(ctx, ShardsChanged{Shards: s})
 		case <-tick.C:
+			m.scan(ctx)
 		case <-m.rescan:
+			m.scan(ctx)
+		case ev := <-m.results:
+			m.apply(ctx, ev)
+		case req := <-m.commands:
+			if req.cmd.Op == OpRescan {
+				m.scan(ctx)
+			}
+			req.reply <- m.apply(ctx, req.cmd)
 		}
-		m.publish(ctx, shards)
 	}
 }
 
-// maxTxnOps is etcd's default limit on operations in one transaction.
-const maxTxnOps = 128
-
-// publish writes the assignments of this pass that changed. They go in
-// one etcd transaction (up to maxTxnOps models), so a router sees the
-// whole serving map change at once: never one model's new assignment
-// without another's.
-func (m *Manager) publish(ctx context.Context, shards map[string]topo.ShardInfo) {
-	models := m.scan()
-	ids := slices.Sorted(maps.Keys(shards))
-	var changed []topo.Assignment
-	var vals []string
-	for _, a := range Assign(models, ids, m.opts.Replicas) {
-		prev := m.published[a.Model]
-		a.Live = prev.Live
-		if a.Live != a.Version && Ready(a, shards) {
-			a.Live = a.Version // commit: every replica holds the new version
-		}
-		a = Handover(a, prev, shards)
-		b, _ := json.Marshal(a)
-		if was, _ := json.Marshal(prev); string(was) == string(b) {
-			continue
-		}
-		changed, vals = append(changed, a), append(vals, string(b))
+// scan lists the repository and applies what it found. When the
+// repository cannot be read at all, nothing changes.
+func (m *Manager) scan(ctx context.Context) {
+	ev, err := scanRepo(m.opts.Repo)
+	if err != nil {
+		slog.Error("manager: scanning repository; keeping the current state", "err", err)
+		return
 	}
-	for len(changed) > 0 {
-		n := min(len(changed), maxTxnOps)
-		ops := make([]clientv3.Op, n)
-		for i := range n {
-			ops[i] = clientv3.OpPut(topo.ModelKey(changed[i].Model), vals[i])
+	m.apply(ctx, ev)
+}
+
+// maxHold bounds how long changes are held back while validations run.
+const maxHold = 2 * time.Second
+
+// maxApply bounds how often one event is decided again after another
+// manager's write made this one's view stale.
+const maxApply = 5
+
+// apply decides ev on the current state, persists the result and
+// publishes the serving map, deciding again on a fresh read if another
+// writer got there first. It returns Decide's refusal of a command, or
+// the error that kept the result from being persisted.
+//
+// While validations are queued or under way, what changes is held back
+// (up to maxHold) and then written together: the versions found by one
+// scan reach the map at once, so a router never sees one model of a
+// repository without the others it would see a moment later. Commands
+// are written at once. (A result held back and lost to a conflicting
+// write is not lost for good: the next scan queues versions still
+// pending again.)
+func (m *Manager) apply(ctx context.Context, ev Event) error {
+	for attempt := 1; ; attempt++ {
+		cur := m.view.Load()
+		next, acts, refused := Decide(cur, ev, m.policy)
+		m.view.Store(next)
+		m.after(cur, next, acts)
+		if _, cmd := ev.(Command); !cmd && m.queue.busy() && time.Since(m.written) < maxHold {
+			return nil
 		}
-		if _, err := m.opts.Etcd.Txn(ctx).Then(ops...).Commit(); err != nil {
-			slog.Error("manager: publishing assignments", "models", n, "err", err)
+		ch := m.changes(m.persisted, next, acts)
+		slog.Debug("manager: writing", "event", fmt.Sprintf("%T", ev), "maps", len(ch.maps), "states", len(ch.states))
+		err := m.st.commit(ctx, ch)
+		if err == nil {
+			m.persisted, m.written = next, time.Now()
+			return refused
+		}
+		if !errors.Is(err, ErrStale) || attempt == maxApply {
+			slog.Error("manager: not persisted; will write again on the next event", "event", fmt.Sprintf("%T", ev), "err", err)
+			return err
+		}
+		m.metrics.conflicts.Inc()
+		models, lerr := m.st.load(ctx)
+		if lerr != nil {
+			return lerr
+		}
+		slog.Warn("manager: another writer changed the state; deciding again on a fresh read", "event", fmt.Sprintf("%T", ev))
+		fresh := &State{Models: models, Shards: next.Shards}
+		m.view.Store(fresh)
+		m.persisted = fresh
+	}
+}
+
+// changes is what differs between two states, as records to write.
+func (m *Manager) changes(cur, next *State, acts []Action) change {
+	c := change{states: map[string][]byte{}, maps: map[string][]byte{}}
+	for name, nm := range next.Models {
+		b, _ := json.Marshal(nm)
+		om := cur.Models[name]
+		if was, _ := json.Marshal(om); om == nil || string(was) != string(b) {
+			c.states[name] = b
+		}
+		if nm.Partitions == 0 {
+			continue // nothing to serve yet
+		}
+		a, _ := json.Marshal(nm.Assignment())
+		if om == nil {
+			c.maps[name] = a
+		} else if was, _ := json.Marshal(om.Assignment()); string(was) != string(a) {
+			c.maps[name] = a
+		}
+	}
+	for _, a := range acts {
+		if e, ok := a.(AuditEntry); ok {
+			c.audit = append(c.audit, e)
+		}
+	}
+	return c
+}
+
+// after carries out a persisted decision's actions and logs what
+// changed.
+func (m *Manager) after(cur, next *State, acts []Action) {
+	for _, a := range acts {
+		if v, ok := a.(Validate); ok {
+			m.queue.push(v)
+		}
+	}
+	mismatches := 0
+	for _, name := range slices.Sorted(maps.Keys(next.Models)) {
+		nm, om := next.Models[name], cur.Models[name]
+		for _, v := range nm.Versions {
+			var was Version
+			if om != nil {
+				if x := om.version(v.Version); x != nil {
+					was = *x
+				}
+			}
+			if was.Phase != v.Phase {
+				l := slog.Info
+				if v.Phase == PhaseRejected {
+					l = slog.Error
+				}
+				l("manager: version "+string(v.Phase), "model", name, "version", v.Version, "reason", v.Reason)
+			}
+		}
+		if om != nil && om.Live != nm.Live && nm.Live != 0 {
+			m.metrics.commits.Inc()
+		}
+		for id, vs := range next.Mismatches(name) {
+			mismatches += len(vs)
+			if om == nil || len(cur.Mismatches(name)[id]) != len(vs) {
+				slog.Error("manager: shard reports content other than validated; not assigning it this model", "shard", id, "model", name, "versions", vs)
+			}
+		}
+	}
+	m.metrics.mismatches.Set(float64(mismatches))
+}
+
+// validator validates versions one at a time, off the loop, so a large
+// version's checksums never hold up commands or rollouts of others.
+func (m *Manager) validator(ctx context.Context) {
+	for {
+		v, ok := m.queue.pop(ctx)
+		if !ok {
 			return
 		}
-		for _, a := range changed[:n] {
-			if a.Live != m.published[a.Model].Live {
-				slog.Info("manager: committed", "model", a.Model, "version", a.Live)
-			}
-			m.published[a.Model] = a
-			slog.Info("manager: assigned", "model", a.Model, "version", a.Version, "live", a.Live, "partitions", a.Partitions, "shards", len(shards))
+		select {
+		case m.results <- Started{Model: v.Model, Version: v.Version}:
+		case <-ctx.Done():
+			return
 		}
-		changed, vals = changed[n:], vals[n:]
+		checked := validate(m.opts.Repo, v)
+		m.queue.finish(v) // before the result is applied: the loop writes once the queue is idle
+		select {
+		case m.results <- checked:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 
-// scan lists, per model, the newest version that passes the validation
-// gate: a valid manifest and every file matching its checksums. A version
-// that fails is logged once and skipped, so the previous one keeps serving.
-func (m *Manager) scan() []Model {
-	names, err := m.opts.Repo.Models()
-	if err != nil {
-		slog.Error("manager: scanning repository", "err", err)
-		return m.lastGood()
-	}
-	var out []Model
-	for _, name := range names {
-		vs, err := m.opts.Repo.Versions(name)
-		if err != nil {
-			continue
-		}
-		for i := len(vs) - 1; i >= 0; i-- {
-			// A delta is servable when it and every version under it, down
-			// to a full version, pass.
-			chain, err := m.opts.Repo.Chain(name, vs[i])
-			for _, man := range chain {
-				if err != nil {
-					break
-				}
-				err = m.validate(man)
-			}
-			if err == nil {
-				out = append(out, Model{Name: name, Version: vs[i], Partitions: chain[0].Partitions})
-				break
-			}
-		}
-	}
-	return out
+// validateQueue is the validator's queue: a version is queued once until
+// its validation finishes.
+type validateQueue struct {
+	mu     sync.Mutex
+	items  []Validate
+	queued map[Validate]bool
+	wake   chan struct{}
 }
 
-// validate checks one version's files, once: results are cached, and a
-// failure is logged the first time.
-func (m *Manager) validate(man *codec.Manifest) error {
-	key := fmt.Sprintf("%s/%d", man.Name, man.Version)
-	err, seen := m.checked[key]
-	if !seen {
-		err = m.opts.Repo.Verify(man)
-		m.checked[key] = err
-		if err != nil {
-			slog.Error("manager: version fails validation; not serving it", "model", man.Name, "version", man.Version, "err", err)
-		}
-	}
-	return err
+func (q *validateQueue) init() {
+	q.queued = map[Validate]bool{}
+	q.wake = make(chan struct{}, 1)
 }
 
-// lastGood is what was last published, for when the repository cannot
-// be read at all.
-func (m *Manager) lastGood() []Model {
-	var out []Model
-	for _, name := range slices.Sorted(maps.Keys(m.published)) {
-		a := m.published[name]
-		out = append(out, Model{Name: a.Model, Version: a.Version, Partitions: a.Partitions})
+func (q *validateQueue) push(v Validate) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.queued[v] {
+		return
 	}
-	return out
+	q.queued[v] = true
+	q.items = append(q.items, v)
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (q *validateQueue) pop(ctx context.Context) (Validate, bool) {
+	for {
+		q.mu.Lock()
+		if len(q.items) > 0 {
+			v := q.items[0]
+			q.items = q.items[1:]
+			q.mu.Unlock()
+			return v, true
+		}
+		q.mu.Unlock()
+		select {
+		case <-q.wake:
+		case <-ctx.Done():
+			return Validate{}, false
+		}
+	}
+}
+
+// busy reports whether validations are queued or under way.
+func (q *validateQueue) busy() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.queued) > 0
+}
+
+func (q *validateQueue) finish(v Validate) {
+	q.mu.Lock()
+	delete(q.queued, v)
+	q.mu.Unlock()
 }

@@ -30,12 +30,12 @@ func TestPublishesAtOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// The manager only reads registrations: a record is enough.
-	info, _ := json.Marshal(topo.ShardInfo{ID: "s0", Addr: "127.0.0.1:1"})
-	if _, err := cli.Put(ctx, topo.ShardKey("s0"), string(info)); err != nil {
+	info, _ := json.Marshal(topo.ShardInfo{Schema: topo.Schema, ID: "s0", Addr: "127.0.0.1:1"})
+	if _, err := cli.Put(ctx, topo.DefaultCluster.ShardKey("s0"), string(info)); err != nil {
 		t.Fatal(err)
 	}
 	sizes := make(chan int, 100)
-	go topo.Watch(ctx, cli, topo.ModelsPrefix, func(kv map[string][]byte) { sizes <- len(kv) })
+	go topo.Watch(ctx, cli, topo.DefaultCluster.ModelsPrefix(), func(kv map[string][]byte) { sizes <- len(kv) })
 	if n := <-sizes; n != 0 {
 		t.Fatalf("%d assignments before the manager started", n)
 	}

@@ -30,6 +30,9 @@ import (
 type Options struct {
 	// Etcd is the cluster store the router watches; required.
 	Etcd *clientv3.Client
+	// Cluster names the cluster; keys sit under /cumulus/NAME/. Default
+	// "default".
+	Cluster topo.Cluster
 	// Limits bound each request.
 	Limits Limits
 	// FanoutWorkers bounds concurrent shard calls across all requests
@@ -49,6 +52,10 @@ type Options struct {
 func (o *Options) Validate() error {
 	if o.Etcd == nil {
 		return errors.New("router: Options.Etcd is required")
+	}
+	o.Cluster = o.Cluster.OrDefault()
+	if err := o.Cluster.Validate(); err != nil {
+		return err
 	}
 	o.Limits.fill()
 	if o.FanoutWorkers == 0 {
@@ -134,13 +141,29 @@ func (r *Router) watch(ctx context.Context) {
 		shards  map[string]topo.ShardInfo
 		assigns map[string]topo.Assignment
 	}
-	events := make(chan event, 16)
-	go topo.Watch(ctx, r.opts.Etcd, topo.ShardsPrefix, func(kv map[string][]byte) {
-		events <- event{shards: topo.DecodeAll[topo.ShardInfo](kv, topo.ShardsPrefix)}
-	})
-	go topo.Watch(ctx, r.opts.Etcd, topo.ModelsPrefix, func(kv map[string][]byte) {
-		events <- event{assigns: topo.DecodeAll[topo.Assignment](kv, topo.ModelsPrefix)}
-	})
+	events := make(chan event, 1)
+	send := func(ev event) {
+		select {
+		case events <- ev:
+		case <-ctx.Done():
+		}
+	}
+	var watchers sync.WaitGroup
+	defer watchers.Wait() // after ctx ends, both watches return
+	c := r.opts.Cluster
+	watchers.Add(2)
+	go func() {
+		defer watchers.Done()
+		topo.Watch(ctx, r.opts.Etcd, c.ShardsPrefix(), func(kv map[string][]byte) {
+			send(event{shards: topo.DecodeAll[topo.ShardInfo](kv, c.ShardsPrefix())})
+		})
+	}()
+	go func() {
+		defer watchers.Done()
+		topo.Watch(ctx, r.opts.Etcd, c.ModelsPrefix(), func(kv map[string][]byte) {
+			send(event{assigns: topo.Assignments(kv, c)})
+		})
+	}()
 	backends := map[string]*backend{}
 	closers := map[string]io.Closer{}
 	var shards map[string]topo.ShardInfo

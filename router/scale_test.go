@@ -99,7 +99,7 @@ func (tr *traffic) until(t *testing.T, cond func() error) {
 
 func assignment(t *testing.T, c *devcluster.Cluster, model string) topo.Assignment {
 	t.Helper()
-	resp, err := c.Etcd.Get(context.Background(), topo.ModelKey(model))
+	resp, err := c.Etcd.Get(context.Background(), topo.DefaultCluster.ModelKey(model))
 	if err != nil || len(resp.Kvs) == 0 {
 		t.Fatalf("reading %s's assignment: %v", model, err)
 	}

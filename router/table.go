@@ -1,9 +1,6 @@
 package router
 
 import (
-	"maps"
-	"slices"
-
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/shard"
@@ -44,55 +41,48 @@ type table struct {
 	replaced chan struct{} // closed once a newer table is in place
 }
 
-// buildTable routes each assigned model to its committed (Live) version
-// while some set of shards holds all of it, otherwise to the newest
-// complete version. A staged version is not served before the manager
-// commits it, and after a shard refuses a damaged file the previous
-// version keeps serving.
+// buildTable routes each model as the serving map says: unpinned
+// requests to its Live version, requests pinned to a version to Live or a
+// Standby version; never a Staged one. A partition goes only to shards
+// the map assigns it to that are registered (alive under their lease) and
+// report exactly the content identity the map expects, so a shard loaded
+// from another repository, or a stale report, gets no traffic. A version
+// some partition of which has no such replica is not servable: requests
+// for it fail at once rather than go elsewhere.
 func buildTable(shards map[string]topo.ShardInfo, assigns map[string]topo.Assignment, backends map[string]*backend) *table {
 	t := &table{models: map[string]*modelRoute{}, replaced: make(chan struct{})}
 	for name, a := range assigns {
 		mr := &modelRoute{name: name, versions: map[uint64]*versionRoute{}}
 		t.models[name] = mr
-		for _, id := range slices.Sorted(maps.Keys(shards)) {
-			si := shards[id]
-			b := backends[si.Addr]
-			if b == nil {
-				continue
-			}
-			for _, l := range si.Loaded {
-				if l.Model != name || l.Partitions == 0 || l.Dim < 0 || (l.Type != codec.TypeLR && l.Type != codec.TypeFM) {
-					continue
-				}
-				vr := mr.versions[l.Version]
-				if vr == nil {
-					vr = &versionRoute{model: name, version: l.Version, typ: l.Type, dim: l.Dim, bias: l.Bias,
-						partitions: l.Partitions, replicas: make([][]*backend, l.Partitions)}
-					mr.versions[l.Version] = vr
-				}
-				if vr.partitions != l.Partitions || vr.typ != l.Type || vr.dim != l.Dim {
-					continue // disagrees with another shard about this version: ignore it
-				}
-				for _, p := range l.Have {
-					if p < vr.partitions {
-						vr.replicas[p] = append(vr.replicas[p], b)
-					}
-				}
+		for _, v := range append([]uint64{a.Live}, a.Standby...) {
+			if vr := route(a, v, shards, backends); vr != nil {
+				mr.versions[v] = vr
 			}
 		}
-		for v, vr := range mr.versions {
-			if slices.ContainsFunc(vr.replicas, func(r []*backend) bool { return len(r) == 0 }) {
-				delete(mr.versions, v)
-			}
-		}
-		// The committed version while it is complete; otherwise (before the
-		// first commit, or after losing every replica of a partition) the
-		// newest complete one.
-		if vr := mr.versions[a.Live]; vr != nil {
-			mr.live = vr
-		} else if len(mr.versions) > 0 {
-			mr.live = mr.versions[slices.Max(slices.Collect(maps.Keys(mr.versions)))]
-		}
+		mr.live = mr.versions[a.Live]
 	}
 	return t
+}
+
+// route is version v of a's model with every partition's trusted
+// replicas, or nil when some partition has none.
+func route(a topo.Assignment, v uint64, shards map[string]topo.ShardInfo, backends map[string]*backend) *versionRoute {
+	info := a.Info(v)
+	if v == 0 || info == nil || info.Dim < 0 || (info.Type != codec.TypeLR && info.Type != codec.TypeFM) {
+		return nil
+	}
+	vr := &versionRoute{model: a.Model, version: v, typ: info.Type, dim: info.Dim, bias: info.Bias,
+		partitions: a.Partitions, replicas: make([][]*backend, a.Partitions)}
+	for p, ids := range a.Replicas {
+		for _, id := range ids {
+			si, ok := shards[id]
+			if b := backends[si.Addr]; ok && b != nil && si.Holds(a.Model, v, uint32(p), info.IDs[p]) {
+				vr.replicas[p] = append(vr.replicas[p], b)
+			}
+		}
+		if len(vr.replicas[p]) == 0 {
+			return nil
+		}
+	}
+	return vr
 }

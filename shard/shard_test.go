@@ -33,14 +33,28 @@ func testModel(scale float32) *loader.Sparse {
 	return s
 }
 
-func assign(t *testing.T, cli *clientv3.Client, version uint64, parts uint32) {
+// putMap writes the serving map of model m as the manager would: every
+// partition on shard s1, live and staged versions described from the
+// repository's manifests.
+func putMap(t *testing.T, cli *clientv3.Client, repo loader.Repo, parts uint32, live, staged uint64) {
 	t.Helper()
-	a := topo.Assignment{Model: "m", Version: version, Partitions: parts, Replicas: make([][]string, parts)}
+	a := topo.Assignment{Schema: topo.Schema, Model: "m", Live: live, Staged: staged, Partitions: parts, Replicas: make([][]string, parts)}
 	for p := range a.Replicas {
 		a.Replicas[p] = []string{"s1"}
 	}
+	for _, v := range a.Kept() {
+		chain, err := repo.Chain("m", v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info := topo.VersionInfo{Version: v, Type: chain[0].Type, Dim: chain[0].Dim, Bias: chain[0].Bias, Hash: chain[0].Hash, IDs: codec.Identities(chain)}
+		for _, c := range chain {
+			info.Chain = append(info.Chain, c.Version)
+		}
+		a.Versions = append(a.Versions, info)
+	}
 	b, _ := json.Marshal(a)
-	if _, err := cli.Put(context.Background(), topo.ModelKey("m"), string(b)); err != nil {
+	if _, err := cli.Put(context.Background(), topo.DefaultCluster.ModelKey("m"), string(b)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -60,7 +74,7 @@ func servingShard(t *testing.T) (*Shard, *clientv3.Client, loader.Repo) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	assign(t, cli, 1, 2)
+	putMap(t, cli, repo, 2, 1, 0)
 	return s, cli, repo
 }
 
@@ -146,9 +160,9 @@ func TestShardServesAssignedAndRefusesDamage(t *testing.T) {
 	b, _ := os.ReadFile(f)
 	b[70] ^= 0xff
 	os.WriteFile(f, b, 0o644)
-	assign(t, cli, 2, 2)
+	putMap(t, cli, repo, 2, 1, 2)
 	testenv.Eventually(t, 10*time.Second, func() error {
-		resp, err := cli.Get(context.Background(), topo.ShardKey("s1"))
+		resp, err := cli.Get(context.Background(), topo.DefaultCluster.ShardKey("s1"))
 		if err != nil || len(resp.Kvs) == 0 {
 			return errors.New("no registration")
 		}
@@ -168,7 +182,7 @@ func TestShardServesAssignedAndRefusesDamage(t *testing.T) {
 	if _, err := repo.Publish("m", testModel(3), 2, ""); err != nil {
 		t.Fatal(err)
 	}
-	assign(t, cli, 3, 2)
+	putMap(t, cli, repo, 2, 3, 0)
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if l := s.Loaded(); len(l) != 1 || l[0].Version != 3 {
 			return errors.New("still holding old versions")
@@ -209,11 +223,11 @@ func TestMemoryBudget(t *testing.T) {
 	}
 	defer s.Close()
 	put := func(version, live uint64) {
-		a := topo.Assignment{Model: "m", Version: version, Live: live, Partitions: 2, Replicas: [][]string{{"s1"}, {"s1"}}}
-		b, _ := json.Marshal(a)
-		if _, err := cli.Put(context.Background(), topo.ModelKey("m"), string(b)); err != nil {
-			t.Fatal(err)
+		staged := version
+		if version == live {
+			staged = 0
 		}
+		putMap(t, cli, repo, 2, live, staged)
 	}
 	mapped := func(v uint64) (n int) {
 		for _, l := range s.snap.Load().get("m", v).layers {
@@ -297,11 +311,7 @@ func TestHotTier(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	a := topo.Assignment{Model: "m", Version: 1, Live: 1, Partitions: 1, Replicas: [][]string{{"s1"}}}
-	b, _ := json.Marshal(a)
-	if _, err := cli.Put(context.Background(), topo.ModelKey("m"), string(b)); err != nil {
-		t.Fatal(err)
-	}
+	putMap(t, cli, repo, 1, 1, 0)
 	hotKeys := make([]uint64, 1000)
 	for i := range hotKeys {
 		hotKeys[i] = uint64(1000 + 7*i)

@@ -16,6 +16,7 @@ type version struct {
 	m      *codec.Manifest
 	chain  []uint64   // versions of the layers, newest first
 	layers [][]*Table // per partition; nil where not held
+	ids    []string   // per partition: content identity (codec.PartitionIdentity) of what is held
 }
 
 // snapshot is the immutable set of everything loaded. Lookups read it
@@ -40,18 +41,19 @@ func (s *snapshot) file(model string, fileVersion uint64, p uint32) *Table {
 }
 
 // with returns a copy of s in which version m (of chain) holds partition
-// p as the stack layers.
-func (s *snapshot) with(m *codec.Manifest, chain []uint64, p uint32, layers []*Table) *snapshot {
+// p as the stack layers, whose content identity is id.
+func (s *snapshot) with(m *codec.Manifest, chain []uint64, p uint32, layers []*Table, id string) *snapshot {
 	n := &snapshot{models: maps.Clone(s.models)}
 	vs := maps.Clone(n.models[m.Name])
 	if vs == nil {
 		vs = map[uint64]*version{}
 	}
-	nv := &version{m: m, chain: chain, layers: make([][]*Table, m.Partitions)}
+	nv := &version{m: m, chain: chain, layers: make([][]*Table, m.Partitions), ids: make([]string, m.Partitions)}
 	if old := vs[m.Version]; old != nil {
 		copy(nv.layers, old.layers)
+		copy(nv.ids, old.ids)
 	}
-	nv.layers[p] = layers
+	nv.layers[p], nv.ids[p] = layers, id
 	vs[m.Version] = nv
 	n.models[m.Name] = vs
 	return n
@@ -64,7 +66,7 @@ func (s *snapshot) keepOnly(keep func(model string, v uint64, p uint32) bool) (*
 	dropped := false
 	for name, vs := range s.models {
 		for v, ver := range vs {
-			nv := &version{m: ver.m, chain: ver.chain, layers: make([][]*Table, len(ver.layers))}
+			nv := &version{m: ver.m, chain: ver.chain, layers: make([][]*Table, len(ver.layers)), ids: ver.ids}
 			held := false
 			for p, l := range ver.layers {
 				if l == nil {
@@ -145,11 +147,10 @@ func (s *snapshot) report() []topo.Loaded {
 		vs := s.models[name]
 		for _, v := range slices.Sorted(maps.Keys(vs)) {
 			ver := vs[v]
-			l := topo.Loaded{Model: name, Version: v, Type: ver.m.Type, Dim: ver.m.Dim, Bias: ver.m.Bias,
-				Partitions: ver.m.Partitions, Hash: ver.m.Hash}
+			l := topo.Loaded{Model: name, Version: v}
 			for p, t := range ver.layers {
 				if t != nil {
-					l.Have = append(l.Have, uint32(p))
+					l.Have, l.IDs = append(l.Have, uint32(p)), append(l.IDs, ver.ids[p])
 				}
 			}
 			out = append(out, l)

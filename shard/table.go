@@ -44,6 +44,7 @@ type Table struct {
 	hotOf  *Table   // for a hot tier: the mapped table it caches
 	file   *os.File // mapped tables: the file, for findCold
 	recOff int64    // where the records start in file
+	sha    string   // SHA-256 of the partition file, as its manifest records it
 }
 
 // ResidentTable builds a table of keys and their values (width floats a

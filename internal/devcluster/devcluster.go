@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/router"
@@ -36,6 +37,13 @@ type Options struct {
 	Shards int
 	// Replicas per partition. Default 1.
 	Replicas int
+	// Cluster names the cluster in etcd. Default "default".
+	Cluster topo.Cluster
+	// KeepVersions is the manager's: full versions kept loaded for
+	// rollback besides the live one. Default 2; negative keeps none.
+	KeepVersions int
+	// Build is the version the shards report.
+	Build string
 	// ScanInterval for new versions. Default 2s.
 	ScanInterval time.Duration
 	// Router options; Etcd and Registry are filled in.
@@ -104,11 +112,12 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	repo := loader.Repo{Dir: o.Repo}
 	// The manager starts after the shards have registered, so its first
 	// assignment already spreads partitions over all of them.
-	if c.Manager, err = manager.Start(ctx, manager.Options{Repo: repo, Etcd: c.Etcd, Replicas: o.Replicas, ScanInterval: o.ScanInterval}); err != nil {
+	if c.Manager, err = manager.Start(ctx, manager.Options{Repo: repo, Etcd: c.Etcd, Cluster: o.Cluster, Replicas: o.Replicas,
+		KeepVersions: o.KeepVersions, ScanInterval: o.ScanInterval, Registry: o.Registry}); err != nil {
 		return nil, err
 	}
 	ro := o.Router
-	ro.Etcd, ro.Registry = c.Etcd, o.Registry
+	ro.Etcd, ro.Registry, ro.Cluster = c.Etcd, o.Registry, o.Cluster
 	if c.Router, err = router.Start(ctx, ro); err != nil {
 		return nil, err
 	}
@@ -133,8 +142,8 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 // registers it: scaling out. Close stops it with the others.
 func (c *Cluster) AddShard() (*shard.Shard, error) {
 	i := len(c.Shards)
-	so := shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: loader.Repo{Dir: c.opts.Repo}, Etcd: c.Etcd,
-		Registry: c.opts.Registry, MemoryBudget: c.opts.MemoryBudget}
+	so := shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: loader.Repo{Dir: c.opts.Repo}, Etcd: c.Etcd, Cluster: c.opts.Cluster,
+		Build: c.opts.Build, Registry: c.opts.Registry, MemoryBudget: c.opts.MemoryBudget}
 	if c.opts.Shard != nil {
 		c.opts.Shard(i, &so)
 	}

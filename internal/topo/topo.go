@@ -2,74 +2,219 @@
 // records stored under it, a watcher that turns a key prefix into a
 // stream of whole snapshots, and lease-backed registration.
 //
-// Layout (all values JSON):
+// Layout (all values JSON, every record carrying "schema"), under one
+// cluster name so that clusters sharing an etcd never see each other:
 //
-//	/cumulus/shards/ID   ShardInfo, under the shard's lease: who is alive,
-//	                     where, and which partitions it has loaded
-//	/cumulus/models/NAME Assignment, written by the manager: the version
-//	                     to serve and which shards should hold each partition
+//	/cumulus/CLUSTER/shards/ID     ShardInfo, under the shard's lease: who
+//	                               is alive, where, what it has verified
+//	/cumulus/CLUSTER/models/NAME   Assignment, written by the manager only:
+//	                               the serving map of one model
+//	/cumulus/CLUSTER/manager/...   the manager's own persisted state
 //
-// Shards read assignments and report what they hold; routers route only
-// to what shards report, so a shard still loading, or one that refused a
-// damaged file, never receives traffic for what it does not have.
+// The manager alone decides what is served; shards load what the map
+// names and report the content identity of each partition they verified;
+// routers route a partition only to shards that the map assigns it to and
+// that report the identity the map expects. A record of a schema a reader
+// does not know is refused, never half-read.
 package topo
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
+	"slices"
 	"strings"
 )
 
-const (
-	ShardsPrefix = "/cumulus/shards/"
-	ModelsPrefix = "/cumulus/models/"
-)
+// Schema is the version of the records' layout this build reads and
+// writes.
+const Schema = 1
+
+// Cluster is a cluster's name: every key sits under /cumulus/NAME/.
+type Cluster string
+
+// DefaultCluster is the name used when none is given.
+const DefaultCluster Cluster = "default"
+
+var clusterPattern = regexp.MustCompile(`^[A-Za-z0-9-]{1,63}$`)
+
+// Validate checks the name: 1–63 letters, digits or '-'.
+func (c Cluster) Validate() error {
+	if !clusterPattern.MatchString(string(c)) {
+		return fmt.Errorf("topo: cluster name %q: use 1 to 63 letters, digits or '-'", string(c))
+	}
+	return nil
+}
+
+// OrDefault is c, or DefaultCluster when c is empty.
+func (c Cluster) OrDefault() Cluster {
+	if c == "" {
+		return DefaultCluster
+	}
+	return c
+}
+
+func (c Cluster) root() string { return "/cumulus/" + string(c.OrDefault()) + "/" }
+
+// ShardsPrefix is the prefix of shard registrations.
+func (c Cluster) ShardsPrefix() string { return c.root() + "shards/" }
+
+// ModelsPrefix is the prefix of the serving map's records.
+func (c Cluster) ModelsPrefix() string { return c.root() + "models/" }
+
+// ManagerPrefix is the prefix of the manager's persisted state.
+func (c Cluster) ManagerPrefix() string { return c.root() + "manager/" }
+
+// ShardKey is the registration key of a shard.
+func (c Cluster) ShardKey(id string) string { return c.ShardsPrefix() + id }
+
+// ModelKey is the serving-map key of a model.
+func (c Cluster) ModelKey(name string) string { return c.ModelsPrefix() + name }
 
 // ShardInfo is a live shard's registration.
 type ShardInfo struct {
+	Schema int      `json:"schema"`
 	ID     string   `json:"id"`
-	Addr   string   `json:"addr"` // gRPC host:port
+	Addr   string   `json:"addr"`            // gRPC host:port
+	Build  string   `json:"build,omitempty"` // the shard binary's version
 	Loaded []Loaded `json:"loaded,omitempty"`
+	// Mismatched lists partitions this shard refused because the content
+	// its repository holds is not what the serving map expects (Have
+	// and IDs say what it found).
+	Mismatched []Loaded `json:"mismatched,omitempty"`
 	// Errors lists loads this shard refused (damaged or missing files),
 	// newest first; the versions it already held keep serving.
 	Errors []string `json:"errors,omitempty"`
 }
 
-// Loaded is one model version a shard holds, with the metadata a router
-// needs to score it, so routers never read the model repository.
+// Loaded is one model version a shard holds: the partitions, ascending,
+// and the content identity of each (codec.PartitionIdentity) as the shard
+// verified it. Scoring metadata comes from the serving map, never from a
+// shard.
 type Loaded struct {
-	Model      string   `json:"model"`
-	Version    uint64   `json:"version"`
-	Type       string   `json:"type"`
-	Dim        int      `json:"dim"`
-	Bias       float64  `json:"bias"`
-	Partitions uint32   `json:"partitions"` // the model's total
-	Hash       string   `json:"hash"`
-	Have       []uint32 `json:"have"` // partitions held, ascending
+	Model   string   `json:"model"`
+	Version uint64   `json:"version"`
+	Have    []uint32 `json:"have"`
+	IDs     []string `json:"ids"` // IDs[i] is the identity of partition Have[i]
 }
 
-// Assignment is the manager's decision for one model. A rollout stages
-// Version (shards load it beside Live), commits it (Live = Version, once
-// every assigned replica holds it) and retires the old one (shards drop
-// what is neither Live nor Version).
+// Identity returns the identity the shard reports for partition p, or "".
+func (l Loaded) Identity(p uint32) string {
+	if i, ok := slices.BinarySearch(l.Have, p); ok && i < len(l.IDs) {
+		return l.IDs[i]
+	}
+	return ""
+}
+
+// Holds reports whether si reports partition p of model at version with
+// exactly the identity id.
+func (si ShardInfo) Holds(model string, version uint64, p uint32, id string) bool {
+	if id == "" {
+		return false
+	}
+	for _, l := range si.Loaded {
+		if l.Model == model && l.Version == version {
+			return l.Identity(p) == id
+		}
+	}
+	return false
+}
+
+// Assignment is the serving map of one model, written by the manager
+// alone. Routers answer unpinned requests from Live, and requests pinned
+// to a version from Live or a Standby version; Staged is loaded beside
+// Live and is never served before the manager commits it. Shards load
+// Live, Staged and Standby for the partitions assigned to them, and drop
+// everything else.
 type Assignment struct {
+	Schema     int        `json:"schema"`
 	Model      string     `json:"model"`
-	Version    uint64     `json:"version"`        // the version to load
-	Live       uint64     `json:"live,omitempty"` // the committed version routers serve; 0 before the first commit
+	Live       uint64     `json:"live,omitempty"`    // 0: nothing committed yet
+	Staged     uint64     `json:"staged,omitempty"`  // 0: no rollout under way
+	Standby    []uint64   `json:"standby,omitempty"` // kept loaded for rollback, newest-live first
 	Partitions uint32     `json:"partitions"`
 	Replicas   [][]string `json:"replicas"` // partition → shard IDs
+	// Versions has the scoring metadata and the expected content of
+	// every version named above.
+	Versions []VersionInfo `json:"versions"`
 }
 
-// ShardKey is the registration key of a shard.
-func ShardKey(id string) string { return ShardsPrefix + id }
+// VersionInfo is what routers need to score one version and what
+// everyone checks shards' reports against.
+type VersionInfo struct {
+	Version  uint64  `json:"version"`
+	Type     string  `json:"type"`
+	Dim      int     `json:"dim"`
+	Bias     float64 `json:"bias"`
+	Encoding string  `json:"encoding,omitempty"`
+	// Hash is the partition function's name (internal/partition).
+	Hash string `json:"hash"`
+	// IDs is the expected content identity of each partition.
+	IDs []string `json:"ids"`
+	// Chain lists the versions whose files make this one, newest first
+	// (a full version: itself only).
+	Chain []uint64 `json:"chain"`
+}
 
-// ModelKey is the assignment key of a model.
-func ModelKey(name string) string { return ModelsPrefix + name }
+// Info returns the metadata of version v, or nil.
+func (a *Assignment) Info(v uint64) *VersionInfo {
+	for i := range a.Versions {
+		if a.Versions[i].Version == v {
+			return &a.Versions[i]
+		}
+	}
+	return nil
+}
 
-// Decode parses a JSON value of a snapshot, naming the key on error.
+// Kept lists the versions shards keep loaded: Live, Staged and Standby,
+// without zeros or repeats.
+func (a *Assignment) Kept() []uint64 {
+	var out []uint64
+	for _, v := range append([]uint64{a.Live, a.Staged}, a.Standby...) {
+		if v != 0 && !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// Check refuses an assignment that cannot be followed safely: its
+// partition lists and version metadata must agree with its partition
+// count.
+func (a *Assignment) Check() error {
+	if len(a.Replicas) != int(a.Partitions) {
+		return fmt.Errorf("topo: model %s: %d replica lists for %d partitions", a.Model, len(a.Replicas), a.Partitions)
+	}
+	for _, v := range a.Kept() {
+		info := a.Info(v)
+		if info == nil {
+			return fmt.Errorf("topo: model %s: no metadata for version %d", a.Model, v)
+		}
+		if len(info.IDs) != int(a.Partitions) {
+			return fmt.Errorf("topo: model %s version %d: %d identities for %d partitions", a.Model, v, len(info.IDs), a.Partitions)
+		}
+	}
+	return nil
+}
+
+// ErrSchema is wrapped when a record's schema is not this build's.
+var ErrSchema = errors.New("topo: unknown record schema")
+
+// Decode parses a record, naming the key on error, and refuses one whose
+// schema is not Schema.
 func Decode[T any](key string, value []byte) (T, error) {
 	var v T
+	var head struct {
+		Schema int `json:"schema"`
+	}
+	if err := json.Unmarshal(value, &head); err != nil {
+		return v, fmt.Errorf("topo: %s: %w", key, err)
+	}
+	if head.Schema != Schema {
+		return v, fmt.Errorf("%w: %s has schema %d, this build reads %d", ErrSchema, key, head.Schema, Schema)
+	}
 	if err := json.Unmarshal(value, &v); err != nil {
 		return v, fmt.Errorf("topo: %s: %w", key, err)
 	}
@@ -88,6 +233,23 @@ func DecodeAll[T any](kv map[string][]byte, prefix string) map[string]T {
 			continue
 		}
 		out[Suffix(k, prefix)] = t
+	}
+	return out
+}
+
+// Assignments decodes a snapshot of the serving map, leaving out (and
+// logging) records that fail Check or are filed under another name.
+func Assignments(kv map[string][]byte, c Cluster) map[string]Assignment {
+	out := DecodeAll[Assignment](kv, c.ModelsPrefix())
+	for name, a := range out {
+		err := a.Check()
+		if err == nil && a.Model != name {
+			err = fmt.Errorf("topo: record for model %q is filed under %q", a.Model, name)
+		}
+		if err != nil {
+			slog.Warn("topo: ignoring serving map record", "err", err)
+			delete(out, name)
+		}
 	}
 	return out
 }

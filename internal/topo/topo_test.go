@@ -16,7 +16,7 @@ func TestRegisterAndWatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	snaps := make(chan map[string][]byte, 100)
-	go Watch(ctx, cli, ShardsPrefix, func(m map[string][]byte) { snaps <- m })
+	go Watch(ctx, cli, DefaultCluster.ShardsPrefix(), func(m map[string][]byte) { snaps <- m })
 
 	latest := func() map[string][]byte {
 		var m map[string][]byte
@@ -34,14 +34,14 @@ func TestRegisterAndWatch(t *testing.T) {
 			if m := latest(); m != nil {
 				last = m
 			}
-			if got := string(last[ShardKey("a")]); got != want {
+			if got := string(last[DefaultCluster.ShardKey("a")]); got != want {
 				return fmt.Errorf("value %q, want %q", got, want)
 			}
 			return nil
 		})
 	}
 	rctx, rcancel := context.WithCancel(ctx)
-	r, err := Register(rctx, cli, ShardKey("a"), "one", 5)
+	r, err := Register(rctx, cli, DefaultCluster.ShardKey("a"), "one", 5)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,92 @@
+package manager
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/loader"
+)
+
+// scanRepo lists every version of every model with a fingerprint of its
+// files, cheaply (directory listings and stats, no file contents but the
+// manifests). A manifest that cannot be read or is invalid is reported on
+// its version, never skipped.
+func scanRepo(repo loader.Repo) (Scanned, error) {
+	names, err := repo.Models()
+	if err != nil {
+		return Scanned{}, err
+	}
+	ev := Scanned{Models: map[string][]Found{}}
+	for _, name := range names {
+		vs, err := repo.Versions(name)
+		if err != nil {
+			return Scanned{}, err
+		}
+		found := make([]Found, 0, len(vs))
+		for _, v := range vs {
+			f := Found{Version: v, Files: fingerprint(repo.VersionDir(name, v))}
+			if m, err := repo.Manifest(name, v); err != nil {
+				f.Err = err.Error()
+			} else {
+				f.Kind, f.Parent = m.Kind, m.Parent
+			}
+			found = append(found, f)
+		}
+		ev.Models[name] = found
+	}
+	return ev, nil
+}
+
+// fingerprint identifies a version directory's files by name, size and
+// modification time.
+func fingerprint(dir string) string {
+	ents, err := os.ReadDir(dir)
+	h := sha256.New()
+	if err != nil {
+		fmt.Fprintf(h, "error %v", err)
+	}
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil {
+			fmt.Fprintf(h, "%s ?\n", e.Name())
+			continue
+		}
+		fmt.Fprintf(h, "%s %d %d\n", e.Name(), info.Size(), info.ModTime().UnixNano())
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// validate checks one version: its chain's manifests agree, its own
+// files match its manifest (size, SHA-256, block checksums). Its parents'
+// files are validated as versions of their own.
+func validate(repo loader.Repo, v Validate) Checked {
+	out := Checked{Model: v.Model, Version: v.Version, Files: fingerprint(repo.VersionDir(v.Model, v.Version))}
+	chain, err := repo.Chain(v.Model, v.Version)
+	if err == nil {
+		err = repo.Verify(chain[0])
+	}
+	if err != nil {
+		out.Err = err.Error()
+		return out
+	}
+	m := chain[0]
+	info := &topo.VersionInfo{Version: m.Version, Type: m.Type, Dim: m.Dim, Bias: m.Bias, Encoding: m.Encoding,
+		Hash: m.Hash, IDs: codec.Identities(chain)}
+	for _, c := range chain {
+		info.Chain = append(info.Chain, c.Version)
+	}
+	for _, f := range m.Files {
+		out.Bytes += f.Size
+	}
+	if !slices.Contains([]string{codec.TypeLR, codec.TypeFM}, m.Type) {
+		out.Err = fmt.Sprintf("model type %q is not served", m.Type)
+		return out
+	}
+	out.Info = info
+	return out
+}

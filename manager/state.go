@@ -1,0 +1,683 @@
+package manager
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/internal/topo"
+)
+
+// Phase is where one version of a model stands.
+type Phase string
+
+// A version is discovered in the repository, validated (its files
+// against its manifest, its chain down to a full version), then rejected
+// or ready. The version to serve is staged on the shards, committed live
+// once every assigned replica holds it, and when another version goes
+// live it stays loaded as standby for rollback, until the keep policy
+// retires it (valid, no longer loaded).
+const (
+	PhaseDiscovered Phase = "discovered" // queued for validation
+	PhaseValidating Phase = "validating"
+	PhaseRejected   Phase = "rejected"
+	PhaseReady      Phase = "ready"
+	PhaseStaging    Phase = "staging"
+	PhaseLive       Phase = "live"
+	PhaseStandby    Phase = "standby"
+	PhaseRetired    Phase = "retired"
+)
+
+// valid reports whether a version in phase p passed validation.
+func (p Phase) valid() bool {
+	switch p {
+	case PhaseReady, PhaseStaging, PhaseLive, PhaseStandby, PhaseRetired:
+		return true
+	}
+	return false
+}
+
+func (p Phase) pending() bool { return p == PhaseDiscovered || p == PhaseValidating }
+
+// Version is the manager's record of one version.
+type Version struct {
+	Version uint64 `json:"version"`
+	Kind    string `json:"kind,omitempty"`
+	Parent  uint64 `json:"parent,omitempty"`
+	Phase   Phase  `json:"phase"`
+	Reason  string `json:"reason,omitempty"`
+	// Files fingerprints the version's files as last scanned; Checked is
+	// the fingerprint its validation ran on. A rejected version whose
+	// Files change is validated again.
+	Files   string `json:"files,omitempty"`
+	Checked string `json:"checked,omitempty"`
+	// Gone: the version's directory left the repository while it was live.
+	Gone bool `json:"gone,omitempty"`
+	// Info is set once the version's own files are verified.
+	Info  *topo.VersionInfo `json:"info,omitempty"`
+	Bytes int64             `json:"bytes,omitempty"` // its own files' size
+	// LiveSeq orders versions by when they last went live (0: never).
+	LiveSeq uint64 `json:"live_seq,omitempty"`
+}
+
+// ModelState is everything the manager knows and intends for one model:
+// persisted, and replayable through Decide.
+type ModelState struct {
+	Schema int    `json:"schema"`
+	Name   string `json:"name"`
+	// Partitions is fixed by the model's first valid version; a version
+	// with another count is rejected.
+	Partitions uint32 `json:"partitions,omitempty"`
+	// Pin is the operator's intent: 0 follows the newest valid version.
+	Pin      uint64     `json:"pin,omitempty"`
+	Live     uint64     `json:"live,omitempty"`
+	Staged   uint64     `json:"staged,omitempty"`
+	Replicas [][]string `json:"replicas,omitempty"` // as last published
+	LiveSeq  uint64     `json:"live_seq,omitempty"` // commits so far
+	Versions []Version  `json:"versions"`           // ascending
+}
+
+func (m *ModelState) version(v uint64) *Version {
+	if v == 0 {
+		return nil
+	}
+	i, ok := slices.BinarySearchFunc(m.Versions, v, func(x Version, v uint64) int { return cmp.Compare(x.Version, v) })
+	if !ok {
+		return nil
+	}
+	return &m.Versions[i]
+}
+
+func (m *ModelState) clone() *ModelState {
+	n := *m
+	n.Versions = slices.Clone(m.Versions)
+	n.Replicas = slices.Clone(m.Replicas)
+	return &n
+}
+
+// Standby lists the standby versions, most recently live first.
+func (m *ModelState) Standby() []uint64 {
+	var vs []*Version
+	for i := range m.Versions {
+		if m.Versions[i].Phase == PhaseStandby {
+			vs = append(vs, &m.Versions[i])
+		}
+	}
+	slices.SortFunc(vs, func(a, b *Version) int { return cmp.Compare(b.LiveSeq, a.LiveSeq) })
+	out := make([]uint64, len(vs))
+	for i, v := range vs {
+		out[i] = v.Version
+	}
+	return out
+}
+
+// State is the manager's whole state: the models (persisted) and the
+// shards' latest reports (not persisted: they come back from etcd).
+type State struct {
+	Models map[string]*ModelState
+	Shards map[string]topo.ShardInfo
+}
+
+// Policy is the configuration Decide follows.
+type Policy struct {
+	// Replicas is how many shards hold each partition.
+	Replicas int
+	// KeepVersions is how many full versions besides the live one stay
+	// loaded as standby, with their deltas.
+	KeepVersions int
+}
+
+// Event is an input to Decide.
+type Event interface{ isEvent() }
+
+// Scanned is a listing of the whole repository: every model's versions.
+// A model or version missing from it has left the repository.
+type Scanned struct{ Models map[string][]Found }
+
+// Found is one version directory as scanned.
+type Found struct {
+	Version uint64
+	Kind    string
+	Parent  uint64
+	Files   string // fingerprint of its manifest and files
+	Err     string // the manifest could not be read or is invalid
+}
+
+// Started says validation of a version began.
+type Started struct {
+	Model   string
+	Version uint64
+}
+
+// Checked is a validation's result: Err, or Info and Bytes.
+type Checked struct {
+	Model   string
+	Version uint64
+	Files   string // the fingerprint validated
+	Err     string
+	Info    *topo.VersionInfo
+	Bytes   int64
+}
+
+// ShardsChanged carries the shards' latest registrations.
+type ShardsChanged struct{ Shards map[string]topo.ShardInfo }
+
+// Command is an operator's call through the admin API.
+type Command struct {
+	Op      string // OpRollback, OpPin, OpUnpin, OpRescan
+	Model   string
+	Version uint64 // rollback: the version to go to (0: the most recent standby); pin: the version
+	At      time.Time
+	From    string // the caller's address, for the audit log
+}
+
+// Command operations.
+const (
+	OpRollback = "rollback"
+	OpPin      = "pin"
+	OpUnpin    = "unpin"
+	OpRescan   = "rescan"
+)
+
+func (Scanned) isEvent()       {}
+func (Started) isEvent()       {}
+func (Checked) isEvent()       {}
+func (ShardsChanged) isEvent() {}
+func (Command) isEvent()       {}
+
+// Action is an output of Decide for the manager to carry out.
+type Action interface{ isAction() }
+
+// Validate asks for a version's files and chain to be checked; the
+// result comes back as Checked.
+type Validate struct {
+	Model   string
+	Version uint64
+}
+
+// AuditEntry records one operator call and its result.
+type AuditEntry struct {
+	Time    time.Time `json:"time"`
+	Op      string    `json:"op"`
+	Model   string    `json:"model,omitempty"`
+	Version uint64    `json:"version,omitempty"`
+	From    string    `json:"from,omitempty"`
+	Result  string    `json:"result"`
+}
+
+func (Validate) isAction()   {}
+func (AuditEntry) isAction() {}
+
+// Errors a Command can be refused with.
+var (
+	ErrNotFound = errors.New("manager: not found")
+	ErrConflict = errors.New("manager: conflict")
+	ErrInvalid  = errors.New("manager: invalid request")
+)
+
+// Decide applies one event to the state: a pure, deterministic function
+// (no clock, no I/O), so tests replay scenarios event by event. It
+// returns the next state (s is not changed), the actions to carry out,
+// and for a refused Command the reason (the audit entry is among the
+// actions either way).
+func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
+	n := &State{Models: make(map[string]*ModelState, len(s.Models)), Shards: s.Shards}
+	for name, m := range s.Models {
+		n.Models[name] = m.clone()
+	}
+	var acts []Action
+	var err error
+	switch ev := ev.(type) {
+	case Scanned:
+		acts = n.scanned(ev)
+	case Started:
+		if v := n.version(ev.Model, ev.Version); v != nil && v.Phase == PhaseDiscovered {
+			v.Phase = PhaseValidating
+		}
+	case Checked:
+		n.checked(ev)
+	case ShardsChanged:
+		n.Shards = ev.Shards
+	case Command:
+		acts, err = n.command(ev)
+		result := "ok"
+		if err != nil {
+			result = err.Error()
+		} else if m := n.Models[ev.Model]; m != nil {
+			result = fmt.Sprintf("ok: live %d", m.Live)
+			if m.Staged != 0 {
+				result += fmt.Sprintf(", staged %d", m.Staged)
+			}
+		}
+		acts = append(acts, AuditEntry{Time: ev.At, Op: ev.Op, Model: ev.Model, Version: ev.Version, From: ev.From, Result: result})
+		if err != nil {
+			return s, acts, err
+		}
+	default:
+		panic(fmt.Sprintf("manager: unknown event %T", ev))
+	}
+	for _, name := range slices.Sorted(maps.Keys(n.Models)) {
+		n.settle(n.Models[name], p)
+	}
+	return n, acts, nil
+}
+
+func (s *State) version(model string, v uint64) *Version {
+	if m := s.Models[model]; m != nil {
+		return m.version(v)
+	}
+	return nil
+}
+
+// scanned records what the repository holds now: new versions are queued
+// for validation, rejected ones whose files changed are queued again,
+// and versions that left the repository are forgotten (a live one stays
+// live, marked gone, until another version replaces it).
+func (s *State) scanned(ev Scanned) []Action {
+	var acts []Action
+	for _, name := range slices.Sorted(maps.Keys(ev.Models)) {
+		if s.Models[name] == nil {
+			s.Models[name] = &ModelState{Schema: topo.Schema, Name: name}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.Models)) {
+		m := s.Models[name]
+		found := map[uint64]Found{}
+		for _, f := range ev.Models[name] {
+			found[f.Version] = f
+		}
+		kept := m.Versions[:0:0]
+		for _, v := range m.Versions {
+			if _, ok := found[v.Version]; ok {
+				kept = append(kept, v)
+				continue
+			}
+			switch {
+			case v.Version == m.Live:
+				v.Gone, v.Reason = true, "removed from the repository"
+				kept = append(kept, v)
+			case v.Version == m.Staged:
+				m.Staged = 0
+			}
+		}
+		m.Versions = kept
+		for _, vn := range slices.Sorted(maps.Keys(found)) {
+			f := found[vn]
+			v := m.version(vn)
+			if v == nil {
+				m.Versions = append(m.Versions, Version{Version: vn, Kind: f.Kind, Parent: f.Parent, Phase: PhaseDiscovered, Files: f.Files})
+				slices.SortFunc(m.Versions, func(a, b Version) int { return cmp.Compare(a.Version, b.Version) })
+				v = m.version(vn)
+			} else if v.Files == f.Files && !v.Phase.pending() {
+				if v.Gone {
+					v.Gone, v.Reason = false, ""
+				}
+				continue
+			} else if v.Files != f.Files && v.Phase.valid() {
+				// Files of a validated version changed under it. Shards
+				// serve their own verified copies and refuse mismatching
+				// content; say so, change nothing.
+				v.Files, v.Gone, v.Reason = f.Files, false, "files changed after validation; shards keep serving what they verified"
+				continue
+			}
+			v.Files, v.Kind, v.Parent, v.Gone = f.Files, f.Kind, f.Parent, false
+			if f.Err != "" {
+				v.Phase, v.Reason, v.Checked, v.Info = PhaseRejected, f.Err, f.Files, nil
+				continue
+			}
+			if v.Phase != PhaseValidating {
+				v.Phase, v.Reason, v.Info = PhaseDiscovered, "", nil
+			}
+			acts = append(acts, Validate{Model: name, Version: vn})
+		}
+	}
+	return acts
+}
+
+// checked records a validation's result, unless the files changed since
+// it started (a newer Validate is then on its way).
+func (s *State) checked(ev Checked) {
+	m := s.Models[ev.Model]
+	v := s.version(ev.Model, ev.Version)
+	if v == nil || v.Files != ev.Files || !v.Phase.pending() {
+		return
+	}
+	v.Checked = ev.Files
+	if ev.Err != "" {
+		v.Phase, v.Reason, v.Info = PhaseRejected, ev.Err, nil
+		return
+	}
+	if ev.Info == nil {
+		v.Phase, v.Reason = PhaseRejected, "validation gave no metadata"
+		return
+	}
+	parts := uint32(len(ev.Info.IDs))
+	if m.Partitions != 0 && parts != m.Partitions {
+		v.Phase, v.Reason = PhaseRejected, fmt.Sprintf("has %d partitions; model %s has %d (fixed per model)", parts, m.Name, m.Partitions)
+		return
+	}
+	info := *ev.Info
+	v.Info, v.Bytes, v.Phase, v.Reason = &info, ev.Bytes, PhaseValidating, ""
+}
+
+// command applies an operator's call.
+func (s *State) command(c Command) ([]Action, error) {
+	if c.Op == OpRescan {
+		var acts []Action
+		for _, name := range slices.Sorted(maps.Keys(s.Models)) {
+			m := s.Models[name]
+			for i := range m.Versions {
+				if v := &m.Versions[i]; v.Phase == PhaseRejected {
+					v.Phase, v.Reason, v.Checked = PhaseDiscovered, "", ""
+					acts = append(acts, Validate{Model: name, Version: v.Version})
+				}
+			}
+		}
+		return acts, nil
+	}
+	m := s.Models[c.Model]
+	if m == nil {
+		return nil, fmt.Errorf("%w: model %q", ErrNotFound, c.Model)
+	}
+	switch c.Op {
+	case OpUnpin:
+		m.Pin = 0
+	case OpPin:
+		v := m.version(c.Version)
+		switch {
+		case v == nil:
+			return nil, fmt.Errorf("%w: model %s has no version %d in the repository (versions: %s)", ErrConflict, m.Name, c.Version, list(m.versionsWhere(func(*Version) bool { return true })))
+		case !v.Phase.valid():
+			why := v.Reason
+			if why == "" {
+				why = "not validated yet"
+			}
+			return nil, fmt.Errorf("%w: model %s version %d is %s: %s", ErrConflict, m.Name, c.Version, v.Phase, why)
+		case v.Gone && c.Version != m.Live:
+			return nil, fmt.Errorf("%w: model %s version %d was removed from the repository", ErrConflict, m.Name, c.Version)
+		}
+		m.Pin = c.Version
+	case OpRollback:
+		kept := m.Standby()
+		to := c.Version
+		if to == 0 {
+			if len(kept) == 0 {
+				return nil, fmt.Errorf("%w: model %s has no standby version to roll back to (live %d)", ErrConflict, m.Name, m.Live)
+			}
+			to = kept[0]
+		} else if !slices.Contains(kept, to) {
+			return nil, fmt.Errorf("%w: model %s version %d is not kept for rollback; standby versions: %s", ErrConflict, m.Name, to, list(kept))
+		}
+		m.Pin = to
+	default:
+		return nil, fmt.Errorf("%w: unknown operation %q", ErrInvalid, c.Op)
+	}
+	return nil, nil
+}
+
+func (m *ModelState) versionsWhere(keep func(*Version) bool) []uint64 {
+	var out []uint64
+	for i := range m.Versions {
+		if keep(&m.Versions[i]) {
+			out = append(out, m.Versions[i].Version)
+		}
+	}
+	return out
+}
+
+func list(vs []uint64) string {
+	if len(vs) == 0 {
+		return "none"
+	}
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = fmt.Sprint(v)
+	}
+	return strings.Join(s, ", ")
+}
+
+// settle brings one model to where its state says it should be: versions
+// whose chains are resolved become ready or rejected, the target is
+// staged and committed once every assigned replica holds it, partitions
+// are handed over make-before-break, and standby versions beyond the keep
+// policy are retired.
+func (s *State) settle(m *ModelState, p Policy) {
+	resolve(m)
+	if m.Partitions == 0 {
+		return
+	}
+	assign := Assign(m.Name, m.Partitions, s.trusted(m), p.Replicas)
+	target := m.target()
+	if m.Staged != 0 && m.Staged != target {
+		if v := m.version(m.Staged); v != nil && v.Phase == PhaseStaging {
+			v.Phase = PhaseReady
+		}
+		m.Staged = 0
+	}
+	if target != 0 && target != m.Live {
+		m.Staged = target
+		m.version(target).Phase = PhaseStaging
+		if s.allHold(m, assign, target) {
+			m.commit(target)
+		}
+	}
+	m.Replicas = s.handover(m, assign)
+	m.retire(p.KeepVersions)
+}
+
+// resolve settles versions whose own files are verified: ready when
+// their parent chain is valid, rejected when it is not.
+func resolve(m *ModelState) {
+	for i := range m.Versions {
+		v := &m.Versions[i]
+		if v.Phase != PhaseValidating || v.Info == nil {
+			continue
+		}
+		if v.Kind == "delta" {
+			pv := m.version(v.Parent)
+			switch {
+			case pv == nil:
+				v.Phase, v.Reason, v.Info = PhaseRejected, fmt.Sprintf("parent version %d is not in the repository", v.Parent), nil
+				continue
+			case pv.Phase == PhaseRejected:
+				v.Phase, v.Reason, v.Info = PhaseRejected, fmt.Sprintf("parent version %d is rejected", v.Parent), nil
+				continue
+			case !pv.Phase.valid():
+				continue // wait for the parent's result
+			}
+		}
+		if m.Partitions == 0 {
+			m.Partitions = uint32(len(v.Info.IDs))
+		}
+		v.Phase = PhaseReady
+	}
+}
+
+// target is the version that should be live: the pin while it is valid
+// and in the repository, else the newest valid version; 0 when none.
+func (m *ModelState) target() uint64 {
+	if m.Pin != 0 {
+		if v := m.version(m.Pin); v != nil && v.Phase.valid() && !v.Gone {
+			return m.Pin
+		}
+		return m.Live
+	}
+	for i := len(m.Versions) - 1; i >= 0; i-- {
+		if v := &m.Versions[i]; v.Phase.valid() && !v.Gone {
+			return v.Version
+		}
+	}
+	return m.Live
+}
+
+// commit makes v live; the previous live version becomes standby (or is
+// forgotten, if it left the repository).
+func (m *ModelState) commit(v uint64) {
+	if old := m.version(m.Live); old != nil {
+		if old.Gone {
+			m.Versions = slices.DeleteFunc(m.Versions, func(x Version) bool { return x.Version == m.Live })
+		} else {
+			old.Phase = PhaseStandby
+		}
+	}
+	m.LiveSeq++
+	nv := m.version(v)
+	nv.Phase, nv.LiveSeq = PhaseLive, m.LiveSeq
+	m.Live, m.Staged = v, 0
+}
+
+// retire keeps the standby versions built on the live version's full
+// version and on the keep most recently live other full versions; the
+// rest are retired.
+func (m *ModelState) retire(keep int) {
+	bases := map[uint64]bool{m.base(m.Live): true}
+	for _, v := range m.Standby() {
+		b := m.base(v)
+		if !bases[b] && keep > 0 {
+			bases[b] = true
+			keep--
+		}
+		if !bases[b] {
+			m.version(v).Phase = PhaseRetired
+		}
+	}
+}
+
+// base is the full version under v's chain (v itself when unknown).
+func (m *ModelState) base(v uint64) uint64 {
+	for range len(m.Versions) {
+		x := m.version(v)
+		if x == nil || x.Kind != "delta" {
+			return v
+		}
+		v = x.Parent
+	}
+	return v
+}
+
+// trusted lists, sorted, the shards partitions of m may be assigned to:
+// every live shard except those reporting content for m that differs from
+// what the manager validated.
+func (s *State) trusted(m *ModelState) []string {
+	var out []string
+	for _, id := range slices.Sorted(maps.Keys(s.Shards)) {
+		if !s.mismatched(m, s.Shards[id]) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// mismatched reports whether si holds or found content for m whose
+// identity differs from the validated version's.
+func (s *State) mismatched(m *ModelState, si topo.ShardInfo) bool {
+	for _, l := range slices.Concat(si.Loaded, si.Mismatched) {
+		if l.Model != m.Name {
+			continue
+		}
+		v := m.version(l.Version)
+		if v == nil || v.Info == nil {
+			continue
+		}
+		for i, p := range l.Have {
+			if int(p) >= len(v.Info.IDs) || i >= len(l.IDs) || l.IDs[i] != v.Info.IDs[p] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Mismatches lists, per shard, the versions of model it holds or found
+// with content other than the manager validated.
+func (s *State) Mismatches(model string) map[string][]uint64 {
+	m := s.Models[model]
+	out := map[string][]uint64{}
+	if m == nil {
+		return out
+	}
+	for id, si := range s.Shards {
+		for _, l := range slices.Concat(si.Loaded, si.Mismatched) {
+			if l.Model == model && !slices.Contains(out[id], l.Version) && s.mismatched(m, topo.ShardInfo{Loaded: []topo.Loaded{l}}) {
+				out[id] = append(out[id], l.Version)
+			}
+		}
+	}
+	return out
+}
+
+// holds reports whether shard id holds partition p of v with the
+// validated content.
+func (s *State) holds(m *ModelState, id string, v uint64, p int) bool {
+	x := m.version(v)
+	if x == nil || x.Info == nil || p >= len(x.Info.IDs) {
+		return false
+	}
+	si, ok := s.Shards[id]
+	return ok && si.Holds(m.Name, v, uint32(p), x.Info.IDs[p])
+}
+
+// allHold reports whether every replica assign names holds its partition
+// of v: the moment a rollout may commit.
+func (s *State) allHold(m *ModelState, assign [][]string, v uint64) bool {
+	for p, reps := range assign {
+		if len(reps) == 0 {
+			return false
+		}
+		for _, id := range reps {
+			if !s.holds(m, id, v, p) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// handover is what to publish on the way from the replicas last
+// published to assign: make before break. While some shard assign names
+// for partition p does not yet hold the live and staged versions, the
+// shards last published for p that hold one of them stay assigned too,
+// so a partition moved when shards join or leave keeps a serving replica
+// until its new holders have loaded it.
+func (s *State) handover(m *ModelState, assign [][]string) [][]string {
+	prev := m.Replicas
+	if len(prev) != len(assign) {
+		return assign
+	}
+	serving := slices.DeleteFunc([]uint64{m.Live, m.Staged}, func(v uint64) bool { return v == 0 })
+	out := make([][]string, len(assign))
+	for p, reps := range assign {
+		out[p] = reps
+		ready := !slices.ContainsFunc(reps, func(id string) bool {
+			return slices.ContainsFunc(serving, func(v uint64) bool { return !s.holds(m, id, v, p) })
+		})
+		if ready {
+			continue
+		}
+		for _, id := range prev[p] {
+			if !slices.Contains(out[p], id) && slices.ContainsFunc(serving, func(v uint64) bool { return s.holds(m, id, v, p) }) {
+				out[p] = append(slices.Clip(out[p]), id)
+			}
+		}
+	}
+	return out
+}
+
+// Assignment is the serving map record of m.
+func (m *ModelState) Assignment() topo.Assignment {
+	a := topo.Assignment{Schema: topo.Schema, Model: m.Name, Live: m.Live, Staged: m.Staged, Standby: m.Standby(),
+		Partitions: m.Partitions, Replicas: m.Replicas}
+	if a.Replicas == nil {
+		a.Replicas = make([][]string, m.Partitions)
+	}
+	for _, v := range a.Kept() {
+		if x := m.version(v); x != nil && x.Info != nil {
+			a.Versions = append(a.Versions, *x.Info)
+		}
+	}
+	return a
+}

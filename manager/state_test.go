@@ -1,0 +1,443 @@
+package manager
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/internal/topo"
+)
+
+// sim replays events through Decide the way the manager does, with
+// shards that load exactly what the map assigns them (or not, when told).
+type sim struct {
+	t      *testing.T
+	s      *State
+	p      Policy
+	parts  int
+	queue  []Validate
+	audit  []AuditEntry
+	broken map[uint64]string // version → why its files fail validation
+	parent map[uint64]uint64 // delta → parent
+	files  map[uint64]string // version → fingerprint
+	shards map[string]topo.ShardInfo
+}
+
+func newSim(t *testing.T, p Policy) *sim {
+	return &sim{t: t, s: &State{Models: map[string]*ModelState{}}, p: p, parts: 4,
+		broken: map[uint64]string{}, parent: map[uint64]uint64{}, files: map[uint64]string{}, shards: map[string]topo.ShardInfo{}}
+}
+
+func (x *sim) do(ev Event) error {
+	x.t.Helper()
+	before, _ := json.Marshal(x.s.Models)
+	next, acts, err := Decide(x.s, ev, x.p)
+	if after, _ := json.Marshal(x.s.Models); string(after) != string(before) {
+		x.t.Fatalf("Decide modified its input state on %T", ev)
+	}
+	for _, a := range acts {
+		switch a := a.(type) {
+		case Validate:
+			x.queue = append(x.queue, a)
+		case AuditEntry:
+			x.audit = append(x.audit, a)
+		}
+	}
+	x.s = next
+	return err
+}
+
+// ids is version v's identity per partition in this simulated repository.
+func (x *sim) ids(v uint64) []string {
+	out := make([]string, x.parts)
+	for p := range out {
+		out[p] = fmt.Sprintf("v%d-p%d-%s", v, p, x.files[v])
+	}
+	return out
+}
+
+// publish puts versions in the repository (delta when parent != 0) and
+// scans.
+func (x *sim) scan(versions ...uint64) {
+	x.t.Helper()
+	var found []Found
+	for _, v := range versions {
+		if x.files[v] == "" {
+			x.files[v] = "f1"
+		}
+		f := Found{Version: v, Kind: "full", Files: x.files[v]}
+		if p := x.parent[v]; p != 0 {
+			f.Kind, f.Parent = "delta", p
+		}
+		found = append(found, f)
+	}
+	x.do(Scanned{Models: map[string][]Found{"m": found}})
+}
+
+// validate runs every queued validation.
+func (x *sim) validate() {
+	x.t.Helper()
+	for len(x.queue) > 0 {
+		v := x.queue[0]
+		x.queue = x.queue[1:]
+		x.do(Started{Model: v.Model, Version: v.Version})
+		ev := Checked{Model: v.Model, Version: v.Version, Files: x.files[v.Version]}
+		if why := x.broken[v.Version]; why != "" {
+			ev.Err = why
+		} else {
+			ev.Info = &topo.VersionInfo{Version: v.Version, Type: "lr", IDs: x.ids(v.Version)}
+		}
+		x.do(ev)
+	}
+}
+
+// load makes every shard in only (all when empty) hold what the map
+// assigns it, and nothing else, then reports.
+func (x *sim) load(only ...string) {
+	x.t.Helper()
+	m := x.s.Models["m"]
+	a := m.Assignment()
+	for id := range x.shards {
+		if len(only) > 0 && !slices.Contains(only, id) {
+			continue
+		}
+		si := topo.ShardInfo{Schema: topo.Schema, ID: id}
+		for _, v := range a.Kept() {
+			l := topo.Loaded{Model: "m", Version: v}
+			for p, reps := range a.Replicas {
+				if slices.Contains(reps, id) {
+					l.Have, l.IDs = append(l.Have, uint32(p)), append(l.IDs, a.Info(v).IDs[p])
+				}
+			}
+			if len(l.Have) > 0 {
+				si.Loaded = append(si.Loaded, l)
+			}
+		}
+		x.shards[id] = si
+	}
+	x.report()
+}
+
+func (x *sim) report() { x.do(ShardsChanged{Shards: maps.Clone(x.shards)}) }
+
+func (x *sim) join(ids ...string) {
+	for _, id := range ids {
+		x.shards[id] = topo.ShardInfo{Schema: topo.Schema, ID: id}
+	}
+	x.report()
+}
+
+// settleAll loads until the map stops changing.
+func (x *sim) settleAll() {
+	x.t.Helper()
+	for range 10 {
+		before, _ := json.Marshal(x.s.Models["m"].Assignment())
+		x.load()
+		if after, _ := json.Marshal(x.s.Models["m"].Assignment()); string(after) == string(before) {
+			return
+		}
+	}
+	x.t.Fatal("the map never settles")
+}
+
+func (x *sim) cmd(op string, v uint64) error {
+	return x.do(Command{Op: op, Model: "m", Version: v, At: time.Unix(1, 0), From: "test"})
+}
+
+func (x *sim) expect(live, staged uint64, standby ...uint64) {
+	x.t.Helper()
+	m := x.s.Models["m"]
+	if m.Live != live || m.Staged != staged || fmt.Sprint(m.Standby()) != fmt.Sprint(standby) && len(standby)+len(m.Standby()) > 0 {
+		x.t.Fatalf("live %d staged %d standby %v; want live %d staged %d standby %v", m.Live, m.Staged, m.Standby(), live, staged, standby)
+	}
+}
+
+func (x *sim) phase(v uint64) Phase {
+	if ver := x.s.Models["m"].version(v); ver != nil {
+		return ver.Phase
+	}
+	return ""
+}
+
+// TestDecideLifecycle replays a model's life: first version, rollouts
+// of full and delta versions, a damaged version rejected and repaired,
+// rollbacks, pins and unpin, with shards loading what they are told.
+func TestDecideLifecycle(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 2, KeepVersions: 2})
+	x.scan(1)
+	if x.phase(1) != PhaseDiscovered || len(x.queue) != 1 {
+		t.Fatalf("new version: phase %s, %d validations queued", x.phase(1), len(x.queue))
+	}
+	x.validate()
+	x.expect(0, 1) // staged, but no shard holds it
+	if x.phase(1) != PhaseStaging {
+		t.Fatalf("phase %s", x.phase(1))
+	}
+	x.join("s0", "s1", "s2")
+	x.expect(0, 1)
+	x.load("s0", "s1")
+	x.expect(0, 1) // s2 has not loaded its partitions
+	x.load()
+	x.expect(1, 0)
+
+	// A new full version is staged beside the live one, committed when
+	// every replica holds it; the old one stays as standby.
+	x.scan(1, 2)
+	x.validate()
+	x.expect(1, 2)
+	x.load("s0")
+	x.expect(1, 2)
+	x.settleAll()
+	x.expect(2, 0, 1)
+
+	// A delta on 2.
+	x.parent[3] = 2
+	x.scan(1, 2, 3)
+	x.validate()
+	x.settleAll()
+	x.expect(3, 0, 2, 1)
+
+	// A damaged version is rejected with its reason; repaired (its files
+	// change), it is validated again and served.
+	x.broken[4] = "part-00001.bin: SHA-256 does not match the manifest"
+	x.scan(1, 2, 3, 4)
+	x.validate()
+	if x.phase(4) != PhaseRejected || !strings.Contains(x.s.Models["m"].version(4).Reason, "SHA-256") {
+		t.Fatalf("damaged version: %+v", x.s.Models["m"].version(4))
+	}
+	x.settleAll()
+	x.expect(3, 0, 2, 1)
+	x.scan(1, 2, 3, 4) // unchanged files: not validated again
+	if len(x.queue) != 0 {
+		t.Fatalf("unchanged rejected version queued again: %v", x.queue)
+	}
+	delete(x.broken, 4)
+	x.files[4] = "f2"
+	x.scan(1, 2, 3, 4)
+	x.validate()
+	x.settleAll()
+	x.expect(4, 0, 3, 2, 1) // 3 is a delta on 2: kept with it; 1 is the second full version
+
+	// Rollback: the most recent standby, at once (its partitions are
+	// loaded), pinned.
+	if err := x.cmd(OpRollback, 0); err != nil {
+		t.Fatal(err)
+	}
+	x.expect(3, 0, 4, 2, 1)
+	if x.s.Models["m"].Pin != 3 {
+		t.Fatalf("rollback did not pin: %d", x.s.Models["m"].Pin)
+	}
+	// A newer version does not move a pinned model.
+	x.scan(1, 2, 3, 4, 5)
+	x.validate()
+	x.settleAll()
+	x.expect(3, 0, 4, 2, 1)
+	if x.phase(5) != PhaseReady {
+		t.Fatalf("version 5 while pinned: %s", x.phase(5))
+	}
+	if err := x.cmd(OpRollback, 1); err != nil {
+		t.Fatal(err)
+	}
+	x.expect(1, 0, 3, 4, 2)
+	// Unpin: follow the newest again (5 is loaded afresh).
+	if err := x.cmd(OpUnpin, 0); err != nil {
+		t.Fatal(err)
+	}
+	x.expect(1, 5, 3, 4, 2)
+	x.settleAll()
+	// Kept: the two full versions most recently live besides 5, with
+	// their deltas: 1, then 3 (on 2) and 2; 4 was live longer ago.
+	x.expect(5, 0, 1, 3, 2)
+	if x.phase(4) != PhaseRetired {
+		t.Fatalf("phase of 4: %s", x.phase(4))
+	}
+
+	// Refusals: 409 naming what is kept, 404 for an unknown model; the
+	// state does not change and each is audited.
+	n := len(x.audit)
+	err := x.cmd(OpRollback, 4)
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "standby versions: 1, 3, 2") {
+		t.Fatalf("rollback to a retired version: %v", err)
+	}
+	x.broken[6] = "bad"
+	x.scan(1, 2, 3, 4, 5, 6)
+	x.validate()
+	if err := x.cmd(OpPin, 6); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "rejected: bad") {
+		t.Fatalf("pin to a rejected version: %v", err)
+	}
+	if err := x.cmd(OpPin, 99); !errors.Is(err, ErrConflict) {
+		t.Fatalf("pin to an unknown version: %v", err)
+	}
+	if err := x.do(Command{Op: OpPin, Model: "nope", Version: 1}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("pin of an unknown model: %v", err)
+	}
+	x.expect(5, 0, 1, 3, 2)
+	if len(x.audit) != n+4 || !strings.Contains(x.audit[n].Result, "not kept") {
+		t.Fatalf("audit: %+v", x.audit[n:])
+	}
+	// A pin to a retired (valid, unloaded) version stages it.
+	if err := x.cmd(OpPin, 4); err != nil {
+		t.Fatal(err)
+	}
+	x.expect(5, 4, 1, 3, 2)
+	x.settleAll()
+	x.expect(4, 0, 5, 1) // 2 and its delta 3: the third full version back, retired
+	// Rescan validates rejected versions again.
+	delete(x.broken, 6)
+	if err := x.do(Command{Op: OpRescan}); err != nil {
+		t.Fatal(err)
+	}
+	x.validate()
+	if x.phase(6) != PhaseReady {
+		t.Fatalf("after rescan: %s", x.phase(6))
+	}
+}
+
+// TestDecideReplays: the same events give the same states.
+func TestDecideReplays(t *testing.T) {
+	run := func() string {
+		x := newSim(t, Policy{Replicas: 1, KeepVersions: 1})
+		x.join("a", "b")
+		for v := uint64(1); v <= 4; v++ {
+			vs := make([]uint64, v)
+			for i := range vs {
+				vs[i] = uint64(i + 1)
+			}
+			x.scan(vs...)
+			x.validate()
+			x.settleAll()
+		}
+		x.cmd(OpRollback, 0)
+		b, _ := json.Marshal(x.s.Models)
+		return string(b)
+	}
+	if a, b := run(), run(); a != b {
+		t.Fatalf("two replays differ:\n%s\n%s", a, b)
+	}
+}
+
+// TestDecideShardRestartMidRollout: with one replica, a shard restarted
+// during a rollout comes back holding only part of what it had; the
+// staged version must not be committed until every partition of it is
+// held again, and the live version stays the one in the map.
+func TestDecideShardRestartMidRollout(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2})
+	x.join("s0", "s1")
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	x.scan(1, 2)
+	x.validate()
+	x.load("s0") // s0 holds 1 and 2; s1 only 1
+	x.expect(1, 2)
+	// s1 restarts: back with the staged version only, none of the live.
+	a := x.s.Models["m"].Assignment()
+	si := topo.ShardInfo{Schema: topo.Schema, ID: "s1"}
+	l := topo.Loaded{Model: "m", Version: 2}
+	for p, reps := range a.Replicas {
+		if reps[0] == "s1" {
+			l.Have, l.IDs = append(l.Have, uint32(p)), append(l.IDs, a.Info(2).IDs[p])
+			break // only one partition reloaded so far
+		}
+	}
+	si.Loaded = []topo.Loaded{l}
+	x.shards["s1"] = si
+	x.report()
+	x.expect(1, 2)
+	x.settleAll()
+	x.expect(2, 0, 1)
+}
+
+// TestDecideShardLeavesAndMismatch: a leaving shard's partitions move
+// make-before-break; a shard reporting content other than validated is
+// assigned nothing of the model.
+func TestDecideShardLeavesAndMismatch(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2})
+	x.join("s0", "s1")
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	// s2 joins: partitions moving to it keep their old holder until s2
+	// holds them.
+	x.join("s2")
+	a := x.s.Models["m"].Assignment()
+	moved := 0
+	for p, reps := range a.Replicas {
+		if reps[0] == "s2" {
+			moved++
+			if len(reps) != 2 {
+				t.Fatalf("partition %d moved to s2 without its old holder: %v", p, reps)
+			}
+		}
+	}
+	if moved == 0 {
+		t.Fatal("nothing moved to s2")
+	}
+	x.settleAll()
+	for p, reps := range x.s.Models["m"].Assignment().Replicas {
+		if len(reps) != 1 {
+			t.Fatalf("partition %d after the handover: %v", p, reps)
+		}
+	}
+	// s2 now reports another repository's content for version 1.
+	si := x.shards["s2"]
+	si.Loaded[0].IDs = slices.Clone(si.Loaded[0].IDs)
+	si.Loaded[0].IDs[0] = "forged"
+	x.shards["s2"] = si
+	x.report()
+	if got := x.s.Mismatches("m"); fmt.Sprint(got) != "map[s2:[1]]" {
+		t.Fatalf("mismatches: %v", got)
+	}
+	for p, reps := range x.s.Models["m"].Assignment().Replicas {
+		if slices.Contains(reps, "s2") && len(reps) == 1 {
+			t.Fatalf("partition %d left only with the mismatched shard: %v", p, reps)
+		}
+	}
+}
+
+// TestDecideChains: a delta on a rejected parent is rejected; a version
+// with another partition count is rejected; a standby version leaving the
+// repository is forgotten, a live one stays live until replaced.
+func TestDecideChains(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2})
+	x.join("s0")
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	x.broken[2] = "bad file"
+	x.parent[3] = 2
+	x.scan(1, 2, 3)
+	x.validate()
+	if x.phase(3) != PhaseRejected || !strings.Contains(x.s.Models["m"].version(3).Reason, "parent version 2 is rejected") {
+		t.Fatalf("delta on a rejected parent: %+v", x.s.Models["m"].version(3))
+	}
+	x.parts = 8
+	x.scan(1, 2, 3, 4)
+	x.validate()
+	if x.phase(4) != PhaseRejected || !strings.Contains(x.s.Models["m"].version(4).Reason, "fixed per model") {
+		t.Fatalf("repartitioned version: %+v", x.s.Models["m"].version(4))
+	}
+	x.parts = 4
+	x.scan(1, 5)
+	x.validate()
+	x.settleAll()
+	x.expect(5, 0, 1)
+	x.scan(5) // 1 removed: forgotten
+	x.expect(5, 0)
+	x.scan(6) // the live version removed: still live until 6 is
+	if v := x.s.Models["m"].version(5); v == nil || !v.Gone {
+		t.Fatalf("live version removed: %+v", v)
+	}
+	x.expect(5, 0)
+	x.validate()
+	x.settleAll()
+	x.expect(6, 0)
+	if x.s.Models["m"].version(5) != nil {
+		t.Fatal("a removed version kept after it stopped being live")
+	}
+}

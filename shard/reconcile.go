@@ -1,0 +1,266 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+)
+
+// reconcile brings what the shard holds to what the serving map asks of
+// it: load what is missing (live first, then staged, then standby), drop
+// what the map no longer keeps, then promote mapped partitions of live
+// versions while the memory budget allows. The shard never chooses a
+// version itself.
+func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
+	want := s.wanted(as)
+	s.mismatched = nil
+	for _, name := range slices.Sorted(maps.Keys(want)) {
+		a := as[name]
+		for _, v := range a.Kept() {
+			if ctx.Err() != nil {
+				return
+			}
+			s.loadVersion(ctx, a, v, want[name][v])
+		}
+	}
+	s.retire(want)
+	s.promote(ctx, as)
+	s.reg.Set(s.info())
+}
+
+// wanted is, per model and version the map keeps, the partitions
+// assigned to this shard.
+func (s *Shard) wanted(as map[string]topo.Assignment) map[string]map[uint64][]uint32 {
+	want := map[string]map[uint64][]uint32{}
+	for name, a := range as {
+		var mine []uint32
+		for p, reps := range a.Replicas {
+			if slices.Contains(reps, s.opts.ID) {
+				mine = append(mine, uint32(p))
+			}
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		want[name] = map[uint64][]uint32{}
+		for _, v := range a.Kept() {
+			want[name][v] = mine
+		}
+	}
+	return want
+}
+
+// loadVersion loads the partitions parts of version v of a's model that
+// the shard does not hold yet. The repository's manifests must describe
+// exactly the content the map expects (the same chain, the same identity
+// per partition): a shard pointed at another repository, or at files
+// changed since the manager validated them, refuses rather than serve
+// other parameters under the same name and version.
+func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, parts []uint32) {
+	name := a.Model
+	info := a.Info(v)
+	held := s.snap.Load().get(name, v)
+	missing := slices.DeleteFunc(slices.Clone(parts), func(p uint32) bool { return held != nil && held.layers[p] != nil })
+	if len(missing) == 0 {
+		return
+	}
+	vkey := fmt.Sprintf("%s/%d", name, v)
+	if s.waiting(vkey) {
+		return
+	}
+	chain, err := s.opts.Repo.Chain(name, v)
+	if err == nil {
+		err = matchesMap(chain, a, info)
+	}
+	if err != nil {
+		s.refuse(vkey, err)
+		return
+	}
+	versions := make([]uint64, len(chain))
+	for i, c := range chain {
+		versions[i] = c.Version
+	}
+	var wrong topo.Loaded
+	for _, p := range missing {
+		if ctx.Err() != nil {
+			return
+		}
+		pkey := fmt.Sprintf("%s/%d", vkey, p)
+		if s.waiting(pkey) {
+			continue
+		}
+		id := codec.PartitionIdentity(chain, p)
+		if id != info.IDs[p] {
+			wrong.Have, wrong.IDs = append(wrong.Have, p), append(wrong.IDs, id)
+			continue
+		}
+		if s.opts.BeforeLoad != nil {
+			s.opts.BeforeLoad(name, v, p)
+		}
+		layers, err := s.loadStack(chain, p)
+		if err != nil {
+			s.refuse(pkey, err)
+			continue
+		}
+		delete(s.failed, pkey)
+		s.snap.Store(s.snap.Load().with(chain[0], versions, p, layers, id))
+		s.reg.Set(s.info())
+	}
+	if len(wrong.Have) > 0 {
+		wrong.Model, wrong.Version = name, v
+		s.mismatched = append(s.mismatched, wrong)
+		s.refuse(vkey, fmt.Errorf("shard: the repository's partitions %v differ from the content the serving map expects; not loading them", wrong.Have))
+		return
+	}
+	delete(s.failed, vkey)
+}
+
+// matchesMap checks a version's chain against the map's record of it.
+func matchesMap(chain []*codec.Manifest, a topo.Assignment, info *topo.VersionInfo) error {
+	m := chain[0]
+	var got []uint64
+	for _, c := range chain {
+		got = append(got, c.Version)
+	}
+	switch {
+	case m.Partitions != a.Partitions:
+		return fmt.Errorf("shard: manifest has %d partitions, the serving map %d", m.Partitions, a.Partitions)
+	case !slices.Equal(got, info.Chain):
+		return fmt.Errorf("shard: the repository's chain %v differs from the serving map's %v", got, info.Chain)
+	case m.Type != info.Type || m.Dim != info.Dim || m.Hash != info.Hash:
+		return fmt.Errorf("shard: manifest describes %s dim %d (hash %s), the serving map %s dim %d (hash %s)", m.Type, m.Dim, m.Hash, info.Type, info.Dim, info.Hash)
+	}
+	return nil
+}
+
+// retire drops every partition the map does not keep on this shard.
+func (s *Shard) retire(want map[string]map[uint64][]uint32) {
+	after, dropped := s.snap.Load().keepOnly(func(name string, v uint64, p uint32) bool {
+		return slices.Contains(want[name][v], p)
+	})
+	if dropped {
+		s.snap.Store(after)
+		s.reg.Set(s.info())
+		// Tables live outside the Go heap and are unmapped by cleanups
+		// that run after a collection; the heap hardly grows when they are
+		// dropped, so ask for one rather than hold the memory until chance.
+		runtime.GC()
+	}
+}
+
+// promote moves mapped partitions of live versions into resident memory
+// while the budget allows, one at a time: the same version's bytes
+// replace each other, so lookups never see a mix of versions, and memory
+// grows by at most one partition before the mapping is released.
+func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
+	for _, name := range slices.Sorted(maps.Keys(as)) {
+		a := as[name]
+		if a.Live == 0 || a.Staged != 0 {
+			continue
+		}
+		v := s.snap.Load().get(name, a.Live)
+		if v == nil {
+			continue
+		}
+		for p, l := range v.layers {
+			// Deltas are small and loaded resident; the base is what may
+			// be mapped.
+			if ctx.Err() != nil || l == nil || !l[len(l)-1].Mapped || !s.fits(l[len(l)-1].Bytes()) {
+				continue
+			}
+			base, err := s.opts.Repo.Manifest(name, v.chain[len(v.chain)-1])
+			var pt *codec.Partition
+			if err == nil {
+				// ReadPartition verifies the SHA-256 of the bytes it read,
+				// so a file changed since the load is refused here.
+				pt, err = s.opts.Repo.ReadPartition(base, uint32(p))
+			}
+			if err == nil && base.Files[p].SHA256 != l[len(l)-1].sha {
+				err = fmt.Errorf("shard: the repository's file now differs from the one loaded")
+			}
+			if err != nil {
+				slog.Warn("shard: promoting a mapped partition failed; it stays mapped", "shard", s.opts.ID, "model", name, "partition", p, "err", err)
+				continue
+			}
+			layers := append(slices.Clone(l[:len(l)-1]), NewTable(pt))
+			layers[len(layers)-1].sha = base.Files[p].SHA256
+			s.snap.Store(s.snap.Load().with(v.m, v.chain, uint32(p), layers, v.ids[p]))
+			runtime.GC() // release the mapping now
+			slog.Info("shard: partition now resident", "shard", s.opts.ID, "model", name, "version", a.Live, "partition", p)
+		}
+	}
+}
+
+// loadStack returns partition p's tables for a version's chain, newest
+// first, reusing tables already held for any link.
+func (s *Shard) loadStack(chain []*codec.Manifest, p uint32) ([]*Table, error) {
+	layers := make([]*Table, len(chain))
+	for i, c := range chain {
+		if t := s.snap.Load().file(c.Name, c.Version, p); t != nil && t.sha == c.Files[p].SHA256 {
+			layers[i] = t
+			continue
+		}
+		t0 := time.Now()
+		t, err := s.loadPartition(c, p)
+		if err != nil {
+			return nil, err
+		}
+		t.sha = c.Files[p].SHA256
+		layers[i] = t
+		s.metrics.loads.Inc()
+		slog.Info("shard: loaded partition", "shard", s.opts.ID, "model", c.Name, "version", c.Version, "kind", c.Kind, "partition", p,
+			"keys", t.Len(), "bytes", t.Bytes(), "mapped", t.Mapped, "took", time.Since(t0).Round(time.Millisecond))
+	}
+	return layers, nil
+}
+
+// failure is a refused load and when to try it again: a failure is not
+// remembered forever, its cause (a file being copied, a disk full) may go.
+type failure struct {
+	err      error
+	attempts int
+	next     time.Time
+}
+
+// Backoff of failed loads: doubling from minRetry up to maxRetry.
+const (
+	minRetry = time.Second
+	maxRetry = time.Minute
+)
+
+// waiting reports whether key failed and its backoff has not passed.
+func (s *Shard) waiting(key string) bool {
+	f := s.failed[key]
+	return f != nil && time.Now().Before(f.next)
+}
+
+// nextRetry is how long until the earliest failed load may be tried
+// again (an hour when none failed).
+func (s *Shard) nextRetry(now time.Time) time.Duration {
+	d := time.Hour
+	for _, f := range s.failed {
+		d = min(d, max(f.next.Sub(now), time.Millisecond))
+	}
+	return d
+}
+
+func (s *Shard) refuse(key string, err error) {
+	f := s.failed[key]
+	if f == nil {
+		f = &failure{}
+		s.failed[key] = f
+	}
+	f.err, f.attempts = err, f.attempts+1
+	f.next = time.Now().Add(min(minRetry<<min(f.attempts-1, 10), maxRetry))
+	slog.Error("shard: refusing partition; keeping what is loaded", "shard", s.opts.ID, "partition", key, "err", err, "retry_in", time.Until(f.next).Round(time.Second))
+	s.metrics.loadFails.Inc()
+	s.errs = append([]string{key + ": " + err.Error()}, s.errs[:min(len(s.errs), 9)]...)
+	s.reg.Set(s.info())
+}
