@@ -3,7 +3,10 @@
 // A repository is a directory: DIR/NAME/VERSION/{manifest.json,
 // part-NNNNN.bin}. Writers (VersionWriter, Publish, Generate) build a
 // version in a hidden directory and rename it into place after the
-// manifest, so readers never see half a version. ReadPartition verifies
+// manifest, so readers never see half a version. A version number is
+// never reused: writers take the model's lock (an flock, so it holds
+// across processes) and number past the model's high-water mark, a file
+// kept beside the versions. ReadPartition verifies
 // size, SHA-256 and block checksums before returning a partition and
 // names the damaged file otherwise.
 //

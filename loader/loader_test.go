@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -95,7 +96,7 @@ func TestPublishAtomic(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m, err := repo.Publish("m", &Sparse{Type: codec.TypeLR, Keys: []uint64{uint64(i)}, Values: []float32{1}}, 2, "")
+			m, err := repo.Publish("m", tinyLR(uint64(i)), 2, "")
 			if err != nil {
 				t.Error(err)
 				return
@@ -104,19 +105,191 @@ func TestPublishAtomic(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	seen := map[uint64]bool{}
-	for _, v := range versions {
-		if seen[v] {
-			t.Fatalf("version %d published twice: %v", v, versions)
-		}
-		seen[v] = true
-	}
-	if _, err := w.Commit(); err != nil {
+	m, err := w.Commit()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if vs, _ := repo.Versions("m"); len(vs) != 9 {
-		t.Fatalf("versions %v, want 9", vs)
+	wantVersions1ToN(t, repo, append(versions, m.Version), 9)
+}
+
+// tinyLR is a one-feature model, quick to publish.
+func tinyLR(id uint64) *Sparse {
+	return &Sparse{Type: codec.TypeLR, Keys: []uint64{id}, Values: []float32{1}}
+}
+
+// readHighWater returns the content of a model's high-water file.
+func readHighWater(t *testing.T, repo Repo, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repo.Dir, name, highWaterName))
+	if err != nil {
+		t.Fatal(err)
 	}
+	return string(b)
+}
+
+// A deleted version's number is never given out again, and the files
+// kept beside the versions are never taken for versions or models.
+func TestVersionNumbersNotReused(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	publish := func() uint64 {
+		t.Helper()
+		m, err := repo.Publish("m", tinyLR(1), 1, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Version
+	}
+	publish()
+	publish()
+	if err := os.RemoveAll(repo.VersionDir("m", 2)); err != nil {
+		t.Fatal(err)
+	}
+	if v := publish(); v != 3 {
+		t.Fatalf("after deleting version 2, published version %d, want 3", v)
+	}
+	if vs, err := repo.Versions("m"); err != nil || !slices.Equal(vs, []uint64{1, 3}) {
+		t.Fatalf("versions %v, %v; want [1 3]", vs, err)
+	}
+	if ms, err := repo.Models(); err != nil || !slices.Equal(ms, []string{"m"}) {
+		t.Fatalf("models %v, %v; want [m]", ms, err)
+	}
+	if hw := readHighWater(t, repo, "m"); hw != "3\n" {
+		t.Fatalf("high-water file holds %q, want %q", hw, "3\n")
+	}
+	for _, f := range []string{highWaterName, lockName} {
+		if _, err := os.Stat(filepath.Join(repo.Dir, "m", f)); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+
+	// With every version gone the mark alone decides.
+	os.RemoveAll(repo.VersionDir("m", 1))
+	os.RemoveAll(repo.VersionDir("m", 3))
+	if _, err := repo.Latest("m"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Latest with no versions: %v", err)
+	}
+	if v := publish(); v != 4 {
+		t.Fatalf("after deleting every version, published version %d, want 4", v)
+	}
+}
+
+// A repository written before the high-water file existed carries on
+// after its latest version.
+func TestHighWaterMissing(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	for range 2 {
+		if _, err := repo.Publish("m", tinyLR(1), 1, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(filepath.Join(repo.Dir, "m", highWaterName)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := repo.Publish("m", tinyLR(1), 1, "")
+	if err != nil || m.Version != 3 {
+		t.Fatalf("published %+v, %v; want version 3", m, err)
+	}
+	if hw := readHighWater(t, repo, "m"); hw != "3\n" {
+		t.Fatalf("high-water file holds %q after publishing version 3", hw)
+	}
+}
+
+// A high-water file that does not hold a number stops publishing, naming
+// the file, instead of counting as 0 and reusing numbers.
+func TestHighWaterGarbage(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	if _, err := repo.Publish("m", tinyLR(1), 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	hw := filepath.Join(repo.Dir, "m", highWaterName)
+	for _, garbage := range []string{"", "seven\n", "-1\n", "3 4\n", "18446744073709551616\n"} {
+		if err := os.WriteFile(hw, []byte(garbage), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := repo.Publish("m", tinyLR(1), 1, "")
+		if !errors.Is(err, codec.ErrCorrupt) || !strings.Contains(err.Error(), hw) {
+			t.Errorf("high-water %q: err = %v, want corruption naming %s", garbage, err, hw)
+		}
+	}
+	if vs, err := repo.Versions("m"); err != nil || !slices.Equal(vs, []uint64{1}) {
+		t.Fatalf("versions %v, %v; want [1]", vs, err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(repo.Dir, "m"))
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".writing-") {
+			t.Errorf("refused publish left %s behind", e.Name())
+		}
+	}
+	// Tolerates the whitespace a person editing it may leave.
+	os.WriteFile(hw, []byte(" 7 \n\n"), 0o644)
+	if m, err := repo.Publish("m", tinyLR(1), 1, ""); err != nil || m.Version != 8 {
+		t.Fatalf("high-water 7: published %+v, %v; want version 8", m, err)
+	}
+}
+
+// wantVersions1ToN checks that got holds exactly 1..n and that the
+// repository's versions and high-water mark agree.
+func wantVersions1ToN(t *testing.T, repo Repo, got []uint64, n int) {
+	t.Helper()
+	got = slices.Sorted(slices.Values(got))
+	want := make([]uint64, n)
+	for i := range want {
+		want[i] = uint64(i + 1)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("published versions %v, want 1..%d each once", got, n)
+	}
+	if vs, err := repo.Versions("m"); err != nil || !slices.Equal(vs, want) {
+		t.Fatalf("repository versions %v, %v; want 1..%d", vs, err, n)
+	}
+	if hw := readHighWater(t, repo, "m"); hw != fmt.Sprintf("%d\n", n) {
+		t.Fatalf("high-water file holds %q, want %d", hw, n)
+	}
+}
+
+// Publishers in other processes take distinct numbers too. The test
+// re-runs its own binary as the publishers: with LOADER_TEST_PUBLISH_DIR
+// set, it publishes into that repository and prints each version.
+func TestPublishAcrossProcesses(t *testing.T) {
+	const procs, each = 3, 10
+	if dir := os.Getenv("LOADER_TEST_PUBLISH_DIR"); dir != "" {
+		repo := Repo{Dir: dir}
+		for i := range each {
+			m, err := repo.Publish("m", tinyLR(uint64(i)), 1, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Printf("published %d\n", m.Version)
+		}
+		return
+	}
+	repo := Repo{Dir: t.TempDir()}
+	cmds := make([]*exec.Cmd, procs)
+	outs := make([]strings.Builder, procs)
+	for i := range cmds {
+		cmds[i] = exec.Command(os.Args[0], "-test.run=^TestPublishAcrossProcesses$")
+		cmds[i].Env = append(os.Environ(), "LOADER_TEST_PUBLISH_DIR="+repo.Dir)
+		cmds[i].Stdout, cmds[i].Stderr = &outs[i], &outs[i]
+		if err := cmds[i].Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []uint64
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("publisher %d: %v\n%s", i, err, outs[i].String())
+		}
+		for _, line := range strings.Split(outs[i].String(), "\n") {
+			if v, ok := strings.CutPrefix(line, "published "); ok {
+				n, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					t.Fatalf("publisher %d printed %q", i, line)
+				}
+				got = append(got, n)
+			}
+		}
+	}
+	wantVersions1ToN(t, repo, got, procs*each)
 }
 
 func TestCorruptPartitionNamed(t *testing.T) {

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/partition"
 )
@@ -77,8 +79,17 @@ func (w *VersionWriter) WritePartition(p uint32, keys []uint64, values []float32
 	return nil
 }
 
-// Commit publishes the version under the next free version number and
-// returns its manifest.
+// Commit publishes the version under a number this model has never used
+// and returns its manifest. Numbers are never reused, even after the
+// newest version is deleted: shards report, routers route by, and clients
+// pin and are answered with the number, and one number must always mean
+// the same weights.
+//
+// Commit holds the model's lock (flock on DIR/NAME/.lock) while it picks
+// the number max(high-water, Latest)+1, raises the high-water mark to it
+// and renames the version into place. The mark is raised (durably)
+// before the rename, so no version is ever visible without the mark
+// covering it; a crash between the two only skips a number.
 func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 	var params int64
 	for p, ok := range w.done {
@@ -95,39 +106,118 @@ func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 	m := &codec.Manifest{Format: 1, Name: w.spec.Name, Kind: kind, Parent: w.spec.Parent, Type: w.spec.Type, Dim: w.spec.Dim, Encoding: w.spec.Encoding,
 		Bias: w.spec.Bias, Partitions: w.spec.Partitions, Hash: partition.HashName, Params: params, Files: w.files,
 		Source: w.spec.Source, Generator: w.spec.Generator, Created: time.Now().UTC().Format(time.RFC3339)}
-	// Another writer may take a number between Latest and Rename: retry.
-	for attempt := 0; attempt < 100; attempt++ {
-		latest, err := w.repo.Latest(w.spec.Name)
-		if err != nil && !errors.Is(err, ErrNotFound) {
-			w.Abort()
-			return nil, err
+	if err := w.commit(m); err != nil {
+		w.Abort()
+		return nil, err
+	}
+	return m, nil
+}
+
+// commit numbers m, writes it and publishes the version under the lock.
+func (w *VersionWriter) commit(m *codec.Manifest) error {
+	unlock, err := w.repo.lock(w.spec.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	next, err := w.repo.nextVersion(w.spec.Name)
+	if err != nil {
+		return err
+	}
+	// The lock makes a taken number rare: a writer that does not take it
+	// (an older cumulus) or a stray directory without a manifest, which
+	// Latest does not count. Skip such numbers.
+	for attempt := 0; attempt < 100; attempt, next = attempt+1, next+1 {
+		if next == 0 {
+			return fmt.Errorf("loader: %s has run out of version numbers", w.spec.Name)
 		}
-		m.Version = latest + 1
+		m.Version = next
 		if err := m.Validate(); err != nil {
-			w.Abort()
-			return nil, fmt.Errorf("loader: commit: %w", err)
+			return fmt.Errorf("loader: commit: %w", err)
 		}
 		b, _ := json.MarshalIndent(m, "", "  ")
-		err = writeSynced(filepath.Join(w.tmp, codec.ManifestName), func(f io.Writer) error {
+		err := writeSynced(filepath.Join(w.tmp, codec.ManifestName), func(f io.Writer) error {
 			_, err := f.Write(append(b, '\n'))
 			return err
 		})
 		if err != nil {
-			w.Abort()
-			return nil, err
+			return err
 		}
-		err = os.Rename(w.tmp, w.repo.VersionDir(w.spec.Name, m.Version))
+		if err := w.repo.writeHighWater(w.spec.Name, next); err != nil {
+			return err
+		}
+		err = os.Rename(w.tmp, w.repo.VersionDir(w.spec.Name, next))
 		if err == nil {
-			syncDir(filepath.Join(w.repo.Dir, w.spec.Name))
-			return m, nil
+			// The version is visible now; failing to sync its name would
+			// not make it less so, so the error is not reported.
+			_ = syncDir(filepath.Join(w.repo.Dir, w.spec.Name))
+			return nil
 		}
 		if !errors.Is(err, os.ErrExist) && !isNotEmpty(err) {
-			w.Abort()
-			return nil, fmt.Errorf("loader: publishing version: %w", err)
+			return fmt.Errorf("loader: publishing version: %w", err)
 		}
 	}
-	w.Abort()
-	return nil, fmt.Errorf("loader: could not claim a version number for %s", w.spec.Name)
+	return fmt.Errorf("loader: could not claim a version number for %s: 100 numbers after the high-water mark are taken", w.spec.Name)
+}
+
+// nextVersion is the number the next version of a model gets: one past
+// both the high-water mark and the latest version, which covers
+// repositories from before the mark existed. The caller holds the lock.
+func (r Repo) nextVersion(name string) (uint64, error) {
+	hw, err := r.highWater(name)
+	if err != nil {
+		return 0, err
+	}
+	latest, err := r.Latest(name)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return 0, err
+	}
+	return max(hw, latest) + 1, nil
+}
+
+// writeHighWater replaces a model's high-water mark with v, durably: a
+// temporary file, fsynced, renamed over the old one, then the directory
+// fsynced. The caller holds the lock, so the temporary name is its own.
+func (r Repo) writeHighWater(name string, v uint64) error {
+	dir := filepath.Join(r.Dir, name)
+	tmp := filepath.Join(dir, highWaterName+".tmp")
+	err := writeSynced(tmp, func(f io.Writer) error {
+		_, err := fmt.Fprintf(f, "%d\n", v)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, highWaterName)); err != nil {
+		return fmt.Errorf("loader: %w", err)
+	}
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("loader: syncing %s: %w", dir, err)
+	}
+	return nil
+}
+
+// lock takes the model's writer lock and returns its release. It is an
+// flock on DIR/NAME/.lock, so it excludes writers in other processes and,
+// since each call opens the file anew, other goroutines in this one. The
+// kernel releases it if the process dies.
+func (r Repo) lock(name string) (unlock func(), err error) {
+	p := filepath.Join(r.Dir, name, lockName)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("loader: locking %s: %w", p, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // Abort removes everything written.
@@ -152,9 +242,15 @@ func writeSynced(path string, write func(io.Writer) error) error {
 	return nil
 }
 
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
+// syncDir fsyncs a directory, making renames in it durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
 	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

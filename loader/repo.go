@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/tablemem"
@@ -24,12 +25,22 @@ var ErrNotFound = errors.New("loader: not found")
 //
 //	DIR/NAME/VERSION/manifest.json
 //	DIR/NAME/VERSION/part-00000.bin …
+//	DIR/NAME/.high-water
+//	DIR/NAME/.lock
 //
-// VERSION is a decimal number. Directories whose name starts with a dot
-// are versions being written and are never read.
+// VERSION is a decimal number. Names starting with a dot are never
+// versions: directories being written, the high-water mark (the highest
+// version number ever given out, so a deleted version's number is never
+// reused) and the lock writers hold while they take a number.
 type Repo struct {
 	Dir string
 }
+
+// Files kept beside a model's versions; see Repo.
+const (
+	highWaterName = ".high-water"
+	lockName      = ".lock"
+)
 
 // Models lists model names, sorted.
 func (r Repo) Models() ([]string, error) {
@@ -82,6 +93,30 @@ func (r Repo) Latest(name string) (uint64, error) {
 		return 0, fmt.Errorf("%w: model %q has no published version", ErrNotFound, name)
 	}
 	return vs[len(vs)-1], nil
+}
+
+// highWater returns the highest version number ever given to a model, or
+// 0 if the repository has no high-water file (it was written before there
+// was one, or nothing was published yet).
+func (r Repo) highWater(name string) (uint64, error) {
+	p := filepath.Join(r.Dir, name, highWaterName)
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("loader: %w", err)
+	}
+	text := strings.TrimSpace(string(b))
+	v, err := strconv.ParseUint(text, 10, 64)
+	if err != nil {
+		if len(text) > 32 {
+			text = text[:32] + "…"
+		}
+		return 0, fmt.Errorf("loader: %s: %w: holds %q, not a version number; write the highest version ever published into it",
+			p, codec.ErrCorrupt, text)
+	}
+	return v, nil
 }
 
 // VersionDir is the directory holding one version.

@@ -12,6 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cumulus-serving/cumulus/internal/buildinfo"
 )
 
 func main() {
@@ -46,6 +48,10 @@ func rootCommand() *cobra.Command {
 			return nil
 		},
 	}
+	// --version prints "cumulus VERSION (rev …) GO" on one line; cobra's
+	// default template would insert the word "version".
+	root.Version = buildinfo.String()
+	root.SetVersionTemplate("{{.DisplayName}} {{.Version}}\n")
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	root.AddCommand(devCommand(), shardCommand(), routerCommand(), managerCommand(), modelCommand(), predictCommand(), benchCommand())
 	return root
