@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -70,7 +71,7 @@ func (o *Options) Validate() error {
 	}
 	if o.Writer == "" {
 		host, _ := os.Hostname()
-		o.Writer = fmt.Sprintf("%s:%d", host, os.Getpid())
+		o.Writer = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), rand.Text()[:6])
 	}
 	return nil
 }
@@ -85,7 +86,8 @@ type Manager struct {
 	st       store
 	commands chan request
 	rescan   chan struct{}
-	results  chan Event // from the validator; unbuffered, so it never runs ahead of what the loop has applied
+	reload   chan struct{} // another manager wrote the state
+	results  chan Event    // from the validator; unbuffered, so it never runs ahead of what the loop has applied
 	queue    validateQueue
 	cancel   context.CancelFunc
 	done     sync.WaitGroup
@@ -115,7 +117,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions},
 		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
-		commands: make(chan request), rescan: make(chan struct{}, 1), results: make(chan Event)}
+		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), results: make(chan Event)}
 	m.queue.init()
 	m.metrics = metrics{
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_write_conflicts_total",
@@ -141,7 +143,22 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
 	shards := make(chan map[string]topo.ShardInfo, 1)
-	m.done.Add(3)
+	m.done.Add(4)
+	go func() {
+		defer m.done.Done()
+		// Another manager's write makes this one's view stale: read again
+		// rather than wait for a write of its own to fail.
+		topo.Watch(ctx, opts.Etcd, m.st.guardKey(), func(kv map[string][]byte) {
+			g, err := topo.Decode[guardRecord](m.st.guardKey(), kv[m.st.guardKey()])
+			if err != nil || g.Writer == opts.Writer {
+				return
+			}
+			select {
+			case m.reload <- struct{}{}:
+			default:
+			}
+		})
+	}()
 	go func() {
 		defer m.done.Done()
 		topo.Watch(ctx, opts.Etcd, opts.Cluster.ShardsPrefix(), func(kv map[string][]byte) {
@@ -207,6 +224,8 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 			m.scan(ctx)
 		case <-m.rescan:
 			m.scan(ctx)
+		case <-m.reload:
+			m.refresh(ctx)
 		case ev := <-m.results:
 			m.apply(ctx, ev)
 		case req := <-m.commands:
@@ -216,6 +235,20 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 			req.reply <- m.apply(ctx, req.cmd)
 		}
 	}
+}
+
+// refresh reads the persisted state again after another manager wrote
+// it, keeping the shards' reports.
+func (m *Manager) refresh(ctx context.Context) {
+	models, err := m.st.load(ctx)
+	if err != nil {
+		slog.Error("manager: reading the state another manager wrote", "err", err)
+		return
+	}
+	slog.Warn("manager: another manager wrote the state; following it")
+	fresh := &State{Models: models, Shards: m.view.Load().Shards}
+	m.view.Store(fresh)
+	m.persisted = fresh
 }
 
 // scan lists the repository and applies what it found. When the
@@ -269,14 +302,7 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 			return err
 		}
 		m.metrics.conflicts.Inc()
-		models, lerr := m.st.load(ctx)
-		if lerr != nil {
-			return lerr
-		}
-		slog.Warn("manager: another writer changed the state; deciding again on a fresh read", "event", fmt.Sprintf("%T", ev))
-		fresh := &State{Models: models, Shards: next.Shards}
-		m.view.Store(fresh)
-		m.persisted = fresh
+		m.refresh(ctx)
 	}
 }
 
@@ -355,7 +381,7 @@ func (m *Manager) validator(ctx context.Context) {
 			return
 		}
 		select {
-		case m.results <- Started{Model: v.Model, Version: v.Version}:
+		case m.results <- Started(v):
 		case <-ctx.Done():
 			return
 		}

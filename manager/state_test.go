@@ -85,7 +85,7 @@ func (x *sim) validate() {
 	for len(x.queue) > 0 {
 		v := x.queue[0]
 		x.queue = x.queue[1:]
-		x.do(Started{Model: v.Model, Version: v.Version})
+		x.do(Started(v))
 		ev := Checked{Model: v.Model, Version: v.Version, Files: x.files[v.Version]}
 		if why := x.broken[v.Version]; why != "" {
 			ev.Err = why

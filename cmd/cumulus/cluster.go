@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/cumulus-serving/cumulus/internal/buildinfo"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/router"
@@ -15,6 +18,7 @@ import (
 
 func shardCommand() *cobra.Command {
 	var id, repo, etcd, addr, advertise string
+	var cluster clusterFlag
 	var budget byteSize
 	cmd := &cobra.Command{
 		Use:   "shard",
@@ -26,7 +30,7 @@ func shardCommand() *cobra.Command {
 				return err
 			}
 			defer cli.Close()
-			s, err := shard.Start(cmd.Context(), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli,
+			s, err := shard.Start(cmd.Context(), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(),
 				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget)})
 			if err != nil {
 				return err
@@ -38,6 +42,7 @@ func shardCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&id, "id", "", "shard name, unique in the cluster (required)")
+	cluster.register(cmd)
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
 	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address")
@@ -63,6 +68,7 @@ func (l *limitFlags) limits() router.Limits {
 
 func routerCommand() *cobra.Command {
 	var etcd, httpAddr, grpcAddr string
+	var cluster clusterFlag
 	var lim limitFlags
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -74,7 +80,7 @@ func routerCommand() *cobra.Command {
 				return err
 			}
 			defer cli.Close()
-			r, err := router.Start(cmd.Context(), router.Options{Etcd: cli, Limits: lim.limits(), Registry: prometheus.DefaultRegisterer})
+			r, err := router.Start(cmd.Context(), router.Options{Etcd: cli, Cluster: cluster.c, Limits: lim.limits(), Registry: prometheus.DefaultRegisterer})
 			if err != nil {
 				return err
 			}
@@ -91,6 +97,7 @@ func routerCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON, health and /metrics address")
+	cluster.register(cmd)
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC address")
 	lim.register(cmd)
 	return cmd
@@ -98,22 +105,38 @@ func routerCommand() *cobra.Command {
 
 func managerCommand() *cobra.Command {
 	var etcd, repo string
-	var replicas int
+	var replicas, keep int
+	var cluster clusterFlag
+	var admin adminFlags
 	cmd := &cobra.Command{
 		Use:   "manager",
-		Short: "Run the manager: validates model versions and assigns partitions to shards",
+		Short: "Run the manager: validates model versions, decides what is served, serves the admin API",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			token, err := admin.resolve()
+			if err != nil {
+				return err
+			}
+			if token == "" {
+				return errors.New("the manager's admin API needs a token: give --admin-token, --admin-token-file or $" + adminTokenEnv)
+			}
 			cli, err := etcdClient(etcd)
 			if err != nil {
 				return err
 			}
 			defer cli.Close()
-			m, err := manager.Start(cmd.Context(), manager.Options{Repo: loader.Repo{Dir: repo}, Etcd: cli, Replicas: replicas})
+			m, err := manager.Start(cmd.Context(), manager.Options{Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c,
+				Replicas: replicas, KeepVersions: keepVersions(keep), Registry: prometheus.DefaultRegisterer})
 			if err != nil {
 				return err
 			}
 			defer m.Close()
+			a, err := m.ServeAdmin(manager.AdminOptions{Addr: admin.addr, Token: token, Gatherer: prometheus.DefaultGatherer})
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			fmt.Printf("admin: http://%s\n", a.Addr())
 			<-cmd.Context().Done()
 			return nil
 		},
@@ -121,6 +144,42 @@ func managerCommand() *cobra.Command {
 	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas per partition")
+	cmd.Flags().IntVar(&keep, "keep-versions", 2, "full versions besides the live one kept loaded for rollback, with their deltas")
+	cluster.register(cmd)
+	admin.register(cmd.Flags())
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }
+
+// keepVersions maps the --keep-versions flag to manager.Options, where 0
+// means the default.
+func keepVersions(n int) int {
+	if n <= 0 {
+		return -1
+	}
+	return n
+}
+
+// clusterFlag is --cluster: the name every etcd key sits under.
+type clusterFlag struct{ c topo.Cluster }
+
+func (f *clusterFlag) register(cmd *cobra.Command) {
+	cmd.Flags().Var(f, "cluster", "cluster name: every etcd key sits under /cumulus/NAME/ (letters, digits, -)")
+}
+
+func (f *clusterFlag) String() string {
+	if f.c == "" {
+		return string(topo.DefaultCluster)
+	}
+	return string(f.c)
+}
+
+func (f *clusterFlag) Set(s string) error {
+	if err := topo.Cluster(s).Validate(); err != nil {
+		return err
+	}
+	f.c = topo.Cluster(s)
+	return nil
+}
+
+func (f *clusterFlag) Type() string { return "name" }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"os"
 	"time"
@@ -10,8 +11,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/buildinfo"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server"
 )
@@ -19,10 +22,12 @@ import (
 func devCommand() *cobra.Command {
 	var (
 		repo, httpAddr, grpcAddr string
-		shards, replicas         int
+		shards, replicas, keep   int
 		readyTimeout             time.Duration
 		lim                      limitFlags
 		budget                   byteSize
+		cluster                  clusterFlag
+		admin                    adminFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -45,9 +50,19 @@ localhost, serves every model in --repo (or a generated demo model when no
 				}
 				repo = dir
 			}
+			token, err := admin.resolve()
+			if err != nil {
+				return err
+			}
+			if token == "" {
+				token = rand.Text()
+			}
+			if !cmd.Flags().Changed("memory-budget") {
+				budget = byteSize(defaultBudget(shards))
+			}
 			reg := prometheus.NewRegistry()
 			c, err := devcluster.Start(ctx, devcluster.Options{Repo: repo, Shards: shards, Replicas: replicas, Registry: reg, MemoryBudget: int64(budget),
-				Router: router.Options{Limits: lim.limits()}})
+				Cluster: cluster.c, KeepVersions: keepVersions(keep), Build: buildinfo.String(), Router: router.Options{Limits: lim.limits()}})
 			if err != nil {
 				return err
 			}
@@ -58,12 +73,21 @@ localhost, serves every model in --repo (or a generated demo model when no
 				return err
 			}
 			defer srv.Close()
+			adm, err := c.Manager.ServeAdmin(manager.AdminOptions{Addr: admin.addr, Token: token, Gatherer: reg})
+			if err != nil {
+				return err
+			}
+			defer adm.Close()
 			fmt.Printf("etcd: %s\n", c.EtcdAddr)
 			for _, s := range c.Shards {
 				fmt.Printf("shard: %s %s\n", s.ID(), s.Addr())
 			}
 			fmt.Printf("http: http://%s\n", srv.HTTPAddr())
 			fmt.Printf("grpc: %s\n", srv.GRPCAddr())
+			fmt.Printf("admin: http://%s token %s\n", adm.Addr(), token)
+			if budget > 0 {
+				fmt.Printf("memory budget: %s per shard\n", &budget)
+			}
 			wctx, cancel := context.WithTimeout(ctx, readyTimeout)
 			err = c.WaitReady(wctx)
 			cancel()
@@ -85,7 +109,10 @@ localhost, serves every model in --repo (or a generated demo model when no
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON (KServe v2), health and /metrics address")
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC (KServe v2) address")
 	lim.register(cmd)
-	cmd.Flags().Var(&budget, "memory-budget", "per shard: resident table bytes (e.g. 1.5GB); partitions beyond it are served from mapped files (default: no bound)")
+	cmd.Flags().Var(&budget, "memory-budget", "per shard: resident table bytes (e.g. 1.5GB); partitions beyond it are served from mapped files (default: half the machine's memory or cgroup limit, shared by the shards; 0: no bound)")
+	cmd.Flags().IntVar(&keep, "keep-versions", 2, "full versions besides the live one kept loaded for rollback, with their deltas")
+	cluster.register(cmd)
+	admin.register(cmd.Flags())
 	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "give up if models are not servable by then")
 	return cmd
 }

@@ -1,0 +1,305 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/spf13/cobra"
+
+	"github.com/cumulus-serving/cumulus/manager"
+)
+
+// adminTokenEnv names the environment variable holding the admin token.
+const adminTokenEnv = "CUMULUS_ADMIN_TOKEN"
+
+// adminToken resolves the admin token: --admin-token, else
+// --admin-token-file, else $CUMULUS_ADMIN_TOKEN; "" when none is given.
+func adminToken(token, file string) (string, error) {
+	if token != "" {
+		return token, nil
+	}
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("--admin-token-file: %w", err)
+		}
+		if t := strings.TrimSpace(string(b)); t != "" {
+			return t, nil
+		}
+		return "", fmt.Errorf("--admin-token-file: %s is empty", file)
+	}
+	return os.Getenv(adminTokenEnv), nil
+}
+
+// adminFlags are the flags every process that serves or calls the admin
+// API takes.
+type adminFlags struct{ addr, token, tokenFile string }
+
+func (f *adminFlags) register(fs interface {
+	StringVar(*string, string, string, string)
+}) {
+	fs.StringVar(&f.addr, "admin-addr", "127.0.0.1:8002", "the manager's admin API address (also /metrics and /healthz)")
+	fs.StringVar(&f.token, "admin-token", "", "admin API bearer token (else --admin-token-file, else $"+adminTokenEnv+")")
+	fs.StringVar(&f.tokenFile, "admin-token-file", "", "file holding the admin API token")
+}
+
+func (f *adminFlags) resolve() (string, error) { return adminToken(f.token, f.tokenFile) }
+
+// adminClient calls the admin API.
+type adminClient struct {
+	base, token string
+	http        *http.Client
+}
+
+// call makes one request; a non-2xx answer is an error carrying the
+// server's message.
+func (c *adminClient) call(method, path string, body any) ([]byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, c.base+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("admin API: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("admin API: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(b, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(b))
+		}
+		return nil, fmt.Errorf("%s: %s", resp.Status, e.Error)
+	}
+	return b, nil
+}
+
+func adminCommand() *cobra.Command {
+	var (
+		flags  adminFlags
+		asJSON bool
+		to     uint64
+		limit  int
+	)
+	cmd := &cobra.Command{
+		Use:   "admin",
+		Short: "Operate models through the manager's admin API: list, show, roll back, pin, rescan, audit",
+		Long: `admin calls the manager's admin API (cumulus manager --admin-addr, or cumulus dev).
+The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `.`,
+	}
+	flags.register(cmd.PersistentFlags())
+	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print the API's JSON answer as it is")
+	client := func() (*adminClient, error) {
+		token, err := flags.resolve()
+		if err != nil {
+			return nil, err
+		}
+		if token == "" {
+			return nil, errors.New("no admin token: give --admin-token, --admin-token-file or $" + adminTokenEnv)
+		}
+		base := flags.addr
+		if !strings.Contains(base, "://") {
+			base = "http://" + base
+		}
+		return &adminClient{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second}}, nil
+	}
+	// run makes one call and prints its answer, as JSON or through show.
+	run := func(method, path string, body any, show func([]byte) error) error {
+		c, err := client()
+		if err != nil {
+			return err
+		}
+		b, err := c.call(method, path, body)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			_, err := os.Stdout.Write(b)
+			return err
+		}
+		return show(b)
+	}
+	model := func(name string) string { return "/admin/v1/models/" + name }
+	cmd.AddCommand(
+		&cobra.Command{Use: "models", Short: "List the models: live, staged, pinned and standby versions", Args: cobra.NoArgs,
+			RunE: func(*cobra.Command, []string) error {
+				return run(http.MethodGet, "/admin/v1/models", nil, printModels)
+			}},
+		&cobra.Command{Use: "show NAME", Short: "Show one model: every version with its state and reason, the rollout, the shards", Args: cobra.ExactArgs(1),
+			RunE: func(_ *cobra.Command, args []string) error {
+				return run(http.MethodGet, model(args[0]), nil, printModel)
+			}},
+		&cobra.Command{Use: "unpin NAME", Short: "Follow the newest valid version again", Args: cobra.ExactArgs(1),
+			RunE: func(_ *cobra.Command, args []string) error {
+				return run(http.MethodDelete, model(args[0])+"/pin", nil, printChange("unpinned"))
+			}},
+		&cobra.Command{Use: "pin NAME VERSION", Short: "Serve VERSION until unpinned (staged and committed like any rollout)", Args: cobra.ExactArgs(2),
+			RunE: func(_ *cobra.Command, args []string) error {
+				v, err := strconv.ParseUint(args[1], 10, 64)
+				if err != nil || v == 0 {
+					return fmt.Errorf("version %q: want a number ≥ 1", args[1])
+				}
+				return run(http.MethodPut, model(args[0])+"/pin", map[string]uint64{"version": v}, printChange(fmt.Sprintf("pinned to %d", v)))
+			}},
+		&cobra.Command{Use: "rescan", Short: "Scan the repository now and validate rejected versions again", Args: cobra.NoArgs,
+			RunE: func(*cobra.Command, []string) error {
+				return run(http.MethodPost, "/admin/v1/rescan", nil, printModels)
+			}},
+	)
+	rollback := &cobra.Command{Use: "rollback NAME", Short: "Serve the most recent standby version (or --to V) now, and pin it", Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			var body any
+			if c.Flags().Changed("to") {
+				body = map[string]uint64{"to": to}
+			}
+			return run(http.MethodPost, model(args[0])+"/rollback", body, printChange("rolled back"))
+		}}
+	rollback.Flags().Uint64Var(&to, "to", 0, "the standby version to go to (default: the most recent)")
+	audit := &cobra.Command{Use: "audit", Short: "List the newest state-changing admin calls", Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			return run(http.MethodGet, fmt.Sprintf("/admin/v1/audit?limit=%d", limit), nil, printAudit)
+		}}
+	audit.Flags().IntVar(&limit, "limit", 50, "how many entries")
+	cmd.AddCommand(rollback, audit)
+	return cmd
+}
+
+func versionOrDash(v uint64) string {
+	if v == 0 {
+		return "-"
+	}
+	return strconv.FormatUint(v, 10)
+}
+
+func joinVersions(vs []uint64) string {
+	if len(vs) == 0 {
+		return "-"
+	}
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = strconv.FormatUint(v, 10)
+	}
+	return strings.Join(s, ",")
+}
+
+func printModels(b []byte) error {
+	var out struct {
+		Models []manager.ModelSummary `json:"models"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("admin API answered badly: %w", err)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "MODEL\tLIVE\tSTAGED\tPIN\tSTANDBY\tVERSIONS\tREJECTED")
+	for _, m := range out.Models {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", m.Name, versionOrDash(m.Live), versionOrDash(m.Staged), versionOrDash(m.Pin),
+			joinVersions(m.Standby), m.Versions, m.Rejected)
+	}
+	return w.Flush()
+}
+
+func printModel(b []byte) error {
+	var d manager.ModelDetail
+	if err := json.Unmarshal(b, &d); err != nil {
+		return fmt.Errorf("admin API answered badly: %w", err)
+	}
+	intent := "following the newest valid version"
+	if d.Pin != 0 {
+		intent = fmt.Sprintf("pinned to %d", d.Pin)
+	}
+	fmt.Printf("model %s: %d partitions, live %s, %s\n", d.Name, d.Partitions, versionOrDash(d.Live), intent)
+	if d.Rollout != nil {
+		fmt.Printf("rollout: version %d staged, %d of %d replicas hold it\n", d.Rollout.Version, d.Rollout.Holding, d.Rollout.Replicas)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "\nVERSION\tKIND\tPHASE\tSIZE\tREASON")
+	for _, v := range d.Versions {
+		kind := v.Kind
+		if v.Parent != 0 {
+			kind = fmt.Sprintf("%s of %d", v.Kind, v.Parent)
+		}
+		size := "-"
+		if v.Bytes > 0 {
+			size = humanize.IBytes(uint64(v.Bytes))
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", v.Version, kind, v.Phase, size, v.Reason)
+	}
+	fmt.Fprintln(w, "\nSHARD\tADDR\tBUILD\tASSIGNED\tLOADED (version:partitions)\tMISMATCHED\tERRORS")
+	for _, s := range d.Shards {
+		var loaded []string
+		for v, n := range s.Loaded {
+			loaded = append(loaded, fmt.Sprintf("%s:%d", v, n))
+		}
+		slices.Sort(loaded)
+		errs := "-"
+		if len(s.Errors) > 0 {
+			errs = fmt.Sprintf("%d, newest: %s", len(s.Errors), s.Errors[0])
+		}
+		build := s.Build
+		if build == "" {
+			build = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.ID, s.Addr, build, s.Assigned, strings.Join(loaded, " "), joinVersions(s.Mismatched), errs)
+	}
+	return w.Flush()
+}
+
+// printChange prints the state after a rollback, pin or unpin.
+func printChange(what string) func([]byte) error {
+	return func(b []byte) error {
+		var d manager.ModelDetail
+		if err := json.Unmarshal(b, &d); err != nil {
+			return fmt.Errorf("admin API answered badly: %w", err)
+		}
+		fmt.Printf("%s: %s; live %s", d.Name, what, versionOrDash(d.Live))
+		if d.Staged != 0 {
+			fmt.Printf(", staging %d (live once every replica holds it)", d.Staged)
+		}
+		fmt.Printf(", standby %s\n", joinVersions(d.Standby))
+		return nil
+	}
+}
+
+func printAudit(b []byte) error {
+	var out struct {
+		Entries []manager.AuditEntry `json:"entries"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("admin API answered badly: %w", err)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "TIME\tOP\tMODEL\tVERSION\tFROM\tRESULT")
+	for _, e := range out.Entries {
+		model := e.Model
+		if model == "" {
+			model = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Time.Format(time.RFC3339), e.Op, model, versionOrDash(e.Version), e.From, e.Result)
+	}
+	return w.Flush()
+}

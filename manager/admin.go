@@ -1,0 +1,386 @@
+package manager
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/cumulus-serving/cumulus/codec"
+)
+
+// AdminOptions configure the admin API. Zero values mean the documented
+// default.
+type AdminOptions struct {
+	// Addr is the listen address. Default 127.0.0.1:8002.
+	Addr string
+	// Token is the bearer token every /admin/ call must carry; required.
+	Token string
+	// Gatherer is served at /metrics; nil serves no metrics.
+	Gatherer prometheus.Gatherer
+	// CommandTimeout bounds how long a state-changing call waits for its
+	// result to be persisted. Default 10s.
+	CommandTimeout time.Duration
+}
+
+// Validate checks required fields and fills defaults.
+func (o *AdminOptions) Validate() error {
+	if o.Token == "" {
+		return errors.New("manager: the admin API needs a token (--admin-token, --admin-token-file or CUMULUS_ADMIN_TOKEN)")
+	}
+	if o.Addr == "" {
+		o.Addr = "127.0.0.1:8002"
+	}
+	if o.CommandTimeout == 0 {
+		o.CommandTimeout = 10 * time.Second
+	}
+	return nil
+}
+
+// AdminServer serves the admin API, /metrics and /healthz.
+type AdminServer struct {
+	srv *http.Server
+	lis net.Listener
+}
+
+// maxAdminBody bounds an admin request's body.
+const maxAdminBody = 64 << 10
+
+// ServeAdmin starts the admin API of m on opts.Addr:
+//
+//	GET    /admin/v1/models
+//	GET    /admin/v1/models/{name}
+//	POST   /admin/v1/models/{name}/rollback   {"to": V} optional
+//	PUT    /admin/v1/models/{name}/pin        {"version": V}
+//	DELETE /admin/v1/models/{name}/pin
+//	POST   /admin/v1/rescan
+//	GET    /admin/v1/audit[?limit=N]
+//	GET    /metrics, /healthz                 (no token)
+//
+// Errors are {"error": "..."} with 400, 401, 404, 409 (or 503 when the
+// result could not be persisted).
+func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", opts.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("manager: admin API: %w", err)
+	}
+	a := &admin{m: m, opts: opts}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	if opts.Gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("GET /admin/v1/models", a.auth(a.models))
+	mux.HandleFunc("GET /admin/v1/models/{name}", a.auth(a.model))
+	mux.HandleFunc("POST /admin/v1/models/{name}/rollback", a.auth(a.rollback))
+	mux.HandleFunc("PUT /admin/v1/models/{name}/pin", a.auth(a.pin))
+	mux.HandleFunc("DELETE /admin/v1/models/{name}/pin", a.auth(a.unpin))
+	mux.HandleFunc("POST /admin/v1/rescan", a.auth(a.rescan))
+	mux.HandleFunc("GET /admin/v1/audit", a.auth(a.audit))
+	mux.HandleFunc("/admin/", a.auth(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no admin call %s %s", r.Method, r.URL.Path))
+	}))
+	s := &AdminServer{lis: lis, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: opts.CommandTimeout + 10*time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}}
+	go s.srv.Serve(lis)
+	return s, nil
+}
+
+// Addr is the address the admin API listens on.
+func (s *AdminServer) Addr() string { return s.lis.Addr().String() }
+
+// Close stops serving, waiting up to 5 seconds for calls under way.
+func (s *AdminServer) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.srv.Shutdown(ctx)
+}
+
+type admin struct {
+	m    *Manager
+	opts AdminOptions
+}
+
+// auth refuses a call without the right bearer token, comparing in
+// constant time; it changes nothing and is not audited (a stranger could
+// otherwise flood the audit log).
+func (a *admin) auth(h http.HandlerFunc) http.HandlerFunc {
+	want := []byte("Bearer " + a.opts.Token)
+	return func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			slog.Warn("manager: admin call refused: missing or wrong token", "from", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="cumulus-admin"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong admin token (Authorization: Bearer TOKEN)")
+			return
+		}
+		h(w, r)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}
+
+// ModelSummary is one model in GET /admin/v1/models.
+type ModelSummary struct {
+	Name       string   `json:"name"`
+	Partitions uint32   `json:"partitions"`
+	Live       uint64   `json:"live"`
+	Staged     uint64   `json:"staged,omitempty"`
+	Pin        uint64   `json:"pin,omitempty"`
+	Standby    []uint64 `json:"standby"`
+	Versions   int      `json:"versions"`
+	Rejected   int      `json:"rejected"`
+}
+
+// ModelDetail is GET /admin/v1/models/{name}.
+type ModelDetail struct {
+	ModelSummary
+	Versions []VersionDetail `json:"versions"`
+	// Rollout is the staged version's progress; nil when none.
+	Rollout *Rollout      `json:"rollout,omitempty"`
+	Shards  []ShardDetail `json:"shards"`
+}
+
+// VersionDetail is one version in ModelDetail.
+type VersionDetail struct {
+	Version uint64 `json:"version"`
+	Kind    string `json:"kind,omitempty"`
+	Parent  uint64 `json:"parent,omitempty"`
+	Phase   Phase  `json:"phase"`
+	Reason  string `json:"reason,omitempty"`
+	Bytes   int64  `json:"bytes,omitempty"`
+}
+
+// Rollout is how far the staged version has loaded.
+type Rollout struct {
+	Version uint64 `json:"version"`
+	// Replicas is how many (partition, shard) placements the version
+	// needs; Holding how many report it with the expected content.
+	Replicas int `json:"replicas"`
+	Holding  int `json:"holding"`
+}
+
+// ShardDetail is one shard as it concerns a model.
+type ShardDetail struct {
+	ID       string `json:"id"`
+	Addr     string `json:"addr"`
+	Build    string `json:"build,omitempty"`
+	Assigned int    `json:"assigned"` // partitions of the model assigned to it
+	// Loaded maps each version it reports to how many partitions.
+	Loaded     map[string]int `json:"loaded"`
+	Mismatched []uint64       `json:"mismatched,omitempty"`
+	Errors     []string       `json:"errors,omitempty"`
+}
+
+func summary(m *ModelState) ModelSummary {
+	s := ModelSummary{Name: m.Name, Partitions: m.Partitions, Live: m.Live, Staged: m.Staged, Pin: m.Pin,
+		Standby: m.Standby(), Versions: len(m.Versions)}
+	for _, v := range m.Versions {
+		if v.Phase == PhaseRejected {
+			s.Rejected++
+		}
+	}
+	if s.Standby == nil {
+		s.Standby = []uint64{}
+	}
+	return s
+}
+
+func (a *admin) models(w http.ResponseWriter, _ *http.Request) {
+	st := a.m.State()
+	out := struct {
+		Models []ModelSummary `json:"models"`
+	}{Models: []ModelSummary{}}
+	for _, name := range slices.Sorted(maps.Keys(st.Models)) {
+		out.Models = append(out.Models, summary(st.Models[name]))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// detail describes one model from state st.
+func detail(st *State, m *ModelState) ModelDetail {
+	d := ModelDetail{ModelSummary: summary(m), Versions: []VersionDetail{}, Shards: []ShardDetail{}}
+	for _, v := range m.Versions {
+		d.Versions = append(d.Versions, VersionDetail{Version: v.Version, Kind: v.Kind, Parent: v.Parent, Phase: v.Phase, Reason: v.Reason, Bytes: v.Bytes})
+	}
+	if m.Staged != 0 {
+		d.Rollout = &Rollout{Version: m.Staged}
+		for p, reps := range m.Replicas {
+			for _, id := range reps {
+				d.Rollout.Replicas++
+				if st.holds(m, id, m.Staged, p) {
+					d.Rollout.Holding++
+				}
+			}
+		}
+	}
+	mismatches := st.Mismatches(m.Name)
+	for _, id := range slices.Sorted(maps.Keys(st.Shards)) {
+		si := st.Shards[id]
+		sd := ShardDetail{ID: id, Addr: si.Addr, Build: si.Build, Loaded: map[string]int{}, Mismatched: mismatches[id], Errors: si.Errors}
+		for _, reps := range m.Replicas {
+			if slices.Contains(reps, id) {
+				sd.Assigned++
+			}
+		}
+		for _, l := range si.Loaded {
+			if l.Model == m.Name {
+				sd.Loaded[strconv.FormatUint(l.Version, 10)] = len(l.Have)
+			}
+		}
+		d.Shards = append(d.Shards, sd)
+	}
+	return d
+}
+
+func (a *admin) model(w http.ResponseWriter, r *http.Request) {
+	st := a.m.State()
+	m := st.Models[r.PathValue("name")]
+	if m == nil {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("model %q is not known", r.PathValue("name")))
+		return
+	}
+	writeJSON(w, http.StatusOK, detail(st, m))
+}
+
+// readBody decodes an optional JSON body into v: empty is allowed when
+// optional; unknown fields, trailing data and oversized bodies are not.
+func readBody(r *http.Request, v any, optional bool) error {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxAdminBody+1))
+	if err != nil {
+		return fmt.Errorf("reading the body: %w", err)
+	}
+	if len(b) > maxAdminBody {
+		return fmt.Errorf("body over %d bytes", maxAdminBody)
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		if optional {
+			return nil
+		}
+		return errors.New("a JSON body is required")
+	}
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("malformed JSON body: %w", err)
+	}
+	if dec.More() {
+		return errors.New("malformed JSON body: data after the object")
+	}
+	return nil
+}
+
+// do applies a command and answers with the model's state after it.
+func (a *admin) do(w http.ResponseWriter, r *http.Request, c Command) {
+	if c.Model != "" && !codec.ValidName(c.Model) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid model name %q", c.Model))
+		return
+	}
+	c.At, c.From = time.Now().UTC(), r.RemoteAddr
+	ctx, cancel := context.WithTimeout(r.Context(), a.opts.CommandTimeout)
+	defer cancel()
+	err := a.m.Do(ctx, c)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, ErrConflict):
+		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, ErrInvalid):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("not applied: %v", err))
+	case c.Model == "":
+		a.models(w, r)
+	default:
+		slog.Info("manager: admin call applied", "op", c.Op, "model", c.Model, "version", c.Version, "from", c.From)
+		st := a.m.State()
+		writeJSON(w, http.StatusOK, detail(st, st.Models[c.Model]))
+	}
+}
+
+func (a *admin) rollback(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		To *uint64 `json:"to"`
+	}
+	if err := readBody(r, &body, true); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	c := Command{Op: OpRollback, Model: r.PathValue("name")}
+	if body.To != nil {
+		if *body.To == 0 {
+			writeError(w, http.StatusBadRequest, `"to" must be a version ≥ 1`)
+			return
+		}
+		c.Version = *body.To
+	}
+	a.do(w, r, c)
+}
+
+func (a *admin) pin(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Version *uint64 `json:"version"`
+	}
+	if err := readBody(r, &body, false); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if body.Version == nil || *body.Version == 0 {
+		writeError(w, http.StatusBadRequest, `"version" must be a version ≥ 1`)
+		return
+	}
+	a.do(w, r, Command{Op: OpPin, Model: r.PathValue("name"), Version: *body.Version})
+}
+
+func (a *admin) unpin(w http.ResponseWriter, r *http.Request) {
+	a.do(w, r, Command{Op: OpUnpin, Model: r.PathValue("name")})
+}
+
+func (a *admin) rescan(w http.ResponseWriter, r *http.Request) {
+	a.do(w, r, Command{Op: OpRescan})
+}
+
+func (a *admin) audit(w http.ResponseWriter, r *http.Request) {
+	limit := int64(100)
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 1 || n > maxAudit {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be 1..%d", maxAudit))
+			return
+		}
+		limit = n
+	}
+	entries, err := a.m.st.readAudit(r.Context(), limit)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Entries []AuditEntry `json:"entries"`
+	}{entries})
+}
