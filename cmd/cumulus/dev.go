@@ -19,6 +19,7 @@ import (
 func devCommand() *cobra.Command {
 	var (
 		repo, httpAddr, grpcAddr string
+		dataDir                  string
 		shards, replicas         int
 		readyTimeout             time.Duration
 		lim                      limitFlags
@@ -46,8 +47,8 @@ localhost, serves every model in --repo (or a generated demo model when no
 				repo = dir
 			}
 			reg := prometheus.NewRegistry()
-			c, err := devcluster.Start(ctx, devcluster.Options{Repo: repo, Shards: shards, Replicas: replicas, Registry: reg, MemoryBudget: int64(budget),
-				Router: router.Options{Limits: lim.limits()}})
+			c, err := devcluster.Start(ctx, devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
+				MemoryBudget: int64(budget), Router: router.Options{Limits: lim.limits()}})
 			if err != nil {
 				return err
 			}
@@ -86,6 +87,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC (KServe v2) address")
 	lim.register(cmd)
 	cmd.Flags().Var(&budget, "memory-budget", "per shard: resident table bytes (e.g. 1.5GB); partitions beyond it are served from mapped files (default: no bound)")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for etcd's data (DIR/etcd) and each shard's copies of partitions it serves mapped (DIR/shard-N); kept on exit (default: a temporary directory, removed on exit)")
 	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "give up if models are not servable by then")
 	return cmd
 }
