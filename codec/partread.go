@@ -178,7 +178,9 @@ func (p *Partition) VerifyBlocks(workers int) error {
 // VerifyStream checks a whole partition file read from r — header,
 // trailer, every block checksum — with O(block) memory, and returns the
 // file's SHA-256 (hex). It builds no table: it is for validation gates
-// that must not hold a model in memory.
+// that must not hold a model in memory. It reads every byte of the file
+// and hashes each range as it read it last: loader.MapPartitionCopy
+// relies on this to copy a file through it.
 func VerifyStream(r io.ReaderAt, size int64) (string, error) {
 	if size < partHeaderSize+partTrailerSize {
 		return "", fmt.Errorf("%w: partition file: %d bytes is shorter than header and trailer", ErrCorrupt, size)

@@ -8,7 +8,10 @@
 // across processes) and number past the model's high-water mark, a file
 // kept beside the versions. ReadPartition verifies
 // size, SHA-256 and block checksums before returning a partition and
-// names the damaged file otherwise.
+// names the damaged file otherwise. MapPartitionCopy does the same for a
+// partition served mapped, from a copy in a directory the caller owns:
+// repository files are never mapped, since a mapping would show any later
+// change to them.
 //
 // Importers turn other tools' models into a Sparse model: LIBLINEAR
 // (ImportLIBLINEAR; tested against the real liblinear-train/predict) and

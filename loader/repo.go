@@ -192,34 +192,6 @@ func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, e
 	return pt, nil
 }
 
-// MapPartition is ReadPartition for a partition served from a read-only
-// mapping of its file: it verifies the file by streaming it (size,
-// SHA-256, block checksums), maps it and checks its structure, without
-// faulting the records into memory. Repository files never change once
-// published, which is what makes verifying before mapping sound.
-func (r Repo) MapPartition(m *codec.Manifest, part uint32) (*codec.Partition, error) {
-	f, p, err := r.partFile(m, part)
-	if err != nil {
-		return nil, err
-	}
-	if err := verifyFile(p, f); err != nil {
-		return nil, err
-	}
-	mem, err := tablemem.Map(p, f.Size)
-	if err != nil {
-		return nil, fmt.Errorf("loader: %w", err)
-	}
-	pt, err := codec.ParsePartitionStructure(mem.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("loader: %s: %w", p, err)
-	}
-	if err := matchesManifest(pt, m, part, f, p); err != nil {
-		return nil, err
-	}
-	pt.Owner = mem
-	return pt, nil
-}
-
 // readWhole reads a file of the expected size with one read into memory
 // that will serve lookups in place (huge pages where possible).
 func readWhole(path string, size int64) (*tablemem.Buffer, error) {

@@ -12,10 +12,12 @@
 //
 // Tables (table.go) are partition files used in place: resident on huge
 // pages while Options.MemoryBudget allows, otherwise read-only mappings of
-// the files. A version staged beside the live one may be mapped; after the
-// manager commits it, the old version is retired and the new one promoted
-// to resident memory a partition at a time. docs/storage.md has the
-// layout, the lookup and the measurements.
+// the shard's own copies of the files in Options.DataDir (datadir.go),
+// never of the repository's, which the shard does not control. A version
+// staged beside the live one may be mapped; after the manager commits it,
+// the old version is retired and the new one promoted to resident memory
+// a partition at a time. docs/storage.md has the layout, the lookup and
+// the measurements.
 //
 // Lookups (Service.Lookup) read an immutable snapshot through an atomic
 // pointer: no locks on the request path. Goroutines: the gRPC server, the

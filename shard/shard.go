@@ -44,9 +44,18 @@ type Options struct {
 	MaxRequestBytes int
 	// MemoryBudget bounds the bytes of tables held resident (huge-page
 	// memory). A partition that does not fit is served from a read-only
-	// mapping of its file: the kernel keeps its hot pages in memory and
-	// reads the rest from disk. 0 means no bound: everything resident.
+	// mapping of the shard's own copy of its file (see DataDir): the
+	// kernel keeps its hot pages in memory and reads the rest from disk.
+	// 0 means no bound: everything resident.
 	MemoryBudget int64
+	// DataDir holds the copies of partitions served mapped: never the
+	// repository's files, which may change under a mapping. Copies are
+	// unlinked once mapped, so it needs disk space but holds no files;
+	// Start creates it and removes copies a crashed run left (a copy
+	// being written is locked and left alone). Put it on a disk, not
+	// tmpfs, which is memory. Default: cumulus-shard-ID under
+	// os.TempDir().
+	DataDir string
 	// Registry receives the shard's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
 	// HotInterval is how often the hot tiers of mapped partitions are
@@ -83,6 +92,9 @@ func (o *Options) Validate() error {
 	if o.HotInterval == 0 {
 		o.HotInterval = 2 * time.Second
 	}
+	if o.DataDir == "" {
+		o.DataDir = defaultDataDir(o.ID)
+	}
 	return nil
 }
 
@@ -116,6 +128,9 @@ type Shard struct {
 // what it holds: nothing, at first).
 func Start(ctx context.Context, opts Options) (*Shard, error) {
 	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if err := prepareDataDir(opts.DataDir); err != nil {
 		return nil, err
 	}
 	lis, err := net.Listen("tcp", opts.ListenAddr)
@@ -236,11 +251,11 @@ func (s *Shard) fits(n int64) bool {
 }
 
 // loadPartition loads into resident memory if the budget allows, else
-// maps the file.
+// maps the shard's own copy of the file.
 func (s *Shard) loadPartition(m *codec.Manifest, p uint32) (*Table, error) {
 	read := s.opts.Repo.ReadPartition
 	if !s.fits(m.Files[p].Size) {
-		read = s.opts.Repo.MapPartition
+		read = s.mapCopy
 	}
 	pt, err := read(m, p)
 	if err != nil {

@@ -69,7 +69,7 @@ func servingShard(t *testing.T) (*Shard, *clientv3.Client, loader.Repo) {
 	if _, err := repo.Publish("m", testModel(1), 2, ""); err != nil {
 		t.Fatal(err)
 	}
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli})
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestMemoryBudget(t *testing.T) {
 	}
 	// Room for one partition and a half: 1.8 MB each.
 	budget := m1.Files[0].Size * 3 / 2
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget})
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget, DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +306,7 @@ func TestHotTier(t *testing.T) {
 		t.Fatal(err)
 	}
 	budget := int64(64 << 10) // room for ~5,000 records of a 4.9 MB partition
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget, HotInterval: 20 * time.Millisecond})
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget, HotInterval: 20 * time.Millisecond, DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -155,7 +155,7 @@ func TestFindColdMatchesFind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := repo.MapPartition(man, 0)
+	p, err := repo.MapPartitionCopy(man, 0, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

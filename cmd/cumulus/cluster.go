@@ -17,7 +17,7 @@ import (
 )
 
 func shardCommand() *cobra.Command {
-	var id, repo, etcd, addr, advertise string
+	var id, repo, etcd, addr, advertise, dataDir string
 	var cluster clusterFlag
 	var budget byteSize
 	cmd := &cobra.Command{
@@ -31,7 +31,7 @@ func shardCommand() *cobra.Command {
 			}
 			defer cli.Close()
 			s, err := shard.Start(cmd.Context(), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(),
-				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget)})
+				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget), DataDir: dataDir})
 			if err != nil {
 				return err
 			}
@@ -48,6 +48,7 @@ func shardCommand() *cobra.Command {
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address routers dial (default: the listen address)")
 	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes (e.g. 8GB); partitions beyond it are served from mapped files (default: no bound)")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory, on disk, for the shard's own copies of partitions it serves mapped (default: cumulus-shard-ID in the temporary directory)")
 	cmd.MarkFlagRequired("id")
 	cmd.MarkFlagRequired("repo")
 	return cmd

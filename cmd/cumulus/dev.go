@@ -22,6 +22,7 @@ import (
 func devCommand() *cobra.Command {
 	var (
 		repo, httpAddr, grpcAddr string
+		dataDir                  string
 		shards, replicas, keep   int
 		readyTimeout             time.Duration
 		lim                      limitFlags
@@ -61,8 +62,9 @@ localhost, serves every model in --repo (or a generated demo model when no
 				budget = byteSize(defaultBudget(shards))
 			}
 			reg := prometheus.NewRegistry()
-			c, err := devcluster.Start(ctx, devcluster.Options{Repo: repo, Shards: shards, Replicas: replicas, Registry: reg, MemoryBudget: int64(budget),
-				Cluster: cluster.c, KeepVersions: keepVersions(keep), Build: buildinfo.String(), Router: router.Options{Limits: lim.limits()}})
+			c, err := devcluster.Start(ctx, devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
+				MemoryBudget: int64(budget), Cluster: cluster.c, KeepVersions: keepVersions(keep), Build: buildinfo.String(),
+				Router: router.Options{Limits: lim.limits()}})
 			if err != nil {
 				return err
 			}
@@ -110,6 +112,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC (KServe v2) address")
 	lim.register(cmd)
 	cmd.Flags().Var(&budget, "memory-budget", "per shard: resident table bytes (e.g. 1.5GB); partitions beyond it are served from mapped files (default: half the machine's memory or cgroup limit, shared by the shards; 0: no bound)")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for etcd's data (DIR/etcd) and each shard's copies of partitions it serves mapped (DIR/shard-N); kept on exit (default: a temporary directory, removed on exit)")
 	cmd.Flags().IntVar(&keep, "keep-versions", 2, "full versions besides the live one kept loaded for rollback, with their deltas")
 	cluster.register(cmd)
 	admin.register(cmd.Flags())

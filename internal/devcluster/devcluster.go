@@ -30,8 +30,9 @@ import (
 type Options struct {
 	// Repo is the model repository; required.
 	Repo string
-	// DataDir holds etcd's data. Default: a new temporary directory,
-	// removed on Close.
+	// DataDir holds etcd's data (DataDir/etcd) and shard N's copies of
+	// the partitions it maps (DataDir/shard-N, its shard.Options.DataDir).
+	// Default: a new temporary directory, removed on Close.
 	DataDir string
 	// Shards is the number of shard servers. Default 4.
 	Shards int
@@ -95,6 +96,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			return nil, fmt.Errorf("devcluster: %w", err)
 		}
 		o.DataDir = c.tmp
+		c.opts.DataDir = c.tmp
 	}
 	if c.etcd, err = etcdlocal.Start(filepath.Join(o.DataDir, "etcd")); err != nil {
 		return nil, err
@@ -143,7 +145,7 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 func (c *Cluster) AddShard() (*shard.Shard, error) {
 	i := len(c.Shards)
 	so := shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: loader.Repo{Dir: c.opts.Repo}, Etcd: c.Etcd, Cluster: c.opts.Cluster,
-		Build: c.opts.Build, Registry: c.opts.Registry, MemoryBudget: c.opts.MemoryBudget}
+		Build: c.opts.Build, Registry: c.opts.Registry, MemoryBudget: c.opts.MemoryBudget, DataDir: filepath.Join(c.opts.DataDir, fmt.Sprintf("shard-%d", i))}
 	if c.opts.Shard != nil {
 		c.opts.Shard(i, &so)
 	}

@@ -1,7 +1,9 @@
 // Package tablemem provides the memory shard tables live in, outside the
 // Go heap: either resident, anonymous memory backed by transparent huge
-// pages, or a read-only mapping of the partition file whose pages the
-// kernel faults in on demand and may evict.
+// pages, or a read-only mapping of a partition file whose pages the
+// kernel faults in on demand and may evict. Map only a file nobody else
+// writes (loader.MapPartitionCopy maps the shard's own copy): the mapping
+// shows later writes, and a truncation turns reads into SIGBUS.
 //
 // Why resident memory uses huge pages: tables are hundreds of MB read at
 // random; on this project's machines a dependent random read costs ~50 ns

@@ -1,0 +1,48 @@
+package shard
+
+import (
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/loader"
+)
+
+// The data directory holds the shard's own copies of the partitions it
+// serves mapped. A mapping of a repository file would show every later
+// write to that file and raise SIGBUS past a truncation; a copy nobody
+// else writes cannot change under the shard. Copies are unlinked as soon
+// as they are mapped (loader.MapPartitionCopy), so the directory is empty
+// while the shard runs; only a crash mid-copy leaves files in it.
+
+// defaultDataDir is Options.DataDir's default.
+func defaultDataDir(id string) string {
+	return filepath.Join(os.TempDir(), "cumulus-shard-"+url.PathEscape(id))
+}
+
+// prepareDataDir creates dir and removes copies a previous run left in
+// it.
+func prepareDataDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("shard: data dir: %w", err)
+	}
+	if err := loader.RemoveCopies(dir); err != nil {
+		return fmt.Errorf("shard: data dir %s: %w", dir, err)
+	}
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) == nil && st.Type == unix.TMPFS_MAGIC {
+		slog.Warn("shard: the data dir is on tmpfs: partitions served mapped occupy memory there, outside the memory budget; set a data dir on disk",
+			"dir", dir)
+	}
+	return nil
+}
+
+// mapCopy maps partition p from the shard's own copy of its file.
+func (s *Shard) mapCopy(m *codec.Manifest, p uint32) (*codec.Partition, error) {
+	return s.opts.Repo.MapPartitionCopy(m, p, s.opts.DataDir)
+}
