@@ -138,7 +138,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.persisted = &State{Models: models, Shards: map[string]topo.ShardInfo{}}
+	m.persisted = &State{Models: models}
 	m.view.Store(m.persisted)
 	ctx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
@@ -291,7 +291,6 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 			return nil
 		}
 		ch := m.changes(m.persisted, next, acts)
-		slog.Debug("manager: writing", "event", fmt.Sprintf("%T", ev), "maps", len(ch.maps), "states", len(ch.states))
 		err := m.st.commit(ctx, ch)
 		if err == nil {
 			m.persisted, m.written = next, time.Now()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -62,6 +63,9 @@ type Version struct {
 	Bytes int64             `json:"bytes,omitempty"` // its own files' size
 	// LiveSeq orders versions by when they last went live (0: never).
 	LiveSeq uint64 `json:"live_seq,omitempty"`
+	// KeptSince is the model's Seq since which the version has been kept
+	// loaded (live, staged or standby) without a break.
+	KeptSince uint64 `json:"kept_since,omitempty"`
 }
 
 // ModelState is everything the manager knows and intends for one model:
@@ -78,7 +82,11 @@ type ModelState struct {
 	Staged   uint64     `json:"staged,omitempty"`
 	Replicas [][]string `json:"replicas,omitempty"` // as last published
 	LiveSeq  uint64     `json:"live_seq,omitempty"` // commits so far
-	Versions []Version  `json:"versions"`           // ascending
+	// Seq counts changes of the model's serving map record; PlaceSeq is
+	// the Seq since which Replicas have not changed.
+	Seq      uint64    `json:"seq,omitempty"`
+	PlaceSeq uint64    `json:"place_seq,omitempty"`
+	Versions []Version `json:"versions"` // ascending
 }
 
 func (m *ModelState) version(v uint64) *Version {
@@ -116,7 +124,8 @@ func (m *ModelState) Standby() []uint64 {
 }
 
 // State is the manager's whole state: the models (persisted) and the
-// shards' latest reports (not persisted: they come back from etcd).
+// shards' latest reports (not persisted: they come back from etcd; nil
+// until they have, and nothing is placed or committed meanwhile).
 type State struct {
 	Models map[string]*ModelState
 	Shards map[string]topo.ShardInfo
@@ -261,7 +270,9 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 		panic(fmt.Sprintf("manager: unknown event %T", ev))
 	}
 	for _, name := range slices.Sorted(maps.Keys(n.Models)) {
-		n.settle(n.Models[name], p)
+		m := n.Models[name]
+		n.settle(m, p)
+		m.count(s.Models[name])
 	}
 	return n, acts, nil
 }
@@ -447,10 +458,11 @@ func list(vs []uint64) string {
 // policy are retired.
 func (s *State) settle(m *ModelState, p Policy) {
 	resolve(m)
-	if m.Partitions == 0 {
-		return
+	if m.Partitions == 0 || s.Shards == nil {
+		return // nothing to place yet, or no word from the shards yet: decide nothing on ignorance
 	}
-	assign := Assign(m.Name, m.Partitions, s.trusted(m), p.Replicas)
+	trusted := s.trusted(m)
+	assign := Assign(m.Name, m.Partitions, trusted, p.Replicas)
 	target := m.target()
 	if m.Staged != 0 && m.Staged != target {
 		if v := m.version(m.Staged); v != nil && v.Phase == PhaseStaging {
@@ -465,8 +477,35 @@ func (s *State) settle(m *ModelState, p Policy) {
 			m.commit(target)
 		}
 	}
-	m.Replicas = s.handover(m, assign)
+	m.Replicas = s.handover(m, assign, trusted)
 	m.retire(p.KeepVersions)
+}
+
+// count bumps Seq when m's serving map record differs from old's, and
+// notes from which Seq on the placement and each kept version have stood
+// unchanged: a shard's report that follows a record at least that recent
+// describes what the shard keeps (see holds).
+func (m *ModelState) count(old *ModelState) {
+	if m.Partitions == 0 {
+		return
+	}
+	var was topo.Assignment
+	if old != nil {
+		was = old.Assignment()
+	}
+	now := m.Assignment()
+	if old != nil && reflect.DeepEqual(was, now) {
+		return
+	}
+	m.Seq++
+	if old == nil || !reflect.DeepEqual(was.Replicas, now.Replicas) {
+		m.PlaceSeq = m.Seq
+	}
+	for _, v := range now.Kept() {
+		if !slices.Contains(was.Kept(), v) {
+			m.version(v).KeptSince = m.Seq
+		}
+	}
 }
 
 // resolve settles versions whose own files are verified: ready when
@@ -611,25 +650,33 @@ func (s *State) Mismatches(model string) map[string][]uint64 {
 }
 
 // holds reports whether shard id holds partition p of v with the
-// validated content.
+// validated content, by a report recent enough to trust: one that
+// follows a record from which on neither the placement nor v's being kept
+// has changed. An older report may list what the shard has since dropped
+// on an intermediate record's word.
 func (s *State) holds(m *ModelState, id string, v uint64, p int) bool {
 	x := m.version(v)
 	if x == nil || x.Info == nil || p >= len(x.Info.IDs) {
 		return false
 	}
 	si, ok := s.Shards[id]
-	return ok && si.Holds(m.Name, v, uint32(p), x.Info.IDs[p])
+	return ok && si.Applied[m.Name] >= max(m.PlaceSeq, x.KeptSince) && si.Holds(m.Name, v, uint32(p), x.Info.IDs[p])
 }
 
 // allHold reports whether every replica assign names holds its partition
-// of v: the moment a rollout may commit.
+// of v: the moment a rollout may commit. A shard counts only for the
+// partitions the map last published gives it: a report of anything else
+// may be about to go (the shard drops what an earlier map took from it).
 func (s *State) allHold(m *ModelState, assign [][]string, v uint64) bool {
+	if len(m.Replicas) != len(assign) {
+		return false
+	}
 	for p, reps := range assign {
 		if len(reps) == 0 {
 			return false
 		}
 		for _, id := range reps {
-			if !s.holds(m, id, v, p) {
+			if !slices.Contains(m.Replicas[p], id) || !s.holds(m, id, v, p) {
 				return false
 			}
 		}
@@ -638,12 +685,14 @@ func (s *State) allHold(m *ModelState, assign [][]string, v uint64) bool {
 }
 
 // handover is what to publish on the way from the replicas last
-// published to assign: make before break. While some shard assign names
-// for partition p does not yet hold the live and staged versions, the
-// shards last published for p that hold one of them stay assigned too,
-// so a partition moved when shards join or leave keeps a serving replica
+// published to assign: make before break. Until every shard assign names
+// for partition p holds the live and staged versions of p by a report
+// that follows the newest record (an older report may list what the shard
+// has since dropped), the shards last published for p stay assigned too,
+// if they are still trusted (registered, reporting nothing false), so a
+// partition moved when shards join or leave keeps its serving replicas
 // until its new holders have loaded it.
-func (s *State) handover(m *ModelState, assign [][]string) [][]string {
+func (s *State) handover(m *ModelState, assign [][]string, trusted []string) [][]string {
 	prev := m.Replicas
 	if len(prev) != len(assign) {
 		return assign
@@ -653,13 +702,13 @@ func (s *State) handover(m *ModelState, assign [][]string) [][]string {
 	for p, reps := range assign {
 		out[p] = reps
 		ready := !slices.ContainsFunc(reps, func(id string) bool {
-			return slices.ContainsFunc(serving, func(v uint64) bool { return !s.holds(m, id, v, p) })
+			return !slices.Contains(prev[p], id) || slices.ContainsFunc(serving, func(v uint64) bool { return !s.holds(m, id, v, p) })
 		})
 		if ready {
 			continue
 		}
 		for _, id := range prev[p] {
-			if !slices.Contains(out[p], id) && slices.ContainsFunc(serving, func(v uint64) bool { return s.holds(m, id, v, p) }) {
+			if !slices.Contains(out[p], id) && slices.Contains(trusted, id) {
 				out[p] = append(slices.Clip(out[p]), id)
 			}
 		}
@@ -669,7 +718,7 @@ func (s *State) handover(m *ModelState, assign [][]string) [][]string {
 
 // Assignment is the serving map record of m.
 func (m *ModelState) Assignment() topo.Assignment {
-	a := topo.Assignment{Schema: topo.Schema, Model: m.Name, Live: m.Live, Staged: m.Staged, Standby: m.Standby(),
+	a := topo.Assignment{Schema: topo.Schema, Model: m.Name, Seq: m.Seq, Live: m.Live, Staged: m.Staged, Standby: m.Standby(),
 		Partitions: m.Partitions, Replicas: m.Replicas}
 	if a.Replicas == nil {
 		a.Replicas = make([][]string, m.Partitions)

@@ -106,7 +106,7 @@ func (x *sim) load(only ...string) {
 		if len(only) > 0 && !slices.Contains(only, id) {
 			continue
 		}
-		si := topo.ShardInfo{Schema: topo.Schema, ID: id}
+		si := topo.ShardInfo{Schema: topo.Schema, ID: id, Applied: map[string]uint64{"m": a.Seq}}
 		for _, v := range a.Kept() {
 			l := topo.Loaded{Model: "m", Version: v}
 			for p, reps := range a.Replicas {
@@ -174,6 +174,8 @@ func TestDecideLifecycle(t *testing.T) {
 		t.Fatalf("new version: phase %s, %d validations queued", x.phase(1), len(x.queue))
 	}
 	x.validate()
+	x.expect(0, 0) // no word from the shards yet: nothing decided
+	x.report()
 	x.expect(0, 1) // staged, but no shard holds it
 	if x.phase(1) != PhaseStaging {
 		t.Fatalf("phase %s", x.phase(1))
@@ -337,7 +339,7 @@ func TestDecideShardRestartMidRollout(t *testing.T) {
 	x.expect(1, 2)
 	// s1 restarts: back with the staged version only, none of the live.
 	a := x.s.Models["m"].Assignment()
-	si := topo.ShardInfo{Schema: topo.Schema, ID: "s1"}
+	si := topo.ShardInfo{Schema: topo.Schema, ID: "s1", Applied: map[string]uint64{"m": a.Seq}}
 	l := topo.Loaded{Model: "m", Version: 2}
 	for p, reps := range a.Replicas {
 		if reps[0] == "s1" {
@@ -439,5 +441,48 @@ func TestDecideChains(t *testing.T) {
 	x.expect(6, 0)
 	if x.s.Models["m"].version(5) != nil {
 		t.Fatal("a removed version kept after it stopped being live")
+	}
+}
+
+// TestDecideDistrustsStaleReports: a shard's report that follows an
+// older record may list a partition the shard is about to drop on that
+// record's word; it must not complete a handover.
+func TestDecideDistrustsStaleReports(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2})
+	x.join("s0", "s1")
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	stale := x.s.Models["m"].Seq
+	x.join("s2") // partitions move to s2; their old holders stay meanwhile
+	a := x.s.Models["m"].Assignment()
+	var moved []uint32
+	for p, reps := range a.Replicas {
+		if reps[0] == "s2" {
+			moved = append(moved, uint32(p))
+		}
+	}
+	// s2 claims the moved partitions, by a report following the record
+	// from before it was given them.
+	l := topo.Loaded{Model: "m", Version: 1}
+	for _, p := range moved {
+		l.Have, l.IDs = append(l.Have, p), append(l.IDs, a.Info(1).IDs[p])
+	}
+	x.shards["s2"] = topo.ShardInfo{Schema: topo.Schema, ID: "s2", Applied: map[string]uint64{"m": stale}, Loaded: []topo.Loaded{l}}
+	x.report()
+	for _, p := range moved {
+		if reps := x.s.Models["m"].Assignment().Replicas[p]; len(reps) != 2 {
+			t.Fatalf("partition %d handed over on a stale report: %v", p, reps)
+		}
+	}
+	// The same report following the newest record completes it.
+	si := x.shards["s2"]
+	si.Applied = map[string]uint64{"m": x.s.Models["m"].Seq}
+	x.shards["s2"] = si
+	x.report()
+	for _, p := range moved {
+		if reps := x.s.Models["m"].Assignment().Replicas[p]; len(reps) != 1 || reps[0] != "s2" {
+			t.Fatalf("partition %d after a current report: %v", p, reps)
+		}
 	}
 }

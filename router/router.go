@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -142,32 +143,42 @@ func (r *Router) watch(ctx context.Context) {
 		assigns map[string]topo.Assignment
 	}
 	events := make(chan event, 1)
-	send := func(ev event) {
-		select {
-		case events <- ev:
-		case <-ctx.Done():
-		}
-	}
-	var watchers sync.WaitGroup
-	defer watchers.Wait() // after ctx ends, both watches return
+	var watcher sync.WaitGroup
+	defer watcher.Wait() // after ctx ends, the watch returns
+	// One watch over the whole cluster prefix: etcd delivers its events in
+	// revision order, so when the router sees the manager commit a version
+	// it has already seen the shard reports the manager committed on.
+	// (Two watches, one per prefix, could show the commit first and leave
+	// the router without a complete live version for a moment.)
 	c := r.opts.Cluster
-	watchers.Add(2)
+	watcher.Add(1)
 	go func() {
-		defer watchers.Done()
-		topo.Watch(ctx, r.opts.Etcd, c.ShardsPrefix(), func(kv map[string][]byte) {
-			send(event{shards: topo.DecodeAll[topo.ShardInfo](kv, c.ShardsPrefix())})
-		})
-	}()
-	go func() {
-		defer watchers.Done()
-		topo.Watch(ctx, r.opts.Etcd, c.ModelsPrefix(), func(kv map[string][]byte) {
-			send(event{assigns: topo.Assignments(kv, c)})
+		defer watcher.Done()
+		topo.Watch(ctx, r.opts.Etcd, c.Prefix(), func(kv map[string][]byte) {
+			shards, models := map[string][]byte{}, map[string][]byte{}
+			for k, v := range kv {
+				switch {
+				case strings.HasPrefix(k, c.ShardsPrefix()):
+					shards[k] = v
+				case strings.HasPrefix(k, c.ModelsPrefix()):
+					models[k] = v
+				}
+			}
+			ev := event{shards: topo.DecodeAll[topo.ShardInfo](shards, c.ShardsPrefix()), assigns: topo.Assignments(models, c)}
+			select {
+			case <-events: // keep only the newest
+			default:
+			}
+			select {
+			case events <- ev:
+			case <-ctx.Done():
+			}
 		})
 	}()
 	backends := map[string]*backend{}
 	closers := map[string]io.Closer{}
 	var shards map[string]topo.ShardInfo
-	assigns := map[string]topo.Assignment{}
+	var assigns map[string]topo.Assignment
 	defer func() {
 		for _, c := range closers {
 			c.Close()
@@ -178,12 +189,7 @@ func (r *Router) watch(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case ev := <-events:
-			if ev.shards != nil {
-				shards = ev.shards
-			}
-			if ev.assigns != nil {
-				assigns = ev.assigns
-			}
+			shards, assigns = ev.shards, ev.assigns
 		}
 		live := map[string]bool{}
 		for _, si := range shards {

@@ -294,10 +294,15 @@ func TestRolloutNeverFails(t *testing.T) {
 	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 3, ScanInterval: time.Hour,
 		Shard: func(i int, o *shard.Options) {
 			if i == 2 {
-				o.BeforeLoad = func(_ string, version uint64, _ uint32) {
+				o.BeforeLoad = func(ctx context.Context, _ string, version uint64, _ uint32) error {
 					if version == 2 {
-						<-release
+						select {
+						case <-release:
+						case <-ctx.Done():
+							return ctx.Err()
+						}
 					}
+					return nil
 				}
 			}
 		}})

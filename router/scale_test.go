@@ -125,7 +125,14 @@ func TestScaleOutNeverFails(t *testing.T) {
 	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 1, ScanInterval: time.Hour,
 		Shard: func(i int, o *shard.Options) {
 			if i == 1 {
-				o.BeforeLoad = func(string, uint64, uint32) { <-release }
+				o.BeforeLoad = func(ctx context.Context, _ string, _ uint64, _ uint32) error {
+					select {
+					case <-release:
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
 			}
 		}})
 	var once sync.Once

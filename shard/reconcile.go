@@ -20,7 +20,19 @@ import (
 // version itself.
 func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 	want := s.wanted(as)
-	s.mismatched = nil
+	// From here on the report follows these records: nothing they keep
+	// here is dropped before a newer record says so.
+	s.applied = make(map[string]uint64, len(as))
+	for name, a := range as {
+		s.applied[name] = a.Seq
+	}
+	// A mismatch stays reported while the map keeps the version: the
+	// manager assigns this shard nothing of it meanwhile.
+	for k, l := range s.mismatched {
+		if a, ok := as[l.Model]; !ok || !slices.Contains(a.Kept(), l.Version) {
+			delete(s.mismatched, k)
+		}
+	}
 	for _, name := range slices.Sorted(maps.Keys(want)) {
 		a := as[name]
 		for _, v := range a.Kept() {
@@ -76,10 +88,21 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		return
 	}
 	chain, err := s.opts.Repo.Chain(name, v)
-	if err == nil {
-		err = matchesMap(chain, a, info)
-	}
 	if err != nil {
+		s.refuse(vkey, err)
+		return
+	}
+	if err := matchesMap(chain, a, info); err != nil {
+		// Another repository, or one changed since the manager validated
+		// it: say what this shard would have served, so the manager stops
+		// assigning it the model.
+		wrong := topo.Loaded{Model: name, Version: v}
+		for _, p := range missing {
+			if p < chain[0].Partitions {
+				wrong.Have, wrong.IDs = append(wrong.Have, p), append(wrong.IDs, codec.PartitionIdentity(chain, p))
+			}
+		}
+		s.mismatched[vkey] = wrong
 		s.refuse(vkey, err)
 		return
 	}
@@ -101,10 +124,14 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 			wrong.Have, wrong.IDs = append(wrong.Have, p), append(wrong.IDs, id)
 			continue
 		}
+		var layers []*Table
+		var err error
 		if s.opts.BeforeLoad != nil {
-			s.opts.BeforeLoad(name, v, p)
+			err = s.opts.BeforeLoad(ctx, name, v, p)
 		}
-		layers, err := s.loadStack(chain, p)
+		if err == nil {
+			layers, err = s.loadStack(chain, p)
+		}
 		if err != nil {
 			s.refuse(pkey, err)
 			continue
@@ -115,11 +142,12 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 	}
 	if len(wrong.Have) > 0 {
 		wrong.Model, wrong.Version = name, v
-		s.mismatched = append(s.mismatched, wrong)
+		s.mismatched[vkey] = wrong
 		s.refuse(vkey, fmt.Errorf("shard: the repository's partitions %v differ from the content the serving map expects; not loading them", wrong.Have))
 		return
 	}
 	delete(s.failed, vkey)
+	delete(s.mismatched, vkey)
 }
 
 // matchesMap checks a version's chain against the map's record of it.

@@ -10,6 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"maps"
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -62,8 +65,9 @@ type Options struct {
 	// rebuilt from sampled traffic. Default 2s.
 	HotInterval time.Duration
 	// BeforeLoad, if set, is called before each partition load and may
-	// block: tests use it to hold a shard back mid-rollout.
-	BeforeLoad func(model string, version uint64, partition uint32)
+	// block (until ctx ends, when the shard closes) or fail the load: tests
+	// use it to hold a shard back mid-rollout.
+	BeforeLoad func(ctx context.Context, model string, version uint64, partition uint32) error
 }
 
 // Validate checks required fields and fills defaults.
@@ -117,8 +121,9 @@ type Shard struct {
 
 	pending chan map[string]topo.Assignment // latest assignments, capacity 1
 	// Loader goroutine only:
-	failed     map[string]*failure // "model/version[/partition]" → why, and when to try again
-	mismatched []topo.Loaded       // partitions refused for content other than the map expects
+	failed     map[string]*failure    // "model/version[/partition]" → why, and when to try again
+	mismatched map[string]topo.Loaded // "model/version" → partitions refused for content other than the map expects
+	applied    map[string]uint64      // model → Seq of the map record reconciled to
 	hot        hotState
 	errs       []string // newest first, at most 10
 }
@@ -141,7 +146,8 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		opts.AdvertiseAddr = lis.Addr().String()
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &Shard{opts: opts, lis: lis, cancel: cancel, pending: make(chan map[string]topo.Assignment, 1), failed: map[string]*failure{}}
+	s := &Shard{opts: opts, lis: lis, cancel: cancel, pending: make(chan map[string]topo.Assignment, 1), failed: map[string]*failure{},
+		mismatched: map[string]topo.Loaded{}}
 	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})
 	label := prometheus.Labels{"shard": opts.ID}
 	s.metrics = metrics{
@@ -224,11 +230,20 @@ func (s *Shard) Close() {
 	s.cancel()
 	s.srv.Stop()
 	s.done.Wait()
+	if s.opts.Registry != nil { // a shard of the same ID may start again in this process
+		for _, c := range []prometheus.Collector{s.metrics.keys, s.metrics.loads, s.metrics.loadFails} {
+			s.opts.Registry.Unregister(c)
+		}
+	}
 }
 
 func (s *Shard) info() string {
-	b, _ := json.Marshal(topo.ShardInfo{Schema: topo.Schema, ID: s.opts.ID, Addr: s.opts.AdvertiseAddr, Build: s.opts.Build,
-		Loaded: s.Loaded(), Mismatched: s.mismatched, Errors: s.errs})
+	info := topo.ShardInfo{Schema: topo.Schema, ID: s.opts.ID, Addr: s.opts.AdvertiseAddr, Build: s.opts.Build,
+		Applied: s.applied, Loaded: s.Loaded(), Errors: s.errs}
+	for _, k := range slices.Sorted(maps.Keys(s.mismatched)) {
+		info.Mismatched = append(info.Mismatched, s.mismatched[k])
+	}
+	b, _ := json.Marshal(info)
 	return string(b)
 }
 

@@ -143,18 +143,34 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 // AddShard starts shard number len(c.Shards), as Options describe it, and
 // registers it: scaling out. Close stops it with the others.
 func (c *Cluster) AddShard() (*shard.Shard, error) {
-	i := len(c.Shards)
-	so := shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: loader.Repo{Dir: c.opts.Repo}, Etcd: c.Etcd, Cluster: c.opts.Cluster,
-		Build: c.opts.Build, Registry: c.opts.Registry, MemoryBudget: c.opts.MemoryBudget, DataDir: filepath.Join(c.opts.DataDir, fmt.Sprintf("shard-%d", i))}
-	if c.opts.Shard != nil {
-		c.opts.Shard(i, &so)
-	}
-	s, err := shard.Start(c.ctx, so)
+	s, err := c.startShard(len(c.Shards))
 	if err != nil {
 		return nil, err
 	}
 	c.Shards = append(c.Shards, s)
 	return s, nil
+}
+
+// RestartShard stops shard i and starts it again with the same options:
+// it comes back empty, as a restarted process does, and loads what the
+// serving map gives it.
+func (c *Cluster) RestartShard(i int) (*shard.Shard, error) {
+	c.Shards[i].Close()
+	s, err := c.startShard(i)
+	if err != nil {
+		return nil, err
+	}
+	c.Shards[i] = s
+	return s, nil
+}
+
+func (c *Cluster) startShard(i int) (*shard.Shard, error) {
+	so := shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: loader.Repo{Dir: c.opts.Repo}, Etcd: c.Etcd, Cluster: c.opts.Cluster,
+		Build: c.opts.Build, Registry: c.opts.Registry, MemoryBudget: c.opts.MemoryBudget, DataDir: filepath.Join(c.opts.DataDir, fmt.Sprintf("shard-%d", i))}
+	if c.opts.Shard != nil {
+		c.opts.Shard(i, &so)
+	}
+	return shard.Start(c.ctx, so)
 }
 
 // Close stops everything, in reverse order.

@@ -56,7 +56,10 @@ func (c Cluster) OrDefault() Cluster {
 	return c
 }
 
-func (c Cluster) root() string { return "/cumulus/" + string(c.OrDefault()) + "/" }
+// Prefix is the prefix of every key of the cluster.
+func (c Cluster) Prefix() string { return "/cumulus/" + string(c.OrDefault()) + "/" }
+
+func (c Cluster) root() string { return c.Prefix() }
 
 // ShardsPrefix is the prefix of shard registrations.
 func (c Cluster) ShardsPrefix() string { return c.root() + "shards/" }
@@ -75,11 +78,14 @@ func (c Cluster) ModelKey(name string) string { return c.ModelsPrefix() + name }
 
 // ShardInfo is a live shard's registration.
 type ShardInfo struct {
-	Schema int      `json:"schema"`
-	ID     string   `json:"id"`
-	Addr   string   `json:"addr"`            // gRPC host:port
-	Build  string   `json:"build,omitempty"` // the shard binary's version
-	Loaded []Loaded `json:"loaded,omitempty"`
+	Schema int    `json:"schema"`
+	ID     string `json:"id"`
+	Addr   string `json:"addr"`            // gRPC host:port
+	Build  string `json:"build,omitempty"` // the shard binary's version
+	// Applied is, per model, the Seq of the serving map record this
+	// report follows: what it lists beyond that record may be about to go.
+	Applied map[string]uint64 `json:"applied,omitempty"`
+	Loaded  []Loaded          `json:"loaded,omitempty"`
 	// Mismatched lists partitions this shard refused because the content
 	// its repository holds is not what the serving map expects (Have
 	// and IDs say what it found).
@@ -109,7 +115,8 @@ func (l Loaded) Identity(p uint32) string {
 }
 
 // Holds reports whether si reports partition p of model at version with
-// exactly the identity id.
+// exactly the identity id. (Routers route on it; the manager also checks
+// the report follows its newest record: see Applied.)
 func (si ShardInfo) Holds(model string, version uint64, p uint32, id string) bool {
 	if id == "" {
 		return false
@@ -129,8 +136,10 @@ func (si ShardInfo) Holds(model string, version uint64, p uint32, id string) boo
 // Live, Staged and Standby for the partitions assigned to them, and drop
 // everything else.
 type Assignment struct {
-	Schema     int        `json:"schema"`
-	Model      string     `json:"model"`
+	Schema int    `json:"schema"`
+	Model  string `json:"model"`
+	// Seq counts the record's changes; shards report the Seq they follow.
+	Seq        uint64     `json:"seq"`
 	Live       uint64     `json:"live,omitempty"`    // 0: nothing committed yet
 	Staged     uint64     `json:"staged,omitempty"`  // 0: no rollout under way
 	Standby    []uint64   `json:"standby,omitempty"` // kept loaded for rollback, newest-live first
