@@ -12,6 +12,7 @@ import (
 	"github.com/cumulus-serving/cumulus/bench"
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/server"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
@@ -45,7 +46,7 @@ func TestRunAgainstDevCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := devcluster.StartTB(t, devcluster.Options{Repo: dir, Shards: 2, ScanInterval: time.Hour})
+	c := devclustertest.Start(t, devcluster.Options{Repo: dir, Shards: 2, ScanInterval: time.Hour})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Registry: nopRegistry{}})

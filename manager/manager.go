@@ -148,7 +148,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 		defer m.done.Done()
 		// Another manager's write makes this one's view stale: read again
 		// rather than wait for a write of its own to fail.
-		topo.Watch(ctx, opts.Etcd, m.st.guardKey(), func(kv map[string][]byte) {
+		topo.Watch(ctx, opts.Etcd, m.st.guardKey(), func(kv map[string][]byte, _ int64) {
 			g, err := topo.Decode[guardRecord](m.st.guardKey(), kv[m.st.guardKey()])
 			if err != nil || g.Writer == opts.Writer {
 				return
@@ -161,7 +161,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	}()
 	go func() {
 		defer m.done.Done()
-		topo.Watch(ctx, opts.Etcd, opts.Cluster.ShardsPrefix(), func(kv map[string][]byte) {
+		topo.Watch(ctx, opts.Etcd, opts.Cluster.ShardsPrefix(), func(kv map[string][]byte, _ int64) {
 			infos := topo.DecodeAll[topo.ShardInfo](kv, opts.Cluster.ShardsPrefix())
 			select { // keep only the newest
 			case <-shards:

@@ -8,6 +8,7 @@ import (
 	"github.com/cumulus-serving/cumulus/bench"
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/router"
 )
@@ -50,7 +51,7 @@ func benchmarkPredict(b *testing.B, typ, workload string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := devcluster.StartTB(b, devcluster.Options{Repo: dir, Shards: 4, ScanInterval: time.Hour})
+	c := devclustertest.Start(b, devcluster.Options{Repo: dir, Shards: 4, ScanInterval: time.Hour})
 	req := benchRequest(bench.Workloads[workload], *m.Generator, params)
 	b.ReportAllocs()
 	b.ResetTimer()

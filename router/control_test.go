@@ -22,8 +22,10 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/internal/reference"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/router"
@@ -128,7 +130,7 @@ func TestOperateModels(t *testing.T) {
 		}
 	}
 	reg := prometheus.NewRegistry()
-	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 3, ScanInterval: time.Hour, Registry: reg,
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 3, ScanInterval: time.Hour, Registry: reg,
 		Shard: func(i int, o *shard.Options) {
 			if i == 3 {
 				o.Repo = loader.Repo{Dir: rogueDir}
@@ -294,4 +296,114 @@ func TestOperateModels(t *testing.T) {
 	if n, err := tr.Stop(); err != nil {
 		t.Fatalf("after %d answered: %v", n, err)
 	}
+}
+
+// TestRestartMidRolloutNeverServesStaged: with one replica, a shard
+// restarted during a rollout comes back empty. Here it reloads the staged
+// version before the live one (its live loads fail for a while), with the
+// manager down, so nothing is committed: the staged version is complete
+// on the shards and the live one is not. No request may be answered by
+// the staged version; they fail until the live version is whole again,
+// and version 2 serves only after the manager is back and commits it.
+func TestRestartMidRolloutNeverServesStaged(t *testing.T) {
+	repoDir := t.TempDir()
+	repo := loader.Repo{Dir: repoDir}
+	v1, v2 := randomModel(codec.TypeLR, 0, 2000, 41), randomModel(codec.TypeLR, 0, 2000, 42)
+	if _, err := repo.Publish("lr", v1, 4, "v1"); err != nil {
+		t.Fatal(err)
+	}
+	var starts int
+	var holdV1 atomic.Bool
+	holdV1.Store(true)
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour,
+		Shard: func(i int, o *shard.Options) {
+			if i != 1 {
+				return
+			}
+			starts++
+			first := starts == 1
+			o.BeforeLoad = func(ctx context.Context, _ string, version uint64, _ uint32) error {
+				switch {
+				case first && version == 2:
+					return errors.New("held by the test: the first process never gets version 2")
+				case !first && version == 1 && holdV1.Load():
+					return errors.New("held by the test: the restarted process reloads version 1 late")
+				}
+				return nil
+			}
+		}})
+	if _, err := repo.Publish("lr", v2, 4, "v2"); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		m := c.Manager.State().Models["lr"]
+		if m.Staged != 2 || !slices.ContainsFunc(c.Shards[0].Loaded(), func(l topo.Loaded) bool { return l.Version == 2 && len(l.Have) > 0 }) {
+			return errors.New("version 2 not staged and loaded on shard-0 yet")
+		}
+		return nil
+	})
+	// The control plane freezes mid-rollout; shard-1 crashes and comes
+	// back with version 2 only.
+	c.Manager.Close()
+	if _, err := c.RestartShard(1); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if !slices.ContainsFunc(c.Shards[1].Loaded(), func(l topo.Loaded) bool { return l.Version == 2 && len(l.Have) == 2 }) {
+			return errors.New("restarted shard-1 has not loaded its two partitions of version 2")
+		}
+		return nil
+	})
+	// Wait until the router's table reflects shard-1's report.
+	resp, err := c.Etcd.Get(context.Background(), topo.DefaultCluster.ShardKey("shard-1"))
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("shard-1's registration: %v", err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if c.Router.Revision() < resp.Kvs[0].ModRevision {
+			return fmt.Errorf("router at revision %d, shard-1's report at %d", c.Router.Revision(), resp.Kvs[0].ModRevision)
+		}
+		return nil
+	})
+	rng := rand.New(rand.NewPCG(8, 8))
+	req := randomRequest(rng, "lr", v1, 40, 20, 5)
+	for i := range 100 {
+		resp, err := c.Router.Predict(context.Background(), req)
+		if err == nil {
+			t.Fatalf("request %d answered by version %d while version 1 is incomplete and 2 uncommitted", i, resp.Version)
+		}
+		if !errors.Is(err, router.ErrUnavailable) {
+			t.Fatalf("request %d: %v, want unavailable", i, err)
+		}
+	}
+	// Version 1 whole again: answered by 1.
+	holdV1.Store(false)
+	ref1, ref2 := reference.New(v1), reference.New(v2)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		resp, err := c.Router.Predict(context.Background(), req)
+		if err != nil {
+			return err
+		}
+		if resp.Version != 1 {
+			t.Fatalf("answered by version %d before any commit", resp.Version)
+		}
+		return scoresMatch(ref1, req, resp)
+	})
+	// The manager back: it commits 2.
+	m, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: c.Etcd, ScanInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Manager = m
+	testenv.Eventually(t, 20*time.Second, func() error {
+		resp, err := c.Router.Predict(context.Background(), req)
+		if err != nil {
+			return err
+		}
+		if resp.Version != 2 {
+			return fmt.Errorf("answered by version %d", resp.Version)
+		}
+		return scoresMatch(ref2, req, resp)
+	})
 }

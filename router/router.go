@@ -141,6 +141,7 @@ func (r *Router) watch(ctx context.Context) {
 	type event struct {
 		shards  map[string]topo.ShardInfo
 		assigns map[string]topo.Assignment
+		rev     int64
 	}
 	events := make(chan event, 1)
 	var watcher sync.WaitGroup
@@ -154,7 +155,7 @@ func (r *Router) watch(ctx context.Context) {
 	watcher.Add(1)
 	go func() {
 		defer watcher.Done()
-		topo.Watch(ctx, r.opts.Etcd, c.Prefix(), func(kv map[string][]byte) {
+		topo.Watch(ctx, r.opts.Etcd, c.Prefix(), func(kv map[string][]byte, rev int64) {
 			shards, models := map[string][]byte{}, map[string][]byte{}
 			for k, v := range kv {
 				switch {
@@ -164,7 +165,7 @@ func (r *Router) watch(ctx context.Context) {
 					models[k] = v
 				}
 			}
-			ev := event{shards: topo.DecodeAll[topo.ShardInfo](shards, c.ShardsPrefix()), assigns: topo.Assignments(models, c)}
+			ev := event{shards: topo.DecodeAll[topo.ShardInfo](shards, c.ShardsPrefix()), assigns: topo.Assignments(models, c), rev: rev}
 			select {
 			case <-events: // keep only the newest
 			default:
@@ -179,6 +180,7 @@ func (r *Router) watch(ctx context.Context) {
 	closers := map[string]io.Closer{}
 	var shards map[string]topo.ShardInfo
 	var assigns map[string]topo.Assignment
+	var rev int64
 	defer func() {
 		for _, c := range closers {
 			c.Close()
@@ -189,7 +191,7 @@ func (r *Router) watch(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case ev := <-events:
-			shards, assigns = ev.shards, ev.assigns
+			shards, assigns, rev = ev.shards, ev.assigns, ev.rev
 		}
 		live := map[string]bool{}
 		for _, si := range shards {
@@ -205,7 +207,9 @@ func (r *Router) watch(ctx context.Context) {
 			backends[si.Addr] = &backend{id: si.ID, addr: si.Addr, svc: svc}
 			closers[si.Addr] = c
 		}
-		old := r.tab.Swap(buildTable(shards, assigns, backends))
+		tab := buildTable(shards, assigns, backends)
+		tab.rev = rev
+		old := r.tab.Swap(tab)
 		close(old.replaced)
 		for addr := range backends {
 			if !live[addr] {
@@ -216,6 +220,10 @@ func (r *Router) watch(ctx context.Context) {
 		}
 	}
 }
+
+// Revision is the etcd revision of the cluster state the routing table in
+// use reflects.
+func (r *Router) Revision() int64 { return r.tab.Load().rev }
 
 // ModelStatus describes one model as served now.
 type ModelStatus struct {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/internal/reference"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -117,7 +118,7 @@ func TestPredictMatchesReference(t *testing.T) {
 	if _, err := repo.Publish("fm", fm, 7, "test"); err != nil {
 		t.Fatal(err)
 	}
-	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 3, Replicas: 2, ScanInterval: time.Hour})
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 3, Replicas: 2, ScanInterval: time.Hour})
 	rng := rand.New(rand.NewPCG(9, 9))
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -242,7 +243,7 @@ func TestQuantizedScores(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour})
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour})
 	ref := reference.New(fm)
 	rng := rand.New(rand.NewPCG(4, 4))
 	// Regression guards just above what this seeded model measures
@@ -291,7 +292,7 @@ func TestRolloutNeverFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
-	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 3, ScanInterval: time.Hour,
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 3, ScanInterval: time.Hour,
 		Shard: func(i int, o *shard.Options) {
 			if i == 2 {
 				o.BeforeLoad = func(ctx context.Context, _ string, version uint64, _ uint32) error {
@@ -400,7 +401,7 @@ func TestDeltaVersions(t *testing.T) {
 	if _, err := repo.Publish("fm", v1, 5, "v1"); err != nil {
 		t.Fatal(err)
 	}
-	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 3, Replicas: 2, ScanInterval: time.Hour})
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 3, Replicas: 2, ScanInterval: time.Hour})
 	rng := rand.New(rand.NewPCG(6, 6))
 	// Requests draw from v1's ids plus ids the deltas add.
 	added := &loader.Sparse{Type: codec.TypeFM, Dim: 4}

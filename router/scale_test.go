@@ -20,6 +20,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/internal/reference"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -122,7 +123,7 @@ func TestScaleOutNeverFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
-	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 1, ScanInterval: time.Hour,
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 1, ScanInterval: time.Hour,
 		Shard: func(i int, o *shard.Options) {
 			if i == 1 {
 				o.BeforeLoad = func(ctx context.Context, _ string, _ uint64, _ uint32) error {
@@ -238,7 +239,7 @@ func TestRetryOtherReplica(t *testing.T) {
 	var mu sync.Mutex
 	faults := map[string]*faulty{}
 	reg := prometheus.NewRegistry()
-	c := devcluster.StartTB(t, devcluster.Options{Repo: repoDir, Shards: 2, Replicas: 2, ScanInterval: time.Hour, Registry: reg,
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, Replicas: 2, ScanInterval: time.Hour, Registry: reg,
 		Router: router.Options{Dial: func(addr string) (shard.Service, io.Closer, error) {
 			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {

@@ -39,6 +39,7 @@ type modelRoute struct {
 type table struct {
 	models   map[string]*modelRoute
 	replaced chan struct{} // closed once a newer table is in place
+	rev      int64         // the etcd revision it reflects
 }
 
 // buildTable routes each model as the serving map says: unpinned

@@ -19,6 +19,7 @@ import (
 	"github.com/cumulus-serving/cumulus/bench"
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server"
@@ -32,7 +33,7 @@ func start(t *testing.T) (*server.Server, kservepb.GRPCInferenceServiceClient) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	c := devcluster.StartTB(t, devcluster.Options{Repo: dir, Shards: 2, ScanInterval: time.Hour, Registry: reg,
+	c := devclustertest.Start(t, devcluster.Options{Repo: dir, Shards: 2, ScanInterval: time.Hour, Registry: reg,
 		Router: router.Options{Limits: router.Limits{MaxRows: 50, MaxIDs: 5000}}})
 	s, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		MaxRequestBytes: 64 << 10, Registry: reg, Gatherer: reg})

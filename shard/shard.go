@@ -179,7 +179,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	s.done.Add(2)
 	go func() {
 		defer s.done.Done()
-		topo.Watch(ctx, opts.Etcd, opts.Cluster.ModelsPrefix(), func(kv map[string][]byte) {
+		topo.Watch(ctx, opts.Etcd, opts.Cluster.ModelsPrefix(), func(kv map[string][]byte, _ int64) {
 			as := topo.Assignments(kv, opts.Cluster)
 			select { // keep only the newest
 			case <-s.pending:
@@ -223,8 +223,19 @@ func (s *Shard) ID() string { return s.opts.ID }
 func (s *Shard) Loaded() []topo.Loaded { return s.snap.Load().report() }
 
 // Close deregisters and stops serving.
-func (s *Shard) Close() {
-	if s.reg != nil {
+func (s *Shard) Close() { s.close(false) }
+
+// Crash stops serving as a killed process would: the registration stays in
+// etcd until its lease runs out, and nothing is handed over. For
+// fault-injection tests.
+func (s *Shard) Crash() { s.close(true) }
+
+func (s *Shard) close(crash bool) {
+	switch {
+	case s.reg == nil:
+	case crash:
+		s.reg.Abandon()
+	default:
 		s.reg.Close()
 	}
 	s.cancel()

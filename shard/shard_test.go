@@ -177,6 +177,11 @@ func TestShardServesAssignedAndRefusesDamage(t *testing.T) {
 	if _, err := lookup(s, 1, 2, []uint64{77}); err != nil {
 		t.Fatalf("version 1 stopped serving: %v", err)
 	}
+	// A refusal is not remembered forever: repaired, the file is loaded
+	// on a later try, with no new word from the manager.
+	b[70] ^= 0xff
+	os.WriteFile(f, b, 0o644)
+	testenv.Eventually(t, 10*time.Second, func() error { return held(2) })
 
 	// A good version 3 replaces both.
 	if _, err := repo.Publish("m", testModel(3), 2, ""); err != nil {

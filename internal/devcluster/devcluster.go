@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -151,11 +150,12 @@ func (c *Cluster) AddShard() (*shard.Shard, error) {
 	return s, nil
 }
 
-// RestartShard stops shard i and starts it again with the same options:
-// it comes back empty, as a restarted process does, and loads what the
-// serving map gives it.
+// RestartShard crashes shard i (its registration stays until the new one
+// takes it over: the manager sees no departure) and starts it again with
+// the same options: it comes back empty, as a restarted process does, and
+// loads what the serving map gives it.
 func (c *Cluster) RestartShard(i int) (*shard.Shard, error) {
-	c.Shards[i].Close()
+	c.Shards[i].Crash()
 	s, err := c.startShard(i)
 	if err != nil {
 		return nil, err
@@ -194,21 +194,4 @@ func (c *Cluster) Close() {
 	if c.tmp != "" {
 		os.RemoveAll(c.tmp)
 	}
-}
-
-// StartTB starts a cluster for a test or benchmark, waits up to 30 seconds
-// for it to be ready, and stops it when the test ends.
-func StartTB(tb testing.TB, o Options) *Cluster {
-	tb.Helper()
-	c, err := Start(context.Background(), o)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(c.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		tb.Fatal(err)
-	}
-	return c
 }

@@ -1,4 +1,4 @@
-package devcluster
+package devcluster_test
 
 import (
 	"fmt"
@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/loader"
 )
 
@@ -26,7 +28,7 @@ func TestShardDataDirs(t *testing.T) {
 	}
 	dataDir := t.TempDir()
 	// A budget of one byte: every partition is served mapped.
-	c := StartTB(t, Options{Repo: repo.Dir, DataDir: dataDir, Shards: 2, MemoryBudget: 1, ScanInterval: time.Hour})
+	c := devclustertest.Start(t, devcluster.Options{Repo: repo.Dir, DataDir: dataDir, Shards: 2, MemoryBudget: 1, ScanInterval: time.Hour})
 	maps, err := os.ReadFile("/proc/self/maps")
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -24,6 +25,7 @@ type Registration struct {
 	changed chan struct{}
 	cancel  context.CancelFunc
 	done    chan struct{}
+	abandon atomic.Bool
 }
 
 // Register starts keeping key alive with the given TTL in seconds. The
@@ -62,6 +64,14 @@ func (r *Registration) establish(ctx context.Context) (<-chan *clientv3.LeaseKee
 	return r.cli.KeepAlive(ctx, lease.ID)
 }
 
+// Abandon stops keeping the key alive without deleting it, as a crashed
+// process would: the key stays until its lease runs out (or a new
+// registration takes it over). For fault-injection tests.
+func (r *Registration) Abandon() {
+	r.abandon.Store(true)
+	r.Close()
+}
+
 // Set replaces the registered value.
 func (r *Registration) Set(value string) {
 	r.mu.Lock()
@@ -75,6 +85,9 @@ func (r *Registration) Set(value string) {
 
 func (r *Registration) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse) {
 	defer func() {
+		if r.abandon.Load() {
+			return
+		}
 		// Leave at once rather than after the TTL.
 		r.mu.Lock()
 		lease := r.lease

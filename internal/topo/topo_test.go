@@ -16,7 +16,7 @@ func TestRegisterAndWatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	snaps := make(chan map[string][]byte, 100)
-	go Watch(ctx, cli, DefaultCluster.ShardsPrefix(), func(m map[string][]byte) { snaps <- m })
+	go Watch(ctx, cli, DefaultCluster.ShardsPrefix(), func(m map[string][]byte, _ int64) { snaps <- m })
 
 	latest := func() map[string][]byte {
 		var m map[string][]byte

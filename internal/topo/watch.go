@@ -9,11 +9,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Watch calls fn with the whole content of prefix (key → value) once at
-// start and again after every change, until ctx ends. fn runs on Watch's
-// goroutine and must not keep the map. A broken or compacted watch starts
+// Watch calls fn with the whole content of prefix (key → value) and the
+// etcd revision it reflects, once at start and again after every change,
+// until ctx ends. fn runs on Watch's goroutine and must not keep the map. A broken or compacted watch starts
 // over from a fresh read, so fn always sees a consistent state.
-func Watch(ctx context.Context, cli *clientv3.Client, prefix string, fn func(map[string][]byte)) {
+func Watch(ctx context.Context, cli *clientv3.Client, prefix string, fn func(kv map[string][]byte, rev int64)) {
 	for ctx.Err() == nil {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
 		if err != nil {
@@ -27,7 +27,7 @@ func Watch(ctx context.Context, cli *clientv3.Client, prefix string, fn func(map
 		for _, kv := range resp.Kvs {
 			state[string(kv.Key)] = kv.Value
 		}
-		fn(maps.Clone(state))
+		fn(maps.Clone(state), resp.Header.Revision)
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		for wr := range cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
 			if err := wr.Err(); err != nil {
@@ -41,7 +41,7 @@ func Watch(ctx context.Context, cli *clientv3.Client, prefix string, fn func(map
 					state[string(ev.Kv.Key)] = ev.Kv.Value
 				}
 			}
-			fn(maps.Clone(state))
+			fn(maps.Clone(state), wr.Header.Revision)
 		}
 		cancel()
 	}

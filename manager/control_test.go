@@ -1,0 +1,264 @@
+package manager_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/manager"
+)
+
+// fakeShards registers shards that hold at once whatever the serving map
+// gives them, and report it as a real shard would (records only, no
+// tables): enough for the manager to place, commit and roll back.
+func fakeShards(t *testing.T, cli *clientv3.Client, ids ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	for _, id := range ids {
+		info := func(as map[string]topo.Assignment) string {
+			si := topo.ShardInfo{Schema: topo.Schema, ID: id, Addr: "127.0.0.1:1", Applied: map[string]uint64{}}
+			for name, a := range as {
+				si.Applied[name] = a.Seq
+				for _, v := range a.Kept() {
+					l := topo.Loaded{Model: name, Version: v}
+					for p, reps := range a.Replicas {
+						for _, r := range reps {
+							if r == id {
+								l.Have, l.IDs = append(l.Have, uint32(p)), append(l.IDs, a.Info(v).IDs[p])
+							}
+						}
+					}
+					if len(l.Have) > 0 {
+						si.Loaded = append(si.Loaded, l)
+					}
+				}
+			}
+			b, _ := json.Marshal(si)
+			return string(b)
+		}
+		reg, err := topo.Register(ctx, cli, topo.DefaultCluster.ShardKey(id), info(nil), 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer reg.Close()
+			topo.Watch(ctx, cli, topo.DefaultCluster.ModelsPrefix(), func(kv map[string][]byte, _ int64) {
+				reg.Set(info(topo.Assignments(kv, topo.DefaultCluster)))
+			})
+		}()
+	}
+}
+
+func lrModel(scale float32) *loader.Sparse {
+	m := &loader.Sparse{Type: codec.TypeLR}
+	for k := uint64(1); k <= 100; k++ {
+		m.Keys = append(m.Keys, k)
+		m.Values = append(m.Values, scale*float32(k))
+	}
+	return m
+}
+
+func published(t *testing.T, cli *clientv3.Client, model string) topo.Assignment {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), topo.DefaultCluster.ModelKey(model))
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("no serving map for %s: %v", model, err)
+	}
+	a, err := topo.Decode[topo.Assignment](string(resp.Kvs[0].Key), resp.Kvs[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// startWith starts a manager over repo and waits until model m is live
+// at version live.
+func startWith(t *testing.T, cli *clientv3.Client, repo loader.Repo, live uint64) *manager.Manager {
+	t.Helper()
+	m, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: cli, ScanInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if a := m.State().Models["m"]; a == nil || a.Live != live {
+			return fmt.Errorf("model m not live at %d yet", live)
+		}
+		return nil
+	})
+	return m
+}
+
+// TestSecondManagerCannotOverwrite: two managers on one cluster. One
+// rolls back; the other, whose view was made stale by it, must not write
+// its older decision over the map: it follows the newer state, and its
+// own commands apply on top of it.
+func TestSecondManagerCannotOverwrite(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	if _, err := repo.Publish("m", lrModel(1), 4, ""); err != nil {
+		t.Fatal(err)
+	}
+	fakeShards(t, cli, "s0", "s1")
+	a := startWith(t, cli, repo, 1)
+	b := startWith(t, cli, repo, 1)
+	if _, err := repo.Publish("m", lrModel(2), 4, ""); err != nil {
+		t.Fatal(err)
+	}
+	a.Rescan()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if got := published(t, cli, "m"); got.Live != 2 {
+			return fmt.Errorf("live %d", got.Live)
+		}
+		return nil
+	})
+	ctx := context.Background()
+	if err := a.Do(ctx, manager.Command{Op: manager.OpRollback, Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := published(t, cli, "m"); got.Live != 1 {
+		t.Fatalf("after a's rollback the map says live %d", got.Live)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if m := b.State().Models["m"]; m.Pin != 1 || m.Live != 1 {
+			return fmt.Errorf("b sees pin %d live %d", m.Pin, m.Live)
+		}
+		return nil
+	})
+	// b keeps deciding (a scan, shard reports): the map stays rolled back.
+	b.Rescan()
+	if err := b.Do(ctx, manager.Command{Op: manager.OpRescan}); err != nil {
+		t.Fatal(err)
+	}
+	if got := published(t, cli, "m"); got.Live != 1 {
+		t.Fatalf("b overwrote the rollback: live %d", got.Live)
+	}
+	// b's own command applies to the newest state, and a follows.
+	if err := b.Do(ctx, manager.Command{Op: manager.OpUnpin, Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if got := published(t, cli, "m"); got.Live != 2 {
+			return fmt.Errorf("live %d after b's unpin", got.Live)
+		}
+		if m := a.State().Models["m"]; m.Pin != 0 {
+			return fmt.Errorf("a sees pin %d", m.Pin)
+		}
+		return nil
+	})
+}
+
+// TestConcurrentAdminCalls: calls made at once are applied one at a
+// time and none is lost: each is answered, and each is in the audit log.
+func TestConcurrentAdminCalls(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	for _, scale := range []float32{1, 2} {
+		if _, err := repo.Publish("m", lrModel(scale), 4, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fakeShards(t, cli, "s0")
+	m := startWith(t, cli, repo, 2)
+	adm, err := m.ServeAdmin(manager.AdminOptions{Addr: "127.0.0.1:0", Token: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	const calls = 24
+	var wg sync.WaitGroup
+	codes := make([]int, calls)
+	for i := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodPut, "http://"+adm.Addr()+"/admin/v1/models/m/pin", strings.NewReader(fmt.Sprintf(`{"version": %d}`, 1+i%2)))
+			if i%3 == 0 {
+				req, _ = http.NewRequest(http.MethodDelete, "http://"+adm.Addr()+"/admin/v1/models/m/pin", nil)
+			}
+			req.Header.Set("Authorization", "Bearer t")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			codes[i] = resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	for i, c := range codes {
+		if c != http.StatusOK {
+			t.Errorf("call %d: %d", i, c)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+adm.Addr()+"/admin/v1/audit?limit=1000", nil)
+	req.Header.Set("Authorization", "Bearer t")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var audit struct{ Entries []manager.AuditEntry }
+	if err := json.NewDecoder(resp.Body).Decode(&audit); err != nil {
+		t.Fatal(err)
+	}
+	if len(audit.Entries) != calls {
+		t.Fatalf("%d audit entries for %d calls", len(audit.Entries), calls)
+	}
+}
+
+// TestUnreadableManifestReported: a version whose manifest is not valid
+// JSON is rejected with the reason, never skipped silently; repaired, it
+// is validated again on a rescan and served.
+func TestUnreadableManifestReported(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	if _, err := repo.Publish("m", lrModel(1), 4, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.Publish("m", lrModel(2), 4, ""); err != nil {
+		t.Fatal(err)
+	}
+	manifest := filepath.Join(repo.VersionDir("m", 2), codec.ManifestName)
+	good, _ := os.ReadFile(manifest)
+	os.WriteFile(manifest, []byte(`{"format": 1, "name": "m",`), 0o644)
+	fakeShards(t, cli, "s0")
+	m := startWith(t, cli, repo, 1)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, v := range m.State().Models["m"].Versions {
+			if v.Version == 2 && v.Phase == manager.PhaseRejected && strings.Contains(v.Reason, "manifest") {
+				return nil
+			}
+		}
+		return errors.New("version 2 not reported rejected for its manifest")
+	})
+	os.WriteFile(manifest, good, 0o644)
+	if err := m.Do(context.Background(), manager.Command{Op: manager.OpRescan}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if got := published(t, cli, "m"); got.Live != 2 {
+			return fmt.Errorf("live %d", got.Live)
+		}
+		return nil
+	})
+}
