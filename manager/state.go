@@ -253,18 +253,8 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 		n.Shards = ev.Shards
 	case Command:
 		acts, err = n.command(ev)
-		result := "ok"
 		if err != nil {
-			result = err.Error()
-		} else if m := n.Models[ev.Model]; m != nil {
-			result = fmt.Sprintf("ok: live %d", m.Live)
-			if m.Staged != 0 {
-				result += fmt.Sprintf(", staged %d", m.Staged)
-			}
-		}
-		acts = append(acts, AuditEntry{Time: ev.At, Op: ev.Op, Model: ev.Model, Version: ev.Version, From: ev.From, Result: result})
-		if err != nil {
-			return s, acts, err
+			return s, append(acts, audit(ev, err.Error())), err
 		}
 	default:
 		panic(fmt.Sprintf("manager: unknown event %T", ev))
@@ -274,7 +264,21 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 		n.settle(m, p)
 		m.count(s.Models[name])
 	}
+	if c, ok := ev.(Command); ok {
+		result := "ok"
+		if m := n.Models[c.Model]; m != nil {
+			result = fmt.Sprintf("ok: live %d", m.Live)
+			if m.Staged != 0 {
+				result += fmt.Sprintf(", staged %d", m.Staged)
+			}
+		}
+		acts = append(acts, audit(c, result))
+	}
 	return n, acts, nil
+}
+
+func audit(c Command, result string) AuditEntry {
+	return AuditEntry{Time: c.At, Op: c.Op, Model: c.Model, Version: c.Version, From: c.From, Result: result}
 }
 
 func (s *State) version(model string, v uint64) *Version {

@@ -234,6 +234,9 @@ func TestDecideLifecycle(t *testing.T) {
 	if x.s.Models["m"].Pin != 3 {
 		t.Fatalf("rollback did not pin: %d", x.s.Models["m"].Pin)
 	}
+	if got := x.audit[len(x.audit)-1].Result; got != "ok: live 3" {
+		t.Fatalf("audit result %q, want the state after the call", got)
+	}
 	// A newer version does not move a pinned model.
 	x.scan(1, 2, 3, 4, 5)
 	x.validate()

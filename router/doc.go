@@ -9,9 +9,13 @@
 // features' sums once for all rows.
 //
 // Routing state is an immutable table swapped atomically when etcd
-// changes (watch in router.go, table.go); requests never lock. A model is
-// served at its assigned version when every partition has a shard
-// reporting it, otherwise at the newest complete version.
+// changes (watch in router.go, table.go); requests never lock. The router
+// follows the serving map: unpinned requests go to the live version,
+// requests pinned to a version to the live or a standby one, never to a
+// staged one. A partition goes only to shards the map assigns it to that
+// are registered and report exactly the content identity the map
+// expects. One watch covers the whole cluster prefix, so shard reports and
+// the map arrive in etcd's revision order.
 //
 // A shard call answered FailedPrecondition, Unavailable or Canceled is
 // asked again of another replica; failing that, the request runs again on

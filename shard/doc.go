@@ -1,14 +1,19 @@
 // Package shard is the parameter store: a process that holds some
 // partitions of some model versions and answers batched lookups.
 //
-// Flow: the shard registers /cumulus/shards/ID in etcd under a lease,
-// watches /cumulus/models/ for the manager's assignments, loads the
-// partitions assigned to it (verified by the loader) into immutable
-// Tables, and reports what it holds in its registration. Routers route
-// only to what a shard reports. It keeps the committed (live) version and
-// the target version's partitions and drops the rest, so a rollout never
-// removes what routers still serve; a damaged file is refused, named in
-// the registration's errors, and the live version keeps serving.
+// Flow: the shard registers /cumulus/CLUSTER/shards/ID in etcd under a
+// lease, watches the serving map (/cumulus/CLUSTER/models/), and for the
+// partitions the map assigns it loads the live version, then the staged
+// one, then the standby ones, and drops everything else (reconcile.go).
+// It never chooses a version. Before loading, it checks that its
+// repository's manifests describe exactly the content the map expects
+// (the chain and each partition's identity, codec.PartitionIdentity): a
+// shard pointed at another repository, or at files changed since the
+// manager validated them, refuses and reports the mismatch rather than
+// serve other parameters under the same name. It reports what it holds,
+// with each partition's identity and the map record it follows (Applied).
+// A refused load is retried with backoff (1 s doubling to 1 min), since
+// its cause may go.
 //
 // Tables (table.go) are partition files used in place: resident on huge
 // pages while Options.MemoryBudget allows, otherwise read-only mappings of
