@@ -103,7 +103,7 @@ cluster of --shards shards on loopback and targets that.`,
 			return nil
 		},
 	}
-	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild())
+	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand())
 	cmd.Flags().StringVar(&workloads, "workload", "all", "rank200, small, or all (comma-separated)")
 	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster)")
 	cmd.Flags().StringVar(&model, "model", "", "model name, with --addr")

@@ -1,0 +1,118 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/status"
+
+	"github.com/cumulus-serving/cumulus/server/kservepb"
+)
+
+// Call is one request of a traced run.
+type Call struct {
+	Start, End time.Time
+	Version    uint64 // the version that answered; 0 on error
+	Err        string // the gRPC code, on error
+}
+
+// Trace drives closed-loop load like Run, but keeps every call, so that
+// what happened around an event (a rollout, a rollback) can be read off
+// afterwards. It runs until ctx ends.
+func Trace(ctx context.Context, o LoadOptions) []Call {
+	if o.Concurrency == 0 {
+		o.Concurrency = 4
+	}
+	if o.Distinct == 0 {
+		o.Distinct = 64
+	}
+	reqs := make([]*kservepb.ModelInferRequest, o.Distinct)
+	for i := range reqs {
+		reqs[i] = o.Generator.Request(o.Model)
+	}
+	var mu sync.Mutex
+	var calls []Call
+	var wg sync.WaitGroup
+	for c := range o.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []Call
+			for i := c; ctx.Err() == nil; i++ {
+				call := Call{Start: time.Now()}
+				resp, err := o.Client.ModelInfer(context.WithoutCancel(ctx), reqs[i%len(reqs)])
+				call.End = time.Now()
+				if err != nil {
+					call.Err = status.Code(err).String()
+				} else {
+					call.Version, _ = strconv.ParseUint(resp.ModelVersion, 10, 64)
+				}
+				mine = append(mine, call)
+			}
+			mu.Lock()
+			calls = append(calls, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.SortFunc(calls, func(a, b Call) int { return a.End.Compare(b.End) })
+	return calls
+}
+
+// Window summarizes the calls that ended in [from, to).
+type Window struct {
+	Requests, Failed int
+	P50, P99         time.Duration
+	Versions         map[uint64]int
+}
+
+// Summarize reads a window off a trace.
+func Summarize(calls []Call, from, to time.Time) Window {
+	w := Window{Versions: map[uint64]int{}}
+	var lat []time.Duration
+	for _, c := range calls {
+		if c.End.Before(from) || !c.End.Before(to) {
+			continue
+		}
+		w.Requests++
+		if c.Err != "" {
+			w.Failed++
+			continue
+		}
+		w.Versions[c.Version]++
+		lat = append(lat, c.End.Sub(c.Start))
+	}
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		w.P50, w.P99 = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+	}
+	return w
+}
+
+// Converged is how long after at the last call that ended before until
+// was answered by another version than want: the time until every answer
+// came from want (0 if none did after at). Calls started before at may
+// still end with the old version; they count, since a client sees them.
+func Converged(calls []Call, at, until time.Time, want uint64) time.Duration {
+	var last time.Time
+	for _, c := range calls {
+		if c.Err == "" && c.Version != want && c.End.After(at) && c.End.Before(until) {
+			last = c.End
+		}
+	}
+	if last.IsZero() {
+		return 0
+	}
+	return last.Sub(at)
+}
+
+// Print writes a window as one line.
+func (w Window) Print(out io.Writer, label string) {
+	fmt.Fprintf(out, "%-28s requests=%-6d failed=%-3d p50=%-9s p99=%-9s versions=%v\n", label, w.Requests, w.Failed,
+		w.P50.Round(time.Microsecond), w.P99.Round(time.Microsecond), w.Versions)
+}
