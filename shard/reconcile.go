@@ -200,8 +200,14 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 		for p, l := range v.layers {
 			// Deltas are small and loaded resident; the base is what may
 			// be mapped.
-			if ctx.Err() != nil || l == nil || !l[len(l)-1].Mapped || !s.fits(l[len(l)-1].Bytes()) {
+			if ctx.Err() != nil || l == nil || !l[len(l)-1].Mapped {
 				continue
+			}
+			if need := l[len(l)-1].Bytes(); !s.fits(need) {
+				s.makeRoom(need, as)
+				if !s.fits(need) {
+					continue
+				}
 			}
 			base, err := s.opts.Repo.Manifest(name, v.chain[len(v.chain)-1])
 			var pt *codec.Partition
@@ -224,6 +230,75 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 			slog.Info("shard: partition now resident", "shard", s.opts.ID, "model", name, "version", a.Live, "partition", p)
 		}
 	}
+}
+
+// makeRoom moves resident tables that only standby versions use to
+// mapped copies of their files, least recently live first, until n more
+// bytes fit the budget or none is left: the live version comes first in
+// resident memory; standby versions stay loaded, served from the page
+// cache, for a rollback.
+func (s *Shard) makeRoom(n int64, as map[string]topo.Assignment) {
+	snap := s.snap.Load()
+	serving := map[*Table]bool{}
+	for name, a := range as {
+		for _, v := range []uint64{a.Live, a.Staged} {
+			if ver := snap.get(name, v); ver != nil {
+				for _, l := range ver.layers {
+					for _, t := range l {
+						serving[t] = true
+					}
+				}
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(as)) {
+		standby := as[name].Standby
+		for i := len(standby) - 1; i >= 0; i-- {
+			ver := snap.get(name, standby[i])
+			if ver == nil {
+				continue
+			}
+			for p, l := range ver.layers {
+				for j, t := range l {
+					if s.fits(n) {
+						return
+					}
+					if t.Mapped || t.hotOf != nil || serving[t] {
+						continue
+					}
+					if err := s.demote(name, ver.chain[j], uint32(p), t); err != nil {
+						slog.Warn("shard: could not map a standby partition to make room; it stays resident",
+							"shard", s.opts.ID, "model", name, "version", ver.chain[j], "partition", p, "err", err)
+						continue
+					}
+					serving[t] = true // replaced; do not look at it again
+				}
+			}
+		}
+	}
+}
+
+// demote replaces resident table t, partition p of the file of version
+// fileVersion, by a mapping of the shard's own verified copy of that file.
+func (s *Shard) demote(model string, fileVersion uint64, p uint32, t *Table) error {
+	m, err := s.opts.Repo.Manifest(model, fileVersion)
+	if err != nil {
+		return err
+	}
+	if p >= m.Partitions || m.Files[p].SHA256 != t.sha {
+		return fmt.Errorf("shard: the repository's file now differs from the one loaded")
+	}
+	pt, err := s.mapCopy(m, p)
+	if err != nil {
+		return err
+	}
+	mt := NewTable(pt)
+	mt.sha = t.sha
+	s.snap.Store(s.snap.Load().replaced(t, mt))
+	runtime.GC() // release the resident copy now
+	slog.Info("shard: standby partition now mapped, making room for the live version", "shard", s.opts.ID, "model", model,
+		"version", fileVersion, "partition", p, "bytes", t.Bytes())
+	return nil
 }
 
 // loadStack returns partition p's tables for a version's chain, newest

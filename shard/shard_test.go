@@ -36,9 +36,9 @@ func testModel(scale float32) *loader.Sparse {
 // putMap writes the serving map of model m as the manager would: every
 // partition on shard s1, live and staged versions described from the
 // repository's manifests.
-func putMap(t *testing.T, cli *clientv3.Client, repo loader.Repo, parts uint32, live, staged uint64) {
+func putMap(t *testing.T, cli *clientv3.Client, repo loader.Repo, parts uint32, live, staged uint64, standby ...uint64) {
 	t.Helper()
-	a := topo.Assignment{Schema: topo.Schema, Model: "m", Live: live, Staged: staged, Partitions: parts, Replicas: make([][]string, parts)}
+	a := topo.Assignment{Schema: topo.Schema, Model: "m", Live: live, Staged: staged, Standby: standby, Partitions: parts, Replicas: make([][]string, parts)}
 	for p := range a.Replicas {
 		a.Replicas[p] = []string{"s1"}
 	}
@@ -386,4 +386,89 @@ func TestLookupAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(200, func() { s.Lookup(context.Background(), req) }); n > 1 {
 		t.Errorf("Lookup allocated %.1f times per call, want 1 (the response)", n)
 	}
+}
+
+// TestStandbyGivesWay: with room for one version, the live version is
+// resident and the standby one stays loaded, mapped from the shard's own
+// copies; after a rollback they trade places. Both answer exactly
+// throughout.
+func TestStandbyGivesWay(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	model := func(scale float32) *loader.Sparse {
+		s := &loader.Sparse{Type: codec.TypeLR}
+		for k := uint64(1); k <= 200000; k++ {
+			s.Keys = append(s.Keys, k*0x9e3779b97f4a7c15)
+			s.Values = append(s.Values, scale*float32(k%89))
+		}
+		return s
+	}
+	var size int64
+	for _, scale := range []float32{1, 2} {
+		m, err := repo.Publish("m", model(scale), 2, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		size = m.Files[0].Size + m.Files[1].Size
+	}
+	budget := size + size/4 // one version and a bit
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mapped := func(v uint64) (n int) {
+		if ver := s.snap.Load().get("m", v); ver != nil {
+			for _, l := range ver.layers {
+				if l != nil && l[0].Mapped {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	state := func(live, standby uint64) func() error {
+		return func() error {
+			for _, v := range []uint64{live, standby} {
+				if ver := s.snap.Load().get("m", v); ver == nil || ver.layers[0] == nil || ver.layers[1] == nil {
+					return fmt.Errorf("version %d not held whole", v)
+				}
+			}
+			if mapped(live) != 0 || mapped(standby) != 2 {
+				return fmt.Errorf("live %d: %d partitions mapped; standby %d: %d mapped", live, mapped(live), standby, mapped(standby))
+			}
+			return nil
+		}
+	}
+	check := func(v uint64, scale float32) {
+		t.Helper()
+		for _, k := range []uint64{1, 77, 199999} {
+			r, err := lookup(s, v, 2, []uint64{k * 0x9e3779b97f4a7c15})
+			if err != nil || !r.Found(0) || r.Value(0, 0) != scale*float32(k%89) {
+				t.Fatalf("v%d feature %d: %v", v, k, err)
+			}
+		}
+	}
+	putMap(t, cli, repo, 2, 1, 0)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if ver := s.snap.Load().get("m", 1); ver == nil || mapped(1) != 0 || ver.layers[1] == nil {
+			return errors.New("version 1 not resident yet")
+		}
+		return nil
+	})
+	putMap(t, cli, repo, 2, 1, 2) // staged beside it: no room, mapped
+	putMap(t, cli, repo, 2, 2, 0, 1)
+	testenv.Eventually(t, 10*time.Second, state(2, 1))
+	if got := s.residentBytes(true); got > budget {
+		t.Fatalf("%d resident bytes over the budget %d", got, budget)
+	}
+	check(1, 1)
+	check(2, 2)
+	putMap(t, cli, repo, 2, 1, 0, 2) // rollback
+	testenv.Eventually(t, 10*time.Second, state(1, 2))
+	if got := s.residentBytes(true); got > budget {
+		t.Fatalf("after the rollback: %d resident bytes over the budget %d", got, budget)
+	}
+	check(1, 1)
+	check(2, 2)
 }

@@ -123,6 +123,38 @@ func (s *snapshot) withHot(base, hot *Table) *snapshot {
 	return n
 }
 
+// replaced returns a copy of s in which every stack holding old holds new
+// in its place.
+func (s *snapshot) replaced(old, new *Table) *snapshot {
+	n := &snapshot{models: maps.Clone(s.models)}
+	for name, vs := range s.models {
+		var nvs map[uint64]*version
+		for v, ver := range vs {
+			for p, l := range ver.layers {
+				i := slices.Index(l, old)
+				if i < 0 {
+					continue
+				}
+				if nvs == nil {
+					nvs = maps.Clone(vs)
+				}
+				if nvs[v] == ver {
+					nv := *ver
+					nv.layers = slices.Clone(ver.layers)
+					nvs[v] = &nv
+				}
+				nl := slices.Clone(l)
+				nl[i] = new
+				nvs[v].layers[p] = nl
+			}
+		}
+		if nvs != nil {
+			n.models[name] = nvs
+		}
+	}
+	return n
+}
+
 // tables calls fn on every distinct table held.
 func (s *snapshot) tables(fn func(*Table)) {
 	seen := map[*Table]bool{}
