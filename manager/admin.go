@@ -96,6 +96,9 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	mux.HandleFunc("/admin/", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no admin call %s %s", r.Method, r.URL.Path))
 	}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such path %s (the admin API is under /admin/v1/)", r.URL.Path))
+	})
 	s := &AdminServer{lis: lis, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: opts.CommandTimeout + 10*time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}}
 	go s.srv.Serve(lis)
@@ -259,6 +262,10 @@ func detail(st *State, m *ModelState) ModelDetail {
 }
 
 func (a *admin) model(w http.ResponseWriter, r *http.Request) {
+	if !codec.ValidName(r.PathValue("name")) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid model name %q", r.PathValue("name")))
+		return
+	}
 	st := a.m.State()
 	m := st.Models[r.PathValue("name")]
 	if m == nil {
@@ -289,7 +296,7 @@ func readBody(r *http.Request, v any, optional bool) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("malformed JSON body: %w", err)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return errors.New("malformed JSON body: data after the object")
 	}
 	return nil
@@ -312,8 +319,10 @@ func (a *admin) do(w http.ResponseWriter, r *http.Request, c Command) {
 		writeError(w, http.StatusConflict, err.Error())
 	case errors.Is(err, ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("no answer within %s: the call may still be applied; see the model and the audit log", a.opts.CommandTimeout))
 	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("not applied: %v", err))
+		writeError(w, http.StatusServiceUnavailable, err.Error())
 	case c.Model == "":
 		a.models(w, r)
 	default:

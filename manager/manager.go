@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
@@ -41,8 +42,12 @@ type Options struct {
 	ScanInterval time.Duration
 	// Registry receives the manager's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
-	// Writer names this manager in what it writes. Default host:pid.
+	// Writer names this manager in what it writes and in the leader
+	// election. Default host:pid:random.
 	Writer string
+	// LeaderTTL is the lease, in seconds, under which this manager leads:
+	// if it dies, another takes over after at most this long. Default 5.
+	LeaderTTL int
 }
 
 // Validate checks required fields and fills defaults.
@@ -69,6 +74,9 @@ func (o *Options) Validate() error {
 	if o.ScanInterval == 0 {
 		o.ScanInterval = 10 * time.Second
 	}
+	if o.LeaderTTL == 0 {
+		o.LeaderTTL = 5
+	}
 	if o.Writer == "" {
 		host, _ := os.Hostname()
 		o.Writer = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), rand.Text()[:6])
@@ -87,6 +95,9 @@ type Manager struct {
 	commands chan request
 	rescan   chan struct{}
 	reload   chan struct{} // another manager wrote the state
+	elected  chan bool     // the election's news: true on winning, false on losing
+	stopped  chan struct{} // closed when the loop returns
+	leading  atomic.Bool   // whether this manager acts (loop goroutine writes)
 	results  chan Event    // from the validator; unbuffered, so it never runs ahead of what the loop has applied
 	queue    validateQueue
 	cancel   context.CancelFunc
@@ -117,7 +128,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions},
 		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
-		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), results: make(chan Event)}
+		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event)}
 	m.queue.init()
 	m.metrics = metrics{
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_write_conflicts_total",
@@ -143,7 +154,8 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
 	shards := make(chan map[string]topo.ShardInfo, 1)
-	m.done.Add(4)
+	m.done.Add(5)
+	go func() { defer m.done.Done(); m.campaign(ctx) }()
 	go func() {
 		defer m.done.Done()
 		// Another manager's write makes this one's view stale: read again
@@ -183,10 +195,72 @@ func (m *Manager) Rescan() {
 	}
 }
 
+// ErrNotLeader is returned by Do on a manager that is not the one acting.
+var ErrNotLeader = errors.New("manager: this manager is on standby; send state-changing calls to the leading manager")
+
+// Leading reports whether this manager is the one acting: of the
+// managers of a cluster, one at a time leads (an etcd election); the
+// others follow the state it writes and take over if it dies.
+func (m *Manager) Leading() bool { return m.leading.Load() }
+
+// campaign runs the leader election until ctx ends, telling the loop when
+// this manager wins and when it loses the lead.
+func (m *Manager) campaign(ctx context.Context) {
+	key := m.opts.Cluster.ManagerPrefix() + "leader"
+	for ctx.Err() == nil {
+		session, err := concurrency.NewSession(m.opts.Etcd, concurrency.WithTTL(m.opts.LeaderTTL), concurrency.WithContext(ctx))
+		if err != nil {
+			slog.Warn("manager: joining the leader election; retrying", "err", err)
+			sleep(ctx, time.Second)
+			continue
+		}
+		el := concurrency.NewElection(session, key)
+		if err := el.Campaign(ctx, m.opts.Writer); err == nil {
+			slog.Info("manager: leading", "writer", m.opts.Writer)
+			m.tell(ctx, true)
+			select {
+			case <-session.Done():
+				slog.Warn("manager: lost the lead (its etcd lease expired)")
+			case <-ctx.Done():
+			}
+			m.tell(context.Background(), false)
+			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			el.Resign(rctx)
+			cancel()
+		}
+		session.Close()
+	}
+}
+
+func (m *Manager) tell(ctx context.Context, leading bool) {
+	if !leading {
+		m.leading.Store(false) // at once: Do must not queue on a deposed manager
+	}
+	select {
+	case m.elected <- leading:
+	case <-ctx.Done():
+	case <-m.stopped:
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
 // Do applies an operator's command and returns once its result is
-// persisted and the serving map written (or the command refused:
-// ErrNotFound, ErrConflict, ErrInvalid).
+// persisted and the serving map written, or the command refused
+// (ErrNotFound, ErrConflict, ErrInvalid), or its result could not be
+// written (ErrUnconfirmed: the state shown is then what etcd holds). If
+// ctx ends first, the command may still be applied.
 func (m *Manager) Do(ctx context.Context, c Command) error {
+	if !m.leading.Load() {
+		return m.notLeader()
+	}
 	req := request{cmd: c, reply: make(chan error, 1)}
 	select {
 	case m.commands <- req:
@@ -210,27 +284,64 @@ func (m *Manager) Close() {
 	m.done.Wait()
 }
 
+// notLeader is ErrNotLeader naming the leader, as far as etcd tells.
+func (m *Manager) notLeader() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	resp, err := m.opts.Etcd.Get(ctx, m.opts.Cluster.ManagerPrefix()+"leader", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
+	if err != nil || len(resp.Kvs) == 0 {
+		return fmt.Errorf("%w (no leader elected yet)", ErrNotLeader)
+	}
+	return fmt.Errorf("%w (the leader is %s)", ErrNotLeader, resp.Kvs[0].Value)
+}
+
+// loop applies events one at a time. A manager that does not lead only
+// follows the state the leader writes: it decides nothing.
 func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardInfo) {
+	defer close(m.stopped)
 	tick := time.NewTicker(m.opts.ScanInterval)
 	defer tick.Stop()
-	m.scan(ctx)
+	var latest map[string]topo.ShardInfo
 	for {
+		lead := m.leading.Load()
 		select {
 		case <-ctx.Done():
 			return
+		case won := <-m.elected:
+			if won {
+				m.refresh(ctx)
+				m.leading.Store(true)
+				if latest != nil {
+					m.apply(ctx, ShardsChanged{Shards: latest})
+				}
+				m.scan(ctx)
+			}
 		case s := <-shards:
-			m.apply(ctx, ShardsChanged{Shards: s})
+			latest = s
+			if lead {
+				m.apply(ctx, ShardsChanged{Shards: s})
+			}
 		case <-tick.C:
-			m.scan(ctx)
+			if lead {
+				m.scan(ctx)
+			}
 		case <-m.rescan:
-			m.scan(ctx)
+			if lead {
+				m.scan(ctx)
+			}
 		case <-m.reload:
 			m.refresh(ctx)
 		case ev := <-m.results:
-			m.apply(ctx, ev)
+			if lead {
+				m.apply(ctx, ev)
+			}
 		case req := <-m.commands:
-			if req.cmd.Op == OpRescan {
-				m.scan(ctx)
+			if !lead {
+				req.reply <- m.notLeader()
+				continue
+			}
+			if req.cmd.Op != OpUnpin {
+				m.scan(ctx) // a version published a moment ago is known to the command
 			}
 			req.reply <- m.apply(ctx, req.cmd)
 		}
@@ -238,17 +349,26 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 }
 
 // refresh reads the persisted state again after another manager wrote
-// it, keeping the shards' reports.
-func (m *Manager) refresh(ctx context.Context) {
-	models, err := m.st.load(ctx)
-	if err != nil {
-		slog.Error("manager: reading the state another manager wrote", "err", err)
-		return
+// it (or a write's outcome is unknown), keeping the shards' reports. It
+// reports whether it could read; nothing is read when etcd's state is the
+// one this manager last wrote.
+func (m *Manager) refresh(ctx context.Context) bool {
+	rctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
+	resp, err := m.opts.Etcd.Get(rctx, m.st.guardKey())
+	if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].ModRevision == m.st.rev {
+		return true
 	}
-	slog.Warn("manager: another manager wrote the state; following it")
+	models, err := m.st.load(rctx)
+	if err != nil {
+		slog.Error("manager: reading the state from etcd", "err", err)
+		return false
+	}
+	slog.Warn("manager: the state in etcd was written by another manager (or by a write whose answer was lost); following it")
 	fresh := &State{Models: models, Shards: m.view.Load().Shards}
 	m.view.Store(fresh)
 	m.persisted = fresh
+	return true
 }
 
 // scan lists the repository and applies what it found. When the
@@ -261,6 +381,10 @@ func (m *Manager) scan(ctx context.Context) {
 	}
 	m.apply(ctx, ev)
 }
+
+// writeTimeout bounds one write of the state (and one read after a
+// failed write), so an unreachable etcd cannot hold the loop forever.
+const writeTimeout = 5 * time.Second
 
 // maxHold bounds how long changes are held back while validations run.
 const maxHold = 2 * time.Second
@@ -290,15 +414,21 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 		if _, cmd := ev.(Command); !cmd && m.queue.busy() && time.Since(m.written) < maxHold {
 			return nil
 		}
-		ch := m.changes(m.persisted, next, acts)
-		err := m.st.commit(ctx, ch)
+		wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+		err := m.st.commit(wctx, m.changes(m.persisted, next, acts))
+		cancel()
 		if err == nil {
 			m.persisted, m.written = next, time.Now()
 			return refused
 		}
 		if !errors.Is(err, ErrStale) || attempt == maxApply {
-			slog.Error("manager: not persisted; will write again on the next event", "event", fmt.Sprintf("%T", ev), "err", err)
-			return err
+			// Whether a write that timed out took effect is unknown: show
+			// what etcd holds, or the last state known to be written.
+			slog.Error("manager: not persisted; showing what etcd holds", "event", fmt.Sprintf("%T", ev), "err", err)
+			if !m.refresh(ctx) {
+				m.view.Store(m.persisted)
+			}
+			return fmt.Errorf("%w: %v", ErrUnconfirmed, err)
 		}
 		m.metrics.conflicts.Inc()
 		m.refresh(ctx)

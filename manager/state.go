@@ -221,11 +221,13 @@ type AuditEntry struct {
 func (Validate) isAction()   {}
 func (AuditEntry) isAction() {}
 
-// Errors a Command can be refused with.
+// Errors a Command can be refused with, and ErrUnconfirmed for one whose
+// result could not be written.
 var (
-	ErrNotFound = errors.New("manager: not found")
-	ErrConflict = errors.New("manager: conflict")
-	ErrInvalid  = errors.New("manager: invalid request")
+	ErrNotFound    = errors.New("manager: not found")
+	ErrConflict    = errors.New("manager: conflict")
+	ErrInvalid     = errors.New("manager: invalid request")
+	ErrUnconfirmed = errors.New("manager: not confirmed: the result could not be written to etcd; what is shown is what etcd holds")
 )
 
 // Decide applies one event to the state: a pure, deterministic function
@@ -471,6 +473,9 @@ func (s *State) settle(m *ModelState, p Policy) {
 	if m.Staged != 0 && m.Staged != target {
 		if v := m.version(m.Staged); v != nil && v.Phase == PhaseStaging {
 			v.Phase = PhaseReady
+			if v.LiveSeq != 0 {
+				v.Phase = PhaseStandby // it was a rollback target; the keep policy decides
+			}
 		}
 		m.Staged = 0
 	}
@@ -541,7 +546,10 @@ func resolve(m *ModelState) {
 }
 
 // target is the version that should be live: the pin while it is valid
-// and in the repository, else the newest valid version; 0 when none.
+// and in the repository, else the newest valid version in the repository;
+// 0 when none. A live version whose directory was removed stays the
+// target until a newer one is valid: removing files is no way to roll
+// back (that is what rollback is for), and shards still hold it.
 func (m *ModelState) target() uint64 {
 	if m.Pin != 0 {
 		if v := m.version(m.Pin); v != nil && v.Phase.valid() && !v.Gone {
@@ -550,7 +558,7 @@ func (m *ModelState) target() uint64 {
 		return m.Live
 	}
 	for i := len(m.Versions) - 1; i >= 0; i-- {
-		if v := &m.Versions[i]; v.Phase.valid() && !v.Gone {
+		if v := &m.Versions[i]; v.Phase.valid() && (!v.Gone || v.Version == m.Live) {
 			return v.Version
 		}
 	}
@@ -690,7 +698,8 @@ func (s *State) allHold(m *ModelState, assign [][]string, v uint64) bool {
 
 // handover is what to publish on the way from the replicas last
 // published to assign: make before break. Until every shard assign names
-// for partition p holds the live and staged versions of p by a report
+// for partition p holds every version the map keeps (live, staged and
+// standby: a rollback must find its version loaded) by a report
 // that follows the newest record (an older report may list what the shard
 // has since dropped), the shards last published for p stay assigned too,
 // if they are still trusted (registered, reporting nothing false), so a
@@ -701,7 +710,8 @@ func (s *State) handover(m *ModelState, assign [][]string, trusted []string) [][
 	if len(prev) != len(assign) {
 		return assign
 	}
-	serving := slices.DeleteFunc([]uint64{m.Live, m.Staged}, func(v uint64) bool { return v == 0 })
+	a := m.Assignment()
+	serving := a.Kept()
 	out := make([][]string, len(assign))
 	for p, reps := range assign {
 		out[p] = reps

@@ -445,6 +445,32 @@ func TestDecideChains(t *testing.T) {
 	if x.s.Models["m"].version(5) != nil {
 		t.Fatal("a removed version kept after it stopped being live")
 	}
+	// Removing the live version's directory when only older versions
+	// remain is no rollback: it stays live.
+	x.scan(6, 7)
+	x.validate()
+	x.settleAll()
+	x.expect(7, 0, 6)
+	x.scan(6)
+	x.settleAll()
+	x.expect(7, 0, 6)
+	// A rollback whose standby version is no longer held everywhere is
+	// staged; abandoned (unpin), the version goes back to standby, still a
+	// rollback target.
+	si := x.shards["s0"]
+	si.Loaded = slices.DeleteFunc(slices.Clone(si.Loaded), func(l topo.Loaded) bool { return l.Version == 6 })
+	x.shards["s0"] = si
+	x.report()
+	if err := x.cmd(OpRollback, 0); err != nil {
+		t.Fatal(err)
+	}
+	x.expect(7, 6)
+	if err := x.cmd(OpUnpin, 0); err != nil {
+		t.Fatal(err)
+	}
+	if x.phase(6) != PhaseStandby {
+		t.Fatalf("abandoned rollback target: %s, want standby", x.phase(6))
+	}
 }
 
 // TestDecideDistrustsStaleReports: a shard's report that follows an

@@ -17,6 +17,7 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/manager"
 )
 
@@ -25,9 +26,10 @@ const adminTokenEnv = "CUMULUS_ADMIN_TOKEN"
 
 // adminToken resolves the admin token: --admin-token, else
 // --admin-token-file, else $CUMULUS_ADMIN_TOKEN; "" when none is given.
+// Surrounding white space is not part of a token.
 func adminToken(token, file string) (string, error) {
-	if token != "" {
-		return token, nil
+	if t := strings.TrimSpace(token); t != "" {
+		return t, nil
 	}
 	if file != "" {
 		b, err := os.ReadFile(file)
@@ -39,17 +41,19 @@ func adminToken(token, file string) (string, error) {
 		}
 		return "", fmt.Errorf("--admin-token-file: %s is empty", file)
 	}
-	return os.Getenv(adminTokenEnv), nil
+	return strings.TrimSpace(os.Getenv(adminTokenEnv)), nil
 }
 
 // adminFlags are the flags every process that serves or calls the admin
 // API takes.
 type adminFlags struct{ addr, token, tokenFile string }
 
+// register declares the flags; addrFlag names the address flag: the
+// servers' --admin-addr, the admin CLI's --addr.
 func (f *adminFlags) register(fs interface {
 	StringVar(*string, string, string, string)
-}) {
-	fs.StringVar(&f.addr, "admin-addr", "127.0.0.1:8002", "the manager's admin API address (also /metrics and /healthz)")
+}, addrFlag string) {
+	fs.StringVar(&f.addr, addrFlag, "127.0.0.1:8002", "the manager's admin API address (also /metrics and /healthz)")
 	fs.StringVar(&f.token, "admin-token", "", "admin API bearer token (else --admin-token-file, else $"+adminTokenEnv+")")
 	fs.StringVar(&f.tokenFile, "admin-token-file", "", "file holding the admin API token")
 }
@@ -111,8 +115,10 @@ func adminCommand() *cobra.Command {
 		Short: "Operate models through the manager's admin API: list, show, roll back, pin, rescan, audit",
 		Long: `admin calls the manager's admin API (cumulus manager --admin-addr, or cumulus dev).
 The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `.`,
+		Args: cobra.NoArgs,
+		RunE: needSubcommand,
 	}
-	flags.register(cmd.PersistentFlags())
+	flags.register(cmd.PersistentFlags(), "addr")
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print the API's JSON answer as it is")
 	client := func() (*adminClient, error) {
 		token, err := flags.resolve()
@@ -128,8 +134,20 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 		}
 		return &adminClient{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second}}, nil
 	}
+	// model is a model's path; a name that is not a model name is refused
+	// here rather than sent as a path (it could name another call).
+	var badName error
+	model := func(name string) string {
+		if !codec.ValidName(name) {
+			badName = fmt.Errorf("invalid model name %q", name)
+		}
+		return "/admin/v1/models/" + name
+	}
 	// run makes one call and prints its answer, as JSON or through show.
 	run := func(method, path string, body any, show func([]byte) error) error {
+		if badName != nil {
+			return badName
+		}
 		c, err := client()
 		if err != nil {
 			return err
@@ -144,7 +162,6 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 		}
 		return show(b)
 	}
-	model := func(name string) string { return "/admin/v1/models/" + name }
 	cmd.AddCommand(
 		&cobra.Command{Use: "models", Short: "List the models: live, staged, pinned and standby versions", Args: cobra.NoArgs,
 			RunE: func(*cobra.Command, []string) error {

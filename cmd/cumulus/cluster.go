@@ -147,7 +147,7 @@ func managerCommand() *cobra.Command {
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas per partition")
 	cmd.Flags().IntVar(&keep, "keep-versions", 2, "full versions besides the live one kept loaded for rollback, with their deltas")
 	cluster.register(cmd)
-	admin.register(cmd.Flags())
+	admin.register(cmd.Flags(), "admin-addr")
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }

@@ -115,7 +115,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for etcd's data (DIR/etcd) and each shard's copies of partitions it serves mapped (DIR/shard-N); kept on exit (default: a temporary directory, removed on exit)")
 	cmd.Flags().IntVar(&keep, "keep-versions", 2, "full versions besides the live one kept loaded for rollback, with their deltas")
 	cluster.register(cmd)
-	admin.register(cmd.Flags())
+	admin.register(cmd.Flags(), "admin-addr")
 	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "give up if models are not servable by then")
 	return cmd
 }

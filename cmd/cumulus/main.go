@@ -64,3 +64,13 @@ func etcdClient(endpoints string) (*clientv3.Client, error) {
 	}
 	return cli, nil
 }
+
+// needSubcommand is the RunE of commands that only group others: called
+// with no subcommand, or an unknown one, it is an error (exit status 1),
+// so a mistyped command in a script never passes for success.
+func needSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("unknown command %q for %q; see %s --help", args[0], cmd.CommandPath(), cmd.CommandPath())
+	}
+	return fmt.Errorf("%s needs a subcommand; see %s --help", cmd.CommandPath(), cmd.CommandPath())
+}

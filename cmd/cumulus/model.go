@@ -15,7 +15,7 @@ import (
 )
 
 func modelCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "model", Short: "Import, generate and inspect models in a model repository"}
+	cmd := &cobra.Command{Use: "model", Short: "Import, generate and inspect models in a model repository", Args: cobra.NoArgs, RunE: needSubcommand}
 	cmd.AddCommand(modelImportCommand(), modelGenCommand(), modelInspectCommand(), modelDeltaCommand())
 	return cmd
 }
