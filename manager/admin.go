@@ -245,7 +245,12 @@ func detail(st *State, m *ModelState) ModelDetail {
 	mismatches := st.Mismatches(m.Name)
 	for _, id := range slices.Sorted(maps.Keys(st.Shards)) {
 		si := st.Shards[id]
-		sd := ShardDetail{ID: id, Addr: si.Addr, Build: si.Build, Loaded: map[string]int{}, Mismatched: mismatches[id], Errors: si.Errors}
+		sd := ShardDetail{ID: id, Addr: si.Addr, Build: si.Build, Loaded: map[string]int{}, Mismatched: mismatches[id]}
+		for _, e := range si.Errors {
+			if strings.HasPrefix(e, m.Name+"/") {
+				sd.Errors = append(sd.Errors, e)
+			}
+		}
 		for _, reps := range m.Replicas {
 			if slices.Contains(reps, id) {
 				sd.Assigned++

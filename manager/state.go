@@ -336,9 +336,10 @@ func (s *State) scanned(ev Scanned) []Action {
 				continue
 			} else if v.Files != f.Files && v.Phase.valid() {
 				// Files of a validated version changed under it. Shards
-				// serve their own verified copies and refuse mismatching
-				// content; say so, change nothing.
-				v.Files, v.Gone, v.Reason = f.Files, false, "files changed after validation; shards keep serving what they verified"
+				// serve their own verified copies and refuse content other
+				// than validated; check the files again to say what changed.
+				v.Files, v.Gone, v.Reason = f.Files, false, "files changed after validation; checking them again (shards keep serving what they verified)"
+				acts = append(acts, Validate{Model: name, Version: vn})
 				continue
 			}
 			v.Files, v.Kind, v.Parent, v.Gone = f.Files, f.Kind, f.Parent, false
@@ -360,7 +361,21 @@ func (s *State) scanned(ev Scanned) []Action {
 func (s *State) checked(ev Checked) {
 	m := s.Models[ev.Model]
 	v := s.version(ev.Model, ev.Version)
-	if v == nil || v.Files != ev.Files || !v.Phase.pending() {
+	if v == nil || v.Files != ev.Files {
+		return
+	}
+	if v.Phase.valid() { // checked again after its files changed; what is served does not change
+		switch {
+		case ev.Err != "":
+			v.Reason = "files changed after validation and no longer match their manifest (shards keep serving what they verified): " + ev.Err
+		case ev.Info == nil || v.Info == nil || !slices.Equal(ev.Info.IDs, v.Info.IDs):
+			v.Reason = "the version's content was replaced after validation; shards serve and load only what was validated; publish new content as a new version"
+		default:
+			v.Reason, v.Checked = "", ev.Files
+		}
+		return
+	}
+	if !v.Phase.pending() {
 		return
 	}
 	v.Checked = ev.Files

@@ -515,3 +515,33 @@ func TestDecideDistrustsStaleReports(t *testing.T) {
 		}
 	}
 }
+
+// TestDecideFilesChangedAfterValidation: a served version whose files
+// change is checked again and the result shown; what is served does not
+// change.
+func TestDecideFilesChangedAfterValidation(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2})
+	x.join("s0")
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	ids := x.ids(1)
+	x.files[1] = "touched" // same bytes, new modification time
+	x.scan(1)
+	if len(x.queue) != 1 || !strings.Contains(x.s.Models["m"].version(1).Reason, "checking them again") {
+		t.Fatalf("changed files: queue %v, reason %q", x.queue, x.s.Models["m"].version(1).Reason)
+	}
+	x.queue = nil
+	x.do(Checked{Model: "m", Version: 1, Files: "touched", Info: &topo.VersionInfo{Version: 1, Type: "lr", IDs: ids}})
+	if v := x.s.Models["m"].version(1); v.Reason != "" || v.Phase != PhaseLive {
+		t.Fatalf("same content checked again: %+v", v)
+	}
+	x.files[1] = "damaged"
+	x.scan(1)
+	x.queue = nil
+	x.do(Checked{Model: "m", Version: 1, Files: "damaged", Err: "SHA-256 does not match"})
+	if v := x.s.Models["m"].version(1); !strings.Contains(v.Reason, "no longer match") || v.Phase != PhaseLive {
+		t.Fatalf("damaged after validation: %+v", v)
+	}
+	x.expect(1, 0)
+}

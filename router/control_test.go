@@ -320,6 +320,7 @@ func TestRestartMidRolloutNeverServesStaged(t *testing.T) {
 			if i != 1 {
 				return
 			}
+			o.LeaseTTL = 2 // the restarted process waits for the crashed one's lease to run out
 			starts++
 			first := starts == 1
 			o.BeforeLoad = func(ctx context.Context, _ string, version uint64, _ uint32) error {

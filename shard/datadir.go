@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 )
 
@@ -20,9 +21,10 @@ import (
 // as they are mapped (loader.MapPartitionCopy), so the directory is empty
 // while the shard runs; only a crash mid-copy leaves files in it.
 
-// defaultDataDir is Options.DataDir's default.
-func defaultDataDir(id string) string {
-	return filepath.Join(os.TempDir(), "cumulus-shard-"+url.PathEscape(id))
+// defaultDataDir is Options.DataDir's default: one per cluster and
+// shard ID, so shards of two clusters on one host never share one.
+func defaultDataDir(cluster topo.Cluster, id string) string {
+	return filepath.Join(os.TempDir(), "cumulus-shard-"+string(cluster.OrDefault())+"-"+url.PathEscape(id))
 }
 
 // prepareDataDir creates dir and removes copies a previous run left in

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 )
 
@@ -233,11 +234,13 @@ func TestStartClearsDataDir(t *testing.T) {
 }
 
 func TestDataDirDefault(t *testing.T) {
-	o := Options{ID: "rack1/s1", Repo: loader.Repo{Dir: "r"}, Etcd: new(clientv3.Client)}
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	if want := filepath.Join(os.TempDir(), "cumulus-shard-rack1%2Fs1"); o.DataDir != want {
-		t.Fatalf("DataDir = %q, want %q: one directory under os.TempDir() named for the shard", o.DataDir, want)
+	for cluster, want := range map[topo.Cluster]string{"": "cumulus-shard-default-rack1%2Fs1", "blue": "cumulus-shard-blue-rack1%2Fs1"} {
+		o := Options{ID: "rack1/s1", Cluster: cluster, Repo: loader.Repo{Dir: "r"}, Etcd: new(clientv3.Client)}
+		if err := o.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if want := filepath.Join(os.TempDir(), want); o.DataDir != want {
+			t.Fatalf("DataDir = %q, want %q: one directory under os.TempDir() per cluster and shard", o.DataDir, want)
+		}
 	}
 }

@@ -364,6 +364,5 @@ func (s *Shard) refuse(key string, err error) {
 	f.next = time.Now().Add(min(minRetry<<min(f.attempts-1, 10), maxRetry))
 	slog.Error("shard: refusing partition; keeping what is loaded", "shard", s.opts.ID, "partition", key, "err", err, "retry_in", time.Until(f.next).Round(time.Second))
 	s.metrics.loadFails.Inc()
-	s.errs = append([]string{key + ": " + err.Error()}, s.errs[:min(len(s.errs), 9)]...)
 	s.reg.Set(s.info())
 }

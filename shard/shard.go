@@ -97,7 +97,7 @@ func (o *Options) Validate() error {
 		o.HotInterval = 2 * time.Second
 	}
 	if o.DataDir == "" {
-		o.DataDir = defaultDataDir(o.ID)
+		o.DataDir = defaultDataDir(o.Cluster, o.ID)
 	}
 	return nil
 }
@@ -125,7 +125,6 @@ type Shard struct {
 	mismatched map[string]topo.Loaded // "model/version" → partitions refused for content other than the map expects
 	applied    map[string]uint64      // model → Seq of the map record reconciled to
 	hot        hotState
-	errs       []string // newest first, at most 10
 }
 
 // Start listens, registers in etcd and begins loading what the manager
@@ -250,7 +249,16 @@ func (s *Shard) close(crash bool) {
 
 func (s *Shard) info() string {
 	info := topo.ShardInfo{Schema: topo.Schema, ID: s.opts.ID, Addr: s.opts.AdvertiseAddr, Build: s.opts.Build,
-		Applied: s.applied, Loaded: s.Loaded(), Errors: s.errs}
+		Applied: s.applied, Loaded: s.Loaded()}
+	// What fails now, not a history: a load that later succeeds, or is no
+	// longer asked for, leaves the report.
+	for _, k := range slices.Sorted(maps.Keys(s.failed)) {
+		if len(info.Errors) == 20 {
+			info.Errors = append(info.Errors, fmt.Sprintf("and %d more", len(s.failed)-20))
+			break
+		}
+		info.Errors = append(info.Errors, k+": "+s.failed[k].err.Error())
+	}
 	for _, k := range slices.Sorted(maps.Keys(s.mismatched)) {
 		info.Mismatched = append(info.Mismatched, s.mismatched[k])
 	}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
 )
@@ -58,7 +60,11 @@ func rootCommand() *cobra.Command {
 }
 
 func etcdClient(endpoints string) (*clientv3.Client, error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(endpoints, ","), DialTimeout: 5 * time.Second})
+	// The client's own logger reports every retried call at warn level,
+	// also the calls cancelled at a normal shutdown; errors reach us as
+	// errors and are logged where they matter.
+	quiet, _ := zap.NewProductionConfig().Build(zap.IncreaseLevel(zapcore.ErrorLevel))
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(endpoints, ","), DialTimeout: 5 * time.Second, Logger: quiet})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %w", endpoints, err)
 	}

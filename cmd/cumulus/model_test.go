@@ -66,9 +66,10 @@ func TestPredictParsers(t *testing.T) {
 	if err != nil || !slices.Equal(ids, []uint64{4, 9}) || !slices.Equal(vals, []float32{0.5, 2}) {
 		t.Errorf("libsvm: %v %v %v", ids, vals, err)
 	}
-	for _, bad := range []string{"1 4", "1 x:1", "1 4:y"} {
-		if _, _, err := parseLibsvmRow(bad, nil, nil); err == nil {
-			t.Errorf("libsvm %q accepted", bad)
+	for bad, says := range map[string]string{"1 4": "not ID:VALUE", "1 x:1": "feature id", "1 4:y": "value",
+		`{"ids":[1,2,3]}`: "--format jsonl", "yes 4:1": "label"} {
+		if _, _, err := parseLibsvmRow(bad, nil, nil); err == nil || !strings.Contains(err.Error(), says) {
+			t.Errorf("libsvm %q: %v, want an error saying %q", bad, err, says)
 		}
 	}
 }

@@ -119,6 +119,14 @@ jsonl:   {"ids": [1, 2, 3], "values": [0.5, 1, 2]}   (values optional)`,
 
 func parseLibsvmRow(text string, ids []uint64, vals []float32) ([]uint64, []float32, error) {
 	f := strings.Fields(text)
+	// The label is ignored but must be one: anything else is another
+	// format read by mistake, which would score as an empty row.
+	if _, err := strconv.ParseFloat(f[0], 64); err != nil {
+		if strings.HasPrefix(f[0], "{") {
+			return nil, nil, fmt.Errorf("this looks like a JSON line: use --format jsonl")
+		}
+		return nil, nil, fmt.Errorf("label %q is not a number (libsvm lines are LABEL ID:VALUE ...)", f[0])
+	}
 	for _, kv := range f[1:] {
 		k, v, ok := strings.Cut(kv, ":")
 		if !ok {

@@ -2,6 +2,8 @@ package topo
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -28,12 +30,24 @@ type Registration struct {
 	abandon atomic.Bool
 }
 
+// ErrTaken is returned when the key is registered by another process.
+var ErrTaken = errors.New("topo: the key is registered by another live process")
+
 // Register starts keeping key alive with the given TTL in seconds. The
 // key is written by the time Register returns, or an error is returned.
+// A key another process holds is never overwritten: Register waits up to
+// two TTLs for it to go (a crashed predecessor's lease running out), then
+// fails with ErrTaken.
 func Register(ctx context.Context, cli *clientv3.Client, key, value string, ttl int64) (*Registration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	r := &Registration{cli: cli, key: key, ttl: ttl, value: value, changed: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	giveUp := time.Now().Add(2 * time.Duration(ttl) * time.Second)
 	ka, err := r.establish(ctx)
+	for errors.Is(err, ErrTaken) && time.Now().Before(giveUp) {
+		slog.Warn("topo: key registered by another process; waiting for it to go", "key", key, "err", err)
+		sleep(ctx, 500*time.Millisecond)
+		ka, err = r.establish(ctx)
+	}
 	if err != nil {
 		cancel()
 		return nil, err
@@ -58,7 +72,16 @@ func (r *Registration) establish(ctx context.Context) (<-chan *clientv3.LeaseKee
 	r.lease = lease.ID
 	v := r.value
 	r.mu.Unlock()
-	if _, err := r.cli.Put(ctx, r.key, v, clientv3.WithLease(lease.ID)); err != nil {
+	resp, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(r.key), "=", 0)).
+		Then(clientv3.OpPut(r.key, v, clientv3.WithLease(lease.ID))).Else(clientv3.OpGet(r.key)).Commit()
+	if err == nil && !resp.Succeeded {
+		err = fmt.Errorf("%w: %s", ErrTaken, r.key)
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+			err = fmt.Errorf("%w: %s = %.200s", ErrTaken, r.key, kvs[0].Value)
+		}
+	}
+	if err != nil {
+		r.cli.Revoke(context.Background(), lease.ID)
 		return nil, err
 	}
 	return r.cli.KeepAlive(ctx, lease.ID)

@@ -2,7 +2,9 @@ package topo
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,4 +52,29 @@ func TestRegisterAndWatch(t *testing.T) {
 	waitFor("two")
 	rcancel()
 	waitFor("")
+}
+
+// A key another live process holds is not taken over; once its holder
+// is gone (its lease revoked), it can be.
+func TestRegisterRefusesTakenKey(t *testing.T) {
+	cli := testenv.Etcd(t)
+	ctx := context.Background()
+	key := DefaultCluster.ShardKey("dup")
+	first, err := Register(ctx, cli, key, "first", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Register(ctx, cli, key, "second", 1); !errors.Is(err, ErrTaken) || !strings.Contains(err.Error(), "first") {
+		t.Fatalf("second registration: %v, want ErrTaken naming the holder", err)
+	}
+	resp, err := cli.Get(ctx, key)
+	if err != nil || string(resp.Kvs[0].Value) != "first" {
+		t.Fatalf("the key after the refused registration: %v", err)
+	}
+	first.Close()
+	second, err := Register(ctx, cli, key, "second", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second.Close()
 }
