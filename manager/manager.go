@@ -211,7 +211,10 @@ func (m *Manager) campaign(ctx context.Context) {
 		session, err := concurrency.NewSession(m.opts.Etcd, concurrency.WithTTL(m.opts.LeaderTTL), concurrency.WithContext(ctx))
 		if err != nil {
 			slog.Warn("manager: joining the leader election; retrying", "err", err)
-			sleep(ctx, time.Second)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 			continue
 		}
 		el := concurrency.NewElection(session, key)
@@ -240,15 +243,6 @@ func (m *Manager) tell(ctx context.Context, leading bool) {
 	case m.elected <- leading:
 	case <-ctx.Done():
 	case <-m.stopped:
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 
@@ -491,9 +485,10 @@ func (m *Manager) after(cur, next *State, acts []Action) {
 		if om != nil && om.Live != nm.Live && nm.Live != 0 {
 			m.metrics.commits.Inc()
 		}
+		was := cur.Mismatches(name)
 		for id, vs := range next.Mismatches(name) {
 			mismatches += len(vs)
-			if om == nil || len(cur.Mismatches(name)[id]) != len(vs) {
+			if len(was[id]) != len(vs) {
 				slog.Error("manager: shard reports content other than validated; not assigning it this model", "shard", id, "model", name, "versions", vs)
 			}
 		}

@@ -89,16 +89,17 @@ func (s *snapshot) keepOnly(keep func(model string, v uint64, p uint32) bool) (*
 	return n, dropped
 }
 
-// withHot returns a copy of s in which every stack whose base is base
-// has hot as its hot tier, just above the base (below any deltas: the
-// hot tier copies the base's values), replacing any earlier hot tier.
-func (s *snapshot) withHot(base, hot *Table) *snapshot {
+// restacked returns a copy of s in which fn has rewritten the stacks it
+// changes; versions and models it leaves alone are shared, not copied.
+// fn returns nil to leave a stack as it is.
+func (s *snapshot) restacked(fn func(l []*Table) []*Table) *snapshot {
 	n := &snapshot{models: maps.Clone(s.models)}
 	for name, vs := range s.models {
 		var nvs map[uint64]*version
 		for v, ver := range vs {
 			for p, l := range ver.layers {
-				if len(l) == 0 || l[len(l)-1] != base {
+				nl := fn(l)
+				if nl == nil {
 					continue
 				}
 				if nvs == nil {
@@ -109,11 +110,7 @@ func (s *snapshot) withHot(base, hot *Table) *snapshot {
 					nv.layers = slices.Clone(ver.layers)
 					nvs[v] = &nv
 				}
-				upper := l[:len(l)-1]
-				if len(upper) > 0 && upper[len(upper)-1].hotOf == base {
-					upper = upper[:len(upper)-1]
-				}
-				nvs[v].layers[p] = append(slices.Clone(upper), hot, base)
+				nvs[v].layers[p] = nl
 			}
 		}
 		if nvs != nil {
@@ -123,36 +120,34 @@ func (s *snapshot) withHot(base, hot *Table) *snapshot {
 	return n
 }
 
+// withHot returns a copy of s in which every stack whose base is base
+// has hot as its hot tier, just above the base (below any deltas: the
+// hot tier copies the base's values), replacing any earlier hot tier.
+func (s *snapshot) withHot(base, hot *Table) *snapshot {
+	return s.restacked(func(l []*Table) []*Table {
+		if len(l) == 0 || l[len(l)-1] != base {
+			return nil
+		}
+		upper := l[:len(l)-1]
+		if len(upper) > 0 && upper[len(upper)-1].hotOf == base {
+			upper = upper[:len(upper)-1]
+		}
+		return append(slices.Clone(upper), hot, base)
+	})
+}
+
 // replaced returns a copy of s in which every stack holding old holds new
 // in its place.
 func (s *snapshot) replaced(old, new *Table) *snapshot {
-	n := &snapshot{models: maps.Clone(s.models)}
-	for name, vs := range s.models {
-		var nvs map[uint64]*version
-		for v, ver := range vs {
-			for p, l := range ver.layers {
-				i := slices.Index(l, old)
-				if i < 0 {
-					continue
-				}
-				if nvs == nil {
-					nvs = maps.Clone(vs)
-				}
-				if nvs[v] == ver {
-					nv := *ver
-					nv.layers = slices.Clone(ver.layers)
-					nvs[v] = &nv
-				}
-				nl := slices.Clone(l)
-				nl[i] = new
-				nvs[v].layers[p] = nl
-			}
+	return s.restacked(func(l []*Table) []*Table {
+		i := slices.Index(l, old)
+		if i < 0 {
+			return nil
 		}
-		if nvs != nil {
-			n.models[name] = nvs
-		}
-	}
-	return n
+		nl := slices.Clone(l)
+		nl[i] = new
+		return nl
+	})
 }
 
 // tables calls fn on every distinct table held.

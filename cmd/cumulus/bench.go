@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -47,19 +48,12 @@ cluster of --shards shards on loopback and targets that.`,
 				if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: model, Type: typ, Params: params, Seed: 7}); err != nil {
 					return err
 				}
-				c, err := devcluster.Start(ctx, devcluster.Options{Repo: dir, Shards: shards})
+				c, srv, err := benchCluster(ctx, devcluster.Options{Repo: dir, Shards: shards})
 				if err != nil {
 					return err
 				}
 				defer c.Close()
-				srv, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"})
-				if err != nil {
-					return err
-				}
 				defer srv.Close()
-				if err := c.WaitReady(ctx); err != nil {
-					return err
-				}
 				addr = srv.GRPCAddr()
 				fmt.Printf("dev cluster: %d shards, router at %s\n", shards, addr)
 			}
@@ -115,4 +109,25 @@ cluster of --shards shards on loopback and targets that.`,
 	cmd.Flags().DurationVar(&duration, "duration", 10*time.Second, "time per workload")
 	cmd.Flags().IntVar(&maxRequests, "requests", 0, "stop a workload after this many requests (0: only --duration)")
 	return cmd
+}
+
+// benchCluster starts a dev cluster and a front on loopback ports and
+// waits until it serves; the caller closes both.
+func benchCluster(ctx context.Context, o devcluster.Options) (*devcluster.Cluster, *server.Server, error) {
+	c, err := devcluster.Start(ctx, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	srv, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"})
+	if err == nil {
+		err = c.WaitReady(ctx)
+		if err != nil {
+			srv.Close()
+		}
+	}
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return c, srv, nil
 }

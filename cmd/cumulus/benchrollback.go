@@ -18,7 +18,6 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
-	"github.com/cumulus-serving/cumulus/server"
 )
 
 func benchRollbackCommand() *cobra.Command {
@@ -57,15 +56,11 @@ from the new version, failed requests and latency around it.`,
 				}
 				gen = m.Generator
 			}
-			c, err := devcluster.Start(ctx, devcluster.Options{Repo: dir, Shards: shards, MemoryBudget: int64(budget), ScanInterval: time.Hour})
+			c, srv, err := benchCluster(ctx, devcluster.Options{Repo: dir, Shards: shards, MemoryBudget: int64(budget), ScanInterval: time.Hour})
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			srv, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"})
-			if err != nil {
-				return err
-			}
 			defer srv.Close()
 			token := rand.Text()
 			adm, err := c.Manager.ServeAdmin(manager.AdminOptions{Addr: "127.0.0.1:0", Token: token})
@@ -73,9 +68,6 @@ from the new version, failed requests and latency around it.`,
 				return err
 			}
 			defer adm.Close()
-			if err := c.WaitReady(ctx); err != nil {
-				return err
-			}
 			api := &adminClient{base: "http://" + adm.Addr(), token: token, http: &http.Client{Timeout: time.Minute}}
 			live := func() (manager.ModelDetail, error) {
 				var d manager.ModelDetail
