@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"runtime"
 	"slices"
 	"sync/atomic"
 )
@@ -164,11 +163,11 @@ func (s *Shard) maintainHot() {
 			slog.Warn("shard: hot tier not rebuilt", "shard", s.opts.ID, "err", err)
 			continue
 		}
-		s.snap.Store(s.snap.Load().withHot(b, hot))
+		s.install(s.snap.Load().withHot(b, hot))
 		rebuilt = true
 	}
 	if rebuilt {
-		runtime.GC() // release the replaced hot tiers now
+		s.reclaim(reclaimWait) // the replaced hot tiers go now
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"runtime"
 	"slices"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 // versions while the memory budget allows. The shard never chooses a
 // version itself.
 func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
+	s.reclaim(0)
 	want := s.wanted(as)
 	// From here on the report follows these records: nothing they keep
 	// here is dropped before a newer record says so.
@@ -137,7 +137,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 			continue
 		}
 		delete(s.failed, pkey)
-		s.snap.Store(s.snap.Load().with(chain[0], versions, p, layers, id))
+		s.install(s.snap.Load().with(chain[0], versions, p, layers, id))
 		s.reg.Set(s.info())
 	}
 	if len(wrong.Have) > 0 {
@@ -174,12 +174,9 @@ func (s *Shard) retire(want map[string]map[uint64][]uint32) {
 		return slices.Contains(want[name][v], p)
 	})
 	if dropped {
-		s.snap.Store(after)
+		s.install(after)
 		s.reg.Set(s.info())
-		// Tables live outside the Go heap and are unmapped by cleanups
-		// that run after a collection; the heap hardly grows when they are
-		// dropped, so ask for one rather than hold the memory until chance.
-		runtime.GC()
+		s.reclaim(reclaimWait)
 	}
 }
 
@@ -225,12 +222,17 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 			}
 			layers := append(slices.Clone(l[:len(l)-1]), NewTable(pt))
 			layers[len(layers)-1].sha = base.Files[p].SHA256
-			s.snap.Store(s.snap.Load().with(v.m, v.chain, uint32(p), layers, v.ids[p]))
-			runtime.GC() // release the mapping now
+			s.install(s.snap.Load().with(v.m, v.chain, uint32(p), layers, v.ids[p]))
+			s.reclaim(reclaimWait) // the mapping goes before the next partition comes in
 			slog.Info("shard: partition now resident", "shard", s.opts.ID, "model", name, "version", a.Live, "partition", p)
 		}
 	}
 }
+
+// reclaimWait bounds how long the loader waits for lookups under way
+// to leave a replaced snapshot before it frees what only that snapshot
+// held (what is not freed then is on a later pass).
+const reclaimWait = 2 * time.Second
 
 // makeRoom moves resident tables that only standby versions use to
 // mapped copies of their files, least recently live first, until n more
@@ -294,8 +296,8 @@ func (s *Shard) demote(model string, fileVersion uint64, p uint32, t *Table) err
 	}
 	mt := NewTable(pt)
 	mt.sha = t.sha
-	s.snap.Store(s.snap.Load().replaced(t, mt))
-	runtime.GC() // release the resident copy now
+	s.install(s.snap.Load().replaced(t, mt))
+	s.reclaim(reclaimWait) // the resident copy goes before the live partition comes in
 	slog.Info("shard: standby partition now mapped, making room for the live version", "shard", s.opts.ID, "model", model,
 		"version", fileVersion, "partition", p, "bytes", t.Bytes())
 	return nil

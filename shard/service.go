@@ -106,7 +106,9 @@ func (s *Shard) Lookup(_ context.Context, req []byte) ([]byte, error) {
 	if err := sc.req.Decode(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	ver := s.snap.Load().get(string(sc.req.Model), sc.req.Version)
+	snap := s.acquire()
+	defer snap.done()
+	ver := snap.get(string(sc.req.Model), sc.req.Version)
 	if ver == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold model %q version %d", s.opts.ID, sc.req.Model, sc.req.Version)
 	}

@@ -120,6 +120,7 @@ type Shard struct {
 	metrics metrics
 
 	pending chan map[string]topo.Assignment // latest assignments, capacity 1
+	retired []*snapshot                     // replaced, not yet reclaimed; loader goroutine only
 	// Loader goroutine only:
 	failed     map[string]*failure    // "model/version[/partition]" → why, and when to try again
 	mismatched map[string]topo.Loaded // "model/version" → partitions refused for content other than the map expects

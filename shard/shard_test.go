@@ -19,6 +19,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/internal/tablemem"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
@@ -325,7 +326,9 @@ func TestHotTier(t *testing.T) {
 		if _, err := lookup(s, 1, 1, slices.Clone(hotKeys)); err != nil {
 			return err
 		}
-		v := s.snap.Load().get("m", 1)
+		sn := s.acquire() // a lookup's view: the loader frees replaced tiers as soon as none reads them
+		defer sn.done()
+		v := sn.get("m", 1)
 		if len(v.layers[0]) != 2 || v.layers[0][0].hotOf == nil || !v.layers[0][1].Mapped {
 			return errors.New("no hot tier yet")
 		}
@@ -471,4 +474,106 @@ func TestStandbyGivesWay(t *testing.T) {
 	}
 	check(1, 1)
 	check(2, 2)
+}
+
+// TestReclaimWaitsForReaders: a table the map drops is freed at once
+// when no lookup reads it, never while one does; lookups racing version
+// swaps answer exactly or FailedPrecondition, never from freed memory.
+func TestReclaimWaitsForReaders(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	big := func(scale float32) *loader.Sparse {
+		s := &loader.Sparse{Type: codec.TypeLR}
+		for k := uint64(1); k <= 300000; k++ { // partitions over 2 MiB: huge-page memory, freed explicitly
+			s.Keys = append(s.Keys, k)
+			s.Values = append(s.Values, scale*float32(k%101))
+		}
+		return s
+	}
+	for _, scale := range []float32{1, 2} {
+		if _, err := repo.Publish("m", big(scale), 1, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	holds := func(v uint64) func() error {
+		return func() error {
+			if ver := s.snap.Load().get("m", v); ver == nil || ver.layers[0] == nil {
+				return fmt.Errorf("version %d not loaded", v)
+			}
+			return nil
+		}
+	}
+	putMap(t, cli, repo, 1, 1, 0)
+	testenv.Eventually(t, 10*time.Second, holds(1))
+	// A lookup is under way on the snapshot holding version 1 when the
+	// map moves to version 2.
+	sn := s.acquire()
+	t1 := sn.get("m", 1).layers[0][0]
+	buf := t1.owner.(*tablemem.Buffer)
+	putMap(t, cli, repo, 1, 2, 0)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if s.snap.Load().get("m", 1) != nil {
+			return errors.New("version 1 still held")
+		}
+		return nil
+	})
+	if buf.Freed() {
+		t.Fatal("version 1's table freed under a lookup still reading it")
+	}
+	var idx [1]int32
+	t1.Find([]uint64{77}, idx[:]) // the reader still reads it
+	if idx[0] < 0 {
+		t.Fatal("the held table lost a key")
+	}
+	sn.done()
+	putMap(t, cli, repo, 1, 2, 0) // any news: the loader reclaims on its next pass
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if !buf.Freed() {
+			putMap(t, cli, repo, 1, 2, 0)
+			return errors.New("not freed after its reader left")
+		}
+		return nil
+	})
+
+	// Lookups racing swaps of the live version.
+	stop := make(chan struct{})
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					errs <- nil
+					return
+				default:
+				}
+				for _, v := range []uint64{1, 2} {
+					r, err := lookup(s, v, 1, []uint64{77})
+					if status.Code(err) == codes.FailedPrecondition {
+						continue
+					}
+					if err != nil || !r.Found(0) || r.Value(0, 0) != float32(v)*float32(77%101) {
+						errs <- fmt.Errorf("v%d: %v", v, err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for i := range 20 {
+		live := uint64(1 + i%2)
+		putMap(t, cli, repo, 1, live, 0)
+		testenv.Eventually(t, 10*time.Second, holds(live))
+	}
+	close(stop)
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package shard
 import (
 	"maps"
 	"slices"
+	"sync/atomic"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -22,7 +23,8 @@ type version struct {
 // snapshot is the immutable set of everything loaded. Lookups read it
 // through an atomic pointer; the loader replaces it whole.
 type snapshot struct {
-	models map[string]map[uint64]*version
+	models  map[string]map[uint64]*version
+	readers atomic.Int64 // lookups reading it now (reclaim.go)
 }
 
 func (s *snapshot) get(model string, v uint64) *version {

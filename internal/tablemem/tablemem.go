@@ -15,8 +15,9 @@
 // from the page cache: hot pages stay resident, cold ones go back to the
 // disk, and nothing is ever copied twice.
 //
-// A Buffer is released by a cleanup once it is unreachable, so a reader
-// holding a table can never see its memory unmapped. Bytes is valid only
+// A Buffer is released by Free, when its owner knows nothing reads it any
+// more, or else by a cleanup once it is unreachable; whichever comes
+// first, once. Bytes is valid only
 // while its *Buffer is reachable: keep the Buffer beside every view
 // (codec.Partition.Owner, shard.Table), never a bare slice.
 package tablemem
@@ -25,6 +26,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,6 +39,46 @@ type Buffer struct {
 	// File is the mapped file, kept open for reads that should not fault
 	// (pread from many goroutines overlaps disk reads; page faults do not).
 	File *os.File
+	// region is what Free and the cleanup release; nil for heap memory.
+	region *region
+}
+
+// region is a mapping (and its file) released exactly once.
+type region struct {
+	mem   []byte
+	file  *os.File
+	freed atomic.Bool
+}
+
+func (r *region) free() {
+	if r.freed.CompareAndSwap(false, true) {
+		unix.Munmap(r.mem)
+		if r.file != nil {
+			r.file.Close()
+		}
+	}
+}
+
+// Free releases the memory now rather than when the Buffer becomes
+// unreachable: the caller guarantees that nothing reads Bytes or File
+// any more (reading after Free faults). Heap memory is left to the
+// garbage collector. Free may be called more than once.
+func (b *Buffer) Free() {
+	if b.region != nil {
+		b.region.free()
+	}
+}
+
+// Freed reports whether Free released the memory (always false for heap
+// memory).
+func (b *Buffer) Freed() bool { return b.region != nil && b.region.freed.Load() }
+
+// managed gives b a region released by Free or, failing that, by a
+// cleanup once b is unreachable.
+func managed(b *Buffer) *Buffer {
+	b.region = &region{mem: b.Bytes, file: b.File}
+	runtime.AddCleanup(b, (*region).free, b.region)
+	return b
 }
 
 // Alloc returns n zeroed resident bytes. Below 2 MiB, or if the mapping
@@ -50,7 +92,7 @@ func Alloc(n int) *Buffer {
 		return &Buffer{Bytes: make([]byte, n)}
 	}
 	unix.Madvise(mem, unix.MADV_HUGEPAGE) // advice only: fine if refused
-	return withCleanup(&Buffer{Bytes: mem})
+	return managed(&Buffer{Bytes: mem})
 }
 
 // Map maps size bytes of the file at path read-only and keeps it open.
@@ -72,12 +114,5 @@ func Map(path string, size int64) (*Buffer, error) {
 		return nil, fmt.Errorf("tablemem: mapping %s: %w", path, err)
 	}
 	unix.Madvise(mem, unix.MADV_RANDOM)
-	b := &Buffer{Bytes: mem, Mapped: true, File: f}
-	runtime.AddCleanup(b, func(m []byte) { unix.Munmap(m) }, mem)
-	return b, nil
-}
-
-func withCleanup(b *Buffer) *Buffer {
-	runtime.AddCleanup(b, func(m []byte) { unix.Munmap(m) }, b.Bytes)
-	return b
+	return managed(&Buffer{Bytes: mem, Mapped: true, File: f}), nil
 }
