@@ -326,6 +326,11 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 		case <-m.reload:
 			m.refresh(ctx)
 		case ev := <-m.results:
+			if c, ok := ev.(Checked); ok {
+				// Finished only now: while the loop has results to apply,
+				// the queue is busy and the writes wait for the last one.
+				m.queue.finish(Validate{Model: c.Model, Version: c.Version})
+			}
 			if lead {
 				m.apply(ctx, ev)
 			}
@@ -350,8 +355,8 @@ func (m *Manager) refresh(ctx context.Context) bool {
 	rctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	defer cancel()
 	resp, err := m.opts.Etcd.Get(rctx, m.st.guardKey())
-	if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].ModRevision == m.st.rev {
-		return true
+	if err == nil && (len(resp.Kvs) == 0 && m.st.rev == 0 || len(resp.Kvs) == 1 && resp.Kvs[0].ModRevision == m.st.rev) {
+		return true // etcd holds what this manager last read or wrote
 	}
 	models, err := m.st.load(rctx)
 	if err != nil {
@@ -401,6 +406,9 @@ const maxApply = 5
 // pending again.)
 func (m *Manager) apply(ctx context.Context, ev Event) error {
 	for attempt := 1; ; attempt++ {
+		if !m.leading.Load() {
+			return m.notLeader() // deposed meanwhile: the new leader decides
+		}
 		cur := m.view.Load()
 		next, acts, refused := Decide(cur, ev, m.policy)
 		m.view.Store(next)
@@ -409,7 +417,8 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 			return nil
 		}
 		wctx, cancel := context.WithTimeout(ctx, writeTimeout)
-		err := m.st.commit(wctx, m.changes(m.persisted, next, acts))
+		ch := m.changes(m.persisted, next, acts)
+		err := m.st.commit(wctx, ch)
 		cancel()
 		if err == nil {
 			m.persisted, m.written = next, time.Now()
@@ -509,8 +518,7 @@ func (m *Manager) validator(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		checked := validate(m.opts.Repo, v)
-		m.queue.finish(v) // before the result is applied: the loop writes once the queue is idle
+		checked := validate(m.opts.Repo, v) // the loop marks it finished when it applies the result
 		select {
 		case m.results <- checked:
 		case <-ctx.Done():
