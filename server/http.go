@@ -15,13 +15,17 @@ import (
 
 func (s *Server) routes() *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v2/health/live", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	// KServe's REST clients read these bodies, not only the status.
+	mux.HandleFunc("GET /v2/health/live", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]bool{"live": true})
+	})
 	mux.HandleFunc("GET /v2/health/ready", func(w http.ResponseWriter, r *http.Request) {
-		if s.opts.Predictor.Ready() {
-			w.WriteHeader(http.StatusOK)
-		} else {
-			w.WriteHeader(http.StatusServiceUnavailable)
+		ready := s.opts.Predictor.Ready()
+		code := http.StatusOK
+		if !ready {
+			code = http.StatusServiceUnavailable
 		}
+		writeJSON(w, code, map[string]bool{"ready": ready})
 	})
 	mux.HandleFunc("GET /v2", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"name": "cumulus", "version": Version, "extensions": []string{}})

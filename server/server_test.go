@@ -170,6 +170,11 @@ func TestFront(t *testing.T) {
 			t.Errorf("GET %s: %d %s, want %d", path, code, body, want)
 		}
 	}
+	for path, want := range map[string]string{"/v2/health/live": `{"live":true}`, "/v2/health/ready": `{"ready":true}`} {
+		if _, body := get(t, s, path); strings.TrimSpace(body) != want {
+			t.Errorf("GET %s: body %q, want %s (what KServe's REST client reads)", path, body, want)
+		}
+	}
 	if code, body := get(t, s, "/v2/models/fm"); code != 200 || !strings.Contains(body, `"versions":["1"]`) || !strings.Contains(body, "row_splits") {
 		t.Errorf("metadata: %d %s", code, body)
 	}

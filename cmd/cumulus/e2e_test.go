@@ -281,6 +281,17 @@ func TestLIBLINEAREndToEnd(t *testing.T) {
 		pscores = append(pscores, float32(f))
 	}
 	compare("cumulus predict", pscores)
+	// Scores that cannot be written are a failure, not exit status 0.
+	if full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0); err == nil {
+		cmd := cumulus("predict", "--addr", p.grpc, "--model", "ctr", testSet)
+		cmd.Stdout = full
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err == nil || !strings.Contains(stderr.String(), "writing scores") {
+			t.Errorf("cumulus predict to a full disk: %v, %q; want a failure saying so", err, stderr.String())
+		}
+		full.Close()
+	}
 
 	// grpcurl, through server reflection, on the first three rows.
 	req3 := fmt.Sprintf(`{"model_name":"ctr","inputs":[`+

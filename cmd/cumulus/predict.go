@@ -28,7 +28,7 @@ func predictCommand() *cobra.Command {
 libsvm:  LABEL ID:VALUE ID:VALUE ...   (the label is ignored)
 jsonl:   {"ids": [1, 2, 3], "values": [0.5, 1, 2]}   (values optional)`,
 		Args: cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			var in io.Reader = os.Stdin
 			if len(args) == 1 && args[0] != "-" {
 				f, err := os.Open(args[0])
@@ -46,7 +46,13 @@ jsonl:   {"ids": [1, 2, 3], "values": [0.5, 1, 2]}   (values optional)`,
 			defer conn.Close()
 			client := kservepb.NewGRPCInferenceServiceClient(conn)
 			out := bufio.NewWriter(os.Stdout)
-			defer out.Flush()
+			// Scores not written are lost: a failed flush (full disk, closed
+			// pipe) is the command's failure, never exit status 0.
+			defer func() {
+				if ferr := out.Flush(); ferr != nil && err == nil {
+					err = fmt.Errorf("writing scores: %w", ferr)
+				}
+			}()
 			var ids, splits []uint64
 			var vals []float32
 			flush := func() error {
