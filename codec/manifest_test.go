@@ -2,6 +2,7 @@ package codec
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -26,31 +27,35 @@ func TestManifestValidate(t *testing.T) {
 	if err := m.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	cases := map[string]func(m *Manifest){
-		"format":        func(m *Manifest) { m.Format = 2 },
-		"name":          func(m *Manifest) { m.Name = "../etc" },
-		"version":       func(m *Manifest) { m.Version = 0 },
-		"kind":          func(m *Manifest) { m.Kind = "partial" },
-		"delta parent":  func(m *Manifest) { m.Kind = KindDelta },
-		"type":          func(m *Manifest) { m.Type = "dnn" },
-		"lr dim":        func(m *Manifest) { m.Dim = 4 },
-		"hash":          func(m *Manifest) { m.Hash = "crc32" },
-		"file count":    func(m *Manifest) { m.Files = m.Files[:1] },
-		"file order":    func(m *Manifest) { m.Files[0].Partition = 1 },
-		"escape":        func(m *Manifest) { m.Files[1].Path = "../../x" },
-		"absolute":      func(m *Manifest) { m.Files[1].Path = "/etc/passwd" },
-		"sha":           func(m *Manifest) { m.Files[0].SHA256 = "" },
-		"size":          func(m *Manifest) { m.Files[0].Size++ },
-		"params":        func(m *Manifest) { m.Params = 21 },
-		"no partitions": func(m *Manifest) { m.Partitions = 0; m.Files = nil },
-		"encoding":      func(m *Manifest) { m.Encoding = "bf16" },
+	// Each case must be refused for its own reason: the error names it.
+	cases := map[string]struct {
+		mutate func(m *Manifest)
+		says   string
+	}{
+		"format":        {func(m *Manifest) { m.Format = 2 }, "unsupported format 2"},
+		"name":          {func(m *Manifest) { m.Name = "../etc" }, `invalid model name "../etc"`},
+		"version":       {func(m *Manifest) { m.Version = 0 }, "version must be ≥ 1"},
+		"kind":          {func(m *Manifest) { m.Kind = "partial" }, `kind "partial"`},
+		"delta parent":  {func(m *Manifest) { m.Kind = KindDelta }, "needs a parent version below it"},
+		"type":          {func(m *Manifest) { m.Type = "dnn" }, `unknown model type "dnn"`},
+		"lr dim":        {func(m *Manifest) { m.Dim = 4 }, "lr model with dim 4"},
+		"hash":          {func(m *Manifest) { m.Hash = "crc32" }, `unknown partition hash "crc32"`},
+		"file count":    {func(m *Manifest) { m.Files = m.Files[:1] }, "1 files for 2 partitions"},
+		"file order":    {func(m *Manifest) { m.Files[0].Partition = 1 }, "file 0 is for partition 1"},
+		"escape":        {func(m *Manifest) { m.Files[1].Path = "../../x" }, `file path "../../x"`},
+		"absolute":      {func(m *Manifest) { m.Files[1].Path = "/etc/passwd" }, `file path "/etc/passwd"`},
+		"sha":           {func(m *Manifest) { m.Files[0].SHA256 = "" }, "has no SHA-256"},
+		"size":          {func(m *Manifest) { m.Files[0].Size++ }, "does not match 10 keys"},
+		"params":        {func(m *Manifest) { m.Params = 21 }, "params says 21"},
+		"no partitions": {func(m *Manifest) { m.Partitions = 0; m.Files = nil }, "partition count 0"},
+		"encoding":      {func(m *Manifest) { m.Encoding = "bf16" }, `unknown encoding "bf16"`},
 	}
-	for name, mutate := range cases {
+	for name, c := range cases {
 		m := validManifest()
 		m.Files = append([]File(nil), m.Files...)
-		mutate(&m)
-		if err := m.Validate(); err == nil {
-			t.Errorf("%s: invalid manifest accepted", name)
+		c.mutate(&m)
+		if err := m.Validate(); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
 	}
 }
@@ -65,8 +70,19 @@ func FuzzParseManifest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if err := m.Validate(); err != nil {
-			t.Fatalf("parsed manifest fails validation: %v", err)
+		// What is accepted means one thing: written back and read again,
+		// it is the same manifest (no field read one way and written
+		// another, nothing accepted that cannot be written).
+		again, err := json.Marshal(m)
+		if err != nil {
+			t.Fatalf("an accepted manifest cannot be written: %v", err)
+		}
+		m2, err := ParseManifest(again)
+		if err != nil {
+			t.Fatalf("an accepted manifest, written back, is refused: %v\n%s", err, again)
+		}
+		if !reflect.DeepEqual(m, m2) {
+			t.Fatalf("round trip changed the manifest:\n%+v\n%+v", m, m2)
 		}
 	})
 }

@@ -216,6 +216,22 @@ func FuzzVerifyStream(f *testing.F) {
 	b, _, _ := writeTestPartition(f, 20, 2, EncFP16)
 	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		VerifyStream(bytes.NewReader(b), int64(len(b))) // must not panic or over-allocate
+		sum, err := VerifyStream(bytes.NewReader(b), int64(len(b))) // must not panic or over-allocate
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("refused without ErrCorrupt: %v", err)
+			}
+			return
+		}
+		// Accepted: the hash is the whole file's, and the in-memory check
+		// of the same bytes agrees that every block is intact.
+		if want := sha256.Sum256(b); sum != hex.EncodeToString(want[:]) {
+			t.Fatalf("hash %s is not the file's", sum)
+		}
+		if p, err := ParsePartitionStructure(b); err == nil {
+			if err := p.VerifyBlocks(1); err != nil {
+				t.Fatalf("streamed check accepts what the in-memory check refuses: %v", err)
+			}
+		}
 	})
 }

@@ -314,15 +314,19 @@ func TestCorruptPartitionNamed(t *testing.T) {
 
 func TestPublishRefusesBadModels(t *testing.T) {
 	repo := Repo{Dir: t.TempDir()}
-	cases := map[string]*Sparse{
-		"duplicate": {Type: codec.TypeLR, Keys: []uint64{5, 5}, Values: []float32{1, 2}},
-		"nan":       {Type: codec.TypeLR, Keys: []uint64{5}, Values: []float32{float32(math.NaN())}},
-		"inf bias":  {Type: codec.TypeLR, Bias: math.Inf(1), Keys: []uint64{5}, Values: []float32{1}},
-		"width":     {Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{1}},
+	// Each refused for its own reason: the error names it.
+	cases := map[string]struct {
+		s    *Sparse
+		says string
+	}{
+		"duplicate": {&Sparse{Type: codec.TypeLR, Keys: []uint64{5, 5}, Values: []float32{1, 2}}, "feature id 5 appears twice"},
+		"nan":       {&Sparse{Type: codec.TypeLR, Keys: []uint64{5}, Values: []float32{float32(math.NaN())}}, "feature id 5 has a non-finite value"},
+		"inf bias":  {&Sparse{Type: codec.TypeLR, Bias: math.Inf(1), Keys: []uint64{5}, Values: []float32{1}}, "bias +Inf is not finite"},
+		"width":     {&Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{1}}, "1 values for 1 keys of width 3"},
 	}
-	for name, s := range cases {
-		if _, err := repo.Publish("m", s, 1, ""); err == nil {
-			t.Errorf("%s: accepted", name)
+	for name, c := range cases {
+		if _, err := repo.Publish("m", c.s, 1, ""); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
 	}
 	if _, err := repo.Publish("../x", smallFM(), 1, ""); err == nil {
@@ -371,29 +375,30 @@ func TestParseTSV(t *testing.T) {
 	if s.Type != codec.TypeFM || s.Dim != 2 || s.Bias != -0.5 || len(s.Keys) != 2 || s.Keys[1] != math.MaxUint64 || s.Values[5] != 3 {
 		t.Fatalf("parsed %+v", s)
 	}
-	bad := map[string]string{
-		"no type":       "1 0.5\n",
-		"wrong width":   "type fm\ndim 2\n1 0.5 0.1\n",
-		"lr with dim":   "type lr\ndim 2\n1 0.5\n",
-		"fm no dim":     "type fm\n1 0.5\n",
-		"header late":   "type lr\n1 0.5\nbias 1\n",
-		"bad number":    "type lr\n1 abc\n",
-		"duplicate":     "type lr\n1 0.5\n1 0.6\n",
-		"nan":           "type lr\n1 NaN\n",
-		"unknown":       "type lr\ncolor red\n",
-		"negative id":   "type lr\n-1 0.5\n",
-		"overflow f32":  "type lr\n1 1e39\n",
-		"unknown type":  "type dnn\n",
-		"huge dim":      "type fm\ndim 100000\n",
-		"empty":         "",
-		"bias not num":  "type lr\nbias x\n",
-		"id too large":  "type lr\n18446744073709551616 1\n",
-		"header arity":  "type lr fm\n",
-		"only comments": "# nothing\n",
+	// Each refused for its own reason: the error names it.
+	bad := map[string]struct{ text, says string }{
+		"no type":       {"1 0.5\n", "no \"type\" header before the first feature"},
+		"wrong width":   {"type fm\ndim 2\n1 0.5 0.1\n", "feature 1 has 2 values, want 3"},
+		"lr with dim":   {"type lr\ndim 2\n1 0.5\n", "an lr model takes no dim"},
+		"fm no dim":     {"type fm\n1 0.5\n", "an fm model needs a \"dim\" header"},
+		"header late":   {"type lr\n1 0.5\nbias 1\n", "\"bias\" is not a feature id (headers come first)"},
+		"bad number":    {"type lr\n1 abc\n", "parsing \"abc\""},
+		"duplicate":     {"type lr\n1 0.5\n1 0.6\n", "feature id 1 appears twice"},
+		"nan":           {"type lr\n1 NaN\n", "non-finite value"},
+		"unknown":       {"type lr\ncolor red\n", "unknown header \"color\""},
+		"negative id":   {"type lr\n-1 0.5\n", "feature id \"-1\" is not an integer"},
+		"overflow f32":  {"type lr\n1 1e39\n", "parsing \"1e39\""},
+		"unknown type":  {"type dnn\n", "type \"dnn\" is not lr or fm"},
+		"huge dim":      {"type fm\ndim 100000\n", "dim 100000 outside 1..1024"},
+		"empty":         {"", "no \"type\" header"},
+		"bias not num":  {"type lr\nbias x\n", "parsing \"x\""},
+		"id too large":  {"type lr\n18446744073709551616 1\n", "feature id \"18446744073709551616\" is not an integer"},
+		"header arity":  {"type lr fm\n", "header \"type\" wants one value"},
+		"only comments": {"# nothing\n", "no \"type\" header"},
 	}
-	for name, text := range bad {
-		if _, err := ParseTSV(strings.NewReader(text)); err == nil {
-			t.Errorf("%s: accepted", name)
+	for name, c := range bad {
+		if _, err := ParseTSV(strings.NewReader(c.text)); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
 	}
 }
@@ -511,19 +516,20 @@ func checkAgainstPredict(t *testing.T, s *Sparse, data, out, positive string) {
 
 func TestImportLIBLINEARRejects(t *testing.T) {
 	header := "solver_type L2R_LR\nnr_class 2\nlabel 1 -1\nnr_feature 2\nbias -1\nw\n"
-	cases := map[string]string{
-		"svm solver":     strings.Replace(header, "L2R_LR", "L2R_L2LOSS_SVC_DUAL", 1) + "1\n2\n",
-		"multiclass":     strings.Replace(strings.Replace(header, "nr_class 2", "nr_class 3", 1), "label 1 -1", "label 1 2 3", 1) + "1 2 3\n1 2 3\n",
-		"short weights":  header + "1\n",
-		"extra text":     header + "1\n2\n3\n",
-		"no w":           "solver_type L2R_LR\nnr_class 2\n",
-		"bad weight":     header + "1\nx\n",
-		"wrong label":    strings.Replace(header, "label 1 -1", "label 2 4", 1) + "1\n2\n",
-		"unknown header": "colour blue\n" + header + "1\n2\n",
+	// Each refused for its own reason: the error names it.
+	cases := map[string]struct{ text, says string }{
+		"svm solver":     {strings.Replace(header, "L2R_LR", "L2R_L2LOSS_SVC_DUAL", 1) + "1\n2\n", "gives no probabilities"},
+		"multiclass":     {strings.Replace(strings.Replace(header, "nr_class 2", "nr_class 3", 1), "label 1 -1", "label 1 2 3", 1) + "1 2 3\n1 2 3\n", "3 classes; only binary models"},
+		"short weights":  {header + "1\n", "1 weights, nr_feature and bias promise 2"},
+		"extra text":     {header + "1\n2\n3\n", "text after the last weight"},
+		"no w":           {"solver_type L2R_LR\nnr_class 2\n", "missing \"w\" line"},
+		"bad weight":     {header + "1\nx\n", "line 8: strconv.ParseFloat: parsing \"x\""},
+		"wrong label":    {strings.Replace(header, "label 1 -1", "label 2 4", 1) + "1\n2\n", "positive label \"1\" is not one of the model's labels"},
+		"unknown header": {"colour blue\n" + header + "1\n2\n", "unknown header \"colour\""},
 	}
-	for name, text := range cases {
-		if _, err := ImportLIBLINEAR(strings.NewReader(text), "1"); err == nil {
-			t.Errorf("%s: accepted", name)
+	for name, c := range cases {
+		if _, err := ImportLIBLINEAR(strings.NewReader(c.text), "1"); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
 	}
 }
@@ -561,15 +567,18 @@ func TestPublishDelta(t *testing.T) {
 	if found != 2 {
 		t.Errorf("%d records, want 2", found)
 	}
-	refusals := map[string]Delta{
-		"shape":          {Upserts: &Sparse{Type: codec.TypeLR, Keys: []uint64{1}, Values: []float32{1}}},
-		"change+delete":  {Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{1, 2, 3}}, Deletes: []uint64{5}},
-		"non-finite":     {Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{float32(math.NaN()), 0, 0}}},
-		"duplicate keys": {Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5, 5}, Values: make([]float32, 6)}},
+	refusals := map[string]struct {
+		d    Delta
+		says string
+	}{
+		"shape":          {Delta{Upserts: &Sparse{Type: codec.TypeLR, Keys: []uint64{1}, Values: []float32{1}}}, "delta is lr dim 0; m version 2 is fm dim 2"},
+		"change+delete":  {Delta{Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{1, 2, 3}}, Deletes: []uint64{5}}, "both changes and deletes feature 5"},
+		"non-finite":     {Delta{Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{float32(math.NaN()), 0, 0}}}, "non-finite value"},
+		"duplicate keys": {Delta{Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5, 5}, Values: make([]float32, 6)}}, "feature id 5 appears twice"},
 	}
-	for name, d := range refusals {
-		if _, err := repo.PublishDelta("m", d); err == nil {
-			t.Errorf("%s: accepted", name)
+	for name, c := range refusals {
+		if _, err := repo.PublishDelta("m", c.d); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
 	}
 	// A broken chain is refused, naming the missing parent.

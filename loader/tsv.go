@@ -38,6 +38,10 @@ func ParseTSV(r io.Reader) (*Sparse, error) {
 			continue
 		}
 		id, idErr := strconv.ParseUint(f[0], 10, 64)
+		if c := f[0][0]; idErr != nil && (c >= '0' && c <= '9' || c == '-' || c == '+') {
+			// A number, but not a feature id: say so, not "unknown header".
+			return nil, fmt.Errorf("loader: tsv: line %d: feature id %q is not an integer in 0..2^64-1", line, f[0])
+		}
 		if idErr != nil {
 			if inBody {
 				return nil, fmt.Errorf("loader: tsv: line %d: %q is not a feature id (headers come first)", line, f[0])
