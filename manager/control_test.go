@@ -276,3 +276,42 @@ func TestUnreadableManifestReported(t *testing.T) {
 		return nil
 	})
 }
+
+// TestUnwrittenCommandNotShown: a command whose result cannot be written
+// is reported as such and is not shown, nor written later, as in force.
+func TestUnwrittenCommandNotShown(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	for _, scale := range []float32{1, 2} {
+		if _, err := repo.Publish("m", lrModel(scale), 4, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fakeShards(t, cli, "s0")
+	own, err := clientv3.New(clientv3.Config{Endpoints: cli.Endpoints(), DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: own, ScanInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if a := m.State().Models["m"]; a == nil || a.Live != 2 {
+			return errors.New("not live yet")
+		}
+		return nil
+	})
+	own.Close() // the manager's etcd is gone
+	err = m.Do(context.Background(), manager.Command{Op: manager.OpPin, Model: "m", Version: 1})
+	if !errors.Is(err, manager.ErrUnconfirmed) && !errors.Is(err, manager.ErrNotLeader) {
+		t.Fatalf("pin with etcd gone: %v, want not confirmed (or not leading)", err)
+	}
+	if st := m.State().Models["m"]; st.Pin != 0 || st.Live != 2 {
+		t.Fatalf("an unwritten pin is shown: pin %d live %d", st.Pin, st.Live)
+	}
+	if got := published(t, cli, "m"); got.Live != 2 {
+		t.Fatalf("map says live %d", got.Live)
+	}
+}

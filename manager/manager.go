@@ -145,9 +145,11 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 			}
 		}
 	}
-	models, err := m.st.load(ctx)
+	lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+	models, err := m.st.load(lctx)
+	lcancel()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (is etcd reachable at the given endpoints?)", err)
 	}
 	m.persisted = &State{Models: models}
 	m.view.Store(m.persisted)
@@ -363,7 +365,11 @@ func (m *Manager) refresh(ctx context.Context) bool {
 		slog.Error("manager: reading the state from etcd", "err", err)
 		return false
 	}
-	slog.Warn("manager: the state in etcd was written by another manager (or by a write whose answer was lost); following it")
+	if m.leading.Load() {
+		slog.Warn("manager: the state in etcd was written by another manager (or by a write whose answer was lost); following it")
+	} else {
+		slog.Debug("manager: following the leading manager's state")
+	}
 	fresh := &State{Models: models, Shards: m.view.Load().Shards}
 	m.view.Store(fresh)
 	m.persisted = fresh
@@ -427,10 +433,12 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 		if !errors.Is(err, ErrStale) || attempt == maxApply {
 			// Whether a write that timed out took effect is unknown: show
 			// what etcd holds, or the last state known to be written.
+			// The decision is dropped (a later event decides again), and the
+			// view shows what etcd holds: the last state written, or a newer
+			// one if the write took effect after all.
 			slog.Error("manager: not persisted; showing what etcd holds", "event", fmt.Sprintf("%T", ev), "err", err)
-			if !m.refresh(ctx) {
-				m.view.Store(m.persisted)
-			}
+			m.view.Store(m.persisted)
+			m.refresh(ctx)
 			return fmt.Errorf("%w: %v", ErrUnconfirmed, err)
 		}
 		m.metrics.conflicts.Inc()

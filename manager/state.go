@@ -227,7 +227,7 @@ var (
 	ErrNotFound    = errors.New("manager: not found")
 	ErrConflict    = errors.New("manager: conflict")
 	ErrInvalid     = errors.New("manager: invalid request")
-	ErrUnconfirmed = errors.New("manager: not confirmed: the result could not be written to etcd; what is shown is what etcd holds")
+	ErrUnconfirmed = errors.New("manager: not confirmed: the write to etcd failed or did not answer in time, and may still take effect; check show and audit before retrying")
 )
 
 // Decide applies one event to the state: a pure, deterministic function
@@ -270,6 +270,9 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 		result := "ok"
 		if m := n.Models[c.Model]; m != nil {
 			result = fmt.Sprintf("ok: live %d", m.Live)
+			if m.Live == 0 {
+				result = "ok: nothing live yet"
+			}
 			if m.Staged != 0 {
 				result += fmt.Sprintf(", staged %d", m.Staged)
 			}
@@ -484,7 +487,14 @@ func (s *State) settle(m *ModelState, p Policy) {
 	}
 	trusted := s.trusted(m)
 	assign := Assign(m.Name, m.Partitions, trusted, p.Replicas)
-	target := m.target()
+	if lv := m.version(m.Live); lv != nil && lv.Gone {
+		if s.servable(m, m.Live) {
+			lv.Reason = "removed from the repository; still served by the shards that hold it"
+		} else {
+			lv.Reason = "removed from the repository and no longer held whole by the shards: the newest other valid version takes over"
+		}
+	}
+	target := m.target(s.servable(m, m.Live))
 	if m.Staged != 0 && m.Staged != target {
 		if v := m.version(m.Staged); v != nil && v.Phase == PhaseStaging {
 			v.Phase = PhaseReady
@@ -563,9 +573,12 @@ func resolve(m *ModelState) {
 // target is the version that should be live: the pin while it is valid
 // and in the repository, else the newest valid version in the repository;
 // 0 when none. A live version whose directory was removed stays the
-// target until a newer one is valid: removing files is no way to roll
-// back (that is what rollback is for), and shards still hold it.
-func (m *ModelState) target() uint64 {
+// target while liveServable (shards still hold every partition of it)
+// and no newer one is valid: removing files is no way to roll back (that
+// is what rollback is for). Once shards no longer hold it whole (one
+// died, and none can load it again), the newest other valid version takes
+// over rather than leave the model down.
+func (m *ModelState) target(liveServable bool) uint64 {
 	if m.Pin != 0 {
 		if v := m.version(m.Pin); v != nil && v.Phase.valid() && !v.Gone {
 			return m.Pin
@@ -573,11 +586,27 @@ func (m *ModelState) target() uint64 {
 		return m.Live
 	}
 	for i := len(m.Versions) - 1; i >= 0; i-- {
-		if v := &m.Versions[i]; v.Phase.valid() && (!v.Gone || v.Version == m.Live) {
+		if v := &m.Versions[i]; v.Phase.valid() && (!v.Gone || v.Version == m.Live && liveServable) {
 			return v.Version
 		}
 	}
 	return m.Live
+}
+
+// servable reports whether every partition of version v has a trusted
+// shard reporting it with the validated content (any report, however
+// old: this asks whether anyone still has it, not whether to hand over).
+func (s *State) servable(m *ModelState, v uint64) bool {
+	x := m.version(v)
+	if x == nil || x.Info == nil {
+		return false
+	}
+	for p, id := range x.Info.IDs {
+		if !slices.ContainsFunc(s.trusted(m), func(sid string) bool { return s.Shards[sid].Holds(m.Name, v, uint32(p), id) }) {
+			return false
+		}
+	}
+	return true
 }
 
 // commit makes v live; the previous live version becomes standby (or is

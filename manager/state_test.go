@@ -26,11 +26,14 @@ type sim struct {
 	parent map[uint64]uint64 // delta → parent
 	files  map[uint64]string // version → fingerprint
 	shards map[string]topo.ShardInfo
+	// removed versions' files are gone: shards cannot load them again
+	removed map[uint64]bool
 }
 
 func newSim(t *testing.T, p Policy) *sim {
 	return &sim{t: t, s: &State{Models: map[string]*ModelState{}}, p: p, parts: 4,
-		broken: map[uint64]string{}, parent: map[uint64]uint64{}, files: map[uint64]string{}, shards: map[string]topo.ShardInfo{}}
+		broken: map[uint64]string{}, parent: map[uint64]uint64{}, files: map[uint64]string{}, shards: map[string]topo.ShardInfo{},
+		removed: map[uint64]bool{}}
 }
 
 func (x *sim) do(ev Event) error {
@@ -108,6 +111,15 @@ func (x *sim) load(only ...string) {
 		}
 		si := topo.ShardInfo{Schema: topo.Schema, ID: id, Applied: map[string]uint64{"m": a.Seq}}
 		for _, v := range a.Kept() {
+			if x.removed[v] {
+				// what it held of a removed version it keeps; it cannot load more
+				for _, l := range x.shards[id].Loaded {
+					if l.Version == v {
+						si.Loaded = append(si.Loaded, l)
+					}
+				}
+				continue
+			}
 			l := topo.Loaded{Model: "m", Version: v}
 			for p, reps := range a.Replicas {
 				if slices.Contains(reps, id) {
@@ -470,6 +482,23 @@ func TestDecideChains(t *testing.T) {
 	}
 	if x.phase(6) != PhaseStandby {
 		t.Fatalf("abandoned rollback target: %s, want standby", x.phase(6))
+	}
+	// The removed live version 7 stays live while shards hold it whole.
+	// Once they do not (a shard died; none can load 7 again), the newest
+	// other valid version takes over rather than leave the model down.
+	if v := x.s.Models["m"].version(7); !strings.Contains(v.Reason, "still served") {
+		t.Fatalf("removed live version: %+v", v)
+	}
+	x.removed[7] = true
+	si = x.shards["s0"]
+	si.Loaded = slices.DeleteFunc(slices.Clone(si.Loaded), func(l topo.Loaded) bool { return l.Version == 7 })
+	x.shards["s0"] = si
+	x.report()
+	x.expect(7, 6)
+	x.settleAll() // the shard loads 6 again
+	x.expect(6, 0)
+	if x.s.Models["m"].version(7) != nil {
+		t.Fatal("the removed version is remembered after it stopped being live")
 	}
 }
 
