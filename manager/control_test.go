@@ -67,6 +67,19 @@ func fakeShards(t *testing.T, cli *clientv3.Client, ids ...string) {
 	}
 }
 
+// repoWith is a fresh repository holding versions 1..n of model m
+// (version v is lrModel(v)), in 4 partitions.
+func repoWith(t *testing.T, n int) loader.Repo {
+	t.Helper()
+	repo := loader.Repo{Dir: t.TempDir()}
+	for v := 1; v <= n; v++ {
+		if _, err := repo.Publish("m", lrModel(float32(v)), 4, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return repo
+}
+
 func lrModel(scale float32) *loader.Sparse {
 	m := &loader.Sparse{Type: codec.TypeLR}
 	for k := uint64(1); k <= 100; k++ {
@@ -114,10 +127,7 @@ func startWith(t *testing.T, cli *clientv3.Client, repo loader.Repo, live uint64
 // either: TestStaleWriterRefused.)
 func TestSecondManager(t *testing.T) {
 	cli := testenv.Etcd(t)
-	repo := loader.Repo{Dir: t.TempDir()}
-	if _, err := repo.Publish("m", lrModel(1), 4, ""); err != nil {
-		t.Fatal(err)
-	}
+	repo := repoWith(t, 1)
 	fakeShards(t, cli, "s0", "s1")
 	a := startWith(t, cli, repo, 1)
 	testenv.Eventually(t, 10*time.Second, func() error {
@@ -184,12 +194,7 @@ func TestSecondManager(t *testing.T) {
 // time and none is lost: each is answered, and each is in the audit log.
 func TestConcurrentAdminCalls(t *testing.T) {
 	cli := testenv.Etcd(t)
-	repo := loader.Repo{Dir: t.TempDir()}
-	for _, scale := range []float32{1, 2} {
-		if _, err := repo.Publish("m", lrModel(scale), 4, ""); err != nil {
-			t.Fatal(err)
-		}
-	}
+	repo := repoWith(t, 2)
 	fakeShards(t, cli, "s0")
 	m := startWith(t, cli, repo, 2)
 	adm, err := m.ServeAdmin(manager.AdminOptions{Addr: "127.0.0.1:0", Token: "t"})
@@ -245,13 +250,7 @@ func TestConcurrentAdminCalls(t *testing.T) {
 // is validated again on a rescan and served.
 func TestUnreadableManifestReported(t *testing.T) {
 	cli := testenv.Etcd(t)
-	repo := loader.Repo{Dir: t.TempDir()}
-	if _, err := repo.Publish("m", lrModel(1), 4, ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := repo.Publish("m", lrModel(2), 4, ""); err != nil {
-		t.Fatal(err)
-	}
+	repo := repoWith(t, 2)
 	manifest := filepath.Join(repo.VersionDir("m", 2), codec.ManifestName)
 	good, _ := os.ReadFile(manifest)
 	os.WriteFile(manifest, []byte(`{"format": 1, "name": "m",`), 0o644)
@@ -281,12 +280,7 @@ func TestUnreadableManifestReported(t *testing.T) {
 // is reported as such and is not shown, nor written later, as in force.
 func TestUnwrittenCommandNotShown(t *testing.T) {
 	cli := testenv.Etcd(t)
-	repo := loader.Repo{Dir: t.TempDir()}
-	for _, scale := range []float32{1, 2} {
-		if _, err := repo.Publish("m", lrModel(scale), 4, ""); err != nil {
-			t.Fatal(err)
-		}
-	}
+	repo := repoWith(t, 2)
 	fakeShards(t, cli, "s0")
 	own, err := clientv3.New(clientv3.Config{Endpoints: cli.Endpoints(), DialTimeout: 5 * time.Second})
 	if err != nil {
