@@ -487,14 +487,16 @@ func (s *State) settle(m *ModelState, p Policy) {
 	}
 	trusted := s.trusted(m)
 	assign := Assign(m.Name, m.Partitions, trusted, p.Replicas)
+	liveServable := true // only a removed live version can stop being so (nobody can load it again)
 	if lv := m.version(m.Live); lv != nil && lv.Gone {
-		if s.servable(m, m.Live) {
+		liveServable = s.servable(m, m.Live, trusted)
+		if liveServable {
 			lv.Reason = "removed from the repository; still served by the shards that hold it"
 		} else {
 			lv.Reason = "removed from the repository and no longer held whole by the shards: the newest other valid version takes over"
 		}
 	}
-	target := m.target(s.servable(m, m.Live))
+	target := m.target(liveServable)
 	if m.Staged != 0 && m.Staged != target {
 		if v := m.version(m.Staged); v != nil && v.Phase == PhaseStaging {
 			v.Phase = PhaseReady
@@ -593,16 +595,16 @@ func (m *ModelState) target(liveServable bool) uint64 {
 	return m.Live
 }
 
-// servable reports whether every partition of version v has a trusted
-// shard reporting it with the validated content (any report, however
+// servable reports whether every partition of version v has one of the
+// trusted shards reporting it with the validated content (any report, however
 // old: this asks whether anyone still has it, not whether to hand over).
-func (s *State) servable(m *ModelState, v uint64) bool {
+func (s *State) servable(m *ModelState, v uint64, trusted []string) bool {
 	x := m.version(v)
 	if x == nil || x.Info == nil {
 		return false
 	}
 	for p, id := range x.Info.IDs {
-		if !slices.ContainsFunc(s.trusted(m), func(sid string) bool { return s.Shards[sid].Holds(m.Name, v, uint32(p), id) }) {
+		if !slices.ContainsFunc(trusted, func(sid string) bool { return s.Shards[sid].Holds(m.Name, v, uint32(p), id) }) {
 			return false
 		}
 	}
