@@ -175,6 +175,15 @@ func PartitionIdentity(chain []*Manifest, p uint32) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// ChainVersions lists the versions of a chain's manifests, in its order.
+func ChainVersions(chain []*Manifest) []uint64 {
+	out := make([]uint64, len(chain))
+	for i, m := range chain {
+		out[i] = m.Version
+	}
+	return out
+}
+
 // Identities is PartitionIdentity for every partition.
 func Identities(chain []*Manifest) []string {
 	if len(chain) == 0 {

@@ -98,7 +98,7 @@ type Manager struct {
 	elected  chan bool     // the election's news: true on winning, false on losing
 	stopped  chan struct{} // closed when the loop returns
 	leading  atomic.Bool   // whether this manager acts (loop goroutine writes)
-	results  chan Event    // from the validator; unbuffered, so it never runs ahead of what the loop has applied
+	results  chan Event    // from the validator, one version at a time
 	queue    validateQueue
 	cancel   context.CancelFunc
 	done     sync.WaitGroup

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"slices"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -74,19 +73,13 @@ func validate(repo loader.Repo, v Validate) Checked {
 		out.Err = err.Error()
 		return out
 	}
+	// The manifests are valid (Repo.Chain parses them): their type is one
+	// routers score.
 	m := chain[0]
-	info := &topo.VersionInfo{Version: m.Version, Type: m.Type, Dim: m.Dim, Bias: m.Bias, Encoding: m.Encoding,
-		Hash: m.Hash, IDs: codec.Identities(chain)}
-	for _, c := range chain {
-		info.Chain = append(info.Chain, c.Version)
-	}
+	out.Info = &topo.VersionInfo{Version: m.Version, Type: m.Type, Dim: m.Dim, Bias: m.Bias, Encoding: m.Encoding,
+		Hash: m.Hash, IDs: codec.Identities(chain), Chain: codec.ChainVersions(chain)}
 	for _, f := range m.Files {
 		out.Bytes += f.Size
 	}
-	if !slices.Contains([]string{codec.TypeLR, codec.TypeFM}, m.Type) {
-		out.Err = fmt.Sprintf("model type %q is not served", m.Type)
-		return out
-	}
-	out.Info = info
 	return out
 }

@@ -425,7 +425,7 @@ func (s *State) command(c Command) ([]Action, error) {
 		v := m.version(c.Version)
 		switch {
 		case v == nil:
-			return nil, fmt.Errorf("%w: model %s has no version %d in the repository (versions: %s)", ErrConflict, m.Name, c.Version, list(m.versionsWhere(func(*Version) bool { return true })))
+			return nil, fmt.Errorf("%w: model %s has no version %d in the repository (versions: %s)", ErrConflict, m.Name, c.Version, list(m.numbers()))
 		case !v.Phase.valid():
 			why := v.Reason
 			if why == "" {
@@ -454,12 +454,11 @@ func (s *State) command(c Command) ([]Action, error) {
 	return nil, nil
 }
 
-func (m *ModelState) versionsWhere(keep func(*Version) bool) []uint64 {
-	var out []uint64
-	for i := range m.Versions {
-		if keep(&m.Versions[i]) {
-			out = append(out, m.Versions[i].Version)
-		}
+// numbers lists the versions m knows, ascending.
+func (m *ModelState) numbers() []uint64 {
+	out := make([]uint64, len(m.Versions))
+	for i, v := range m.Versions {
+		out[i] = v.Version
 	}
 	return out
 }

@@ -92,7 +92,8 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		s.refuse(vkey, err)
 		return
 	}
-	if err := matchesMap(chain, a, info); err != nil {
+	versions := codec.ChainVersions(chain)
+	if err := matchesMap(chain, versions, a, info); err != nil {
 		// Another repository, or one changed since the manager validated
 		// it: say what this shard would have served, so the manager stops
 		// assigning it the model.
@@ -105,10 +106,6 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		s.mismatched[vkey] = wrong
 		s.refuse(vkey, err)
 		return
-	}
-	versions := make([]uint64, len(chain))
-	for i, c := range chain {
-		versions[i] = c.Version
 	}
 	var wrong topo.Loaded
 	for _, p := range missing {
@@ -150,13 +147,10 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 	delete(s.mismatched, vkey)
 }
 
-// matchesMap checks a version's chain against the map's record of it.
-func matchesMap(chain []*codec.Manifest, a topo.Assignment, info *topo.VersionInfo) error {
+// matchesMap checks a version's chain (got: its versions) against the
+// map's record of it.
+func matchesMap(chain []*codec.Manifest, got []uint64, a topo.Assignment, info *topo.VersionInfo) error {
 	m := chain[0]
-	var got []uint64
-	for _, c := range chain {
-		got = append(got, c.Version)
-	}
 	switch {
 	case m.Partitions != a.Partitions:
 		return fmt.Errorf("shard: manifest has %d partitions, the serving map %d", m.Partitions, a.Partitions)

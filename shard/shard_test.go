@@ -48,11 +48,8 @@ func putMap(t *testing.T, cli *clientv3.Client, repo loader.Repo, parts uint32, 
 		if err != nil {
 			t.Fatal(err)
 		}
-		info := topo.VersionInfo{Version: v, Type: chain[0].Type, Dim: chain[0].Dim, Bias: chain[0].Bias, Hash: chain[0].Hash, IDs: codec.Identities(chain)}
-		for _, c := range chain {
-			info.Chain = append(info.Chain, c.Version)
-		}
-		a.Versions = append(a.Versions, info)
+		a.Versions = append(a.Versions, topo.VersionInfo{Version: v, Type: chain[0].Type, Dim: chain[0].Dim, Bias: chain[0].Bias,
+			Hash: chain[0].Hash, IDs: codec.Identities(chain), Chain: codec.ChainVersions(chain)})
 	}
 	b, _ := json.Marshal(a)
 	if _, err := cli.Put(context.Background(), topo.DefaultCluster.ModelKey("m"), string(b)); err != nil {
