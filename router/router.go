@@ -148,14 +148,18 @@ func (r *Router) watch(ctx context.Context) {
 	defer watcher.Wait() // after ctx ends, the watch returns
 	// One watch over the whole cluster prefix: etcd delivers its events in
 	// revision order, so when the router sees the manager commit a version
-	// it has already seen the shard reports the manager committed on.
+	// it has already seen the shard reports the manager committed on. The
+	// manager's own state under the same prefix is not kept.
 	// (Two watches, one per prefix, could show the commit first and leave
 	// the router without a complete live version for a moment.)
 	c := r.opts.Cluster
 	watcher.Add(1)
 	go func() {
 		defer watcher.Done()
-		topo.Watch(ctx, r.opts.Etcd, c.Prefix(), func(kv map[string][]byte, rev int64) {
+		serving := func(k string) bool {
+			return strings.HasPrefix(k, c.ShardsPrefix()) || strings.HasPrefix(k, c.ModelsPrefix())
+		}
+		topo.WatchKeys(ctx, r.opts.Etcd, c.Prefix(), serving, func(kv map[string][]byte, rev int64) {
 			shards, models := map[string][]byte{}, map[string][]byte{}
 			for k, v := range kv {
 				switch {

@@ -78,3 +78,42 @@ func TestRegisterRefusesTakenKey(t *testing.T) {
 	}
 	second.Close()
 }
+
+// WatchKeys holds only the keys it is told to keep, yet reports the
+// revision of every change under the prefix.
+func TestWatchKeysKeepsOnlyAsked(t *testing.T) {
+	cli := testenv.Etcd(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type snap struct {
+		kv  map[string][]byte
+		rev int64
+	}
+	snaps := make(chan snap, 100)
+	keep := func(k string) bool { return strings.HasPrefix(k, DefaultCluster.ShardsPrefix()) }
+	go WatchKeys(ctx, cli, DefaultCluster.Prefix(), keep, func(kv map[string][]byte, rev int64) { snaps <- snap{kv, rev} })
+	<-snaps
+	if _, err := cli.Put(ctx, DefaultCluster.ShardKey("a"), "kept"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Put(ctx, DefaultCluster.ManagerPrefix()+"guard", "not kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for {
+			select {
+			case s := <-snaps:
+				if s.rev < resp.Header.Revision {
+					continue
+				}
+				if len(s.kv) != 1 || string(s.kv[DefaultCluster.ShardKey("a")]) != "kept" {
+					t.Fatalf("held %v, want only the shard key", s.kv)
+				}
+				return nil
+			default:
+				return errors.New("the second change not seen yet")
+			}
+		}
+	})
+}

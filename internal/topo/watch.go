@@ -14,6 +14,13 @@ import (
 // until ctx ends. fn runs on Watch's goroutine and must not keep the map. A broken or compacted watch starts
 // over from a fresh read, so fn always sees a consistent state.
 func Watch(ctx context.Context, cli *clientv3.Client, prefix string, fn func(kv map[string][]byte, rev int64)) {
+	WatchKeys(ctx, cli, prefix, nil, fn)
+}
+
+// WatchKeys is Watch keeping only the keys keep accepts (all when keep is
+// nil): one watch, in etcd's revision order, over keys a prefix shares
+// with others the caller need not hold or copy.
+func WatchKeys(ctx context.Context, cli *clientv3.Client, prefix string, keep func(key string) bool, fn func(kv map[string][]byte, rev int64)) {
 	for ctx.Err() == nil {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
 		if err != nil {
@@ -25,7 +32,9 @@ func Watch(ctx context.Context, cli *clientv3.Client, prefix string, fn func(kv 
 		}
 		state := make(map[string][]byte, len(resp.Kvs))
 		for _, kv := range resp.Kvs {
-			state[string(kv.Key)] = kv.Value
+			if keep == nil || keep(string(kv.Key)) {
+				state[string(kv.Key)] = kv.Value
+			}
 		}
 		fn(maps.Clone(state), resp.Header.Revision)
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
@@ -35,6 +44,9 @@ func Watch(ctx context.Context, cli *clientv3.Client, prefix string, fn func(kv 
 				break
 			}
 			for _, ev := range wr.Events {
+				if keep != nil && !keep(string(ev.Kv.Key)) {
+					continue
+				}
 				if ev.Type == clientv3.EventTypeDelete {
 					delete(state, string(ev.Kv.Key))
 				} else {
