@@ -17,11 +17,16 @@
 // expects. One watch covers the whole cluster prefix, so shard reports and
 // the map arrive in etcd's revision order.
 //
-// A shard call answered FailedPrecondition, Unavailable or Canceled is
-// asked again of another replica; failing that, the request runs again on
-// the next routing table (Predict, lookup).
+// A shard call answered FailedPrecondition, Unavailable, ResourceExhausted
+// or Canceled is asked again of another replica; failing that, a request
+// whose shards answered FailedPrecondition (the table lags the cluster)
+// runs again on the next routing table, and any other fails at once
+// (Predict, lookup).
 //
-// Errors wrap one of ErrInvalidArgument, ErrNotFound, ErrUnavailable.
+// Deadlines: a request's is the shorter of its context's and
+// DefaultTimeout, and travels with every shard call. Errors wrap one of
+// ErrInvalidArgument, ErrNotFound, ErrUnavailable, ErrDeadlineExceeded,
+// ErrResourceExhausted, ErrInternal (errors.go), or context.Canceled.
 // Memory: the caller owns the Request; the Response is new per call.
 //
 // Tests: router_test.go runs the whole path on a dev cluster (real etcd,

@@ -36,11 +36,12 @@ type Options struct {
 	Cluster topo.Cluster
 	// Limits bound each request.
 	Limits Limits
-	// FanoutWorkers bounds concurrent shard calls across all requests
-	// (admission control). Default 512.
+	// FanoutWorkers is the number of pooled goroutines making shard
+	// calls; past it, a call gets a goroutine of its own (admission is the
+	// front's, see server.Options). Default 512.
 	FanoutWorkers int
-	// DefaultTimeout applies to requests that carry no deadline.
-	// Default 1s.
+	// DefaultTimeout bounds every request: its deadline is the shorter of
+	// its own and this. Default 1s.
 	DefaultTimeout time.Duration
 	// Dial connects to a shard. Default: gRPC without TLS. Tests use it
 	// to wrap shards with controllable faults.
@@ -99,7 +100,8 @@ func Start(ctx context.Context, opts Options) (*Router, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	pool, err := ants.NewPool(opts.FanoutWorkers)
+	// Non-blocking: a request never waits for a pooled worker.
+	pool, err := ants.NewPool(opts.FanoutWorkers, ants.WithNonblocking(true))
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
@@ -328,26 +330,28 @@ const maxAttempts = 3
 // router has seen the news). A shard then answers FailedPrecondition and
 // its partitions are asked of another replica; if none has them, the
 // request waits for the next routing table and runs again, within its
-// deadline and at most maxAttempts times.
+// deadline and at most maxAttempts times. A partition none of whose
+// replicas can be reached fails the request at once (ErrUnavailable):
+// waiting would only spend the caller's deadline.
+//
+// The request's deadline is the shorter of ctx's and DefaultTimeout; it
+// reaches every shard call, and a missed one is ErrDeadlineExceeded.
 func (r *Router) Predict(ctx context.Context, req *Request) (*Response, error) {
 	if err := req.Validate(r.opts.Limits); err != nil {
 		return nil, err
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.opts.DefaultTimeout)
-		defer cancel()
-	}
+	ctx, cancel := context.WithTimeout(ctx, r.opts.DefaultTimeout)
+	defer cancel()
 	t := r.tab.Load()
 	for attempt := 1; ; attempt++ {
 		resp, err := r.predict(ctx, t, req)
-		if err == nil || attempt == maxAttempts || !retryable(ctx, err) {
+		if err == nil || attempt == maxAttempts || ctx.Err() != nil || status.Code(err) != codes.FailedPrecondition {
 			return resp, err
 		}
 		select {
 		case <-t.replaced:
 		case <-ctx.Done():
-			return nil, err
+			return nil, ctxError(ctx, "a routing table where every partition is held")
 		}
 		r.retries.WithLabelValues("table").Inc()
 		t = r.tab.Load()
@@ -439,9 +443,9 @@ func (r *Router) predict(ctx context.Context, t *table, req *Request) (*Response
 			continue
 		}
 		wg.Add(1)
-		if err := r.pool.Submit(func() { defer wg.Done(); r.lookup(ctx, vr, w, c) }); err != nil {
-			wg.Done()
-			c.err = err
+		f := func() { defer wg.Done(); r.lookup(ctx, vr, w, c) }
+		if r.pool.Submit(f) != nil {
+			go f() // every pooled worker is busy
 		}
 	}
 	wg.Wait()
@@ -497,15 +501,16 @@ func (r *Router) lookup(ctx context.Context, vr *versionRoute, w *work, c *call)
 
 // retryable reports whether err from one shard may be answered by
 // another replica: the shard does not hold what was asked (codes.
-// FailedPrecondition), could not be reached (codes.Unavailable), or left
-// while asked, its connection closed under the call (codes.Canceled while
-// the request itself is not); and the request still has time.
+// FailedPrecondition), could not be reached (codes.Unavailable), is at
+// its bound of work in flight (codes.ResourceExhausted), or left while
+// asked, its connection closed under the call (codes.Canceled while the
+// request itself is not); and the request still has time.
 func retryable(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
 		return false
 	}
 	switch status.Code(err) {
-	case codes.FailedPrecondition, codes.Unavailable, codes.Canceled:
+	case codes.FailedPrecondition, codes.Unavailable, codes.ResourceExhausted, codes.Canceled:
 		return true
 	}
 	return false
@@ -530,12 +535,7 @@ func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, b *backend,
 	if err != nil {
 		outcome = "error"
 		rb.buf = nil // the transport may still hold it after an early error
-		if status.Code(err) == codes.InvalidArgument {
-			// The router built this request: a shard refusing it is a bug
-			// or version skew, not the caller's fault.
-			return fmt.Errorf("router: %w: shard %s refused a lookup: %w", ErrUnavailable, b.id, err)
-		}
-		return fmt.Errorf("router: %w: shard %s: %w", ErrUnavailable, b.id, err)
+		return shardError(ctx, b.id, err)
 	}
 	var resp codec.LookupResponse
 	width := vr.width()

@@ -195,13 +195,48 @@ func TestScaleOutNeverFails(t *testing.T) {
 type faulty struct {
 	svc  shard.Service
 	fail atomic.Uint32 // a codes.Code
+	hang atomic.Bool   // answer only when the caller gives up
 }
 
 func (f *faulty) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 	if c := codes.Code(f.fail.Load()); c != codes.OK {
 		return nil, status.Error(c, "injected fault")
 	}
+	if f.hang.Load() {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	return f.svc.Lookup(ctx, req)
+}
+
+// faultyCluster serves an FM model from two shards holding every
+// partition each, reached through faulty wrappers: fault(i) is shard i's.
+func faultyCluster(t *testing.T, reg *prometheus.Registry) (c *devcluster.Cluster, m *loader.Sparse, fault func(i int) *faulty) {
+	repoDir := t.TempDir()
+	m = randomModel(codec.TypeFM, 4, 3000, 31)
+	if _, err := (loader.Repo{Dir: repoDir}).Publish("fm", m, 6, "test"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	faults := map[string]*faulty{}
+	c = devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, Replicas: 2, ScanInterval: time.Hour, Registry: reg,
+		Router: router.Options{Dial: func(addr string) (shard.Service, io.Closer, error) {
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, nil, err
+			}
+			f := &faulty{svc: shard.NewClient(conn)}
+			mu.Lock()
+			faults[addr] = f
+			mu.Unlock()
+			return f, conn, nil
+		}}})
+	fault = func(i int) *faulty {
+		mu.Lock()
+		defer mu.Unlock()
+		return faults[c.Shards[i].Addr()]
+	}
+	return c, m, fault
 }
 
 // retries reads cumulus_router_retries_total{kind}.
@@ -231,31 +266,8 @@ func retries(t *testing.T, reg *prometheus.Registry, kind string) float64 {
 // on the other replica, not a failed request; with every replica failing,
 // the request fails as unavailable within its deadline.
 func TestRetryOtherReplica(t *testing.T) {
-	repoDir := t.TempDir()
-	m := randomModel(codec.TypeFM, 4, 3000, 31)
-	if _, err := (loader.Repo{Dir: repoDir}).Publish("fm", m, 6, "test"); err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	faults := map[string]*faulty{}
 	reg := prometheus.NewRegistry()
-	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, Replicas: 2, ScanInterval: time.Hour, Registry: reg,
-		Router: router.Options{Dial: func(addr string) (shard.Service, io.Closer, error) {
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				return nil, nil, err
-			}
-			f := &faulty{svc: shard.NewClient(conn)}
-			mu.Lock()
-			faults[addr] = f
-			mu.Unlock()
-			return f, conn, nil
-		}}})
-	fault := func(i int) *faulty {
-		mu.Lock()
-		defer mu.Unlock()
-		return faults[c.Shards[i].Addr()]
-	}
+	c, m, fault := faultyCluster(t, reg)
 	ref := reference.New(m)
 	rng := rand.New(rand.NewPCG(31, 31))
 	for _, code := range []codes.Code{codes.FailedPrecondition, codes.Unavailable} {
@@ -292,4 +304,53 @@ func TestRetryOtherReplica(t *testing.T) {
 		t.Fatalf("after the faults cleared: %v", err)
 	}
 	checkScores(t, ref, req, resp)
+}
+
+// TestShardErrorsKeepTheirCodes: with every replica failing, the request
+// fails with what the shards' failure means to the caller: a missed
+// deadline is DeadlineExceeded, overload ResourceExhausted, an internal
+// failure Internal; unreachable replicas fail it Unavailable at once, not
+// when its deadline runs out.
+func TestShardErrorsKeepTheirCodes(t *testing.T) {
+	c, m, fault := faultyCluster(t, prometheus.NewRegistry())
+	rng := rand.New(rand.NewPCG(32, 32))
+	req := randomRequest(rng, "fm", m, 30, 10, 3)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		_, err := c.Router.Predict(context.Background(), req)
+		return err
+	})
+	for _, tc := range []struct {
+		code codes.Code
+		want error
+	}{
+		{codes.Unavailable, router.ErrUnavailable},
+		{codes.ResourceExhausted, router.ErrResourceExhausted},
+		{codes.Internal, router.ErrInternal},
+		{codes.InvalidArgument, router.ErrInternal}, // the router built the request
+	} {
+		fault(0).fail.Store(uint32(tc.code))
+		fault(1).fail.Store(uint32(tc.code))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err := c.Router.Predict(ctx, req)
+		if !errors.Is(err, tc.want) {
+			t.Errorf("every replica answering %v: %v, want %v", tc.code, err, tc.want)
+		}
+		if ctx.Err() != nil {
+			t.Errorf("every replica answering %v: the request waited out its deadline", tc.code)
+		}
+		cancel()
+	}
+	fault(0).fail.Store(uint32(codes.OK))
+	fault(1).fail.Store(uint32(codes.OK))
+	fault(0).hang.Store(true)
+	fault(1).hang.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := c.Router.Predict(ctx, req); !errors.Is(err, router.ErrDeadlineExceeded) {
+		t.Errorf("shards answering after the deadline: %v, want deadline exceeded", err)
+	}
+	// The router's own bound applies to a request without a deadline.
+	if _, err := c.Router.Predict(context.Background(), req); !errors.Is(err, router.ErrDeadlineExceeded) {
+		t.Errorf("no deadline, shards hanging: %v, want deadline exceeded (DefaultTimeout)", err)
+	}
 }

@@ -3,14 +3,11 @@ package server
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"math"
 	"strconv"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
@@ -141,17 +138,4 @@ func typedContents(t *tensor, c *kservepb.InferTensorContents) error {
 }
 
 // grpcError maps router error codes to gRPC codes.
-func grpcError(err error) error {
-	switch {
-	case errors.Is(err, router.ErrInvalidArgument):
-		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, router.ErrNotFound):
-		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
-	default:
-		return status.Error(codes.Unavailable, err.Error())
-	}
-}
+func grpcError(err error) error { return status.Error(classify(err).grpc, err.Error()) }

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/cumulus-serving/cumulus/router"
 )
 
 func (s *Server) routes() *http.ServeMux {
@@ -49,14 +47,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // writeError maps router error codes to HTTP statuses; the body is
 // KServe's {"error": "..."}.
 func writeError(w http.ResponseWriter, err error) {
-	code := http.StatusServiceUnavailable
-	switch {
-	case errors.Is(err, router.ErrInvalidArgument):
-		code = http.StatusBadRequest
-	case errors.Is(err, router.ErrNotFound):
-		code = http.StatusNotFound
-	}
-	writeJSON(w, code, map[string]string{"error": err.Error()})
+	writeJSON(w, classify(err).http, map[string]string{"error": err.Error()})
 }
 
 func (s *Server) httpMetadata(w http.ResponseWriter, r *http.Request) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -145,17 +146,38 @@ func (s *Server) timing(ctx context.Context, req any, info *grpc.UnaryServerInfo
 }
 
 func (s *Server) observe(api string, err error) {
-	code := "ok"
+	s.requests.WithLabelValues(api, classify(err).label).Inc()
+}
+
+// outcome is how an error (or success) reaches clients and metrics.
+type outcome struct {
+	grpc  codes.Code
+	http  int
+	label string
+}
+
+// classify maps the router's error codes (router/errors.go) to gRPC codes
+// and HTTP statuses. Anything unclassified is Unavailable: retryable.
+func classify(err error) outcome {
 	switch {
 	case err == nil:
+		return outcome{codes.OK, http.StatusOK, "ok"}
 	case errors.Is(err, router.ErrInvalidArgument):
-		code = "invalid_argument"
+		return outcome{codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"}
 	case errors.Is(err, router.ErrNotFound):
-		code = "not_found"
-	default:
-		code = "unavailable"
+		return outcome{codes.NotFound, http.StatusNotFound, "not_found"}
+	case errors.Is(err, router.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		return outcome{codes.DeadlineExceeded, http.StatusGatewayTimeout, "deadline_exceeded"}
+	case errors.Is(err, router.ErrResourceExhausted):
+		return outcome{codes.ResourceExhausted, http.StatusTooManyRequests, "resource_exhausted"}
+	case errors.Is(err, router.ErrInternal):
+		return outcome{codes.Internal, http.StatusInternalServerError, "internal"}
+	case errors.Is(err, context.Canceled):
+		// The client went away; nobody reads the answer. 499 is nginx's
+		// "client closed request".
+		return outcome{codes.Canceled, 499, "canceled"}
 	}
-	s.requests.WithLabelValues(api, code).Inc()
+	return outcome{codes.Unavailable, http.StatusServiceUnavailable, "unavailable"}
 }
 
 // knownModel fails with ErrNotFound for a model that is not served, so

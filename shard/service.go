@@ -44,8 +44,9 @@ type scratch struct {
 // layer holding a key decides, and a tombstone there means the feature
 // was deleted.
 // i is the index of keys[0] in the whole request; it returns the index
-// after the last key.
-func (sc *scratch) lookupLayers(layers []*Table, keys []uint64, w, i int) int {
+// after the last key, or ctx's error if ctx ends before a mapped layer is
+// read (reading it may wait on the disk).
+func (sc *scratch) lookupLayers(ctx context.Context, layers []*Table, keys []uint64, w, i int) (int, error) {
 	n := len(keys)
 	sc.idx, sc.idx2, sc.layer = resize(sc.idx, n), resize(sc.idx2, n), resize(sc.layer, n)
 	sc.pending = resize(sc.pending, n)
@@ -63,6 +64,9 @@ func (sc *scratch) lookupLayers(layers []*Table, keys []uint64, w, i int) int {
 			sc.pkeys = append(sc.pkeys, keys[j])
 		}
 		if t.Mapped {
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
 			t.findCold(sc.pkeys, sc.idx2[:len(sc.pkeys)])
 		} else {
 			t.Find(sc.pkeys, sc.idx2[:len(sc.pkeys)])
@@ -94,13 +98,15 @@ func (sc *scratch) lookupLayers(layers []*Table, keys []uint64, w, i int) int {
 		}
 		i++
 	}
-	return i
+	return i, nil
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
-// Lookup implements Service on what the shard holds now.
-func (s *Shard) Lookup(_ context.Context, req []byte) ([]byte, error) {
+// Lookup implements Service on what the shard holds now. It stops, with
+// the context's error, between partitions and before reading a mapped
+// (cold) layer once the caller has given up.
+func (s *Shard) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
 	if err := sc.req.Decode(req); err != nil {
@@ -121,11 +127,17 @@ func (s *Shard) Lookup(_ context.Context, req []byte) ([]byte, error) {
 	sc.vals = sc.vals[:0]
 	i := 0
 	for _, sec := range sc.req.Sections {
+		if err := ctx.Err(); err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
 		if sec.Partition >= uint32(len(ver.layers)) || ver.layers[sec.Partition] == nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold partition %d of %q version %d", s.opts.ID, sec.Partition, sc.req.Model, sc.req.Version)
 		}
 		if layers := ver.layers[sec.Partition]; len(layers) > 1 || layers[0].Mapped {
-			i = sc.lookupLayers(layers, sec.Keys, w, i)
+			var err error
+			if i, err = sc.lookupLayers(ctx, layers, sec.Keys, w, i); err != nil {
+				return nil, status.FromContextError(err).Err()
+			}
 			continue
 		}
 		t := ver.layers[sec.Partition][0]
@@ -221,7 +233,7 @@ func StackWeights(layers []*Table, keys []uint64, w []float32, found []bool, s *
 	sc.vals = sc.vals[:0]
 	sc.found = resize(sc.found, (len(keys)+63)/64)
 	clear(sc.found)
-	sc.lookupLayers(layers, keys, 1, 0)
+	sc.lookupLayers(context.Background(), layers, keys, 1, 0)
 	k := 0
 	for j := range keys {
 		found[j] = sc.found[j>>6]>>(j&63)&1 == 1

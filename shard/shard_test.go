@@ -147,6 +147,12 @@ func TestShardServesAssignedAndRefusesDamage(t *testing.T) {
 	if _, err := lookup(s, 9, 2, []uint64{1}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("unknown version: %v", err)
 	}
+	// A caller that has given up gets its context's code, not an answer.
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.Lookup(gone, codec.AppendLookupRequest(nil, "m", 1, sectionsOf([]uint64{1, 2, 3}, 2))); status.Code(err) != codes.Canceled {
+		t.Errorf("cancelled caller: %v, want Canceled", err)
+	}
 
 	// Version 2 has a damaged file: the shard refuses it, says so in its
 	// registration, and keeps serving version 1.
