@@ -35,6 +35,12 @@ type Limits struct {
 	MaxIDs  int // ids plus shared ids; default 1,048,576
 }
 
+// OrDefault is l with defaults for its zero fields.
+func (l Limits) OrDefault() Limits {
+	l.fill()
+	return l
+}
+
 func (l *Limits) fill() {
 	if l.MaxRows == 0 {
 		l.MaxRows = 10_000

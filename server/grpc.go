@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"slices"
 	"strconv"
+	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
+	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
@@ -52,6 +56,30 @@ func (k *kserveGRPC) ModelMetadata(_ context.Context, r *kservepb.ModelMetadataR
 	return resp, nil
 }
 
+// inferenceService is KServe's service with ModelInfer admitted before
+// its message is decoded: a refusal costs no protobuf decoding.
+func (s *Server) inferenceService() *grpc.ServiceDesc {
+	desc := kservepb.GRPCInferenceService_ServiceDesc
+	desc.Methods = slices.Clone(desc.Methods)
+	for i, m := range desc.Methods {
+		if m.MethodName != "ModelInfer" {
+			continue
+		}
+		decodeAndServe := m.Handler
+		desc.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+			slot, err := s.adm.slots.Acquire(ctx, 1)
+			if err != nil {
+				err = s.refusal(ctx, "grpc", "requests", err)
+				s.observe("grpc", err)
+				return nil, grpcError(err)
+			}
+			defer slot.Release()
+			return decodeAndServe(srv, ctx, dec, ic)
+		}
+	}
+	return &desc
+}
+
 func (k *kserveGRPC) ModelInfer(ctx context.Context, r *kservepb.ModelInferRequest) (*kservepb.ModelInferResponse, error) {
 	resp, err := k.infer(ctx, r)
 	k.s.observe("grpc", err)
@@ -93,6 +121,23 @@ func (k *kserveGRPC) infer(ctx context.Context, r *kservepb.ModelInferRequest) (
 	if err != nil {
 		return nil, err
 	}
+	// The slot was taken before decoding; the weight is known now.
+	b, err := k.s.adm.bytes.Acquire(ctx, requestBytes(req))
+	if err != nil {
+		return nil, k.s.refusal(ctx, "grpc", "bytes", err)
+	}
+	defer b.Release()
+	if p := r.Parameters["timeout"]; p != nil {
+		us, ok := p.ParameterChoice.(*kservepb.InferParameter_Int64Param)
+		if !ok || us.Int64Param <= 0 || us.Int64Param > math.MaxInt64/1000 {
+			return nil, badInput("parameters.timeout must be a positive int64_param (microseconds)")
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(us.Int64Param)*time.Microsecond)
+		defer cancel()
+	}
+	ctx, cancel := context.WithTimeout(ctx, k.s.opts.RequestTimeout)
+	defer cancel()
 	res, err := k.s.opts.Predictor.Predict(ctx, req)
 	if err != nil {
 		return nil, err
@@ -135,6 +180,11 @@ func typedContents(t *tensor, c *kservepb.InferTensorContents) error {
 		return badInput("input %q: datatype %q is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
 	}
 	return nil
+}
+
+// requestBytes is what a decoded request holds in memory.
+func requestBytes(r *router.Request) int64 {
+	return int64(8*(len(r.IDs)+len(r.SharedIDs)+len(r.RowSplits)) + 4*(len(r.Values)+len(r.SharedValues)))
 }
 
 // grpcError maps router error codes to gRPC codes.

@@ -1,13 +1,17 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/cumulus-serving/cumulus/internal/admit"
+	"github.com/cumulus-serving/cumulus/router"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -72,137 +76,151 @@ func (s *Server) httpModelReady(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-// jsonInput is one input tensor of a KServe JSON request. data may be
-// flat or nested in row-major order.
-type jsonInput struct {
-	Name     string          `json:"name"`
-	Shape    []int64         `json:"shape"`
-	Datatype string          `json:"datatype"`
-	Data     json.RawMessage `json:"data"`
-}
-
-type jsonRequest struct {
-	ID      string      `json:"id,omitempty"`
-	Inputs  []jsonInput `json:"inputs"`
-	Outputs []struct {
-		Name string `json:"name"`
-	} `json:"outputs,omitempty"`
-}
-
-type jsonOutput struct {
-	Name     string    `json:"name"`
-	Shape    []int64   `json:"shape"`
-	Datatype string    `json:"datatype"`
-	Data     []float32 `json:"data"`
-}
-
-type jsonResponse struct {
-	ModelName    string       `json:"model_name"`
-	ModelVersion string       `json:"model_version"`
-	ID           string       `json:"id,omitempty"`
-	Outputs      []jsonOutput `json:"outputs"`
-}
-
 func (s *Server) httpInfer(w http.ResponseWriter, r *http.Request) {
 	t0 := time.Now()
-	resp, err := s.inferJSON(r)
+	err := s.inferHTTP(w, r, t0)
 	s.latencies.WithLabelValues("http").Observe(time.Since(t0).Seconds())
 	s.observe("http", err)
 	if err != nil {
+		if errors.Is(err, admit.ErrOverloaded) {
+			w.Header().Set("Retry-After", "1")
+		}
 		writeError(w, err)
-		return
 	}
-	writeJSON(w, http.StatusOK, resp)
 }
 
-func (s *Server) inferJSON(r *http.Request) (*jsonResponse, error) {
-	if err := s.knownModel(r.PathValue("name")); err != nil {
-		return nil, err
-	}
-	var body jsonRequest
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, int64(s.opts.MaxRequestBytes)))
-	if err := dec.Decode(&body); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, badInput("request body is over the limit of %d bytes", s.opts.MaxRequestBytes)
-		}
-		return nil, badInput("request body is not valid JSON: %v", err)
-	}
-	for _, o := range body.Outputs {
-		if o.Name != outScores {
-			return nil, badInput("unknown output %q (the output is %q)", o.Name, outScores)
-		}
-	}
-	inputs := make([]tensor, len(body.Inputs))
-	for i, in := range body.Inputs {
-		t := tensor{name: in.Name, datatype: in.Datatype, shape: in.Shape}
-		if err := jsonData(&t, in.Data); err != nil {
-			return nil, err
-		}
-		inputs[i] = t
-	}
-	req, err := buildRequest(r.PathValue("name"), r.PathValue("version"), inputs)
-	if err != nil {
-		return nil, err
-	}
-	res, err := s.opts.Predictor.Predict(r.Context(), req)
-	if err != nil {
-		return nil, err
-	}
-	return &jsonResponse{ModelName: res.Model, ModelVersion: strconv.FormatUint(res.Version, 10), ID: body.ID,
-		Outputs: []jsonOutput{{Name: outScores, Shape: []int64{int64(len(res.Scores))}, Datatype: "FP32", Data: res.Scores}}}, nil
-}
-
-// jsonData decodes a tensor's data, flat or nested.
-func jsonData(t *tensor, raw json.RawMessage) error {
-	if len(raw) == 0 {
-		return badInput("input %q has no data", t.name)
-	}
-	var err error
-	switch t.datatype {
-	case "INT64", "INT32":
-		var v []int64
-		if err = unmarshalFlat(raw, &v); err == nil {
-			t.isInt, t.ints = true, make([]uint64, len(v))
-			for i, x := range v {
-				t.ints[i] = uint64(x)
-			}
-		}
-	case "UINT64":
-		t.isInt = true
-		err = unmarshalFlat(raw, &t.ints)
-	case "FP32":
-		err = unmarshalFlat(raw, &t.floats)
-	default:
-		return badInput("input %q: datatype %q is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
-	}
-	if err != nil {
-		return badInput("input %q: data is not a %s array: %v", t.name, t.datatype, err)
-	}
-	return nil
-}
-
-// unmarshalFlat decodes a JSON array of numbers, flattening nested arrays
-// (the protocol allows row-major nesting).
-func unmarshalFlat[T int64 | uint64 | float32](raw json.RawMessage, out *[]T) error {
-	if err := json.Unmarshal(raw, out); err == nil {
-		return nil
-	}
-	var nested []json.RawMessage
-	if err := json.Unmarshal(raw, &nested); err != nil {
+// inferHTTP answers one REST infer call, or returns the error to answer
+// with. In order, each step before the next costs more: a model that is
+// not served, then admission (a slot, then the body's bytes by its
+// Content-Length), all refused before the body is read; the body is read
+// under the request's deadline and decoded as it arrives, stopping at the
+// first element past a limit.
+func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time) error {
+	model := r.PathValue("name")
+	if err := s.knownModel(model); err != nil {
 		return err
 	}
-	*out = (*out)[:0]
-	for _, n := range nested {
-		var part []T
-		if err := unmarshalFlat(n, &part); err != nil {
-			var one T
-			if err := json.Unmarshal(n, &one); err != nil {
-				return fmt.Errorf("element %s: %w", n, err)
-			}
-			part = []T{one}
+	ctx, cancel := context.WithDeadline(r.Context(), t0.Add(s.opts.RequestTimeout))
+	defer cancel()
+	// A body trickled in slower than the request may take is cut off.
+	http.NewResponseController(w).SetReadDeadline(t0.Add(s.opts.RequestTimeout))
+	release, err := s.admit(ctx, "http", r.ContentLength)
+	if err != nil {
+		if r.ContentLength < 0 || r.ContentLength > unreadBodyToDiscard {
+			// Answer without reading the body at all: net/http would
+			// otherwise read what it can of it first, to keep the
+			// connection.
+			w.Header().Set("Connection", "close")
 		}
-		*out = append(*out, part...)
+		return err
+	}
+	defer release()
+	body := http.MaxBytesReader(w, r.Body, int64(s.opts.MaxRequestBytes))
+	lim := bodyLimits{maxIDs: s.opts.Limits.MaxIDs, maxRows: s.opts.Limits.MaxRows}
+	var b *inferBody
+	if h := r.Header.Get(headerLength); h != "" {
+		n, perr := strconv.ParseInt(h, 10, 64)
+		if perr != nil || n < 0 || n > int64(s.opts.MaxRequestBytes) {
+			return badInput("%s %q is not a length from 0 to %d", headerLength, h, s.opts.MaxRequestBytes)
+		}
+		if b, err = newJSONDecoder(io.LimitReader(body, n), lim).decode(); err != nil {
+			return err
+		}
+		err = readBinaryInputs(body, b, lim)
+	} else {
+		b, err = newJSONDecoder(body, lim).decode()
+		for i := 0; err == nil && i < len(b.inputs); i++ {
+			if b.inputs[i].binarySize >= 0 {
+				err = badInput("input %q has parameters.binary_data_size, but the request has no %s header", b.inputs[i].name, headerLength)
+			}
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("server: %w: reading the request body: %v", router.ErrDeadlineExceeded, err)
+		}
+		return err
+	}
+	req, err := buildRequest(model, r.PathValue("version"), b.inputs)
+	if err != nil {
+		return err
+	}
+	if b.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.timeout)
+		defer cancel()
+	}
+	res, err := s.opts.Predictor.Predict(ctx, req)
+	if err != nil {
+		return err
+	}
+	out := appendJSONResponse(make([]byte, 0, 128+16*len(res.Scores)), res.Model, res.Version, b.id, b.idSet, res.Scores, b.binaryOutput)
+	if b.binaryOutput {
+		w.Header().Set(headerLength, strconv.Itoa(len(out)))
+		w.Header().Set("Content-Type", "application/octet-stream")
+		out = appendFloat32s(out, res.Scores)
+	} else {
+		w.Header().Set("Content-Type", "application/json")
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(out)
+	return nil
+}
+
+// unreadBodyToDiscard is the largest body of a refused request that is
+// left for net/http to read and discard, under the request's read
+// deadline, so that the client's connection is kept; a refused request
+// with a larger or unknown body gets its answer at once and the
+// connection closed.
+const unreadBodyToDiscard = 64 << 10
+
+// headerLength is the binary tensor extension's header: the length of
+// the JSON that starts the body, before the inputs' bytes.
+const headerLength = "Inference-Header-Content-Length"
+
+// readBinaryInputs reads the bytes of b's binary inputs, in input order,
+// from the rest of the body: each checked against its shape, datatype and
+// the limits before it is read. Bytes after the last are an error.
+func readBinaryInputs(body io.Reader, b *inferBody, lim bodyLimits) error {
+	var raw []byte
+	for i := range b.inputs {
+		t := &b.inputs[i]
+		if t.binarySize < 0 {
+			continue
+		}
+		n, err := elements(t.name, t.shape)
+		if err != nil {
+			return err
+		}
+		if cap := lim.elementCap(t.name); n > cap {
+			return badInput("input %q has %d elements, over the limit of %d", t.name, n, cap)
+		}
+		if size := datatypeSize(t.datatype); size > 0 && int64(n*size) != t.binarySize {
+			return badInput("input %q: binary_data_size %d for shape %v of %s (want %d)", t.name, t.binarySize, t.shape, t.datatype, n*size)
+		}
+		raw = resize(raw, int(t.binarySize))
+		if _, err := io.ReadFull(body, raw); err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				return badInput("request body is over the limit of %d bytes", tooBig.Limit)
+			}
+			return badInput("input %q: the body ends before its %d bytes of binary data: %v", t.name, t.binarySize, err)
+		}
+		if err := t.decodeRaw(raw); err != nil {
+			return err
+		}
+	}
+	var one [1]byte
+	if n, _ := io.ReadFull(body, one[:]); n > 0 {
+		return badInput("request body has bytes after the last binary input")
 	}
 	return nil
+}
+
+func resize(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
 }

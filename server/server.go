@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -40,8 +41,30 @@ type Options struct {
 	// HTTPAddr is the HTTP/JSON, health and metrics address.
 	// Default 127.0.0.1:8000.
 	HTTPAddr string
-	// MaxRequestBytes bounds one request body or message. Default 64 MiB.
+	// MaxRequestBytes bounds one HTTP request body. Default 64 MiB. The
+	// gRPC receive limit is the smaller of this and the largest message
+	// that can carry Limits' ids and rows (grpcRecvLimit).
 	MaxRequestBytes int
+	// Limits bound one request; bodies are decoded only up to them.
+	// Give the router's.
+	Limits router.Limits
+	// RequestTimeout bounds a request from its arrival: an HTTP body must
+	// be read within it, and a caller's longer deadline (gRPC's, or the
+	// request's timeout parameter) is cut to it. Default 1s, the
+	// router's default.
+	RequestTimeout time.Duration
+	// MaxInflight bounds the infer requests admitted at once; past it, a
+	// request waits at most MaxQueueTime, then is refused
+	// (ResourceExhausted, HTTP 429). Default 8 per CPU.
+	MaxInflight int
+	// MaxInflightBytes bounds the bytes of the requests admitted at once:
+	// HTTP bodies by their Content-Length (a body of unknown length
+	// weighs MaxRequestBytes), gRPC requests by their decoded ids and
+	// values. Default 256 MiB.
+	MaxInflightBytes int64
+	// MaxQueueTime is the longest an infer request waits for admission.
+	// Default 5ms.
+	MaxQueueTime time.Duration
 	// Registry receives the front's metrics; Gatherer is served at
 	// /metrics. Both default to the Prometheus default registry.
 	Registry prometheus.Registerer
@@ -62,6 +85,23 @@ func (o *Options) Validate() error {
 	if o.MaxRequestBytes == 0 {
 		o.MaxRequestBytes = 64 << 20
 	}
+	o.Limits = o.Limits.OrDefault()
+	if o.RequestTimeout == 0 {
+		o.RequestTimeout = time.Second
+	}
+	if o.MaxInflight == 0 {
+		o.MaxInflight = 8 * runtime.GOMAXPROCS(0)
+	}
+	if o.MaxInflightBytes == 0 {
+		o.MaxInflightBytes = 256 << 20
+	}
+	if o.MaxQueueTime == 0 {
+		o.MaxQueueTime = 5 * time.Millisecond
+	}
+	switch {
+	case o.MaxRequestBytes < 0, o.RequestTimeout < 0, o.MaxInflight < 0, o.MaxInflightBytes < 0, o.MaxQueueTime < 0:
+		return errors.New("server: limits and timeouts must not be negative")
+	}
 	if o.Registry == nil {
 		o.Registry = prometheus.DefaultRegisterer
 	}
@@ -80,6 +120,7 @@ type Server struct {
 	grpc      *grpc.Server
 	http      *http.Server
 	done      sync.WaitGroup
+	adm       *admission
 	requests  *prometheus.CounterVec
 	latencies *prometheus.HistogramVec
 }
@@ -89,11 +130,11 @@ func Start(opts Options) (*Server, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts}
+	s := &Server{opts: opts, adm: newAdmission(&opts)}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_infer_requests_total", Help: "Infer requests by API and outcome."}, []string{"api", "code"})
 	s.latencies = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "cumulus_infer_seconds", Help: "Infer latency by API.",
 		Buckets: prometheus.ExponentialBuckets(100e-6, 2, 16)}, []string{"api"})
-	for _, c := range []prometheus.Collector{s.requests, s.latencies} {
+	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused} {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("server: metrics: %w", err)
 		}
@@ -106,15 +147,30 @@ func Start(opts Options) (*Server, error) {
 		s.grpcLis.Close()
 		return nil, fmt.Errorf("server: HTTP: %w", err)
 	}
-	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(opts.MaxRequestBytes), grpc.UnaryInterceptor(s.timing))
-	kservepb.RegisterGRPCInferenceServiceServer(s.grpc, &kserveGRPC{s: s})
+	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(grpcRecvLimit(opts)), grpc.UnaryInterceptor(s.timing),
+		// Streams past admission are refused at once, not queued in the
+		// transport; this only bounds what one connection can pile up.
+		grpc.MaxConcurrentStreams(uint32(max(4*opts.MaxInflight, 100))))
+	s.grpc.RegisterService(s.inferenceService(), &kserveGRPC{s: s})
 	healthpb.RegisterHealthServer(s.grpc, health.NewServer())
 	reflection.Register(s.grpc)
-	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	// Infer bodies are read under the request's deadline (inferHTTP);
+	// these bound the rest: headers, and connections left idle.
+	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	s.done.Add(2)
 	go func() { defer s.done.Done(); s.grpc.Serve(s.grpcLis) }()
 	go func() { defer s.done.Done(); s.http.Serve(s.httpLis) }()
 	return s, nil
+}
+
+// grpcRecvLimit is the largest gRPC message a request within o.Limits
+// can need: every id (shared ones too) as a 10-byte varint with a 4-byte
+// value, every row split as a varint, and 64 KiB for names, shapes and
+// framing; or MaxRequestBytes if smaller. A larger message is refused
+// from its length prefix, before it is read.
+func grpcRecvLimit(o Options) int {
+	need := int64(o.Limits.MaxIDs)*14 + int64(o.Limits.MaxRows+1)*10 + 64<<10
+	return int(min(need, int64(o.MaxRequestBytes)))
 }
 
 // GRPCAddr and HTTPAddr are the bound addresses.

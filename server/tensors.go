@@ -34,6 +34,10 @@ type tensor struct {
 	ints     []uint64 // INT64/UINT64/INT32 data, as bit patterns
 	floats   []float32
 	isInt    bool
+	// binarySize is parameters.binary_data_size: the tensor's bytes follow
+	// the JSON header (binary tensor extension); -1 if it has JSON data.
+	binarySize int64
+	dataDepth  int // nesting of JSON data: 1 flat, else the rank
 }
 
 func badInput(format string, args ...any) error {
@@ -55,13 +59,32 @@ func elements(name string, shape []int64) (int, error) {
 	return int(n), nil
 }
 
+// datatypeSize is the bytes per element of a supported datatype, or 0.
+func datatypeSize(datatype string) int {
+	switch datatype {
+	case "INT64", "UINT64":
+		return 8
+	case "INT32", "FP32":
+		return 4
+	}
+	return 0
+}
+
+// appendFloat32s appends v little-endian.
+func appendFloat32s(dst []byte, v []float32) []byte {
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(x))
+	}
+	return dst
+}
+
 // decodeRaw fills t from little-endian raw bytes.
 func (t *tensor) decodeRaw(raw []byte) error {
 	n, err := elements(t.name, t.shape)
 	if err != nil {
 		return err
 	}
-	size := map[string]int{"INT64": 8, "UINT64": 8, "INT32": 4, "FP32": 4}[t.datatype]
+	size := datatypeSize(t.datatype)
 	if size == 0 {
 		return badInput("input %q: datatype %s is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
 	}

@@ -1,0 +1,109 @@
+// Package admit bounds the work a server has in flight, so that past its
+// capacity it refuses requests at once instead of queueing them until
+// every caller's deadline has passed.
+//
+// A Gate holds a weighted semaphore (golang.org/x/sync/semaphore) and a
+// short queue in front of it, bounded twice: a waiter gives up after the
+// queue time, and a request is refused without waiting at all when as
+// many are already waiting as the gate can serve within the queue time,
+// judged from how long recent holders held their weight. So under
+// sustained overload refusals are answered in microseconds, and the
+// requests admitted wait at most the queue time.
+//
+// Why not a library's limiter: golang.org/x/time/rate bounds a rate, not
+// work in flight, and adaptive limiters (Netflix's concurrency-limits has
+// no kept Go port) learn a bound we can state.
+package admit
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+)
+
+// ErrOverloaded is returned when a gate refuses a request.
+var ErrOverloaded = errors.New("overloaded")
+
+// Gate admits weighted work up to a capacity. Safe for concurrent use.
+type Gate struct {
+	sem     *semaphore.Weighted
+	size    int64
+	queue   time.Duration
+	waiting atomic.Int64
+	// hold is a moving average of how long admitted work held the gate,
+	// in nanoseconds per unit of weight; 0 until the first release.
+	hold atomic.Int64
+}
+
+// NewGate admits up to size units of weight at once; a request that
+// cannot be admitted at once waits at most queue. size must be positive.
+func NewGate(size int64, queue time.Duration) *Gate {
+	return &Gate{sem: semaphore.NewWeighted(size), size: size, queue: queue}
+}
+
+// Ticket is admitted weight; Release gives it back.
+type Ticket struct {
+	g      *Gate
+	weight int64
+	start  time.Time
+}
+
+// Acquire admits weight (clamped to 1..size: a request heavier than the
+// whole capacity runs alone). It returns ErrOverloaded when the gate is
+// full and the queue is too long or the queue time passes, or ctx's error
+// when ctx ends first.
+func (g *Gate) Acquire(ctx context.Context, weight int64) (Ticket, error) {
+	weight = min(max(weight, 1), g.size)
+	if g.sem.TryAcquire(weight) {
+		return Ticket{g, weight, time.Now()}, nil
+	}
+	if g.queue <= 0 || g.waiting.Load() >= g.maxWaiting(weight) {
+		return Ticket{}, ErrOverloaded
+	}
+	g.waiting.Add(1)
+	defer g.waiting.Add(-1)
+	qctx, cancel := context.WithTimeout(ctx, g.queue)
+	defer cancel()
+	if err := g.sem.Acquire(qctx, weight); err != nil {
+		if ctx.Err() != nil {
+			return Ticket{}, ctx.Err()
+		}
+		return Ticket{}, ErrOverloaded
+	}
+	return Ticket{g, weight, time.Now()}, nil
+}
+
+// maxWaiting is how many requests of this weight the gate can serve
+// within its queue time: its capacity in weight times the queue time,
+// over the time a unit of weight is held. Before anything has been
+// released, the capacity itself.
+func (g *Gate) maxWaiting(weight int64) int64 {
+	h := g.hold.Load()
+	if h <= 0 {
+		return g.size / weight
+	}
+	return max(1, int64(float64(g.size)*float64(g.queue)/float64(h))/weight)
+}
+
+// Release returns the ticket's weight. A zero Ticket releases nothing.
+func (t Ticket) Release() {
+	if t.g == nil {
+		return
+	}
+	per := int64(time.Since(t.start)) / t.weight
+	// An exponential moving average over about 16 releases; concurrent
+	// updates may lose one another's contribution, which only slows it.
+	old := t.g.hold.Load()
+	if old == 0 {
+		t.g.hold.Store(max(per, 1))
+	} else {
+		t.g.hold.Store(max(old+(per-old)/16, 1))
+	}
+	t.g.sem.Release(t.weight)
+}
+
+// Waiting is the number of requests queued now.
+func (g *Gate) Waiting() int64 { return g.waiting.Load() }

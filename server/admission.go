@@ -1,0 +1,71 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/cumulus-serving/cumulus/internal/admit"
+	"github.com/cumulus-serving/cumulus/router"
+)
+
+// admission is the front's bound on infer work in flight: a slot per
+// request (MaxInflight) and the request's bytes (MaxInflightBytes), each
+// with a short queue (internal/admit).
+type admission struct {
+	slots, bytes *admit.Gate
+	refused      *prometheus.CounterVec
+}
+
+func newAdmission(o *Options) *admission {
+	a := &admission{
+		slots: admit.NewGate(int64(o.MaxInflight), o.MaxQueueTime),
+		bytes: admit.NewGate(o.MaxInflightBytes, o.MaxQueueTime),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_admission_refused_total",
+			Help: "Infer requests refused as overload (ResourceExhausted, HTTP 429), by API and the bound that refused them."}, []string{"api", "bound"}),
+	}
+	return a
+}
+
+// retryPushback is what a refused caller is told to wait: gRPC's retry
+// pushback in milliseconds, and HTTP's Retry-After in whole seconds.
+const retryPushbackMS = 100
+
+// admit takes a slot, then weight bytes, for one request. The returned
+// release gives both back. A refusal wraps router.ErrResourceExhausted and
+// admit.ErrOverloaded; a caller whose deadline passes while queued gets
+// router.ErrDeadlineExceeded.
+func (s *Server) admit(ctx context.Context, api string, weight int64) (release func(), err error) {
+	slot, err := s.adm.slots.Acquire(ctx, 1)
+	if err != nil {
+		return nil, s.refusal(ctx, api, "requests", err)
+	}
+	if weight < 0 { // unknown: the most it may be
+		weight = int64(s.opts.MaxRequestBytes)
+	}
+	b, err := s.adm.bytes.Acquire(ctx, weight)
+	if err != nil {
+		slot.Release()
+		return nil, s.refusal(ctx, api, "bytes", err)
+	}
+	return func() { b.Release(); slot.Release() }, nil
+}
+
+func (s *Server) refusal(ctx context.Context, api, bound string, err error) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("server: %w: waiting for admission", router.ErrDeadlineExceeded)
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("server: waiting for admission: %w", ctx.Err())
+	}
+	s.adm.refused.WithLabelValues(api, bound).Inc()
+	if api == "grpc" {
+		grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", strconv.Itoa(retryPushbackMS)))
+	}
+	return fmt.Errorf("server: %w: %w: at the bound of %s in flight; retry later", router.ErrResourceExhausted, err, bound)
+}
