@@ -366,37 +366,42 @@ func TestGenerate(t *testing.T) {
 	}
 }
 
+// tsvGood is a valid TSV model: TestParseTSV checks what it parses to,
+// and FuzzParseTSV starts from it.
+const tsvGood = "# an fm model\ntype fm\ndim 2\nbias -0.5\n1\t0.5\t0.1\t0.2\n18446744073709551615 1 2 3 # max id\n"
+
+// tsvRejects are TSV files each refused for its own reason: the error
+// names it. FuzzParseTSV starts from them too.
+var tsvRejects = map[string]struct{ text, says string }{
+	"no type":       {"1 0.5\n", "no \"type\" header before the first feature"},
+	"wrong width":   {"type fm\ndim 2\n1 0.5 0.1\n", "feature 1 has 2 values, want 3"},
+	"lr with dim":   {"type lr\ndim 2\n1 0.5\n", "an lr model takes no dim"},
+	"fm no dim":     {"type fm\n1 0.5\n", "an fm model needs a \"dim\" header"},
+	"header late":   {"type lr\n1 0.5\nbias 1\n", "\"bias\" is not a feature id (headers come first)"},
+	"bad number":    {"type lr\n1 abc\n", "parsing \"abc\""},
+	"duplicate":     {"type lr\n1 0.5\n1 0.6\n", "feature id 1 appears twice"},
+	"nan":           {"type lr\n1 NaN\n", "non-finite value"},
+	"unknown":       {"type lr\ncolor red\n", "unknown header \"color\""},
+	"negative id":   {"type lr\n-1 0.5\n", "feature id \"-1\" is not an integer"},
+	"overflow f32":  {"type lr\n1 1e39\n", "parsing \"1e39\""},
+	"unknown type":  {"type dnn\n", "type \"dnn\" is not lr or fm"},
+	"huge dim":      {"type fm\ndim 100000\n", "dim 100000 outside 1..1024"},
+	"empty":         {"", "no \"type\" header"},
+	"bias not num":  {"type lr\nbias x\n", "parsing \"x\""},
+	"id too large":  {"type lr\n18446744073709551616 1\n", "feature id \"18446744073709551616\" is not an integer"},
+	"header arity":  {"type lr fm\n", "header \"type\" wants one value"},
+	"only comments": {"# nothing\n", "no \"type\" header"},
+}
+
 func TestParseTSV(t *testing.T) {
-	good := "# an fm model\ntype fm\ndim 2\nbias -0.5\n1\t0.5\t0.1\t0.2\n18446744073709551615 1 2 3 # max id\n"
-	s, err := ParseTSV(strings.NewReader(good))
+	s, err := ParseTSV(strings.NewReader(tsvGood))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.Type != codec.TypeFM || s.Dim != 2 || s.Bias != -0.5 || len(s.Keys) != 2 || s.Keys[1] != math.MaxUint64 || s.Values[5] != 3 {
 		t.Fatalf("parsed %+v", s)
 	}
-	// Each refused for its own reason: the error names it.
-	bad := map[string]struct{ text, says string }{
-		"no type":       {"1 0.5\n", "no \"type\" header before the first feature"},
-		"wrong width":   {"type fm\ndim 2\n1 0.5 0.1\n", "feature 1 has 2 values, want 3"},
-		"lr with dim":   {"type lr\ndim 2\n1 0.5\n", "an lr model takes no dim"},
-		"fm no dim":     {"type fm\n1 0.5\n", "an fm model needs a \"dim\" header"},
-		"header late":   {"type lr\n1 0.5\nbias 1\n", "\"bias\" is not a feature id (headers come first)"},
-		"bad number":    {"type lr\n1 abc\n", "parsing \"abc\""},
-		"duplicate":     {"type lr\n1 0.5\n1 0.6\n", "feature id 1 appears twice"},
-		"nan":           {"type lr\n1 NaN\n", "non-finite value"},
-		"unknown":       {"type lr\ncolor red\n", "unknown header \"color\""},
-		"negative id":   {"type lr\n-1 0.5\n", "feature id \"-1\" is not an integer"},
-		"overflow f32":  {"type lr\n1 1e39\n", "parsing \"1e39\""},
-		"unknown type":  {"type dnn\n", "type \"dnn\" is not lr or fm"},
-		"huge dim":      {"type fm\ndim 100000\n", "dim 100000 outside 1..1024"},
-		"empty":         {"", "no \"type\" header"},
-		"bias not num":  {"type lr\nbias x\n", "parsing \"x\""},
-		"id too large":  {"type lr\n18446744073709551616 1\n", "feature id \"18446744073709551616\" is not an integer"},
-		"header arity":  {"type lr fm\n", "header \"type\" wants one value"},
-		"only comments": {"# nothing\n", "no \"type\" header"},
-	}
-	for name, c := range bad {
+	for name, c := range tsvRejects {
 		if _, err := ParseTSV(strings.NewReader(c.text)); err == nil || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
@@ -514,20 +519,26 @@ func checkAgainstPredict(t *testing.T, s *Sparse, data, out, positive string) {
 	}
 }
 
+// liblinearHeader heads a LIBLINEAR model file with two features, no
+// bias feature, and labels 1 and -1.
+const liblinearHeader = "solver_type L2R_LR\nnr_class 2\nlabel 1 -1\nnr_feature 2\nbias -1\nw\n"
+
+// liblinearRejects are LIBLINEAR files each refused, for positive label
+// 1, for its own reason: the error names it. FuzzImportLIBLINEAR starts
+// from them.
+var liblinearRejects = map[string]struct{ text, says string }{
+	"svm solver":     {strings.Replace(liblinearHeader, "L2R_LR", "L2R_L2LOSS_SVC_DUAL", 1) + "1\n2\n", "gives no probabilities"},
+	"multiclass":     {strings.Replace(strings.Replace(liblinearHeader, "nr_class 2", "nr_class 3", 1), "label 1 -1", "label 1 2 3", 1) + "1 2 3\n1 2 3\n", "3 classes; only binary models"},
+	"short weights":  {liblinearHeader + "1\n", "1 weights, nr_feature and bias promise 2"},
+	"extra text":     {liblinearHeader + "1\n2\n3\n", "text after the last weight"},
+	"no w":           {"solver_type L2R_LR\nnr_class 2\n", "missing \"w\" line"},
+	"bad weight":     {liblinearHeader + "1\nx\n", "line 8: strconv.ParseFloat: parsing \"x\""},
+	"wrong label":    {strings.Replace(liblinearHeader, "label 1 -1", "label 2 4", 1) + "1\n2\n", "positive label \"1\" is not one of the model's labels"},
+	"unknown header": {"colour blue\n" + liblinearHeader + "1\n2\n", "unknown header \"colour\""},
+}
+
 func TestImportLIBLINEARRejects(t *testing.T) {
-	header := "solver_type L2R_LR\nnr_class 2\nlabel 1 -1\nnr_feature 2\nbias -1\nw\n"
-	// Each refused for its own reason: the error names it.
-	cases := map[string]struct{ text, says string }{
-		"svm solver":     {strings.Replace(header, "L2R_LR", "L2R_L2LOSS_SVC_DUAL", 1) + "1\n2\n", "gives no probabilities"},
-		"multiclass":     {strings.Replace(strings.Replace(header, "nr_class 2", "nr_class 3", 1), "label 1 -1", "label 1 2 3", 1) + "1 2 3\n1 2 3\n", "3 classes; only binary models"},
-		"short weights":  {header + "1\n", "1 weights, nr_feature and bias promise 2"},
-		"extra text":     {header + "1\n2\n3\n", "text after the last weight"},
-		"no w":           {"solver_type L2R_LR\nnr_class 2\n", "missing \"w\" line"},
-		"bad weight":     {header + "1\nx\n", "line 8: strconv.ParseFloat: parsing \"x\""},
-		"wrong label":    {strings.Replace(header, "label 1 -1", "label 2 4", 1) + "1\n2\n", "positive label \"1\" is not one of the model's labels"},
-		"unknown header": {"colour blue\n" + header + "1\n2\n", "unknown header \"colour\""},
-	}
-	for name, c := range cases {
+	for name, c := range liblinearRejects {
 		if _, err := ImportLIBLINEAR(strings.NewReader(c.text), "1"); err == nil || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
