@@ -535,13 +535,48 @@ var liblinearRejects = map[string]struct{ text, says string }{
 	"bad weight":     {liblinearHeader + "1\nx\n", "line 8: strconv.ParseFloat: parsing \"x\""},
 	"wrong label":    {strings.Replace(liblinearHeader, "label 1 -1", "label 2 4", 1) + "1\n2\n", "positive label \"1\" is not one of the model's labels"},
 	"unknown header": {"colour blue\n" + liblinearHeader + "1\n2\n", "unknown header \"colour\""},
+	// Found by FuzzImportLIBLINEAR: a missing label line was called "2
+	// classes; only binary models are supported".
+	"no label line": {strings.Replace(liblinearHeader, "label 1 -1\n", "", 1) + "1\n2\n", "missing label line"},
+	"one label":     {strings.Replace(liblinearHeader, "label 1 -1", "label 1", 1) + "1\n2\n", "line 3: 1 labels for 2 classes"},
+	"equal labels":  {strings.Replace(liblinearHeader, "label 1 -1", "label 1 1", 1) + "1\n2\n", "line 3: both labels are \"1\""},
+	"no nr_class":   {strings.Replace(liblinearHeader, "nr_class 2\n", "", 1) + "1\n2\n", "missing nr_class"},
+	// nr_feature+1 overflowed: no weight was read, and the file accepted.
+	"nr_feature overflow": {strings.Replace(strings.Replace(liblinearHeader, "nr_feature 2", "nr_feature 9223372036854775807", 1), "bias -1", "bias 1", 1),
+		"line 4: nr_feature 9223372036854775807 outside 0..2147483647"},
+	"negative nr_feature": {strings.Replace(liblinearHeader, "nr_feature 2", "nr_feature -3", 1), "line 4: nr_feature -3 outside 0..2147483647"},
+	// Non-finite numbers were refused without their line, and a NaN bias
+	// was taken as "no bias feature".
+	"nan weight":     {liblinearHeader + "1\nnan\n", "line 8: weight nan is not a finite float32"},
+	"float32 weight": {liblinearHeader + "1e300\n2\n", "line 7: weight 1e300 is not a finite float32"},
+	"nan bias":       {strings.Replace(liblinearHeader, "bias -1", "bias nan", 1) + "1\n2\n", "line 5: bias NaN is not finite"},
+	"inf bias":       {strings.Replace(liblinearHeader, "bias -1", "bias inf", 1) + "1\n2\n0\n", "line 5: bias +Inf is not finite"},
+	"bias product": {strings.Replace(liblinearHeader, "bias -1", "bias 1e300", 1) + "1\n2\n1e300\n",
+		"line 9: bias weight 1e300 times bias 1e+300 is not finite"},
 }
 
 func TestImportLIBLINEARRejects(t *testing.T) {
 	for name, c := range liblinearRejects {
-		if _, err := ImportLIBLINEAR(strings.NewReader(c.text), "1"); err == nil || !strings.Contains(err.Error(), c.says) {
+		s, err := ImportLIBLINEAR(strings.NewReader(c.text), "1")
+		if err == nil || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
+		if s != nil {
+			t.Errorf("%s: refused, yet returned a model %+v", name, s)
+		}
+	}
+	long := liblinearHeader + "1\n" + strings.Repeat("0", 2<<20) + "\n"
+	if _, err := ImportLIBLINEAR(strings.NewReader(long), "1"); err == nil || !strings.Contains(err.Error(), "line 8: longer than 1 MiB") {
+		t.Errorf("a 2 MiB line: %v, want an error naming line 8", err)
+	}
+}
+
+// A weight too small for a float32 is dropped like a zero weight, not
+// kept as a feature of weight 0.
+func TestImportLIBLINEARDropsZeros(t *testing.T) {
+	s, err := ImportLIBLINEAR(strings.NewReader(liblinearHeader+"1e-50\n-0\n"), "1")
+	if err != nil || len(s.Keys) != 0 {
+		t.Fatalf("imported %+v, %v; want no features", s, err)
 	}
 }
 
