@@ -375,12 +375,12 @@ const tsvGood = "# an fm model\ntype fm\ndim 2\nbias -0.5\n1\t0.5\t0.1\t0.2\n184
 var tsvRejects = map[string]struct{ text, says string }{
 	"no type":       {"1 0.5\n", "no \"type\" header before the first feature"},
 	"wrong width":   {"type fm\ndim 2\n1 0.5 0.1\n", "feature 1 has 2 values, want 3"},
-	"lr with dim":   {"type lr\ndim 2\n1 0.5\n", "an lr model takes no dim"},
-	"fm no dim":     {"type fm\n1 0.5\n", "an fm model needs a \"dim\" header"},
+	"lr with dim":   {"type lr\ndim 2\n1 0.5\n", "line 2: an lr model takes no dim"},
+	"fm no dim":     {"type fm\n1 0.5\n", "line 1: an fm model needs a \"dim\" header"},
 	"header late":   {"type lr\n1 0.5\nbias 1\n", "\"bias\" is not a feature id (headers come first)"},
 	"bad number":    {"type lr\n1 abc\n", "parsing \"abc\""},
-	"duplicate":     {"type lr\n1 0.5\n1 0.6\n", "feature id 1 appears twice"},
-	"nan":           {"type lr\n1 NaN\n", "non-finite value"},
+	"duplicate":     {"type lr\n1 0.5\n1 0.6\n", "line 3: feature id 1 appears twice (first on line 2)"},
+	"nan":           {"type lr\n1 NaN\n", "line 2: feature 1 has a non-finite value NaN"},
 	"unknown":       {"type lr\ncolor red\n", "unknown header \"color\""},
 	"negative id":   {"type lr\n-1 0.5\n", "feature id \"-1\" is not an integer"},
 	"overflow f32":  {"type lr\n1 1e39\n", "parsing \"1e39\""},
@@ -391,6 +391,14 @@ var tsvRejects = map[string]struct{ text, says string }{
 	"id too large":  {"type lr\n18446744073709551616 1\n", "feature id \"18446744073709551616\" is not an integer"},
 	"header arity":  {"type lr fm\n", "header \"type\" wants one value"},
 	"only comments": {"# nothing\n", "no \"type\" header"},
+	// Accepted before: with no feature line the headers' shape went
+	// unchecked, so an lr model with a dim or an fm model without one
+	// passed, for Publish to refuse.
+	"lr with dim, no features": {"type lr\ndim 2\n", "line 2: an lr model takes no dim"},
+	"fm no dim, no features":   {"type fm\nbias 1\n", "line 1: an fm model needs a \"dim\" header"},
+	// Refused without their line before, and "bias nan" accepted.
+	"inf factor": {"type fm\ndim 1\n1 0.5 -Inf\n", "line 3: feature 1 has a non-finite value -Inf"},
+	"nan bias":   {"type lr\nbias nan\n1 0.5\n", "line 2: bias NaN is not finite"},
 }
 
 func TestParseTSV(t *testing.T) {
@@ -402,9 +410,17 @@ func TestParseTSV(t *testing.T) {
 		t.Fatalf("parsed %+v", s)
 	}
 	for name, c := range tsvRejects {
-		if _, err := ParseTSV(strings.NewReader(c.text)); err == nil || !strings.Contains(err.Error(), c.says) {
+		s, err := ParseTSV(strings.NewReader(c.text))
+		if err == nil || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
+		if s != nil {
+			t.Errorf("%s: refused, yet returned a model %+v", name, s)
+		}
+	}
+	long := "type lr\n1 " + strings.Repeat("0", 17<<20) + "\n"
+	if _, err := ParseTSV(strings.NewReader(long)); err == nil || !strings.Contains(err.Error(), "line 2: longer than 16 MiB") {
+		t.Errorf("a 17 MiB line: %v, want an error naming line 2", err)
 	}
 }
 
