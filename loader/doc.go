@@ -20,4 +20,9 @@
 //
 // Nothing here starts goroutines that outlive a call; Publish and
 // Generate write partitions in parallel, GOMAXPROCS at a time.
+//
+// The importers read what users hand in, so they are fuzzed, with
+// oracles for what an accepted file must mean and what a refusal must
+// say (import_fuzz_test.go); the kept corpora are in testdata/fuzz. Run
+// one at a time: go test ./loader -run XXX -fuzz FuzzParseTSV -fuzztime 60s.
 package loader

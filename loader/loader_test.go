@@ -366,40 +366,61 @@ func TestGenerate(t *testing.T) {
 	}
 }
 
+// tsvGood is a valid TSV model: TestParseTSV checks what it parses to,
+// and FuzzParseTSV starts from it.
+const tsvGood = "# an fm model\ntype fm\ndim 2\nbias -0.5\n1\t0.5\t0.1\t0.2\n18446744073709551615 1 2 3 # max id\n"
+
+// tsvRejects are TSV files each refused for its own reason: the error
+// names it. FuzzParseTSV starts from them too.
+var tsvRejects = map[string]struct{ text, says string }{
+	"no type":       {"1 0.5\n", "no \"type\" header before the first feature"},
+	"wrong width":   {"type fm\ndim 2\n1 0.5 0.1\n", "feature 1 has 2 values, want 3"},
+	"lr with dim":   {"type lr\ndim 2\n1 0.5\n", "line 2: an lr model takes no dim"},
+	"fm no dim":     {"type fm\n1 0.5\n", "line 1: an fm model needs a \"dim\" header"},
+	"header late":   {"type lr\n1 0.5\nbias 1\n", "\"bias\" is not a feature id (headers come first)"},
+	"bad number":    {"type lr\n1 abc\n", "parsing \"abc\""},
+	"duplicate":     {"type lr\n1 0.5\n1 0.6\n", "line 3: feature id 1 appears twice (first on line 2)"},
+	"nan":           {"type lr\n1 NaN\n", "line 2: feature 1 has a non-finite value NaN"},
+	"unknown":       {"type lr\ncolor red\n", "unknown header \"color\""},
+	"negative id":   {"type lr\n-1 0.5\n", "feature id \"-1\" is not an integer"},
+	"overflow f32":  {"type lr\n1 1e39\n", "parsing \"1e39\""},
+	"unknown type":  {"type dnn\n", "type \"dnn\" is not lr or fm"},
+	"huge dim":      {"type fm\ndim 100000\n", "dim 100000 outside 1..1024"},
+	"empty":         {"", "no \"type\" header"},
+	"bias not num":  {"type lr\nbias x\n", "parsing \"x\""},
+	"id too large":  {"type lr\n18446744073709551616 1\n", "feature id \"18446744073709551616\" is not an integer"},
+	"header arity":  {"type lr fm\n", "header \"type\" wants one value"},
+	"only comments": {"# nothing\n", "no \"type\" header"},
+	// Accepted before: with no feature line the headers' shape went
+	// unchecked, so an lr model with a dim or an fm model without one
+	// passed, for Publish to refuse.
+	"lr with dim, no features": {"type lr\ndim 2\n", "line 2: an lr model takes no dim"},
+	"fm no dim, no features":   {"type fm\nbias 1\n", "line 1: an fm model needs a \"dim\" header"},
+	// Refused without their line before, and "bias nan" accepted.
+	"inf factor": {"type fm\ndim 1\n1 0.5 -Inf\n", "line 3: feature 1 has a non-finite value -Inf"},
+	"nan bias":   {"type lr\nbias nan\n1 0.5\n", "line 2: bias NaN is not finite"},
+}
+
 func TestParseTSV(t *testing.T) {
-	good := "# an fm model\ntype fm\ndim 2\nbias -0.5\n1\t0.5\t0.1\t0.2\n18446744073709551615 1 2 3 # max id\n"
-	s, err := ParseTSV(strings.NewReader(good))
+	s, err := ParseTSV(strings.NewReader(tsvGood))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.Type != codec.TypeFM || s.Dim != 2 || s.Bias != -0.5 || len(s.Keys) != 2 || s.Keys[1] != math.MaxUint64 || s.Values[5] != 3 {
 		t.Fatalf("parsed %+v", s)
 	}
-	// Each refused for its own reason: the error names it.
-	bad := map[string]struct{ text, says string }{
-		"no type":       {"1 0.5\n", "no \"type\" header before the first feature"},
-		"wrong width":   {"type fm\ndim 2\n1 0.5 0.1\n", "feature 1 has 2 values, want 3"},
-		"lr with dim":   {"type lr\ndim 2\n1 0.5\n", "an lr model takes no dim"},
-		"fm no dim":     {"type fm\n1 0.5\n", "an fm model needs a \"dim\" header"},
-		"header late":   {"type lr\n1 0.5\nbias 1\n", "\"bias\" is not a feature id (headers come first)"},
-		"bad number":    {"type lr\n1 abc\n", "parsing \"abc\""},
-		"duplicate":     {"type lr\n1 0.5\n1 0.6\n", "feature id 1 appears twice"},
-		"nan":           {"type lr\n1 NaN\n", "non-finite value"},
-		"unknown":       {"type lr\ncolor red\n", "unknown header \"color\""},
-		"negative id":   {"type lr\n-1 0.5\n", "feature id \"-1\" is not an integer"},
-		"overflow f32":  {"type lr\n1 1e39\n", "parsing \"1e39\""},
-		"unknown type":  {"type dnn\n", "type \"dnn\" is not lr or fm"},
-		"huge dim":      {"type fm\ndim 100000\n", "dim 100000 outside 1..1024"},
-		"empty":         {"", "no \"type\" header"},
-		"bias not num":  {"type lr\nbias x\n", "parsing \"x\""},
-		"id too large":  {"type lr\n18446744073709551616 1\n", "feature id \"18446744073709551616\" is not an integer"},
-		"header arity":  {"type lr fm\n", "header \"type\" wants one value"},
-		"only comments": {"# nothing\n", "no \"type\" header"},
-	}
-	for name, c := range bad {
-		if _, err := ParseTSV(strings.NewReader(c.text)); err == nil || !strings.Contains(err.Error(), c.says) {
+	for name, c := range tsvRejects {
+		s, err := ParseTSV(strings.NewReader(c.text))
+		if err == nil || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
+		if s != nil {
+			t.Errorf("%s: refused, yet returned a model %+v", name, s)
+		}
+	}
+	long := "type lr\n1 " + strings.Repeat("0", 17<<20) + "\n"
+	if _, err := ParseTSV(strings.NewReader(long)); err == nil || !strings.Contains(err.Error(), "line 2: longer than 16 MiB") {
+		t.Errorf("a 17 MiB line: %v, want an error naming line 2", err)
 	}
 }
 
@@ -514,23 +535,64 @@ func checkAgainstPredict(t *testing.T, s *Sparse, data, out, positive string) {
 	}
 }
 
+// liblinearHeader heads a LIBLINEAR model file with two features, no
+// bias feature, and labels 1 and -1.
+const liblinearHeader = "solver_type L2R_LR\nnr_class 2\nlabel 1 -1\nnr_feature 2\nbias -1\nw\n"
+
+// liblinearRejects are LIBLINEAR files each refused, for positive label
+// 1, for its own reason: the error names it. FuzzImportLIBLINEAR starts
+// from them.
+var liblinearRejects = map[string]struct{ text, says string }{
+	"svm solver":     {strings.Replace(liblinearHeader, "L2R_LR", "L2R_L2LOSS_SVC_DUAL", 1) + "1\n2\n", "gives no probabilities"},
+	"multiclass":     {strings.Replace(strings.Replace(liblinearHeader, "nr_class 2", "nr_class 3", 1), "label 1 -1", "label 1 2 3", 1) + "1 2 3\n1 2 3\n", "3 classes; only binary models"},
+	"short weights":  {liblinearHeader + "1\n", "1 weights, nr_feature and bias promise 2"},
+	"extra text":     {liblinearHeader + "1\n2\n3\n", "text after the last weight"},
+	"no w":           {"solver_type L2R_LR\nnr_class 2\n", "missing \"w\" line"},
+	"bad weight":     {liblinearHeader + "1\nx\n", "line 8: strconv.ParseFloat: parsing \"x\""},
+	"wrong label":    {strings.Replace(liblinearHeader, "label 1 -1", "label 2 4", 1) + "1\n2\n", "positive label \"1\" is not one of the model's labels"},
+	"unknown header": {"colour blue\n" + liblinearHeader + "1\n2\n", "unknown header \"colour\""},
+	// Found by FuzzImportLIBLINEAR: a missing label line was called "2
+	// classes; only binary models are supported".
+	"no label line": {strings.Replace(liblinearHeader, "label 1 -1\n", "", 1) + "1\n2\n", "missing label line"},
+	"one label":     {strings.Replace(liblinearHeader, "label 1 -1", "label 1", 1) + "1\n2\n", "line 3: 1 labels for 2 classes"},
+	"equal labels":  {strings.Replace(liblinearHeader, "label 1 -1", "label 1 1", 1) + "1\n2\n", "line 3: both labels are \"1\""},
+	"no nr_class":   {strings.Replace(liblinearHeader, "nr_class 2\n", "", 1) + "1\n2\n", "missing nr_class"},
+	// nr_feature+1 overflowed: no weight was read, and the file accepted.
+	"nr_feature overflow": {strings.Replace(strings.Replace(liblinearHeader, "nr_feature 2", "nr_feature 9223372036854775807", 1), "bias -1", "bias 1", 1),
+		"line 4: nr_feature 9223372036854775807 outside 0..2147483647"},
+	"negative nr_feature": {strings.Replace(liblinearHeader, "nr_feature 2", "nr_feature -3", 1), "line 4: nr_feature -3 outside 0..2147483647"},
+	// Non-finite numbers were refused without their line, and a NaN bias
+	// was taken as "no bias feature".
+	"nan weight":     {liblinearHeader + "1\nnan\n", "line 8: weight nan is not a finite float32"},
+	"float32 weight": {liblinearHeader + "1e300\n2\n", "line 7: weight 1e300 is not a finite float32"},
+	"nan bias":       {strings.Replace(liblinearHeader, "bias -1", "bias nan", 1) + "1\n2\n", "line 5: bias NaN is not finite"},
+	"inf bias":       {strings.Replace(liblinearHeader, "bias -1", "bias inf", 1) + "1\n2\n0\n", "line 5: bias +Inf is not finite"},
+	"bias product": {strings.Replace(liblinearHeader, "bias -1", "bias 1e300", 1) + "1\n2\n1e300\n",
+		"line 9: bias weight 1e300 times bias 1e+300 is not finite"},
+}
+
 func TestImportLIBLINEARRejects(t *testing.T) {
-	header := "solver_type L2R_LR\nnr_class 2\nlabel 1 -1\nnr_feature 2\nbias -1\nw\n"
-	// Each refused for its own reason: the error names it.
-	cases := map[string]struct{ text, says string }{
-		"svm solver":     {strings.Replace(header, "L2R_LR", "L2R_L2LOSS_SVC_DUAL", 1) + "1\n2\n", "gives no probabilities"},
-		"multiclass":     {strings.Replace(strings.Replace(header, "nr_class 2", "nr_class 3", 1), "label 1 -1", "label 1 2 3", 1) + "1 2 3\n1 2 3\n", "3 classes; only binary models"},
-		"short weights":  {header + "1\n", "1 weights, nr_feature and bias promise 2"},
-		"extra text":     {header + "1\n2\n3\n", "text after the last weight"},
-		"no w":           {"solver_type L2R_LR\nnr_class 2\n", "missing \"w\" line"},
-		"bad weight":     {header + "1\nx\n", "line 8: strconv.ParseFloat: parsing \"x\""},
-		"wrong label":    {strings.Replace(header, "label 1 -1", "label 2 4", 1) + "1\n2\n", "positive label \"1\" is not one of the model's labels"},
-		"unknown header": {"colour blue\n" + header + "1\n2\n", "unknown header \"colour\""},
-	}
-	for name, c := range cases {
-		if _, err := ImportLIBLINEAR(strings.NewReader(c.text), "1"); err == nil || !strings.Contains(err.Error(), c.says) {
+	for name, c := range liblinearRejects {
+		s, err := ImportLIBLINEAR(strings.NewReader(c.text), "1")
+		if err == nil || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
+		if s != nil {
+			t.Errorf("%s: refused, yet returned a model %+v", name, s)
+		}
+	}
+	long := liblinearHeader + "1\n" + strings.Repeat("0", 2<<20) + "\n"
+	if _, err := ImportLIBLINEAR(strings.NewReader(long), "1"); err == nil || !strings.Contains(err.Error(), "line 8: longer than 1 MiB") {
+		t.Errorf("a 2 MiB line: %v, want an error naming line 8", err)
+	}
+}
+
+// A weight too small for a float32 is dropped like a zero weight, not
+// kept as a feature of weight 0.
+func TestImportLIBLINEARDropsZeros(t *testing.T) {
+	s, err := ImportLIBLINEAR(strings.NewReader(liblinearHeader+"1e-50\n-0\n"), "1")
+	if err != nil || len(s.Keys) != 0 {
+		t.Fatalf("imported %+v, %v; want no features", s, err)
 	}
 }
 

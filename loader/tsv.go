@@ -2,8 +2,10 @@ package loader
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 
@@ -20,12 +22,14 @@ import (
 //
 // Fields are separated by tabs or spaces. Header lines come before the
 // first feature line. A line's first field decides its kind: a decimal
-// number starts a feature line.
+// number starts a feature line. A refused file yields no model and an
+// error naming the line, where one line is at fault.
 func ParseTSV(r io.Reader) (*Sparse, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<16), 1<<24)
 	m := &Sparse{Type: codec.TypeLR}
-	haveType, inBody := false, false
+	typeLine, dimLine, inBody := 0, 0, false
+	seen := map[uint64]int{} // feature id → its line
 	line := 0
 	for sc.Scan() {
 		line++
@@ -55,14 +59,18 @@ func ParseTSV(r io.Reader) (*Sparse, error) {
 				if f[1] != codec.TypeLR && f[1] != codec.TypeFM {
 					return nil, fmt.Errorf("loader: tsv: line %d: type %q is not lr or fm", line, f[1])
 				}
-				m.Type, haveType = f[1], true
+				m.Type, typeLine = f[1], line
 			case "dim":
 				m.Dim, err = strconv.Atoi(f[1])
 				if err == nil && (m.Dim < 1 || m.Dim > 1024) {
 					err = fmt.Errorf("dim %d outside 1..1024", m.Dim)
 				}
+				dimLine = line
 			case "bias":
 				m.Bias, err = strconv.ParseFloat(f[1], 64)
+				if err == nil && (math.IsNaN(m.Bias) || math.IsInf(m.Bias, 0)) {
+					err = fmt.Errorf("bias %v is not finite", m.Bias)
+				}
 			default:
 				return nil, fmt.Errorf("loader: tsv: line %d: unknown header %q", line, f[0])
 			}
@@ -73,33 +81,54 @@ func ParseTSV(r io.Reader) (*Sparse, error) {
 		}
 		if !inBody {
 			inBody = true
-			if !haveType {
+			if typeLine == 0 {
 				return nil, fmt.Errorf("loader: tsv: line %d: no \"type\" header before the first feature", line)
 			}
-			if m.Type == codec.TypeLR && m.Dim != 0 {
-				return nil, fmt.Errorf("loader: tsv: an lr model takes no dim")
-			}
-			if m.Type == codec.TypeFM && m.Dim == 0 {
-				return nil, fmt.Errorf("loader: tsv: an fm model needs a \"dim\" header")
+			if err := tsvShape(m, typeLine, dimLine); err != nil {
+				return nil, err
 			}
 		}
 		if len(f) != 1+m.Width() {
 			return nil, fmt.Errorf("loader: tsv: line %d: feature %d has %d values, want %d", line, id, len(f)-1, m.Width())
 		}
+		if first, dup := seen[id]; dup {
+			return nil, fmt.Errorf("loader: tsv: line %d: feature id %d appears twice (first on line %d)", line, id, first)
+		}
+		seen[id] = line
 		m.Keys = append(m.Keys, id)
 		for _, s := range f[1:] {
 			v, err := strconv.ParseFloat(s, 32)
 			if err != nil {
 				return nil, fmt.Errorf("loader: tsv: line %d: %w", line, err)
 			}
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return nil, fmt.Errorf("loader: tsv: line %d: feature %d has a non-finite value %s", line, id, s)
+			}
 			m.Values = append(m.Values, float32(v))
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("loader: tsv: %w", err)
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, fmt.Errorf("loader: tsv: line %d: longer than 16 MiB", line+1)
+		}
+		return nil, fmt.Errorf("loader: tsv: line %d: %w", line+1, err)
 	}
-	if !haveType {
+	if typeLine == 0 {
 		return nil, fmt.Errorf("loader: tsv: no \"type\" header")
 	}
-	return m, m.check()
+	if err := tsvShape(m, typeLine, dimLine); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// tsvShape checks that the headers agree: lr takes no dim, fm needs one.
+func tsvShape(m *Sparse, typeLine, dimLine int) error {
+	switch {
+	case m.Type == codec.TypeLR && m.Dim != 0:
+		return fmt.Errorf("loader: tsv: line %d: an lr model takes no dim", dimLine)
+	case m.Type == codec.TypeFM && m.Dim == 0:
+		return fmt.Errorf("loader: tsv: line %d: an fm model needs a \"dim\" header", typeLine)
+	}
+	return nil
 }
