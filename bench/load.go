@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
@@ -59,18 +57,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 	if o.Distinct == 0 {
 		o.Distinct = 64
 	}
-	reqs := make([]*kservepb.ModelInferRequest, o.Distinct)
-	size := 0
-	for i := range reqs {
-		reqs[i] = o.Generator.Request(o.Model)
-		size += proto.Size(reqs[i])
-	}
-	ids := 0
-	for i, in := range reqs[0].Inputs {
-		if in.Name == "ids" || in.Name == "shared_ids" {
-			ids += len(reqs[0].RawInputContents[i]) / 8
-		}
-	}
+	reqs := prebuild(o.Generator, o.Model, o.Distinct)
 	ctx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
@@ -102,7 +89,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 			var mine []time.Duration
 			for i := c; !over() && take(); i++ {
 				t0 := time.Now()
-				_, err := o.Client.ModelInfer(ctx, reqs[i%len(reqs)])
+				_, err := o.Client.ModelInfer(ctx, reqs.get(i))
 				d := time.Since(t0)
 				if err != nil {
 					if over() {
@@ -125,7 +112,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 	}
 	wg.Wait()
 	r := Result{Requests: len(lat), Errors: errs, FirstError: firstErr, Elapsed: time.Since(start),
-		RequestBytes: size / len(reqs), IDsPerRequest: ids}
+		RequestBytes: reqs.meanBytes, IDsPerRequest: reqs.ids}
 	if len(lat) > 0 {
 		slices.Sort(lat)
 		q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
