@@ -130,8 +130,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 		RequestBytes: reqs.meanBytes, IDsPerRequest: reqs.ids, RetryUnavailable: o.RetryUnavailable, Retries: retries}
 	if len(lat) > 0 {
 		slices.Sort(lat)
-		q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-		r.P50, r.P99, r.P999 = q(0.50), q(0.99), q(0.999)
+		r.P50, r.P99, r.P999 = quantile(lat, 0.50), quantile(lat, 0.99), quantile(lat, 0.999)
 	}
 	return r
 }
