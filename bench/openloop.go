@@ -76,7 +76,7 @@ func (o *OpenLoopOptions) ensureDefaults() {
 // server that falls behind shows in them (no coordinated omission).
 type OpenResult struct {
 	Rate             float64
-	Duration         time.Duration // the time requests were offered over
+	Duration         time.Duration // the time requests were offered over: less than asked if ctx ended it
 	Timeout          time.Duration
 	RetryUnavailable bool
 
@@ -207,9 +207,13 @@ schedule:
 			<-slots
 		}()
 	}
+	offeredFor := o.Duration
+	if offered < n {
+		offeredFor = time.Since(start) // ctx ended the schedule
+	}
 	wg.Wait()
 	r := tally(outs[:offered])
-	r.Rate, r.Duration, r.Timeout, r.RetryUnavailable = o.Rate, o.Duration, o.Timeout, o.RetryUnavailable
+	r.Rate, r.Duration, r.Timeout, r.RetryUnavailable = o.Rate, offeredFor, o.Timeout, o.RetryUnavailable
 	r.PeakOutstanding, r.MaxOutstanding = peak, o.MaxOutstanding
 	r.RequestBytes, r.IDsPerRequest = reqs.meanBytes, reqs.ids
 	return r, nil
