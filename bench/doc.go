@@ -7,6 +7,21 @@
 // request in flight each, for a bounded Duration or request count, and
 // reports QPS, p50/p99/p999 latency and request size.
 //
+// OpenLoop offers load at a fixed rate instead, evenly spaced, whether or
+// not earlier requests were answered, each under its own deadline from
+// when it was due; latency counts from then as well, so a server (or a
+// client) that falls behind shows in it. It owns one goroutine per
+// request in flight, bounded; a request due at the bound is counted as
+// client-dropped, never skipped. Every offered request ends as exactly
+// one of OK, refused (ResourceExhausted, whose own latency is reported
+// apart), an error by gRPC code, or client-dropped. Both loops can resend
+// requests answered Unavailable (send.go), counting the resends.
+// Requests are built before the clock starts (requests.go) and shared
+// read-only by the callers.
+//
+// WatchRSS reads a process's VmRSS from /proc around a run: before, the
+// peak during, and after a settling time.
+//
 // Benchmarks are measurements, never tests: nothing in the test suite
 // depends on timing. Peer baselines (Go map, Redis) join here with the
 // storage-engine work.

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
@@ -22,6 +20,11 @@ type LoadOptions struct {
 	Duration    time.Duration // default 10s
 	MaxRequests int           // stop after this many; 0 means no bound but Duration
 	Distinct    int           // distinct pre-built requests cycled through; default 64
+	Timeout     time.Duration // each request's deadline; 0 means none but the run's
+
+	// RetryUnavailable sends a request answered Unavailable again, up to
+	// MaxRetries times; default off.
+	RetryUnavailable bool
 }
 
 // Result is what a load run measured.
@@ -33,6 +36,9 @@ type Result struct {
 	P50, P99, P999 time.Duration
 	RequestBytes   int // mean serialized request size
 	IDsPerRequest  int
+
+	RetryUnavailable bool // whether requests answered Unavailable were resent
+	Retries          int  // resends; a request resent and then answered counts once in Requests
 }
 
 // QPS is completed requests per second.
@@ -43,6 +49,9 @@ func (r Result) Print(w io.Writer, workload string) {
 	fmt.Fprintf(w, "%-8s requests=%d errors=%d qps=%.0f p50=%s p99=%s p999=%s req_bytes=%d ids/req=%d\n",
 		workload, r.Requests, r.Errors, r.QPS(), r.P50.Round(time.Microsecond), r.P99.Round(time.Microsecond),
 		r.P999.Round(time.Microsecond), r.RequestBytes, r.IDsPerRequest)
+	if r.RetryUnavailable {
+		fmt.Fprintf(w, "%-8s retries=%d (Unavailable, up to %d per request)\n", workload, r.Retries, MaxRetries)
+	}
 	if r.FirstError != nil {
 		fmt.Fprintf(w, "%-8s first error: %v\n", workload, r.FirstError)
 	}
@@ -59,18 +68,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 	if o.Distinct == 0 {
 		o.Distinct = 64
 	}
-	reqs := make([]*kservepb.ModelInferRequest, o.Distinct)
-	size := 0
-	for i := range reqs {
-		reqs[i] = o.Generator.Request(o.Model)
-		size += proto.Size(reqs[i])
-	}
-	ids := 0
-	for i, in := range reqs[0].Inputs {
-		if in.Name == "ids" || in.Name == "shared_ids" {
-			ids += len(reqs[0].RawInputContents[i]) / 8
-		}
-	}
+	reqs := prebuild(o.Generator, o.Model, o.Distinct)
 	ctx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
@@ -83,6 +81,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 		errs     int
 		firstErr error
 		issued   int
+		retries  int
 	)
 	take := func() bool {
 		mu.Lock()
@@ -100,10 +99,12 @@ func Run(ctx context.Context, o LoadOptions) Result {
 		go func() {
 			defer wg.Done()
 			var mine []time.Duration
+			resends := 0
 			for i := c; !over() && take(); i++ {
 				t0 := time.Now()
-				_, err := o.Client.ModelInfer(ctx, reqs[i%len(reqs)])
+				resent, err := o.call(ctx, reqs.get(i))
 				d := time.Since(t0)
+				resends += resent
 				if err != nil {
 					if over() {
 						break // the run's deadline, not a failure
@@ -120,16 +121,27 @@ func Run(ctx context.Context, o LoadOptions) Result {
 			}
 			mu.Lock()
 			lat = append(lat, mine...)
+			retries += resends
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
 	r := Result{Requests: len(lat), Errors: errs, FirstError: firstErr, Elapsed: time.Since(start),
-		RequestBytes: size / len(reqs), IDsPerRequest: ids}
+		RequestBytes: reqs.meanBytes, IDsPerRequest: reqs.ids, RetryUnavailable: o.RetryUnavailable, Retries: retries}
 	if len(lat) > 0 {
 		slices.Sort(lat)
-		q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-		r.P50, r.P99, r.P999 = q(0.50), q(0.99), q(0.999)
+		r.P50, r.P99, r.P999 = quantile(lat, 0.50), quantile(lat, 0.99), quantile(lat, 0.999)
 	}
 	return r
+}
+
+// call sends one request of a closed-loop run, under its own deadline
+// when the run sets one.
+func (o LoadOptions) call(ctx context.Context, req *kservepb.ModelInferRequest) (resent int, err error) {
+	if o.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
+		defer cancel()
+	}
+	return send(ctx, o.Client, req, o.RetryUnavailable)
 }

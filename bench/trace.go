@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/status"
-
-	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
 // Call is one request of a traced run.
@@ -31,10 +29,7 @@ func Trace(ctx context.Context, o LoadOptions) []Call {
 	if o.Distinct == 0 {
 		o.Distinct = 64
 	}
-	reqs := make([]*kservepb.ModelInferRequest, o.Distinct)
-	for i := range reqs {
-		reqs[i] = o.Generator.Request(o.Model)
-	}
+	reqs := prebuild(o.Generator, o.Model, o.Distinct)
 	var mu sync.Mutex
 	var calls []Call
 	var wg sync.WaitGroup
@@ -45,7 +40,7 @@ func Trace(ctx context.Context, o LoadOptions) []Call {
 			var mine []Call
 			for i := c; ctx.Err() == nil; i++ {
 				call := Call{Start: time.Now()}
-				resp, err := o.Client.ModelInfer(context.WithoutCancel(ctx), reqs[i%len(reqs)])
+				resp, err := o.Client.ModelInfer(context.WithoutCancel(ctx), reqs.get(i))
 				call.End = time.Now()
 				if err != nil {
 					call.Err = status.Code(err).String()

@@ -16,14 +16,15 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/server"
+	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
 func benchCommand() *cobra.Command {
 	var (
 		workloads, addr, model, repo, typ string
 		params                            int64
-		shards, concurrency, maxRequests  int
-		duration                          time.Duration
+		shards                            int
+		l                                 benchLoad
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -33,10 +34,30 @@ func benchCommand() *cobra.Command {
 With --addr, it targets a running router; --repo tells it the model's
 generator settings (the model must come from 'cumulus model gen').
 Without --addr, it generates a model of --params features, starts a dev
-cluster of --shards shards on loopback and targets that.`,
+cluster of --shards shards on loopback and targets that.
+
+By default the load is closed loop: --concurrency callers, one request in
+flight each. With --rate, it is open loop: requests are sent at that rate,
+evenly spaced, whether or not earlier ones were answered, each with a
+deadline of --timeout from when it was due; latency counts from then too.
+It prints goodput, refusals (ResourceExhausted) with their own latency,
+errors by gRPC code, and requests the client could not send in time.
+
+With --pid, or in open loop without --addr (then the dev cluster is this
+process), it reads the process's VmRSS from /proc before the load, every
+100ms during it, and --settle after it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if l.rate < 0 || l.timeout < 0 || l.settle < 0 {
+				return fmt.Errorf("--rate, --timeout and --settle must not be negative")
+			}
+			if l.rate > 0 && (cmd.Flags().Changed("concurrency") || cmd.Flags().Changed("requests")) {
+				return fmt.Errorf("--concurrency and --requests are for the closed loop; in open loop, --rate and --duration set the load")
+			}
+			if l.pid == 0 && addr == "" && l.rate > 0 {
+				l.pid = os.Getpid()
+			}
 			if addr == "" {
 				dir, err := os.MkdirTemp("", "cumulus-bench-")
 				if err != nil {
@@ -79,8 +100,16 @@ cluster of --shards shards on loopback and targets that.`,
 			if workloads == "all" {
 				names = []string{"rank200", "small"}
 			}
-			fmt.Printf("model %s v%d: %s, %d features, %d partitions; concurrency %d, %s per workload\n",
-				m.Name, m.Version, m.Type, m.Params, m.Partitions, concurrency, duration)
+			if l.rate > 0 {
+				fmt.Printf("model %s v%d: %s, %d features, %d partitions; open loop at %g/s, evenly spaced, %s per workload\n",
+					m.Name, m.Version, m.Type, m.Params, m.Partitions, l.rate, l.duration)
+			} else {
+				fmt.Printf("model %s v%d: %s, %d features, %d partitions; concurrency %d, %s per workload\n",
+					m.Name, m.Version, m.Type, m.Params, m.Partitions, l.concurrency, l.duration)
+			}
+			if l.pid == os.Getpid() {
+				fmt.Printf("rss of pid %d: this process, the dev cluster and the load generator together\n", l.pid)
+			}
 			for _, name := range names {
 				w, ok := bench.Workloads[name]
 				if !ok {
@@ -90,9 +119,9 @@ cluster of --shards shards on loopback and targets that.`,
 				if err != nil {
 					return err
 				}
-				res := bench.Run(ctx, bench.LoadOptions{Client: kserveClient(conn), Model: model, Generator: g,
-					Concurrency: concurrency, Duration: duration, MaxRequests: maxRequests})
-				res.Print(os.Stdout, name)
+				if err := l.run(ctx, kserveClient(conn), model, name, g); err != nil {
+					return err
+				}
 			}
 			return nil
 		},
@@ -105,10 +134,49 @@ cluster of --shards shards on loopback and targets that.`,
 	cmd.Flags().StringVar(&typ, "type", codec.TypeLR, "without --addr: lr or fm")
 	cmd.Flags().Int64Var(&params, "params", 1_000_000, "without --addr: features in the generated model")
 	cmd.Flags().IntVar(&shards, "shards", 4, "without --addr: shard servers")
-	cmd.Flags().IntVar(&concurrency, "concurrency", 4, "requests in flight")
-	cmd.Flags().DurationVar(&duration, "duration", 10*time.Second, "time per workload")
-	cmd.Flags().IntVar(&maxRequests, "requests", 0, "stop a workload after this many requests (0: only --duration)")
+	cmd.Flags().IntVar(&l.concurrency, "concurrency", 4, "closed loop: requests in flight")
+	cmd.Flags().DurationVar(&l.duration, "duration", 10*time.Second, "time per workload")
+	cmd.Flags().IntVar(&l.maxRequests, "requests", 0, "closed loop: stop a workload after this many requests (0: only --duration)")
+	cmd.Flags().Float64Var(&l.rate, "rate", 0, "open loop: requests offered per second (0: closed loop)")
+	cmd.Flags().DurationVar(&l.timeout, "timeout", 0, "each request's deadline (0: 2s in open loop, none in closed loop)")
+	cmd.Flags().BoolVar(&l.retry, "retry-unavailable", false, fmt.Sprintf("resend a request answered Unavailable, within its deadline, up to %d times", bench.MaxRetries))
+	cmd.Flags().IntVar(&l.pid, "pid", 0, "report this process's VmRSS before, during and after each workload (default: this process in open loop without --addr)")
+	cmd.Flags().DurationVar(&l.settle, "settle", 5*time.Second, "with memory observed: wait this long after the load before reading VmRSS again")
 	return cmd
+}
+
+// benchLoad is how bench loads each workload.
+type benchLoad struct {
+	concurrency, maxRequests  int // closed loop
+	rate                      float64
+	duration, timeout, settle time.Duration
+	retry                     bool
+	pid                       int // whose memory to watch; 0 for none
+}
+
+// run drives one workload and prints what it measured, with pid's memory
+// around it when one is watched.
+func (l benchLoad) run(ctx context.Context, client kservepb.GRPCInferenceServiceClient, model, name string, g *bench.Generator) error {
+	var err error
+	load := func() {
+		if l.rate == 0 {
+			bench.Run(ctx, bench.LoadOptions{Client: client, Model: model, Generator: g, Concurrency: l.concurrency,
+				Duration: l.duration, MaxRequests: l.maxRequests, Timeout: l.timeout, RetryUnavailable: l.retry}).Print(os.Stdout, name)
+			return
+		}
+		var res bench.OpenResult
+		res, err = bench.OpenLoop(ctx, bench.OpenLoopOptions{Client: client, Model: model, Generator: g,
+			Rate: l.rate, Duration: l.duration, Timeout: l.timeout, RetryUnavailable: l.retry})
+		if err == nil {
+			res.Print(os.Stdout, name)
+		}
+	}
+	if l.pid == 0 {
+		load()
+	} else {
+		bench.WatchRSS(ctx, l.pid, 100*time.Millisecond, l.settle, load).Print(os.Stdout, name)
+	}
+	return err
 }
 
 // benchCluster starts a dev cluster and a front on loopback ports and
