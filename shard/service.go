@@ -100,7 +100,13 @@ func (sc *scratch) lookupLayers(layers []*Table, keys []uint64, w, i int) int {
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
 // Lookup implements Service on what the shard holds now.
-func (s *Shard) Lookup(_ context.Context, req []byte) ([]byte, error) {
+func (s *Shard) Lookup(ctx context.Context, req []byte) ([]byte, error) {
+	s.begun.Add(1)
+	s.inflight.Add(1)
+	defer s.inflight.Add(-1)
+	if s.opts.BeforeLookup != nil {
+		s.opts.BeforeLookup(ctx)
+	}
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
 	if err := sc.req.Decode(req); err != nil {
