@@ -31,6 +31,9 @@ type Predictor interface {
 	Predict(ctx context.Context, req *router.Request) (*router.Response, error)
 	Ready() bool
 	Model(name string) (router.ModelStatus, bool)
+	// Revision is the etcd revision of the cluster state it serves from;
+	// 0 until it has read it.
+	Revision() int64
 }
 
 // Options configure the front. Zero values mean the documented default.
@@ -235,19 +238,32 @@ func (s *Server) observe(api string, err error) {
 	s.requests.WithLabelValues(api, code).Inc()
 }
 
-// knownModel fails with ErrNotFound for a model that is not served, so
-// that answer comes before any complaint about the request's inputs.
-func (s *Server) knownModel(name string) error {
-	if _, ok := s.opts.Predictor.Model(name); !ok {
-		return fmt.Errorf("server: %w: model %q is not served", router.ErrNotFound, name)
+// model describes a served model: ErrNotFound when it is not served,
+// ErrUnavailable while the router has not yet read which models are (a
+// router just started: a client of a restarted router must not be told
+// that a served model does not exist).
+func (s *Server) model(name string) (router.ModelStatus, error) {
+	st, ok := s.opts.Predictor.Model(name)
+	switch {
+	case ok:
+		return st, nil
+	case s.opts.Predictor.Revision() == 0:
+		return st, fmt.Errorf("server: %w: the router has not read the serving map yet", router.ErrUnavailable)
 	}
-	return nil
+	return st, fmt.Errorf("server: %w: model %q is not served", router.ErrNotFound, name)
+}
+
+// knownModel fails for a model that is not served (see model), so that
+// answer comes before any complaint about the request's inputs.
+func (s *Server) knownModel(name string) error {
+	_, err := s.model(name)
+	return err
 }
 
 func (s *Server) modelReady(name, version string) (bool, error) {
-	st, ok := s.opts.Predictor.Model(name)
-	if !ok {
-		return false, fmt.Errorf("server: %w: model %q is not served", router.ErrNotFound, name)
+	st, err := s.model(name)
+	if err != nil {
+		return false, err
 	}
 	if version == "" {
 		return st.Ready, nil
@@ -280,9 +296,9 @@ type modelMeta struct {
 }
 
 func (s *Server) metadata(name string) (*modelMeta, error) {
-	st, ok := s.opts.Predictor.Model(name)
-	if !ok {
-		return nil, fmt.Errorf("server: %w: model %q is not served", router.ErrNotFound, name)
+	st, err := s.model(name)
+	if err != nil {
+		return nil, err
 	}
 	md := &modelMeta{Name: name, Platform: "cumulus_" + st.Type, Versions: []string{},
 		Inputs: []tensorMeta{
