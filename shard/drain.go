@@ -54,7 +54,7 @@ func (s *Shard) Drain(ctx context.Context) error {
 // quiesce waits until no lookup is under way and none has begun for
 // Options.DrainQuiet, or ctx ends.
 func (s *Shard) quiesce(ctx context.Context) error {
-	tick := time.NewTicker(s.opts.DrainQuiet / 10)
+	tick := time.NewTicker(max(s.opts.DrainQuiet/10, time.Millisecond))
 	defer tick.Stop()
 	last, since := s.begun.Load(), time.Now()
 	for {
