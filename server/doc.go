@@ -9,5 +9,9 @@
 // to every row; output scores FP32 [batch]. Typed contents and
 // raw_input_contents are both accepted; raw requests get raw responses.
 //
+// Readiness (/v2/health/ready, gRPC health, ServerReady) is the router's,
+// and false while the front drains (Drain): it then stops accepting, tells
+// gRPC clients to go elsewhere (GOAWAY) and lets requests under way finish.
+//
 // kservepb is generated from grpc_predict_v2.proto: go generate ./server/kservepb.
 package server

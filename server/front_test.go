@@ -175,7 +175,8 @@ func (g *gate) Predict(ctx context.Context, req *router.Request) (*router.Respon
 		return nil, fmt.Errorf("gate: %w", router.ErrDeadlineExceeded)
 	}
 }
-func (g *gate) Ready() bool { return true }
+func (g *gate) Ready() bool     { return true }
+func (g *gate) Revision() int64 { return 1 }
 func (g *gate) Model(name string) (router.ModelStatus, bool) {
 	return router.ModelStatus{Name: name, Ready: true, Live: 3, Versions: []uint64{3}, Type: "lr"}, name == "m"
 }

@@ -26,7 +26,7 @@ func (k *kserveGRPC) ServerLive(context.Context, *kservepb.ServerLiveRequest) (*
 }
 
 func (k *kserveGRPC) ServerReady(context.Context, *kservepb.ServerReadyRequest) (*kservepb.ServerReadyResponse, error) {
-	return &kservepb.ServerReadyResponse{Ready: k.s.opts.Predictor.Ready()}, nil
+	return &kservepb.ServerReadyResponse{Ready: k.s.ready()}, nil
 }
 
 func (k *kserveGRPC) ModelReady(_ context.Context, r *kservepb.ModelReadyRequest) (*kservepb.ModelReadyResponse, error) {

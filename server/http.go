@@ -22,7 +22,7 @@ func (s *Server) routes() *http.ServeMux {
 		writeJSON(w, http.StatusOK, map[string]bool{"live": true})
 	})
 	mux.HandleFunc("GET /v2/health/ready", func(w http.ResponseWriter, r *http.Request) {
-		ready := s.opts.Predictor.Ready()
+		ready := s.ready()
 		code := http.StatusOK
 		if !ready {
 			code = http.StatusServiceUnavailable

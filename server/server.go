@@ -4,19 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
@@ -30,6 +32,9 @@ type Predictor interface {
 	Predict(ctx context.Context, req *router.Request) (*router.Response, error)
 	Ready() bool
 	Model(name string) (router.ModelStatus, bool)
+	// Revision is the etcd revision of the cluster state it serves from;
+	// 0 until it has read it.
+	Revision() int64
 }
 
 // Options configure the front. Zero values mean the documented default.
@@ -123,6 +128,8 @@ type Server struct {
 	adm       *admission
 	requests  *prometheus.CounterVec
 	latencies *prometheus.HistogramVec
+	draining  atomic.Bool
+	inflight  atomic.Int64 // requests under way, both protocols
 }
 
 // Start listens on both addresses and serves until Close.
@@ -147,16 +154,21 @@ func Start(opts Options) (*Server, error) {
 		s.grpcLis.Close()
 		return nil, fmt.Errorf("server: HTTP: %w", err)
 	}
-	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(grpcRecvLimit(opts)), grpc.UnaryInterceptor(s.timing),
+	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(grpcRecvLimit(opts)), grpc.ChainUnaryInterceptor(s.counting, s.timing),
 		// Streams past admission are refused at once, not queued in the
 		// transport; this only bounds what one connection can pile up.
 		grpc.MaxConcurrentStreams(uint32(max(4*opts.MaxInflight, 100))))
 	s.grpc.RegisterService(s.inferenceService(), &kserveGRPC{s: s})
-	healthpb.RegisterHealthServer(s.grpc, health.NewServer())
+	healthpb.RegisterHealthServer(s.grpc, healthService{s: s})
 	reflection.Register(s.grpc)
+	routes := s.routes()
 	// Infer bodies are read under the request's deadline (inferHTTP);
 	// these bound the rest: headers, and connections left idle.
-	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	s.http = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.inflight.Add(1)
+		defer s.inflight.Add(-1)
+		routes.ServeHTTP(w, r)
+	}), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	s.done.Add(2)
 	go func() { defer s.done.Done(); s.grpc.Serve(s.grpcLis) }()
 	go func() { defer s.done.Done(); s.http.Serve(s.httpLis) }()
@@ -181,15 +193,82 @@ func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
 func (s *Server) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	s.stop(ctx)
+}
+
+// Drain stops the front without failing a request, for a rolling
+// restart: at once it answers not ready (/v2/health/ready 503, gRPC
+// health NOT_SERVING, ServerReady false); then gRPC clients are told to
+// go elsewhere (GOAWAY) and the HTTP server stops accepting and closes
+// idle connections, while the requests under way finish. If ctx ends
+// first, it stops at once, failing what is under way, and says so. The
+// Predictor must keep serving until Drain returns.
+func (s *Server) Drain(ctx context.Context) error {
+	t0 := time.Now()
+	slog.Info("server: draining", "in_flight", s.inflight.Load())
+	left, err := s.stop(ctx)
+	took := time.Since(t0).Round(time.Millisecond)
+	if err != nil {
+		slog.Warn("server: drain timed out; stopped, failing the requests under way", "in_flight", left, "took", took)
+		return fmt.Errorf("server: drain: %w with %d requests under way; they were failed", err, left)
+	}
+	slog.Info("server: drained", "took", took)
+	return nil
+}
+
+// stop drains until ctx ends, then stops hard; left is the number of
+// requests then still under way.
+func (s *Server) stop(ctx context.Context) (left int64, err error) {
+	s.draining.Store(true)
 	stopped := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(stopped) }()
-	s.http.Shutdown(ctx)
-	select {
-	case <-stopped:
-	case <-ctx.Done():
+	err = s.http.Shutdown(ctx)
+	if err == nil {
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	if err != nil {
+		left = s.inflight.Load()
 		s.grpc.Stop()
+		s.http.Close()
 	}
 	s.done.Wait()
+	return left, err
+}
+
+// ready is what readiness reports: the router can serve and the front is
+// not draining.
+func (s *Server) ready() bool { return !s.draining.Load() && s.opts.Predictor.Ready() }
+
+// healthService is gRPC health as readiness: SERVING while the router
+// can serve and the front is not draining, for the whole server ("") and
+// the KServe service. Watch is not implemented: clients that health-check
+// with it then treat the server as healthy, and GOAWAY moves them away
+// when it drains.
+type healthService struct {
+	healthpb.UnimplementedHealthServer
+	s *Server
+}
+
+func (h healthService) Check(_ context.Context, r *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	switch r.Service {
+	case "", kservepb.GRPCInferenceService_ServiceDesc.ServiceName:
+	default:
+		return nil, status.Errorf(codes.NotFound, "server: no service %q", r.Service)
+	}
+	if h.s.ready() {
+		return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+	}
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_NOT_SERVING}, nil
+}
+
+func (s *Server) counting(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	s.inflight.Add(1)
+	defer s.inflight.Add(-1)
+	return h(ctx, req)
 }
 
 func (s *Server) timing(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -236,19 +315,32 @@ func classify(err error) outcome {
 	return outcome{codes.Unavailable, http.StatusServiceUnavailable, "unavailable"}
 }
 
-// knownModel fails with ErrNotFound for a model that is not served, so
-// that answer comes before any complaint about the request's inputs.
-func (s *Server) knownModel(name string) error {
-	if _, ok := s.opts.Predictor.Model(name); !ok {
-		return fmt.Errorf("server: %w: model %q is not served", router.ErrNotFound, name)
+// model describes a served model: ErrNotFound when it is not served,
+// ErrUnavailable while the router has not yet read which models are (a
+// router just started: a client of a restarted router must not be told
+// that a served model does not exist).
+func (s *Server) model(name string) (router.ModelStatus, error) {
+	st, ok := s.opts.Predictor.Model(name)
+	switch {
+	case ok:
+		return st, nil
+	case s.opts.Predictor.Revision() == 0:
+		return st, fmt.Errorf("server: %w: the router has not read the serving map yet", router.ErrUnavailable)
 	}
-	return nil
+	return st, fmt.Errorf("server: %w: model %q is not served", router.ErrNotFound, name)
+}
+
+// knownModel fails for a model that is not served (see model), so that
+// answer comes before any complaint about the request's inputs.
+func (s *Server) knownModel(name string) error {
+	_, err := s.model(name)
+	return err
 }
 
 func (s *Server) modelReady(name, version string) (bool, error) {
-	st, ok := s.opts.Predictor.Model(name)
-	if !ok {
-		return false, fmt.Errorf("server: %w: model %q is not served", router.ErrNotFound, name)
+	st, err := s.model(name)
+	if err != nil {
+		return false, err
 	}
 	if version == "" {
 		return st.Ready, nil
@@ -281,9 +373,9 @@ type modelMeta struct {
 }
 
 func (s *Server) metadata(name string) (*modelMeta, error) {
-	st, ok := s.opts.Predictor.Model(name)
-	if !ok {
-		return nil, fmt.Errorf("server: %w: model %q is not served", router.ErrNotFound, name)
+	st, err := s.model(name)
+	if err != nil {
+		return nil, err
 	}
 	md := &modelMeta{Name: name, Platform: "cumulus_" + st.Type, Versions: []string{},
 		Inputs: []tensorMeta{

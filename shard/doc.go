@@ -28,6 +28,13 @@
 // pointer: no locks on the request path. Goroutines: the gRPC server, the
 // etcd watch, one loader, the lease keep-alive.
 //
+// Readiness and stopping (drain.go): gRPC health says SERVING only while
+// the shard holds every partition of the live versions the map assigns
+// it and its registration in etcd says so; a rolling restart waits for
+// it before stopping the next shard. Drain stops without failing a
+// lookup: NOT_SERVING, leave etcd, answer what still comes until a quiet
+// moment, finish what is under way, stop.
+//
 // Tests: shard_test.go starts a real shard against an embedded etcd; the
 // router's integration tests run several.
 package shard

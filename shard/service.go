@@ -107,6 +107,12 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 // the context's error, between partitions and before reading a mapped
 // (cold) layer once the caller has given up.
 func (s *Shard) Lookup(ctx context.Context, req []byte) ([]byte, error) {
+	s.begun.Add(1)
+	s.inflight.Add(1)
+	defer s.inflight.Add(-1)
+	if s.opts.BeforeLookup != nil {
+		s.opts.BeforeLookup(ctx)
+	}
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
 	if err := sc.req.Decode(req); err != nil {

@@ -64,10 +64,16 @@ type Options struct {
 	// HotInterval is how often the hot tiers of mapped partitions are
 	// rebuilt from sampled traffic. Default 2s.
 	HotInterval time.Duration
+	// DrainQuiet is how long a draining shard waits with no lookup
+	// arriving before it stops (see Drain). Default 1s.
+	DrainQuiet time.Duration
 	// BeforeLoad, if set, is called before each partition load and may
 	// block (until ctx ends, when the shard closes) or fail the load: tests
 	// use it to hold a shard back mid-rollout.
 	BeforeLoad func(ctx context.Context, model string, version uint64, partition uint32) error
+	// BeforeLookup, if set, is called as each lookup begins (ctx is the
+	// call's) and may block: tests use it to hold a lookup under way.
+	BeforeLookup func(ctx context.Context)
 }
 
 // Validate checks required fields and fills defaults.
@@ -99,6 +105,9 @@ func (o *Options) Validate() error {
 	if o.DataDir == "" {
 		o.DataDir = defaultDataDir(o.Cluster, o.ID)
 	}
+	if o.DrainQuiet == 0 {
+		o.DrainQuiet = time.Second
+	}
 	return nil
 }
 
@@ -114,10 +123,16 @@ type Shard struct {
 	snap    atomic.Pointer[snapshot]
 	lis     net.Listener
 	srv     *grpc.Server
+	health  *health.Server
 	reg     *topo.Registration
 	cancel  context.CancelFunc
 	done    sync.WaitGroup
+	stop    sync.Once
 	metrics metrics
+
+	// Lookups under way and begun, counted for Drain.
+	inflight atomic.Int64
+	begun    atomic.Uint64
 
 	pending chan map[string]topo.Assignment // latest assignments, capacity 1
 	retired []*snapshot                     // replaced, not yet reclaimed; loader goroutine only
@@ -126,6 +141,7 @@ type Shard struct {
 	mismatched map[string]topo.Loaded // "model/version" → partitions refused for content other than the map expects
 	applied    map[string]uint64      // model → Seq of the map record reconciled to
 	hot        hotState
+	ready      bool // health says SERVING
 }
 
 // Start listens, registers in etcd and begins loading what the manager
@@ -166,8 +182,10 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	}
 	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(opts.MaxRequestBytes))
 	RegisterService(s.srv, s)
-	hs := health.NewServer()
-	healthpb.RegisterHealthServer(s.srv, hs)
+	// Not ready until it serves what the map assigns it (setReady).
+	s.health = health.NewServer()
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(s.srv, s.health)
 	s.done.Add(1)
 	go func() { defer s.done.Done(); s.srv.Serve(lis) }()
 
@@ -204,8 +222,12 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 			case <-hotTick.C:
 				s.maintainHot()
 				continue
+			case <-s.reg.Wrote():
+				s.setReady(as)
+				continue
 			}
 			s.reconcile(ctx, as)
+			s.setReady(as)
 			// Failed loads are tried again after their backoff.
 			retry.Reset(s.nextRetry(time.Now()))
 		}
@@ -222,30 +244,35 @@ func (s *Shard) ID() string { return s.opts.ID }
 // Loaded reports what the shard holds.
 func (s *Shard) Loaded() []topo.Loaded { return s.snap.Load().report() }
 
-// Close deregisters and stops serving.
-func (s *Shard) Close() { s.close(false) }
+// Close deregisters and stops serving at once: lookups under way fail
+// (routers ask another replica). Drain stops gracefully.
+func (s *Shard) Close() { s.halt(false) }
 
 // Crash stops serving as a killed process would: the registration stays in
 // etcd until its lease runs out, and nothing is handed over. For
 // fault-injection tests.
-func (s *Shard) Crash() { s.close(true) }
+func (s *Shard) Crash() { s.halt(true) }
 
-func (s *Shard) close(crash bool) {
-	switch {
-	case s.reg == nil:
-	case crash:
-		s.reg.Abandon()
-	default:
-		s.reg.Close()
-	}
-	s.cancel()
-	s.srv.Stop()
-	s.done.Wait()
-	if s.opts.Registry != nil { // a shard of the same ID may start again in this process
-		for _, c := range []prometheus.Collector{s.metrics.keys, s.metrics.loads, s.metrics.loadFails} {
-			s.opts.Registry.Unregister(c)
+// halt stops everything at once; the first call decides, later ones do
+// nothing.
+func (s *Shard) halt(crash bool) {
+	s.stop.Do(func() {
+		switch {
+		case s.reg == nil:
+		case crash:
+			s.reg.Abandon()
+		default:
+			s.reg.Close()
 		}
-	}
+		s.cancel()
+		s.srv.Stop()
+		s.done.Wait()
+		if s.opts.Registry != nil { // a shard of the same ID may start again in this process
+			for _, c := range []prometheus.Collector{s.metrics.keys, s.metrics.loads, s.metrics.loadFails} {
+				s.opts.Registry.Unregister(c)
+			}
+		}
+	})
 }
 
 func (s *Shard) info() string {

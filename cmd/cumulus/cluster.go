@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -20,25 +21,33 @@ func shardCommand() *cobra.Command {
 	var id, repo, etcd, addr, advertise, dataDir string
 	var cluster clusterFlag
 	var budget byteSize
+	var drain drainFlag
 	cmd := &cobra.Command{
 		Use:   "shard",
 		Short: "Run a shard server: holds the partitions the manager assigns to it",
-		Args:  cobra.NoArgs,
+		Long: `shard serves the partitions the manager assigns it. Its gRPC health is
+SERVING once it holds what the serving map assigns it. On SIGTERM or
+SIGINT it drains: NOT_SERVING, leaves etcd, answers the lookups that still
+come until a quiet second, lets those under way finish, and exits 0
+(1 if --drain-timeout cut it short).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cli, err := etcdClient(etcd)
 			if err != nil {
 				return err
 			}
 			defer cli.Close()
-			s, err := shard.Start(cmd.Context(), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(),
+			// The shard outlives the signal: Drain stops it.
+			s, err := shard.Start(context.WithoutCancel(cmd.Context()), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(),
 				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget), DataDir: dataDir})
 			if err != nil {
 				return err
 			}
 			defer s.Close()
 			fmt.Printf("shard %s serving on %s\n", id, s.Addr())
-			<-cmd.Context().Done()
-			return nil
+			ctx, cancel := drain.await(cmd.Context())
+			defer cancel()
+			return s.Drain(ctx)
 		},
 	}
 	cmd.Flags().StringVar(&id, "id", "", "shard name, unique in the cluster (required)")
@@ -49,6 +58,7 @@ func shardCommand() *cobra.Command {
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address routers dial (default: the listen address)")
 	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes (e.g. 8GB); partitions beyond it are served from mapped files (default: no bound)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory, on disk, for the shard's own copies of partitions it serves mapped (default: cumulus-shard-ID in the temporary directory)")
+	drain.register(cmd)
 	cmd.MarkFlagRequired("id")
 	cmd.MarkFlagRequired("repo")
 	return cmd
@@ -71,17 +81,25 @@ func routerCommand() *cobra.Command {
 	var etcd, httpAddr, grpcAddr string
 	var cluster clusterFlag
 	var lim limitFlags
+	var drain drainFlag
 	cmd := &cobra.Command{
 		Use:   "router",
 		Short: "Run a router: KServe v2 gRPC and HTTP, fanning out to shards found in etcd",
-		Args:  cobra.NoArgs,
+		Long: `router serves KServe v2 over gRPC and HTTP. Readiness (/v2/health/ready,
+gRPC health) says whether every assigned model can be served. On SIGTERM
+or SIGINT it drains: not ready at once, GOAWAY to gRPC clients, no new
+HTTP connections, the requests under way finish, and it exits 0 (1 if
+--drain-timeout cut it short).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cli, err := etcdClient(etcd)
 			if err != nil {
 				return err
 			}
 			defer cli.Close()
-			r, err := router.Start(cmd.Context(), router.Options{Etcd: cli, Cluster: cluster.c, Limits: lim.limits(), Registry: prometheus.DefaultRegisterer})
+			// The router keeps its routing table and shard connections
+			// until the requests under way are done.
+			r, err := router.Start(context.WithoutCancel(cmd.Context()), router.Options{Etcd: cli, Cluster: cluster.c, Limits: lim.limits(), Registry: prometheus.DefaultRegisterer})
 			if err != nil {
 				return err
 			}
@@ -92,8 +110,9 @@ func routerCommand() *cobra.Command {
 			}
 			defer srv.Close()
 			fmt.Printf("http: http://%s\ngrpc: %s\n", srv.HTTPAddr(), srv.GRPCAddr())
-			<-cmd.Context().Done()
-			return nil
+			ctx, cancel := drain.await(cmd.Context())
+			defer cancel()
+			return srv.Drain(ctx)
 		},
 	}
 	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
@@ -101,6 +120,7 @@ func routerCommand() *cobra.Command {
 	cluster.register(cmd)
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC address")
 	lim.register(cmd)
+	drain.register(cmd)
 	return cmd
 }
 

@@ -29,6 +29,7 @@ func devCommand() *cobra.Command {
 		budget                   byteSize
 		cluster                  clusterFlag
 		admin                    adminFlags
+		drain                    drainFlag
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -62,7 +63,8 @@ localhost, serves every model in --repo (or a generated demo model when no
 				budget = byteSize(defaultBudget(shards))
 			}
 			reg := prometheus.NewRegistry()
-			c, err := devcluster.Start(ctx, devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
+			// The cluster outlives the signal until the front has drained.
+			c, err := devcluster.Start(context.WithoutCancel(ctx), devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
 				MemoryBudget: int64(budget), Cluster: cluster.c, KeepVersions: keepVersions(keep), Build: buildinfo.String(),
 				Router: router.Options{Limits: lim.limits()}})
 			if err != nil {
@@ -100,9 +102,10 @@ localhost, serves every model in --repo (or a generated demo model when no
 				fmt.Printf("model: %s version %d (%s)\n", m.Name, m.Live, m.Type)
 			}
 			fmt.Println("ready")
-			<-ctx.Done()
+			dctx, cancel := drain.await(ctx)
+			defer cancel()
 			fmt.Println("shutting down")
-			return nil
+			return srv.Drain(dctx)
 		},
 	}
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (default: a generated demo model)")
@@ -117,5 +120,6 @@ localhost, serves every model in --repo (or a generated demo model when no
 	cluster.register(cmd)
 	admin.register(cmd.Flags(), "admin-addr")
 	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "give up if models are not servable by then")
+	drain.register(cmd)
 	return cmd
 }

@@ -71,6 +71,24 @@ func etcdClient(endpoints string) (*clientv3.Client, error) {
 	return cli, nil
 }
 
+// drainFlag is --drain-timeout: how long a server stopping on SIGTERM or
+// SIGINT finishes what is under way before it stops hard.
+type drainFlag struct{ timeout time.Duration }
+
+func (f *drainFlag) register(cmd *cobra.Command) {
+	cmd.Flags().DurationVar(&f.timeout, "drain-timeout", 20*time.Second,
+		"on SIGTERM or SIGINT: how long to finish the requests under way before stopping hard (keep it below Kubernetes' terminationGracePeriodSeconds, 30s by default); a second signal stops at once")
+}
+
+// await blocks until the command's context ends (the first SIGTERM or
+// SIGINT) and returns the drain's context, which ends after --drain-timeout.
+// From then on a second signal stops the process at once.
+func (f *drainFlag) await(ctx context.Context) (context.Context, context.CancelFunc) {
+	<-ctx.Done()
+	signal.Reset(os.Interrupt, syscall.SIGTERM)
+	return context.WithTimeout(context.Background(), f.timeout)
+}
+
 // needSubcommand is the RunE of commands that only group others: called
 // with no subcommand, or an unknown one, it is an error (exit status 1),
 // so a mistyped command in a script never passes for success.

@@ -24,7 +24,11 @@ type Registration struct {
 	mu      sync.Mutex
 	value   string
 	lease   clientv3.LeaseID
+	gen     uint64 // values Set so far
+	written uint64 // the gen of the value last written
+	held    bool   // the lease is alive, as far as this process knows
 	changed chan struct{}
+	wrote   chan struct{}
 	cancel  context.CancelFunc
 	done    chan struct{}
 	abandon atomic.Bool
@@ -40,7 +44,8 @@ var ErrTaken = errors.New("topo: the key is registered by another live process")
 // fails with ErrTaken.
 func Register(ctx context.Context, cli *clientv3.Client, key, value string, ttl int64) (*Registration, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	r := &Registration{cli: cli, key: key, ttl: ttl, value: value, changed: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	r := &Registration{cli: cli, key: key, ttl: ttl, value: value, changed: make(chan struct{}, 1),
+		wrote: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	giveUp := time.Now().Add(2 * time.Duration(ttl) * time.Second)
 	ka, err := r.establish(ctx)
 	for errors.Is(err, ErrTaken) && time.Now().Before(giveUp) {
@@ -70,7 +75,7 @@ func (r *Registration) establish(ctx context.Context) (<-chan *clientv3.LeaseKee
 	}
 	r.mu.Lock()
 	r.lease = lease.ID
-	v := r.value
+	v, gen := r.value, r.gen
 	r.mu.Unlock()
 	resp, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(r.key), "=", 0)).
 		Then(clientv3.OpPut(r.key, v, clientv3.WithLease(lease.ID))).Else(clientv3.OpGet(r.key)).Commit()
@@ -84,8 +89,38 @@ func (r *Registration) establish(ctx context.Context) (<-chan *clientv3.LeaseKee
 		r.cli.Revoke(context.Background(), lease.ID)
 		return nil, err
 	}
-	return r.cli.KeepAlive(ctx, lease.ID)
+	ka, err := r.cli.KeepAlive(ctx, lease.ID)
+	if err == nil {
+		r.wroteValue(gen, true)
+	}
+	return ka, err
 }
+
+// wroteValue notes that the value of generation gen is in etcd under a
+// live lease (held) or that the lease is lost (!held).
+func (r *Registration) wroteValue(gen uint64, held bool) {
+	r.mu.Lock()
+	r.held = held
+	r.written = max(r.written, gen)
+	r.mu.Unlock()
+	select {
+	case r.wrote <- struct{}{}:
+	default:
+	}
+}
+
+// Current reports whether etcd holds the value last Set, under a lease
+// that is alive as far as this process knows: what others read of this
+// registration is what it says now.
+func (r *Registration) Current() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.held && r.written == r.gen
+}
+
+// Wrote receives after each write of the key and when the lease is lost:
+// the moments Current may change. For one reader.
+func (r *Registration) Wrote() <-chan struct{} { return r.wrote }
 
 // Abandon stops keeping the key alive without deleting it, as a crashed
 // process would: the key stays until its lease runs out (or a new
@@ -95,10 +130,19 @@ func (r *Registration) Abandon() {
 	r.Close()
 }
 
+// retry asks run to write the value again.
+func (r *Registration) retry() {
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
 // Set replaces the registered value.
 func (r *Registration) Set(value string) {
 	r.mu.Lock()
 	r.value = value
+	r.gen++
 	r.mu.Unlock()
 	select {
 	case r.changed <- struct{}{}:
@@ -108,6 +152,7 @@ func (r *Registration) Set(value string) {
 
 func (r *Registration) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse) {
 	defer func() {
+		r.wroteValue(0, false)
 		if r.abandon.Load() {
 			return
 		}
@@ -127,6 +172,7 @@ func (r *Registration) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAli
 			if ok {
 				continue
 			}
+			r.wroteValue(0, false)
 			for ctx.Err() == nil {
 				var err error
 				if ka, err = r.establish(ctx); err == nil {
@@ -137,13 +183,17 @@ func (r *Registration) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAli
 			}
 		case <-r.changed:
 			r.mu.Lock()
-			v, lease := r.value, r.lease
+			v, lease, gen := r.value, r.lease, r.gen
 			r.mu.Unlock()
-			if _, err := r.cli.Put(ctx, r.key, v, clientv3.WithLease(lease)); err != nil && ctx.Err() == nil {
-				slog.Warn("topo: updating registration failed", "key", r.key, "err", err)
-				r.Set(v) // try again on the next turn
-				sleep(ctx, 200*time.Millisecond)
+			if _, err := r.cli.Put(ctx, r.key, v, clientv3.WithLease(lease)); err != nil {
+				if ctx.Err() == nil {
+					slog.Warn("topo: updating registration failed", "key", r.key, "err", err)
+					r.retry() // try again on the next turn
+					sleep(ctx, 200*time.Millisecond)
+				}
+				continue
 			}
+			r.wroteValue(gen, true)
 		}
 	}
 }

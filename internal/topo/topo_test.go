@@ -48,10 +48,29 @@ func TestRegisterAndWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("one")
+	if !r.Current() {
+		t.Error("Current is false right after Register")
+	}
 	r.Set("two")
+	// Current turns true again once "two" is in etcd, and Wrote says when.
+	deadline := time.After(10 * time.Second)
+	for !r.Current() {
+		select {
+		case <-r.Wrote():
+		case <-deadline:
+			t.Fatal("Current still false 10s after Set")
+		}
+	}
+	if resp, err := cli.Get(ctx, DefaultCluster.ShardKey("a")); err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "two" {
+		t.Fatalf("Current, but etcd holds %v (%v)", resp, err)
+	}
 	waitFor("two")
 	rcancel()
 	waitFor("")
+	r.Close()
+	if r.Current() {
+		t.Error("Current is true after the registration stopped")
+	}
 }
 
 // A key another live process holds is not taken over; once its holder
