@@ -11,13 +11,16 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // assignedShard publishes testModel(1) in two partitions, assigns both
@@ -238,5 +241,34 @@ func TestDrainTimesOut(t *testing.T) {
 	}
 	if err := <-underWay; err == nil {
 		t.Error("the lookup under way when the drain was cut short was answered")
+	}
+}
+
+// TestLookupAdmission: with its one slot held by a lookup, a shard
+// refuses the next with ResourceExhausted (the router asks another
+// replica), and answers again once the slot is free.
+func TestLookupAdmission(t *testing.T) {
+	var hold atomic.Bool
+	hold.Store(true)
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	s, _, conn := assignedShard(t, Options{MaxInflight: 1, MaxQueueTime: time.Millisecond, BeforeLookup: heldLookups(&hold, held, release)})
+	waitHealth(t, conn, healthpb.HealthCheckResponse_SERVING)
+	c := NewClient(conn)
+	underWay := make(chan error, 1)
+	go func() { underWay <- lookupAll(c) }()
+	<-held
+	hold.Store(false)
+	if err := lookupAll(c); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a second lookup beside the held one: %v, want ResourceExhausted", err)
+	}
+	close(release)
+	if err := <-underWay; err != nil {
+		t.Fatalf("the held lookup: %v", err)
+	}
+	if err := lookupAll(c); err != nil {
+		t.Errorf("after the slot is free: %v", err)
+	}
+	if got := testutil.ToFloat64(s.metrics.refused); got != 1 {
+		t.Errorf("refusals counted: %v, want 1", got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/admit"
 )
 
 // LookupMethod is the full gRPC method name of the shard's one RPC. It
@@ -110,6 +111,21 @@ func (s *Shard) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 	s.begun.Add(1)
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
+	slot, err := s.slots.Acquire(ctx, 1)
+	if err == nil {
+		var b admit.Ticket
+		if b, err = s.bytes.Acquire(ctx, int64(len(req))); err == nil {
+			defer b.Release()
+		}
+		defer slot.Release()
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		s.metrics.refused.Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "shard %s: at its bound of lookups in flight", s.opts.ID)
+	}
 	if s.opts.BeforeLookup != nil {
 		s.opts.BeforeLookup(ctx)
 	}

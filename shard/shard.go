@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/admit"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 )
@@ -71,7 +73,14 @@ type Options struct {
 	// block (until ctx ends, when the shard closes) or fail the load: tests
 	// use it to hold a shard back mid-rollout.
 	BeforeLoad func(ctx context.Context, model string, version uint64, partition uint32) error
-	// BeforeLookup, if set, is called as each lookup begins (ctx is the
+	// MaxInflight bounds the lookups answered at once, and
+	// MaxInflightBytes their request bytes; past either, a lookup waits
+	// at most MaxQueueTime, then is refused with ResourceExhausted (the
+	// router asks another replica). Defaults: 8 per CPU, 256 MiB, 5ms.
+	MaxInflight      int
+	MaxInflightBytes int64
+	MaxQueueTime     time.Duration
+	// BeforeLookup, if set, is called as each admitted lookup begins (ctx is the
 	// call's) and may block: tests use it to hold a lookup under way.
 	BeforeLookup func(ctx context.Context)
 }
@@ -99,6 +108,18 @@ func (o *Options) Validate() error {
 	if o.MaxRequestBytes == 0 {
 		o.MaxRequestBytes = 64 << 20
 	}
+	if o.MaxInflight == 0 {
+		o.MaxInflight = 8 * runtime.GOMAXPROCS(0)
+	}
+	if o.MaxInflightBytes == 0 {
+		o.MaxInflightBytes = 256 << 20
+	}
+	if o.MaxQueueTime == 0 {
+		o.MaxQueueTime = 5 * time.Millisecond
+	}
+	if o.MaxInflight < 0 || o.MaxInflightBytes < 0 || o.MaxQueueTime < 0 {
+		return errors.New("shard: admission bounds must not be negative")
+	}
 	if o.HotInterval == 0 {
 		o.HotInterval = 2 * time.Second
 	}
@@ -115,6 +136,7 @@ type metrics struct {
 	keys      prometheus.Counter
 	loads     prometheus.Counter
 	loadFails prometheus.Counter
+	refused   prometheus.Counter
 }
 
 // Shard is a running parameter-store process.
@@ -130,6 +152,8 @@ type Shard struct {
 	stop    sync.Once
 	metrics metrics
 
+	// Admission of lookups: one slot each, and their request bytes.
+	slots, bytes *admit.Gate
 	// Lookups under way and begun, counted for Drain.
 	inflight atomic.Int64
 	begun    atomic.Uint64
@@ -163,16 +187,18 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s := &Shard{opts: opts, lis: lis, cancel: cancel, pending: make(chan map[string]topo.Assignment, 1), failed: map[string]*failure{},
-		mismatched: map[string]topo.Loaded{}}
+		mismatched: map[string]topo.Loaded{},
+		slots:      admit.NewGate(int64(opts.MaxInflight), opts.MaxQueueTime), bytes: admit.NewGate(opts.MaxInflightBytes, opts.MaxQueueTime)}
 	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})
 	label := prometheus.Labels{"shard": opts.ID}
 	s.metrics = metrics{
 		keys:      prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_lookup_keys_total", Help: "Keys looked up.", ConstLabels: label}),
 		loads:     prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_partition_loads_total", Help: "Partitions loaded.", ConstLabels: label}),
 		loadFails: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_partition_load_failures_total", Help: "Partition loads refused.", ConstLabels: label}),
+		refused:   prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_lookups_refused_total", Help: "Lookups refused as overload (ResourceExhausted).", ConstLabels: label}),
 	}
 	if opts.Registry != nil {
-		for _, c := range []prometheus.Collector{s.metrics.keys, s.metrics.loads, s.metrics.loadFails} {
+		for _, c := range []prometheus.Collector{s.metrics.keys, s.metrics.loads, s.metrics.loadFails, s.metrics.refused} {
 			if err := opts.Registry.Register(c); err != nil {
 				cancel()
 				lis.Close()
@@ -268,7 +294,7 @@ func (s *Shard) halt(crash bool) {
 		s.srv.Stop()
 		s.done.Wait()
 		if s.opts.Registry != nil { // a shard of the same ID may start again in this process
-			for _, c := range []prometheus.Collector{s.metrics.keys, s.metrics.loads, s.metrics.loadFails} {
+			for _, c := range []prometheus.Collector{s.metrics.keys, s.metrics.loads, s.metrics.loadFails, s.metrics.refused} {
 				s.opts.Registry.Unregister(c)
 			}
 		}

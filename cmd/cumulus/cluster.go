@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
@@ -22,6 +24,7 @@ func shardCommand() *cobra.Command {
 	var cluster clusterFlag
 	var budget byteSize
 	var drain drainFlag
+	var adm admitFlags
 	cmd := &cobra.Command{
 		Use:   "shard",
 		Short: "Run a shard server: holds the partitions the manager assigns to it",
@@ -39,7 +42,8 @@ come until a quiet second, lets those under way finish, and exits 0
 			defer cli.Close()
 			// The shard outlives the signal: Drain stops it.
 			s, err := shard.Start(context.WithoutCancel(cmd.Context()), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(),
-				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget), DataDir: dataDir})
+				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget), DataDir: dataDir,
+				MaxInflight: adm.inflight, MaxInflightBytes: int64(adm.bytes), MaxQueueTime: adm.queue})
 			if err != nil {
 				return err
 			}
@@ -58,23 +62,57 @@ come until a quiet second, lets those under way finish, and exits 0
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address routers dial (default: the listen address)")
 	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes (e.g. 8GB); partitions beyond it are served from mapped files (default: no bound)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory, on disk, for the shard's own copies of partitions it serves mapped (default: cumulus-shard-ID in the temporary directory)")
+	adm.register(cmd, "lookups", "ResourceExhausted: the router asks another replica", 8)
 	drain.register(cmd)
 	cmd.MarkFlagRequired("id")
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }
 
-// limitFlags are the request limits a router enforces.
-type limitFlags struct{ maxRows, maxIDs, maxBytes int }
+// limitFlags are the request limits, deadline and admission bounds a
+// router enforces.
+type limitFlags struct {
+	maxRows, maxIDs, maxBytes int
+	timeout                   time.Duration
+	admit                     admitFlags
+}
 
 func (l *limitFlags) register(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&l.maxRows, "max-batch-rows", 10_000, "largest batch (rows) a request may carry")
 	cmd.Flags().IntVar(&l.maxIDs, "max-ids", 1<<20, "most feature ids (shared included) a request may carry")
-	cmd.Flags().IntVar(&l.maxBytes, "max-request-bytes", 64<<20, "largest request body or message")
+	cmd.Flags().IntVar(&l.maxBytes, "max-request-bytes", 64<<20, "largest HTTP request body; gRPC messages are bounded by what --max-ids and --max-batch-rows need, if less")
+	cmd.Flags().DurationVar(&l.timeout, "request-timeout", time.Second, "longest a request may take from its arrival; a caller's shorter deadline (gRPC's, or the timeout parameter) wins")
+	l.admit.register(cmd, "requests", "gRPC ResourceExhausted, HTTP 429", 8)
 }
 
 func (l *limitFlags) limits() router.Limits {
 	return router.Limits{MaxRows: l.maxRows, MaxIDs: l.maxIDs}
+}
+
+func (l *limitFlags) routerOptions(o router.Options) router.Options {
+	o.Limits, o.DefaultTimeout = l.limits(), l.timeout
+	return o
+}
+
+// serverOptions fills o's limits and admission from the flags.
+func (l *limitFlags) serverOptions(o server.Options) server.Options {
+	o.Limits, o.MaxRequestBytes, o.RequestTimeout = l.limits(), l.maxBytes, l.timeout
+	o.MaxInflight, o.MaxInflightBytes, o.MaxQueueTime = l.admit.inflight, int64(l.admit.bytes), l.admit.queue
+	return o
+}
+
+// admitFlags bound the work a server admits at once (internal/admit).
+type admitFlags struct {
+	inflight int
+	bytes    byteSize
+	queue    time.Duration
+}
+
+func (a *admitFlags) register(cmd *cobra.Command, what, refusal string, perCPU int) {
+	a.inflight, a.bytes = perCPU*runtime.GOMAXPROCS(0), 256<<20
+	cmd.Flags().IntVar(&a.inflight, "max-inflight", a.inflight, fmt.Sprintf("most %s admitted at once, %d per CPU by default; past it one waits --max-queue-time, then is refused (%s)", what, perCPU, refusal))
+	cmd.Flags().Var(&a.bytes, "max-inflight-bytes", fmt.Sprintf("most bytes of %s admitted at once", what))
+	cmd.Flags().DurationVar(&a.queue, "max-queue-time", 5*time.Millisecond, fmt.Sprintf("longest one of the %s waits for admission before it is refused", what))
 }
 
 func routerCommand() *cobra.Command {
@@ -99,12 +137,12 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 			defer cli.Close()
 			// The router keeps its routing table and shard connections
 			// until the requests under way are done.
-			r, err := router.Start(context.WithoutCancel(cmd.Context()), router.Options{Etcd: cli, Cluster: cluster.c, Limits: lim.limits(), Registry: prometheus.DefaultRegisterer})
+			r, err := router.Start(context.WithoutCancel(cmd.Context()), lim.routerOptions(router.Options{Etcd: cli, Cluster: cluster.c, Registry: prometheus.DefaultRegisterer}))
 			if err != nil {
 				return err
 			}
 			defer r.Close()
-			srv, err := server.Start(server.Options{Predictor: r, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, MaxRequestBytes: lim.maxBytes})
+			srv, err := server.Start(lim.serverOptions(server.Options{Predictor: r, GRPCAddr: grpcAddr, HTTPAddr: httpAddr}))
 			if err != nil {
 				return err
 			}

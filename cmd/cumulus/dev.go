@@ -66,13 +66,12 @@ localhost, serves every model in --repo (or a generated demo model when no
 			// The cluster outlives the signal until the front has drained.
 			c, err := devcluster.Start(context.WithoutCancel(ctx), devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
 				MemoryBudget: int64(budget), Cluster: cluster.c, KeepVersions: keepVersions(keep), Build: buildinfo.String(),
-				Router: router.Options{Limits: lim.limits()}})
+				Router: lim.routerOptions(router.Options{})})
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			srv, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Registry: reg, Gatherer: reg,
-				MaxRequestBytes: lim.maxBytes})
+			srv, err := server.Start(lim.serverOptions(server.Options{Predictor: c.Router, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Registry: reg, Gatherer: reg}))
 			if err != nil {
 				return err
 			}
