@@ -93,29 +93,9 @@ func (k *kserveGRPC) infer(ctx context.Context, r *kservepb.ModelInferRequest) (
 	if err := k.s.knownModel(r.ModelName); err != nil {
 		return nil, err
 	}
-	raw := len(r.RawInputContents) > 0
-	if raw && len(r.RawInputContents) != len(r.Inputs) {
-		return nil, badInput("%d raw_input_contents for %d inputs", len(r.RawInputContents), len(r.Inputs))
-	}
-	inputs := make([]tensor, len(r.Inputs))
-	for i, in := range r.Inputs {
-		t := tensor{name: in.Name, datatype: in.Datatype, shape: in.Shape}
-		if raw {
-			if in.Contents != nil {
-				return nil, badInput("input %q has both contents and raw_input_contents", in.Name)
-			}
-			if err := t.decodeRaw(r.RawInputContents[i]); err != nil {
-				return nil, err
-			}
-		} else if err := typedContents(&t, in.Contents); err != nil {
-			return nil, err
-		}
-		inputs[i] = t
-	}
-	for _, o := range r.Outputs {
-		if o.Name != outScores {
-			return nil, badInput("unknown output %q (the output is %q)", o.Name, outScores)
-		}
+	inputs, err := grpcInputs(r)
+	if err != nil {
+		return nil, err
 	}
 	req, err := buildRequest(r.ModelName, r.ModelVersion, inputs)
 	if err != nil {
@@ -145,7 +125,7 @@ func (k *kserveGRPC) infer(ctx context.Context, r *kservepb.ModelInferRequest) (
 	out := &kservepb.ModelInferResponse_InferOutputTensor{Name: outScores, Datatype: "FP32", Shape: []int64{int64(len(res.Scores))}}
 	resp := &kservepb.ModelInferResponse{ModelName: res.Model, ModelVersion: strconv.FormatUint(res.Version, 10), Id: r.Id,
 		Outputs: []*kservepb.ModelInferResponse_InferOutputTensor{out}}
-	if raw {
+	if len(r.RawInputContents) > 0 {
 		b := make([]byte, 4*len(res.Scores))
 		for i, s := range res.Scores {
 			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(s))
@@ -155,6 +135,36 @@ func (k *kserveGRPC) infer(ctx context.Context, r *kservepb.ModelInferRequest) (
 		out.Contents = &kservepb.InferTensorContents{Fp32Contents: res.Scores}
 	}
 	return resp, nil
+}
+
+// grpcInputs decodes a request's input tensors, from typed contents or
+// from raw_input_contents, and checks its outputs.
+func grpcInputs(r *kservepb.ModelInferRequest) ([]tensor, error) {
+	raw := len(r.RawInputContents) > 0
+	if raw && len(r.RawInputContents) != len(r.Inputs) {
+		return nil, badInput("%d raw_input_contents for %d inputs", len(r.RawInputContents), len(r.Inputs))
+	}
+	inputs := make([]tensor, len(r.Inputs))
+	for i, in := range r.Inputs {
+		t := tensor{name: in.Name, datatype: in.Datatype, shape: in.Shape}
+		if raw {
+			if in.Contents != nil {
+				return nil, badInput("input %q has both contents and raw_input_contents", in.Name)
+			}
+			if err := t.decodeRaw(r.RawInputContents[i]); err != nil {
+				return nil, err
+			}
+		} else if err := typedContents(&t, in.Contents); err != nil {
+			return nil, err
+		}
+		inputs[i] = t
+	}
+	for _, o := range r.Outputs {
+		if o.Name != outScores {
+			return nil, badInput("unknown output %q (the output is %q)", o.Name, outScores)
+		}
+	}
+	return inputs, nil
 }
 
 func typedContents(t *tensor, c *kservepb.InferTensorContents) error {

@@ -116,25 +116,8 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 	}
 	defer release()
 	body := http.MaxBytesReader(w, r.Body, int64(s.opts.MaxRequestBytes))
-	lim := bodyLimits{maxIDs: s.opts.Limits.MaxIDs, maxRows: s.opts.Limits.MaxRows}
-	var b *inferBody
-	if h := r.Header.Get(headerLength); h != "" {
-		n, perr := strconv.ParseInt(h, 10, 64)
-		if perr != nil || n < 0 || n > int64(s.opts.MaxRequestBytes) {
-			return badInput("%s %q is not a length from 0 to %d", headerLength, h, s.opts.MaxRequestBytes)
-		}
-		if b, err = newJSONDecoder(io.LimitReader(body, n), lim).decode(); err != nil {
-			return err
-		}
-		err = readBinaryInputs(body, b, lim)
-	} else {
-		b, err = newJSONDecoder(body, lim).decode()
-		for i := 0; err == nil && i < len(b.inputs); i++ {
-			if b.inputs[i].binarySize >= 0 {
-				err = badInput("input %q has parameters.binary_data_size, but the request has no %s header", b.inputs[i].name, headerLength)
-			}
-		}
-	}
+	b, err := decodeBody(body, r.Header.Get(headerLength), int64(s.opts.MaxRequestBytes),
+		bodyLimits{maxIDs: s.opts.Limits.MaxIDs, maxRows: s.opts.Limits.MaxRows})
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("server: %w: reading the request body: %v", router.ErrDeadlineExceeded, err)
@@ -174,6 +157,33 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 // with a larger or unknown body gets its answer at once and the
 // connection closed.
 const unreadBodyToDiscard = 64 << 10
+
+// decodeBody decodes an infer request body: all JSON, or, with the
+// binary extension's header length hdr, a JSON header of that length and
+// then the binary inputs' bytes.
+func decodeBody(body io.Reader, hdr string, maxBytes int64, lim bodyLimits) (*inferBody, error) {
+	if hdr == "" {
+		b, err := newJSONDecoder(body, lim).decode()
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range b.inputs {
+			if t.binarySize >= 0 {
+				return nil, badInput("input %q has parameters.binary_data_size, but the request has no %s header", t.name, headerLength)
+			}
+		}
+		return b, nil
+	}
+	n, err := strconv.ParseInt(hdr, 10, 64)
+	if err != nil || n < 0 || n > maxBytes {
+		return nil, badInput("%s %q is not a length from 0 to %d", headerLength, hdr, maxBytes)
+	}
+	b, err := newJSONDecoder(io.LimitReader(body, n), lim).decode()
+	if err != nil {
+		return nil, err
+	}
+	return b, readBinaryInputs(body, b, lim)
+}
 
 // headerLength is the binary tensor extension's header: the length of
 // the JSON that starts the body, before the inputs' bytes.

@@ -18,11 +18,16 @@ import (
 // encoding/json/v2): numbers go straight into the tensors' slices, with no
 // allocation per number and no tree of the document, and every limit is
 // checked as the elements arrive, so a body past one costs what was read
-// up to the first element past it. Why jsontext: it measured faster than
-// encoding/json (BenchmarkDecodeJSONBody), validates strictly (duplicate
-// names, invalid UTF-8, trailing garbage), bounds nesting, and is kept by
-// the authors of encoding/json; a decoder of our own would have to get all
-// of that right again.
+// up to the first element past it.
+//
+// Why jsontext (BenchmarkDecodeJSONBody, a rank200 body of 40,600
+// numbers): 4.2–4.6 ms against 9.5–11 ms for encoding/json into typed
+// slices, and it validates strictly (duplicate names, invalid UTF-8,
+// trailing data) and bounds nesting. A scanner of our own that only splits
+// out and parses the numbers, validating nothing, takes 2.7 ms: a whole
+// decoder of our own could gain at most 1.6×, and would have to get JSON's
+// strings, escapes and validation right again. Binary bodies (the tensor
+// extension) are the fast path for callers who care.
 
 // maxDataDepth bounds the nesting of an input's data while it is read,
 // before its shape may be known: Cumulus's tensors have rank 1, and
