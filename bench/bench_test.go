@@ -41,26 +41,11 @@ func TestWorkloadShapes(t *testing.T) {
 
 // Run completes exactly the requests it is asked for, all answered.
 func TestRunAgainstDevCluster(t *testing.T) {
-	dir := t.TempDir()
-	m, err := loader.Repo{Dir: dir}.Generate(loader.GenSpec{Name: "b", Type: codec.TypeLR, Params: 10000, Partitions: 4, Seed: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := devclustertest.Start(t, devcluster.Options{Repo: dir, Shards: 2, ScanInterval: time.Hour})
+	f := startFront(t, codec.TypeLR)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Registry: nopRegistry{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	conn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	g, _ := bench.NewGenerator(bench.Workloads["rank200"], *m.Generator, m.Params, 3)
-	res := bench.Run(ctx, bench.LoadOptions{Client: kservepb.NewGRPCInferenceServiceClient(conn), Model: "b", Generator: g,
+	g, _ := bench.NewGenerator(bench.Workloads["rank200"], *f.m.Generator, f.m.Params, 3)
+	res := bench.Run(ctx, bench.LoadOptions{Client: f.grpc, Model: "b", Generator: g,
 		Concurrency: 2, Duration: time.Minute, MaxRequests: 20, Distinct: 4})
 	if res.Requests != 20 || res.Errors != 0 {
 		t.Fatalf("requests %d, errors %d (%v)", res.Requests, res.Errors, res.FirstError)
@@ -68,6 +53,37 @@ func TestRunAgainstDevCluster(t *testing.T) {
 	if res.IDsPerRequest != 20400 || res.P50 <= 0 || res.P999 < res.P50 {
 		t.Fatalf("result %+v", res)
 	}
+}
+
+// front is a dev cluster serving model "b" behind a front on loopback,
+// and a gRPC client of it.
+type front struct {
+	m    *codec.Manifest
+	srv  *server.Server
+	grpc kservepb.GRPCInferenceServiceClient
+}
+
+// startFront generates model "b" of type typ, starts a 2-shard dev
+// cluster and a front on :0 ports, and stops them when the test ends.
+func startFront(t *testing.T, typ string) front {
+	t.Helper()
+	dir := t.TempDir()
+	m, err := loader.Repo{Dir: dir}.Generate(loader.GenSpec{Name: "b", Type: typ, Params: 10000, Partitions: 4, Seed: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := devclustertest.Start(t, devcluster.Options{Repo: dir, Shards: 2, ScanInterval: time.Hour})
+	s, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Registry: nopRegistry{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	conn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return front{m: m, srv: s, grpc: kservepb.NewGRPCInferenceServiceClient(conn)}
 }
 
 // nopRegistry keeps the front's metrics out of the global registry.

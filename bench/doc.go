@@ -3,7 +3,7 @@
 // Workloads (rank200, small) draw feature ids Zipf-distributed over the
 // ranks of a model made by `cumulus model gen`, whose manifest records how
 // ranks map to ids (codec.GenInfo). Run drives closed-loop load at a
-// KServe gRPC endpoint with raw tensor contents: Concurrency callers, one
+// KServe endpoint with raw tensor contents: Concurrency callers, one
 // request in flight each, for a bounded Duration or request count, and
 // reports QPS, p50/p99/p999 latency and request size.
 //
@@ -18,6 +18,15 @@
 // requests answered Unavailable (send.go), counting the resends.
 // Requests are built before the clock starts (requests.go) and shared
 // read-only by the callers.
+//
+// The loops send through an Inferer (inferer.go): KServe's gRPC client,
+// or RESTClient (rest.go), which carries the same ModelInfer over KServe
+// v2 REST, as JSON or with the binary tensor extension, and answers as
+// gRPC would (scores, gRPC status codes, pushback), so the protocols are
+// compared on the same requests. It encodes a run's requests once,
+// before the clock starts, as the gRPC side builds its protos then; per
+// call it writes only the deadline's timeout parameter. Its connections
+// are kept for reuse, one per call in flight.
 //
 // WatchRSS reads a process's VmRSS from /proc around a run: before, the
 // peak during, and after a settling time.

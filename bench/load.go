@@ -13,7 +13,7 @@ import (
 
 // LoadOptions configure a closed-loop load run.
 type LoadOptions struct {
-	Client      kservepb.GRPCInferenceServiceClient
+	Client      Inferer // gRPC or REST
 	Model       string
 	Generator   *Generator
 	Concurrency int           // callers, each with one request in flight; default 4
@@ -34,7 +34,7 @@ type Result struct {
 	FirstError     error
 	Elapsed        time.Duration
 	P50, P99, P999 time.Duration
-	RequestBytes   int // mean serialized request size
+	RequestBytes   int // mean request size on the wire: the protobuf message, or the REST body
 	IDsPerRequest  int
 
 	RetryUnavailable bool // whether requests answered Unavailable were resent
@@ -68,7 +68,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 	if o.Distinct == 0 {
 		o.Distinct = 64
 	}
-	reqs := prebuild(o.Generator, o.Model, o.Distinct)
+	reqs := prebuild(o.Generator, o.Model, o.Distinct, o.Client)
 	ctx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()
 	deadline, _ := ctx.Deadline()

@@ -23,7 +23,7 @@ import (
 // fixed rate whether or not earlier ones were answered, as traffic from
 // many independent users arrives.
 type OpenLoopOptions struct {
-	Client    kservepb.GRPCInferenceServiceClient
+	Client    Inferer // gRPC or REST
 	Model     string
 	Generator *Generator
 	Rate      float64       // requests offered per second; required
@@ -84,7 +84,7 @@ type OpenResult struct {
 	OK            int            // answered OK
 	Good          int            // answered OK before their deadline
 	Refused       int            // answered ResourceExhausted
-	Pushback      int            // refusals carrying a grpc-retry-pushback-ms trailer
+	Pushback      int            // refusals carrying a grpc-retry-pushback-ms trailer (Retry-After over REST)
 	Errors        map[string]int // other answers, by gRPC code name
 	FirstErrors   map[string]error
 	ClientDropped int // due while MaxOutstanding were in flight: never sent
@@ -99,7 +99,7 @@ type OpenResult struct {
 	PeakOutstanding        int
 	MaxOutstanding         int
 
-	RequestBytes  int // mean serialized request size
+	RequestBytes  int // mean request size on the wire: the protobuf message, or the REST body
 	IDsPerRequest int
 }
 
@@ -135,7 +135,7 @@ func (r OpenResult) Print(w io.Writer, workload string) {
 		workload, r.Timeout, us(r.SendLagP99, r.Offered-r.ClientDropped), us(r.SendLagMax, r.Offered-r.ClientDropped),
 		r.PeakOutstanding, r.MaxOutstanding, r.RequestBytes, r.IDsPerRequest)
 	if r.Refused > 0 {
-		fmt.Fprintf(w, "%-8s refusals with a grpc-retry-pushback-ms trailer: %d of %d\n", workload, r.Pushback, r.Refused)
+		fmt.Fprintf(w, "%-8s refusals with pushback (grpc-retry-pushback-ms, or Retry-After over REST): %d of %d\n", workload, r.Pushback, r.Refused)
 	}
 	if r.RetryUnavailable {
 		fmt.Fprintf(w, "%-8s retries=%d (Unavailable, up to %d per request)\n", workload, r.Retries, MaxRetries)
@@ -170,7 +170,7 @@ func OpenLoop(ctx context.Context, o OpenLoopOptions) (OpenResult, error) {
 		return OpenResult{}, err
 	}
 	o.ensureDefaults()
-	reqs := prebuild(o.Generator, o.Model, o.Distinct)
+	reqs := prebuild(o.Generator, o.Model, o.Distinct, o.Client)
 	n := int(math.Ceil(o.Rate*o.Duration.Seconds() - 1e-9))
 	outs := make([]outcome, n)
 	slots := make(chan struct{}, o.MaxOutstanding)

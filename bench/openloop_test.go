@@ -197,7 +197,7 @@ func TestOpenResultPrint(t *testing.T) {
 	r.Print(&b, "rank200")
 	want := `rank200  offered=30000 rate=2000/s ok=27000 goodput=1800/s refused=2500 errors={DeadlineExceeded:400,Unavailable:100} client_dropped=0 p50=3ms p99=40ms p999=1.9s (accepted) refusal_p50=80µs refusal_p99=600µs refusal_max=2ms
 rank200  client: timeout=2s send_lag_p99=20µs send_lag_max=1ms peak_outstanding=3900 max_outstanding=4416 req_bytes=163505 ids/req=20400
-rank200  refusals with a grpc-retry-pushback-ms trailer: 2500 of 2500
+rank200  refusals with pushback (grpc-retry-pushback-ms, or Retry-After over REST): 2500 of 2500
 `
 	if b.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)

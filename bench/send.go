@@ -26,7 +26,7 @@ const retryBackoff = 5 * time.Millisecond
 // to MaxRetries times; resent counts the resends. The error is the last
 // answer's: a request whose deadline ends while it waits to be resent
 // keeps its Unavailable.
-func send(ctx context.Context, c kservepb.GRPCInferenceServiceClient, req *kservepb.ModelInferRequest, retry bool, opts ...grpc.CallOption) (resent int, err error) {
+func send(ctx context.Context, c Inferer, req *kservepb.ModelInferRequest, retry bool, opts ...grpc.CallOption) (resent int, err error) {
 	for {
 		_, err = c.ModelInfer(ctx, req, opts...)
 		if !retry || resent == MaxRetries || status.Code(err) != codes.Unavailable {

@@ -29,7 +29,7 @@ func Trace(ctx context.Context, o LoadOptions) []Call {
 	if o.Distinct == 0 {
 		o.Distinct = 64
 	}
-	reqs := prebuild(o.Generator, o.Model, o.Distinct)
+	reqs := prebuild(o.Generator, o.Model, o.Distinct, o.Client)
 	var mu sync.Mutex
 	var calls []Call
 	var wg sync.WaitGroup

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,12 +17,12 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/server"
-	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
 func benchCommand() *cobra.Command {
 	var (
 		workloads, addr, model, repo, typ string
+		protocols, httpAddr               string
 		params                            int64
 		shards                            int
 		l                                 benchLoad
@@ -29,12 +30,18 @@ func benchCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Drive predict load and print QPS, p50/p99/p999 and request bytes",
-		Long: `bench runs the rank200 and small workloads against a router's gRPC address.
+		Long: `bench runs the rank200 and small workloads against a router.
 
 With --addr, it targets a running router; --repo tells it the model's
 generator settings (the model must come from 'cumulus model gen').
 Without --addr, it generates a model of --params features, starts a dev
 cluster of --shards shards on loopback and targets that.
+
+--protocol sends the calls over KServe gRPC (grpc, the default), REST
+with JSON tensors (rest) or REST with the binary tensor extension
+(rest-binary); a comma-separated list runs each workload over each in
+turn, on the same requests. REST goes to --http-addr with --addr, else
+to the dev cluster's HTTP address.
 
 By default the load is closed loop: --concurrency callers, one request in
 flight each. With --rate, it is open loop: requests are sent at that rate,
@@ -54,6 +61,10 @@ process), it reads the process's VmRSS from /proc before the load, every
 			}
 			if l.rate > 0 && (cmd.Flags().Changed("concurrency") || cmd.Flags().Changed("requests")) {
 				return fmt.Errorf("--concurrency and --requests are for the closed loop; in open loop, --rate and --duration set the load")
+			}
+			protos, err := benchProtocols(protocols, addr, httpAddr)
+			if err != nil {
+				return err
 			}
 			if l.pid == 0 && addr == "" && l.rate > 0 {
 				l.pid = os.Getpid()
@@ -75,8 +86,8 @@ process), it reads the process's VmRSS from /proc before the load, every
 				}
 				defer c.Close()
 				defer srv.Close()
-				addr = srv.GRPCAddr()
-				fmt.Printf("dev cluster: %d shards, router at %s\n", shards, addr)
+				addr, httpAddr = srv.GRPCAddr(), srv.HTTPAddr()
+				fmt.Printf("dev cluster: %d shards, router at %s (gRPC), %s (HTTP)\n", shards, addr, httpAddr)
 			}
 			r := loader.Repo{Dir: repo}
 			v, err := r.Latest(model)
@@ -90,22 +101,21 @@ process), it reads the process's VmRSS from /proc before the load, every
 			if m.Generator == nil {
 				return fmt.Errorf("model %s was not made by 'cumulus model gen': no id generator to draw traffic from", model)
 			}
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(256<<20)))
+			clients, closeClients, err := benchClients(protos, addr, httpAddr)
 			if err != nil {
 				return err
 			}
-			defer conn.Close()
+			defer closeClients()
 			names := strings.Split(workloads, ",")
 			if workloads == "all" {
 				names = []string{"rank200", "small"}
 			}
 			if l.rate > 0 {
-				fmt.Printf("model %s v%d: %s, %d features, %d partitions; open loop at %g/s, evenly spaced, %s per workload\n",
-					m.Name, m.Version, m.Type, m.Params, m.Partitions, l.rate, l.duration)
+				fmt.Printf("model %s v%d: %s, %d features, %d partitions; open loop at %g/s, evenly spaced, %s per workload and protocol (%s)\n",
+					m.Name, m.Version, m.Type, m.Params, m.Partitions, l.rate, l.duration, strings.Join(protos, ", "))
 			} else {
-				fmt.Printf("model %s v%d: %s, %d features, %d partitions; concurrency %d, %s per workload\n",
-					m.Name, m.Version, m.Type, m.Params, m.Partitions, l.concurrency, l.duration)
+				fmt.Printf("model %s v%d: %s, %d features, %d partitions; concurrency %d, %s per workload and protocol (%s)\n",
+					m.Name, m.Version, m.Type, m.Params, m.Partitions, l.concurrency, l.duration, strings.Join(protos, ", "))
 			}
 			if l.pid == os.Getpid() {
 				fmt.Printf("rss of pid %d: this process, the dev cluster and the load generator together\n", l.pid)
@@ -115,12 +125,19 @@ process), it reads the process's VmRSS from /proc before the load, every
 				if !ok {
 					return fmt.Errorf("unknown workload %q (have rank200, small)", name)
 				}
-				g, err := bench.NewGenerator(w, *m.Generator, m.Params, 42)
-				if err != nil {
-					return err
-				}
-				if err := l.run(ctx, kserveClient(conn), model, name, g); err != nil {
-					return err
+				for _, p := range protos {
+					// The same seed for every protocol: the same requests.
+					g, err := bench.NewGenerator(w, *m.Generator, m.Params, 42)
+					if err != nil {
+						return err
+					}
+					label := name
+					if len(protos) > 1 {
+						label = name + "/" + p
+					}
+					if err := l.run(ctx, clients[p], model, label, g); err != nil {
+						return err
+					}
 				}
 			}
 			return nil
@@ -129,6 +146,8 @@ process), it reads the process's VmRSS from /proc before the load, every
 	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand())
 	cmd.Flags().StringVar(&workloads, "workload", "all", "rank200, small, or all (comma-separated)")
 	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster)")
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "router HTTP address, with --addr, for --protocol rest and rest-binary")
+	cmd.Flags().StringVar(&protocols, "protocol", "grpc", "grpc, rest (JSON), rest-binary (binary tensor extension), or several comma-separated")
 	cmd.Flags().StringVar(&model, "model", "", "model name, with --addr")
 	cmd.Flags().StringVar(&repo, "repo", "", "repository holding --model, with --addr")
 	cmd.Flags().StringVar(&typ, "type", codec.TypeLR, "without --addr: lr or fm")
@@ -156,7 +175,7 @@ type benchLoad struct {
 
 // run drives one workload and prints what it measured, with pid's memory
 // around it when one is watched.
-func (l benchLoad) run(ctx context.Context, client kservepb.GRPCInferenceServiceClient, model, name string, g *bench.Generator) error {
+func (l benchLoad) run(ctx context.Context, client bench.Inferer, model, name string, g *bench.Generator) error {
 	var err error
 	load := func() {
 		if l.rate == 0 {
@@ -177,6 +196,63 @@ func (l benchLoad) run(ctx context.Context, client kservepb.GRPCInferenceService
 		bench.WatchRSS(ctx, l.pid, 100*time.Millisecond, l.settle, load).Print(os.Stdout, name)
 	}
 	return err
+}
+
+// benchProtocols parses --protocol and checks that the addresses its
+// protocols need are given.
+func benchProtocols(list, addr, httpAddr string) ([]string, error) {
+	if httpAddr != "" && addr == "" {
+		return nil, fmt.Errorf("--http-addr goes with --addr; without --addr, bench uses its dev cluster's")
+	}
+	var protos []string
+	for _, p := range strings.Split(list, ",") {
+		switch p {
+		case "grpc":
+		case "rest", "rest-binary":
+			if addr != "" && httpAddr == "" {
+				return nil, fmt.Errorf("--protocol %s with --addr needs --http-addr, the router's HTTP address", p)
+			}
+		default:
+			return nil, fmt.Errorf("unknown protocol %q (have grpc, rest, rest-binary)", p)
+		}
+		if !slices.Contains(protos, p) {
+			protos = append(protos, p)
+		}
+	}
+	return protos, nil
+}
+
+// benchClients makes a client for each protocol; closeAll closes them.
+func benchClients(protos []string, addr, httpAddr string) (clients map[string]bench.Inferer, closeAll func(), err error) {
+	clients = map[string]bench.Inferer{}
+	var closers []func()
+	closeAll = func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	for _, p := range protos {
+		switch p {
+		case "grpc":
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(256<<20)))
+			if err != nil {
+				closeAll()
+				return nil, nil, err
+			}
+			closers = append(closers, func() { conn.Close() })
+			clients[p] = kserveClient(conn)
+		case "rest", "rest-binary":
+			c, err := bench.NewRESTClient(bench.RESTOptions{Addr: httpAddr, Binary: p == "rest-binary"})
+			if err != nil {
+				closeAll()
+				return nil, nil, err
+			}
+			closers = append(closers, c.Close)
+			clients[p] = c
+		}
+	}
+	return clients, closeAll, nil
 }
 
 // benchCluster starts a dev cluster and a front on loopback ports and
