@@ -78,17 +78,9 @@ process), it reads the process's VmRSS from /proc before the load, every
 				addr = srv.GRPCAddr()
 				fmt.Printf("dev cluster: %d shards, router at %s\n", shards, addr)
 			}
-			r := loader.Repo{Dir: repo}
-			v, err := r.Latest(model)
-			if err != nil {
-				return fmt.Errorf("--repo: %w", err)
-			}
-			m, err := r.Manifest(model, v)
+			m, err := generatedModel(repo, model)
 			if err != nil {
 				return err
-			}
-			if m.Generator == nil {
-				return fmt.Errorf("model %s was not made by 'cumulus model gen': no id generator to draw traffic from", model)
 			}
 			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 				grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(256<<20)))
@@ -126,7 +118,7 @@ process), it reads the process's VmRSS from /proc before the load, every
 			return nil
 		},
 	}
-	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand())
+	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand(), benchHostileCommand())
 	cmd.Flags().StringVar(&workloads, "workload", "all", "rank200, small, or all (comma-separated)")
 	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster)")
 	cmd.Flags().StringVar(&model, "model", "", "model name, with --addr")
@@ -177,6 +169,25 @@ func (l benchLoad) run(ctx context.Context, client kservepb.GRPCInferenceService
 		bench.WatchRSS(ctx, l.pid, 100*time.Millisecond, l.settle, load).Print(os.Stdout, name)
 	}
 	return err
+}
+
+// generatedModel is the manifest of model's latest version in repo,
+// which must have been made by 'cumulus model gen': bench draws its
+// traffic from the generator recorded in it.
+func generatedModel(repo, model string) (*codec.Manifest, error) {
+	r := loader.Repo{Dir: repo}
+	v, err := r.Latest(model)
+	if err != nil {
+		return nil, fmt.Errorf("--repo: %w", err)
+	}
+	m, err := r.Manifest(model, v)
+	if err != nil {
+		return nil, err
+	}
+	if m.Generator == nil {
+		return nil, fmt.Errorf("model %s was not made by 'cumulus model gen': no id generator to draw traffic from", model)
+	}
+	return m, nil
 }
 
 // benchCluster starts a dev cluster and a front on loopback ports and
