@@ -23,7 +23,6 @@ func benchHostileCommand() *cobra.Command {
 		params                           int64
 		shards, pid                      int
 		sizes                            bench.HostileSizes
-		jsonBytes, grpcBytes             byteSize
 		o                                bench.HostileOptions
 		load                             bench.LoadOptions
 	)
@@ -56,7 +55,6 @@ client's.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			sizes.JSONBytes, sizes.GRPCBytes = int(jsonBytes), int(grpcBytes)
 			if o.Repeat < 1 || load.Concurrency < 1 || load.Duration <= 0 || sizes.Depth < 1 || sizes.JSONBytes < 1 || sizes.GRPCBytes < 1 {
 				return fmt.Errorf("--repeat, --concurrency, --duration, --depth, --json-bytes and --grpc-bytes must be positive")
 			}
@@ -128,9 +126,8 @@ client's.`,
 	cmd.Flags().IntVar(&shards, "shards", 4, "without --addr: shard servers")
 	cmd.Flags().IntVar(&o.Repeat, "repeat", 5, "sends of each hostile input, one after another")
 	cmd.Flags().IntVar(&sizes.Depth, "depth", 9_990, "deep-json: arrays nested in its data")
-	jsonBytes, grpcBytes = 66_000_000, 63<<20
-	cmd.Flags().Var(&jsonBytes, "json-bytes", "big-json: body size (default 66,000,000 bytes: under the default --max-request-bytes of 64MiB)")
-	cmd.Flags().Var(&grpcBytes, "grpc-bytes", "big-grpc: message size")
+	cmd.Flags().IntVar(&sizes.JSONBytes, "json-bytes", 66_000_000, "big-json: body size in bytes (the default is under the default --max-request-bytes of 64 MiB, 67108864)")
+	cmd.Flags().IntVar(&sizes.GRPCBytes, "grpc-bytes", 63<<20, "big-grpc: message size in bytes (63 MiB by default)")
 	cmd.Flags().IntVar(&load.Concurrency, "concurrency", 4, "good traffic: rank200 requests in flight")
 	cmd.Flags().DurationVar(&load.Duration, "duration", 5*time.Second, "good traffic: time alone, and again beside the hostile inputs")
 	return cmd
