@@ -31,6 +31,14 @@
 // WatchRSS reads a process's VmRSS from /proc around a run: before, the
 // peak during, and after a settling time.
 //
+// Hostile inputs (hostile.go) are requests built once to cost a server
+// as much as it lets them: a deeply nested JSON body, a JSON body just
+// under the size limit that is wrong only in its last element, a gRPC
+// message far over the receive limit. MeasureHostile sends one
+// repeatedly and reads the server's CPU time (ReadCPUTicks) and VmRSS
+// from /proc around the sends; Beside runs a closed-loop load while one
+// goroutine, which it owns and waits for, sends them back to back.
+//
 // Benchmarks are measurements, never tests: nothing in the test suite
 // depends on timing. Peer baselines (Go map, Redis) join here with the
 // storage-engine work.

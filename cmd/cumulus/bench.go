@@ -89,17 +89,9 @@ process), it reads the process's VmRSS from /proc before the load, every
 				addr, httpAddr = srv.GRPCAddr(), srv.HTTPAddr()
 				fmt.Printf("dev cluster: %d shards, router at %s (gRPC), %s (HTTP)\n", shards, addr, httpAddr)
 			}
-			r := loader.Repo{Dir: repo}
-			v, err := r.Latest(model)
-			if err != nil {
-				return fmt.Errorf("--repo: %w", err)
-			}
-			m, err := r.Manifest(model, v)
+			m, err := generatedModel(repo, model)
 			if err != nil {
 				return err
-			}
-			if m.Generator == nil {
-				return fmt.Errorf("model %s was not made by 'cumulus model gen': no id generator to draw traffic from", model)
 			}
 			clients, closeClients, err := benchClients(protos, addr, httpAddr)
 			if err != nil {
@@ -143,7 +135,7 @@ process), it reads the process's VmRSS from /proc before the load, every
 			return nil
 		},
 	}
-	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand())
+	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand(), benchHostileCommand())
 	cmd.Flags().StringVar(&workloads, "workload", "all", "rank200, small, or all (comma-separated)")
 	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster)")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "router HTTP address, with --addr, for --protocol rest and rest-binary")
@@ -253,6 +245,25 @@ func benchClients(protos []string, addr, httpAddr string) (clients map[string]be
 		}
 	}
 	return clients, closeAll, nil
+}
+
+// generatedModel is the manifest of model's latest version in repo,
+// which must have been made by 'cumulus model gen': bench draws its
+// traffic from the generator recorded in it.
+func generatedModel(repo, model string) (*codec.Manifest, error) {
+	r := loader.Repo{Dir: repo}
+	v, err := r.Latest(model)
+	if err != nil {
+		return nil, fmt.Errorf("--repo: %w", err)
+	}
+	m, err := r.Manifest(model, v)
+	if err != nil {
+		return nil, err
+	}
+	if m.Generator == nil {
+		return nil, fmt.Errorf("model %s was not made by 'cumulus model gen': no id generator to draw traffic from", model)
+	}
+	return m, nil
 }
 
 // benchCluster starts a dev cluster and a front on loopback ports and

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cumulus-serving/cumulus/bench"
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/loader"
+)
+
+func benchHostileCommand() *cobra.Command {
+	var (
+		addr, httpAddr, model, repo, typ string
+		params                           int64
+		shards, pid                      int
+		sizes                            bench.HostileSizes
+		o                                bench.HostileOptions
+		load                             bench.LoadOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "hostile",
+		Short: "Measure what hostile inputs cost a router: CPU and memory per request, and good traffic's p99 beside them",
+		Long: `hostile builds three hostile requests once, before measuring:
+
+  deep-json  a JSON infer body whose data is nested --depth arrays deep
+  big-json   a JSON infer body of --json-bytes: a long array of valid ids,
+             the last element 1.5
+  big-grpc   a gRPC ModelInferRequest of --grpc-bytes, ids as raw contents
+
+It sends each --repeat times, one after another, and prints the answers,
+client-side latency, the server's CPU time per request (utime+stime of
+/proc/PID/stat over the sends, divided by them; a clock tick is 10ms) and
+its VmRSS before and at peak (read every 10ms while sending), against the
+targets: under 50ms of CPU and under twice the input's size in memory.
+
+Then it runs rank200 closed-loop load (--concurrency, --duration) alone,
+and again while one goroutine sends the hostile requests in turn, one at
+a time, back to back; it prints both p99s and their ratio (target: under
+2) and what was sent.
+
+With --addr (gRPC), --http-addr and --pid (the router's process) it
+targets a running router; --repo and --model name a model made by
+'cumulus model gen'. Without --addr, it generates a model, starts a dev
+cluster in this process and targets that: then CPU and memory include the
+client's.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if o.Repeat < 1 || load.Concurrency < 1 || load.Duration <= 0 || sizes.Depth < 1 || sizes.JSONBytes < 1 || sizes.GRPCBytes < 1 {
+				return fmt.Errorf("--repeat, --concurrency, --duration, --depth, --json-bytes and --grpc-bytes must be positive")
+			}
+			if addr != "" && (httpAddr == "" || pid == 0 || repo == "" || model == "") {
+				return fmt.Errorf("with --addr, give --http-addr, --pid (the router's process), --repo and --model")
+			}
+			if addr == "" {
+				if httpAddr != "" || pid != 0 {
+					return fmt.Errorf("--http-addr and --pid go with --addr")
+				}
+				dir, err := os.MkdirTemp("", "cumulus-bench-hostile-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				repo, model = dir, "bench"
+				fmt.Printf("generating %s model %q: %d features\n", typ, model, params)
+				if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: model, Type: typ, Params: params, Seed: 7}); err != nil {
+					return err
+				}
+				c, srv, err := benchCluster(ctx, devcluster.Options{Repo: dir, Shards: shards, ScanInterval: time.Hour})
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				defer srv.Close()
+				addr, httpAddr, pid = srv.GRPCAddr(), srv.HTTPAddr(), os.Getpid()
+				fmt.Printf("dev cluster in this process: %d shards, router at %s (gRPC), %s (HTTP)\n", shards, addr, httpAddr)
+			}
+			m, err := generatedModel(repo, model)
+			if err != nil {
+				return err
+			}
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			o.PID = pid
+			o.Target = bench.HostileTarget{HTTPAddr: httpAddr, Conn: conn, Model: model,
+				HTTP: &http.Client{Transport: &http.Transport{}}}
+			t0 := time.Now()
+			inputs := bench.HostileInputs(model, sizes)
+			fmt.Printf("built %d hostile inputs in %s\n", len(inputs), time.Since(t0).Round(time.Millisecond))
+			if pid == os.Getpid() {
+				fmt.Printf("pid %d is this process: CPU and RSS are the dev cluster's, the router's and this client's together\n", pid)
+			} else {
+				fmt.Printf("pid %d: CPU and RSS are that whole process's\n", pid)
+			}
+			fmt.Printf("\nhostile inputs, each sent %d times, one after another (router %s gRPC, %s HTTP)\n", o.Repeat, addr, httpAddr)
+			for _, h := range inputs {
+				bench.MeasureHostile(ctx, o, h).Print(os.Stdout)
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+
+			load.Model, load.Client = model, kserveClient(conn)
+			return goodBeside(ctx, load, o.Target, inputs, m)
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster in this process)")
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "with --addr: the router's HTTP address")
+	cmd.Flags().IntVar(&pid, "pid", 0, "with --addr: the router's process, whose CPU time and VmRSS are read from /proc")
+	cmd.Flags().StringVar(&model, "model", "", "with --addr: model name")
+	cmd.Flags().StringVar(&repo, "repo", "", "with --addr: repository holding --model")
+	cmd.Flags().StringVar(&typ, "type", codec.TypeLR, "without --addr: lr or fm")
+	cmd.Flags().Int64Var(&params, "params", 1_000_000, "without --addr: features in the generated model")
+	cmd.Flags().IntVar(&shards, "shards", 4, "without --addr: shard servers")
+	cmd.Flags().IntVar(&o.Repeat, "repeat", 5, "sends of each hostile input, one after another")
+	cmd.Flags().IntVar(&sizes.Depth, "depth", 9_990, "deep-json: arrays nested in its data")
+	cmd.Flags().IntVar(&sizes.JSONBytes, "json-bytes", 66_000_000, "big-json: body size in bytes (the default is under the default --max-request-bytes of 64 MiB, 67108864)")
+	cmd.Flags().IntVar(&sizes.GRPCBytes, "grpc-bytes", 63<<20, "big-grpc: message size in bytes (63 MiB by default)")
+	cmd.Flags().IntVar(&load.Concurrency, "concurrency", 4, "good traffic: rank200 requests in flight")
+	cmd.Flags().DurationVar(&load.Duration, "duration", 5*time.Second, "good traffic: time alone, and again beside the hostile inputs")
+	return cmd
+}
+
+// goodBeside runs rank200 load alone and then beside the hostile inputs,
+// from generators of the same seed so both runs send the same requests,
+// and prints both and the ratio of their p99s.
+func goodBeside(ctx context.Context, load bench.LoadOptions, t bench.HostileTarget, inputs []bench.Hostile, m *codec.Manifest) error {
+	gen := func() (*bench.Generator, error) {
+		return bench.NewGenerator(bench.Workloads["rank200"], *m.Generator, m.Params, 42)
+	}
+	fmt.Printf("\ngood traffic beside them: rank200 closed loop, concurrency %d, %s alone then %s beside (after 200 requests of warm-up)\n",
+		load.Concurrency, load.Duration, load.Duration)
+	warm := load
+	warm.MaxRequests = 200
+	var err error
+	if warm.Generator, err = gen(); err != nil {
+		return err
+	}
+	if r := bench.Run(ctx, warm); r.Errors > 0 {
+		return fmt.Errorf("warm-up: %d of %d requests failed: %v", r.Errors, r.Errors+r.Requests, r.FirstError)
+	}
+	if load.Generator, err = gen(); err != nil {
+		return err
+	}
+	alone := bench.Run(ctx, load)
+	alone.Print(os.Stdout, "alone")
+	if load.Generator, err = gen(); err != nil {
+		return err
+	}
+	beside, tally := bench.Beside(ctx, load, t, inputs)
+	beside.Print(os.Stdout, "beside")
+	fmt.Printf("hostile requests sent beside: %d, one at a time, back to back\n", tally.Sent())
+	tally.Print(os.Stdout, inputs)
+	if alone.P99 > 0 && beside.P99 > 0 {
+		ratio := float64(beside.P99) / float64(alone.P99)
+		verdict := "met"
+		if ratio >= bench.HostileLatencyP99Ratio {
+			verdict = "missed"
+		}
+		fmt.Printf("p99 beside / alone: %s / %s = %.2f  [target < %g: %s]\n", beside.P99.Round(time.Microsecond),
+			alone.P99.Round(time.Microsecond), ratio, bench.HostileLatencyP99Ratio, verdict)
+	}
+	return ctx.Err()
+}
