@@ -358,3 +358,23 @@ func postTo(t *testing.T, s *server.Server, path, body string) (int, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// TestOversizedBodyRefusedUnread: a body announced over the limit is a
+// 400 answered from its Content-Length, before any of it is sent.
+func TestOversizedBodyRefusedUnread(t *testing.T) {
+	s, _, _ := startGated(t, server.Options{MaxRequestBytes: 1000})
+	conn, err := net.Dial("tcp", s.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 66000000\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer before the body: %v", err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 400 || !strings.Contains(string(msg), "over the limit of 1000 bytes") {
+		t.Errorf("66 MB announced, 1000 allowed: %d %s", resp.StatusCode, msg)
+	}
+}

@@ -100,6 +100,10 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 	if err := s.knownModel(model); err != nil {
 		return err
 	}
+	if r.ContentLength > int64(s.opts.MaxRequestBytes) {
+		w.Header().Set("Connection", "close") // the body is not read
+		return badInput("request body of %d bytes is over the limit of %d bytes", r.ContentLength, s.opts.MaxRequestBytes)
+	}
 	ctx, cancel := context.WithDeadline(r.Context(), t0.Add(s.opts.RequestTimeout))
 	defer cancel()
 	// A body trickled in slower than the request may take is cut off.

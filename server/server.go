@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"runtime"
@@ -46,9 +47,11 @@ type Options struct {
 	// HTTPAddr is the HTTP/JSON, health and metrics address.
 	// Default 127.0.0.1:8000.
 	HTTPAddr string
-	// MaxRequestBytes bounds one HTTP request body. Default 64 MiB. The
-	// gRPC receive limit is the smaller of this and the largest message
-	// that can carry Limits' ids and rows (grpcRecvLimit).
+	// MaxRequestBytes bounds one HTTP request body. Default: what the
+	// largest request within Limits needs as JSON (jsonBodyLimit: about
+	// 42 MB for a million ids). The gRPC receive limit is the smaller of
+	// this and the largest message that can carry Limits' ids and rows
+	// (grpcRecvLimit).
 	MaxRequestBytes int
 	// Limits bound one request; bodies are decoded only up to them.
 	// Give the router's.
@@ -87,10 +90,10 @@ func (o *Options) Validate() error {
 	if o.HTTPAddr == "" {
 		o.HTTPAddr = "127.0.0.1:8000"
 	}
-	if o.MaxRequestBytes == 0 {
-		o.MaxRequestBytes = 64 << 20
-	}
 	o.Limits = o.Limits.OrDefault()
+	if o.MaxRequestBytes == 0 {
+		o.MaxRequestBytes = jsonBodyLimit(o.Limits)
+	}
 	if o.RequestTimeout == 0 {
 		o.RequestTimeout = time.Second
 	}
@@ -183,6 +186,14 @@ func Start(opts Options) (*Server, error) {
 func grpcRecvLimit(o Options) int {
 	need := int64(o.Limits.MaxIDs)*14 + int64(o.Limits.MaxRows+1)*10 + 64<<10
 	return int(min(need, int64(o.MaxRequestBytes)))
+}
+
+// jsonBodyLimit is the largest JSON body a request within l needs: 40
+// bytes an id (a 20-digit id and a value of up to 17 characters, with
+// their commas), 24 a row split, and 64 KiB for the rest. A larger body
+// is refused from its Content-Length, before it is read.
+func jsonBodyLimit(l router.Limits) int {
+	return int(min(int64(l.MaxIDs)*40+int64(l.MaxRows+1)*24+64<<10, math.MaxInt32))
 }
 
 // GRPCAddr and HTTPAddr are the bound addresses.
