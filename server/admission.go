@@ -20,6 +20,7 @@ import (
 type admission struct {
 	slots, bytes *admit.Gate
 	refused      *prometheus.CounterVec
+	waiting      prometheus.GaugeFunc
 }
 
 func newAdmission(o *Options) *admission {
@@ -29,11 +30,14 @@ func newAdmission(o *Options) *admission {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_admission_refused_total",
 			Help: "Infer requests refused as overload (ResourceExhausted, HTTP 429), by API and the bound that refused them."}, []string{"api", "bound"}),
 	}
+	a.waiting = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cumulus_admission_waiting",
+		Help: "Infer requests queued for admission now."}, func() float64 { return float64(a.slots.Waiting() + a.bytes.Waiting()) })
 	return a
 }
 
-// retryPushback is what a refused caller is told to wait: gRPC's retry
-// pushback in milliseconds, and HTTP's Retry-After in whole seconds.
+// retryPushbackMS is what a refused gRPC caller is told to wait, in the
+// grpc-retry-pushback-ms trailer and as google.rpc.RetryInfo in the
+// status details (HTTP's Retry-After counts whole seconds: 1).
 const retryPushbackMS = 100
 
 // admit takes a slot, then weight bytes, for one request. The returned

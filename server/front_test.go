@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/bench"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
@@ -376,5 +378,62 @@ func TestOversizedBodyRefusedUnread(t *testing.T) {
 	msg, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 400 || !strings.Contains(string(msg), "over the limit of 1000 bytes") {
 		t.Errorf("66 MB announced, 1000 allowed: %d %s", resp.StatusCode, msg)
+	}
+}
+
+// TestRefusedBeforeTheMessage: with the one slot held and the queue as
+// long as it may be, a gRPC request is refused before its message is
+// read (grpc-go reads a unary message only when the handler asks, and
+// admission comes first): ResourceExhausted carrying RetryInfo. The
+// queued request is served once the slot is free.
+func TestRefusedBeforeTheMessage(t *testing.T) {
+	s, g, client := startGated(t, server.Options{MaxInflight: 1, MaxQueueTime: time.Hour})
+	results := make(chan error, 2)
+	go func() {
+		_, err := client.ModelInfer(context.Background(), grpcOneRow())
+		results <- err
+	}()
+	<-g.arrived
+	go func() {
+		_, err := client.ModelInfer(context.Background(), grpcOneRow())
+		results <- err
+	}()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if _, body := get(t, s, "/metrics"); !strings.Contains(body, "cumulus_admission_waiting 1") {
+			return errors.New("the second request is not queued yet")
+		}
+		return nil
+	})
+	// A stream whose message never comes: only a refusal made before the
+	// message is read answers it.
+	conn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true}, kservepb.GRPCInferenceService_ModelInfer_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = stream.RecvMsg(new(kservepb.ModelInferResponse))
+	st := status.Convert(err)
+	var retry *errdetails.RetryInfo
+	for _, d := range st.Details() {
+		if r, ok := d.(*errdetails.RetryInfo); ok {
+			retry = r
+		}
+	}
+	if st.Code() != codes.ResourceExhausted || retry == nil || retry.RetryDelay.AsDuration() <= 0 {
+		t.Errorf("third request, queue full: %v (details %v), want ResourceExhausted with RetryInfo", err, st.Details())
+	}
+	g.release <- struct{}{}
+	<-g.arrived // the queued request reaches the predictor
+	g.release <- struct{}{}
+	for range 2 {
+		if err := <-results; err != nil {
+			t.Errorf("the held or the queued request: %v", err)
+		}
 	}
 }

@@ -8,8 +8,11 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
@@ -57,7 +60,9 @@ func (k *kserveGRPC) ModelMetadata(_ context.Context, r *kservepb.ModelMetadataR
 }
 
 // inferenceService is KServe's service with ModelInfer admitted before
-// its message is decoded: a refusal costs no protobuf decoding.
+// its message is read: grpc-go reads a unary request only when the
+// handler asks (dec), so a refusal costs neither the message's bytes nor
+// its decoding.
 func (s *Server) inferenceService() *grpc.ServiceDesc {
 	desc := kservepb.GRPCInferenceService_ServiceDesc
 	desc.Methods = slices.Clone(desc.Methods)
@@ -198,4 +203,13 @@ func requestBytes(r *router.Request) int64 {
 }
 
 // grpcError maps router error codes to gRPC codes.
-func grpcError(err error) error { return status.Error(classify(err).grpc, err.Error()) }
+// A refusal as overload carries google.rpc.RetryInfo.
+func grpcError(err error) error {
+	st := status.New(classify(err).grpc, err.Error())
+	if st.Code() == codes.ResourceExhausted {
+		if withRetry, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retryPushbackMS * time.Millisecond)}); derr == nil {
+			st = withRetry
+		}
+	}
+	return st.Err()
+}

@@ -144,7 +144,7 @@ func Start(opts Options) (*Server, error) {
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_infer_requests_total", Help: "Infer requests by API and outcome."}, []string{"api", "code"})
 	s.latencies = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "cumulus_infer_seconds", Help: "Infer latency by API.",
 		Buckets: prometheus.ExponentialBuckets(100e-6, 2, 16)}, []string{"api"})
-	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused} {
+	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.waiting} {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("server: metrics: %w", err)
 		}
