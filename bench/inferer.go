@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 
@@ -23,4 +24,21 @@ type Inferer interface {
 // too. Prepare returns the request's size on the wire.
 type preparer interface {
 	Prepare(req *kservepb.ModelInferRequest) (int, error)
+}
+
+// RoundRobin spreads calls over several Inferers (for gRPC, one per
+// connection: a single HTTP/2 connection carrying every call queues
+// them behind one another's bytes, which a ranking service with many
+// connections would not see).
+type RoundRobin struct {
+	clients []Inferer
+	next    atomic.Uint64
+}
+
+// NewRoundRobin calls clients in turn; it needs at least one.
+func NewRoundRobin(clients ...Inferer) *RoundRobin { return &RoundRobin{clients: clients} }
+
+// ModelInfer implements Inferer.
+func (r *RoundRobin) ModelInfer(ctx context.Context, req *kservepb.ModelInferRequest, opts ...grpc.CallOption) (*kservepb.ModelInferResponse, error) {
+	return r.clients[int(r.next.Add(1)%uint64(len(r.clients)))].ModelInfer(ctx, req, opts...)
 }

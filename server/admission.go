@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -20,6 +21,7 @@ import (
 type admission struct {
 	slots, bytes *admit.Gate
 	refused      *prometheus.CounterVec
+	refusedIn    prometheus.Histogram
 	waiting      prometheus.GaugeFunc
 }
 
@@ -30,6 +32,9 @@ func newAdmission(o *Options) *admission {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_admission_refused_total",
 			Help: "Infer requests refused as overload (ResourceExhausted, HTTP 429), by API and the bound that refused them."}, []string{"api", "bound"}),
 	}
+	a.refusedIn = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cumulus_admission_refusal_seconds",
+		Help:    "Time from a request's admission check to its refusal as overload (the queue time, or nothing when refused at once).",
+		Buckets: prometheus.ExponentialBuckets(10e-6, 2, 16)})
 	a.waiting = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cumulus_admission_waiting",
 		Help: "Infer requests queued for admission now."}, func() float64 { return float64(a.slots.Waiting() + a.bytes.Waiting()) })
 	return a
@@ -45,9 +50,10 @@ const retryPushbackMS = 100
 // admit.ErrOverloaded; a caller whose deadline passes while queued gets
 // router.ErrDeadlineExceeded.
 func (s *Server) admit(ctx context.Context, api string, weight int64) (release func(), err error) {
+	t0 := time.Now()
 	slot, err := s.adm.slots.Acquire(ctx, 1)
 	if err != nil {
-		return nil, s.refusal(ctx, api, "requests", err)
+		return nil, s.refusal(ctx, api, "requests", err, t0)
 	}
 	if weight < 0 { // unknown: the most it may be
 		weight = int64(s.opts.MaxRequestBytes)
@@ -55,12 +61,14 @@ func (s *Server) admit(ctx context.Context, api string, weight int64) (release f
 	b, err := s.adm.bytes.Acquire(ctx, weight)
 	if err != nil {
 		slot.Release()
-		return nil, s.refusal(ctx, api, "bytes", err)
+		return nil, s.refusal(ctx, api, "bytes", err, t0)
 	}
 	return func() { b.Release(); slot.Release() }, nil
 }
 
-func (s *Server) refusal(ctx context.Context, api, bound string, err error) error {
+// refusal is the error for a request admission turned down, having asked
+// since t0.
+func (s *Server) refusal(ctx context.Context, api, bound string, err error, t0 time.Time) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("server: %w: waiting for admission", router.ErrDeadlineExceeded)
 	}
@@ -68,6 +76,7 @@ func (s *Server) refusal(ctx context.Context, api, bound string, err error) erro
 		return fmt.Errorf("server: waiting for admission: %w", ctx.Err())
 	}
 	s.adm.refused.WithLabelValues(api, bound).Inc()
+	s.adm.refusedIn.Observe(time.Since(t0).Seconds())
 	if api == "grpc" {
 		grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", strconv.Itoa(retryPushbackMS)))
 	}

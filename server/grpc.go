@@ -72,9 +72,10 @@ func (s *Server) inferenceService() *grpc.ServiceDesc {
 		}
 		decodeAndServe := m.Handler
 		desc.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+			t0 := time.Now()
 			slot, err := s.adm.slots.Acquire(ctx, 1)
 			if err != nil {
-				err = s.refusal(ctx, "grpc", "requests", err)
+				err = s.refusal(ctx, "grpc", "requests", err, t0)
 				s.observe("grpc", err)
 				return nil, grpcError(err)
 			}
@@ -107,9 +108,10 @@ func (k *kserveGRPC) infer(ctx context.Context, r *kservepb.ModelInferRequest) (
 		return nil, err
 	}
 	// The slot was taken before decoding; the weight is known now.
+	t0 := time.Now()
 	b, err := k.s.adm.bytes.Acquire(ctx, requestBytes(req))
 	if err != nil {
-		return nil, k.s.refusal(ctx, "grpc", "bytes", err)
+		return nil, k.s.refusal(ctx, "grpc", "bytes", err, t0)
 	}
 	defer b.Release()
 	if p := r.Parameters["timeout"]; p != nil {

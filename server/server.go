@@ -63,7 +63,7 @@ type Options struct {
 	RequestTimeout time.Duration
 	// MaxInflight bounds the infer requests admitted at once; past it, a
 	// request waits at most MaxQueueTime, then is refused
-	// (ResourceExhausted, HTTP 429). Default 8 per CPU.
+	// (ResourceExhausted, HTTP 429). Default 4 per CPU.
 	MaxInflight int
 	// MaxInflightBytes bounds the bytes of the requests admitted at once:
 	// HTTP bodies by their Content-Length (a body of unknown length
@@ -98,7 +98,7 @@ func (o *Options) Validate() error {
 		o.RequestTimeout = time.Second
 	}
 	if o.MaxInflight == 0 {
-		o.MaxInflight = 8 * runtime.GOMAXPROCS(0)
+		o.MaxInflight = 4 * runtime.GOMAXPROCS(0)
 	}
 	if o.MaxInflightBytes == 0 {
 		o.MaxInflightBytes = 256 << 20
@@ -144,7 +144,7 @@ func Start(opts Options) (*Server, error) {
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_infer_requests_total", Help: "Infer requests by API and outcome."}, []string{"api", "code"})
 	s.latencies = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "cumulus_infer_seconds", Help: "Infer latency by API.",
 		Buckets: prometheus.ExponentialBuckets(100e-6, 2, 16)}, []string{"api"})
-	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.waiting} {
+	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.refusedIn, s.adm.waiting} {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("server: metrics: %w", err)
 		}

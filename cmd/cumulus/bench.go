@@ -24,7 +24,7 @@ func benchCommand() *cobra.Command {
 		workloads, addr, model, repo, typ string
 		protocols, httpAddr               string
 		params                            int64
-		shards                            int
+		shards, conns                     int
 		l                                 benchLoad
 	)
 	cmd := &cobra.Command{
@@ -93,7 +93,7 @@ process), it reads the process's VmRSS from /proc before the load, every
 			if err != nil {
 				return err
 			}
-			clients, closeClients, err := benchClients(protos, addr, httpAddr)
+			clients, closeClients, err := benchClients(protos, addr, httpAddr, conns)
 			if err != nil {
 				return err
 			}
@@ -146,6 +146,7 @@ process), it reads the process's VmRSS from /proc before the load, every
 	cmd.Flags().Int64Var(&params, "params", 1_000_000, "without --addr: features in the generated model")
 	cmd.Flags().IntVar(&shards, "shards", 4, "without --addr: shard servers")
 	cmd.Flags().IntVar(&l.concurrency, "concurrency", 4, "closed loop: requests in flight")
+	cmd.Flags().IntVar(&conns, "connections", 1, "gRPC connections the calls are spread over, in turn")
 	cmd.Flags().DurationVar(&l.duration, "duration", 10*time.Second, "time per workload")
 	cmd.Flags().IntVar(&l.maxRequests, "requests", 0, "closed loop: stop a workload after this many requests (0: only --duration)")
 	cmd.Flags().Float64Var(&l.rate, "rate", 0, "open loop: requests offered per second (0: closed loop)")
@@ -215,7 +216,7 @@ func benchProtocols(list, addr, httpAddr string) ([]string, error) {
 }
 
 // benchClients makes a client for each protocol; closeAll closes them.
-func benchClients(protos []string, addr, httpAddr string) (clients map[string]bench.Inferer, closeAll func(), err error) {
+func benchClients(protos []string, addr, httpAddr string, conns int) (clients map[string]bench.Inferer, closeAll func(), err error) {
 	clients = map[string]bench.Inferer{}
 	var closers []func()
 	closeAll = func() {
@@ -226,14 +227,18 @@ func benchClients(protos []string, addr, httpAddr string) (clients map[string]be
 	for _, p := range protos {
 		switch p {
 		case "grpc":
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(256<<20)))
-			if err != nil {
-				closeAll()
-				return nil, nil, err
+			var each []bench.Inferer
+			for range max(conns, 1) {
+				conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+					grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(256<<20)))
+				if err != nil {
+					closeAll()
+					return nil, nil, err
+				}
+				closers = append(closers, func() { conn.Close() })
+				each = append(each, kserveClient(conn))
 			}
-			closers = append(closers, func() { conn.Close() })
-			clients[p] = kserveClient(conn)
+			clients[p] = bench.NewRoundRobin(each...)
 		case "rest", "rest-binary":
 			c, err := bench.NewRESTClient(bench.RESTOptions{Addr: httpAddr, Binary: p == "rest-binary"})
 			if err != nil {

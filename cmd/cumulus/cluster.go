@@ -82,7 +82,7 @@ func (l *limitFlags) register(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&l.maxIDs, "max-ids", 1<<20, "most feature ids (shared included) a request may carry")
 	cmd.Flags().IntVar(&l.maxBytes, "max-request-bytes", 0, "largest HTTP request body (default: what --max-ids and --max-batch-rows need as JSON, 40 bytes an id); gRPC messages are bounded by what they need, if less")
 	cmd.Flags().DurationVar(&l.timeout, "request-timeout", time.Second, "longest a request may take from its arrival; a caller's shorter deadline (gRPC's, or the timeout parameter) wins")
-	l.admit.register(cmd, "requests", "gRPC ResourceExhausted, HTTP 429", 8)
+	l.admit.register(cmd, "requests", "gRPC ResourceExhausted, HTTP 429", 4)
 }
 
 func (l *limitFlags) limits() router.Limits {
