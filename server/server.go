@@ -8,7 +8,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/cumulus-serving/cumulus/internal/admit"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
@@ -97,17 +97,10 @@ func (o *Options) Validate() error {
 	if o.RequestTimeout == 0 {
 		o.RequestTimeout = time.Second
 	}
-	if o.MaxInflight == 0 {
-		o.MaxInflight = 4 * runtime.GOMAXPROCS(0)
+	if err := admit.Defaults(&o.MaxInflight, &o.MaxInflightBytes, &o.MaxQueueTime, 4); err != nil {
+		return fmt.Errorf("server: %w", err)
 	}
-	if o.MaxInflightBytes == 0 {
-		o.MaxInflightBytes = 256 << 20
-	}
-	if o.MaxQueueTime == 0 {
-		o.MaxQueueTime = 5 * time.Millisecond
-	}
-	switch {
-	case o.MaxRequestBytes < 0, o.RequestTimeout < 0, o.MaxInflight < 0, o.MaxInflightBytes < 0, o.MaxQueueTime < 0:
+	if o.MaxRequestBytes < 0 || o.RequestTimeout < 0 {
 		return errors.New("server: limits and timeouts must not be negative")
 	}
 	if o.Registry == nil {

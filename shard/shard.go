@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -108,17 +107,8 @@ func (o *Options) Validate() error {
 	if o.MaxRequestBytes == 0 {
 		o.MaxRequestBytes = 64 << 20
 	}
-	if o.MaxInflight == 0 {
-		o.MaxInflight = 8 * runtime.GOMAXPROCS(0)
-	}
-	if o.MaxInflightBytes == 0 {
-		o.MaxInflightBytes = 256 << 20
-	}
-	if o.MaxQueueTime == 0 {
-		o.MaxQueueTime = 5 * time.Millisecond
-	}
-	if o.MaxInflight < 0 || o.MaxInflightBytes < 0 || o.MaxQueueTime < 0 {
-		return errors.New("shard: admission bounds must not be negative")
+	if err := admit.Defaults(&o.MaxInflight, &o.MaxInflightBytes, &o.MaxQueueTime, 8); err != nil {
+		return fmt.Errorf("shard: %w", err)
 	}
 	if o.HotInterval == 0 {
 		o.HotInterval = 2 * time.Second

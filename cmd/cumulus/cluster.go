@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/cumulus-serving/cumulus/internal/admit"
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
@@ -109,10 +109,12 @@ type admitFlags struct {
 }
 
 func (a *admitFlags) register(cmd *cobra.Command, what, refusal string, perCPU int) {
-	a.inflight, a.bytes = perCPU*runtime.GOMAXPROCS(0), 256<<20
+	var inflightBytes int64
+	admit.Defaults(&a.inflight, &inflightBytes, &a.queue, perCPU) // zero values: no error
+	a.bytes = byteSize(inflightBytes)
 	cmd.Flags().IntVar(&a.inflight, "max-inflight", a.inflight, fmt.Sprintf("most %s admitted at once, %d per CPU by default; past it one waits --max-queue-time, then is refused (%s)", what, perCPU, refusal))
 	cmd.Flags().Var(&a.bytes, "max-inflight-bytes", fmt.Sprintf("most bytes of %s admitted at once", what))
-	cmd.Flags().DurationVar(&a.queue, "max-queue-time", 5*time.Millisecond, fmt.Sprintf("longest one of the %s waits for admission before it is refused", what))
+	cmd.Flags().DurationVar(&a.queue, "max-queue-time", a.queue, fmt.Sprintf("longest one of the %s waits for admission before it is refused", what))
 }
 
 func routerCommand() *cobra.Command {

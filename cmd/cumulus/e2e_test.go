@@ -51,7 +51,7 @@ type devProcess struct {
 // from stdout and waits on the readiness endpoint.
 func startDev(t *testing.T, repo string) devProcess {
 	t.Helper()
-	cmd := cumulus("dev", "--repo", repo, "--shards", "3", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-level", "warn")
+	cmd := cumulus("dev", "--repo", repo, "--shards", "3", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--log-level", "warn")
 	stdout, _ := cmd.StdoutPipe()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

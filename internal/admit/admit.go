@@ -18,11 +18,31 @@ package admit
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/semaphore"
 )
+
+// Defaults fills a server's zero admission bounds: perCPU requests per
+// CPU in flight, 256 MiB of them, 5ms in the queue; negative ones are an
+// error. The router's front and the shards share these.
+func Defaults(inflight *int, inflightBytes *int64, queue *time.Duration, perCPU int) error {
+	if *inflight == 0 {
+		*inflight = perCPU * runtime.GOMAXPROCS(0)
+	}
+	if *inflightBytes == 0 {
+		*inflightBytes = 256 << 20
+	}
+	if *queue == 0 {
+		*queue = 5 * time.Millisecond
+	}
+	if *inflight < 0 || *inflightBytes < 0 || *queue < 0 {
+		return errors.New("admission bounds must not be negative")
+	}
+	return nil
+}
 
 // ErrOverloaded is returned when a gate refuses a request.
 var ErrOverloaded = errors.New("overloaded")
