@@ -187,9 +187,20 @@ func (r *Router) watch(ctx context.Context) {
 	var shards map[string]topo.ShardInfo
 	var assigns map[string]topo.Assignment
 	var rev int64
+	// Connections to shards that left, kept open until the requests that
+	// may still be asking them are past their deadlines.
+	leaving := map[*time.Timer]io.Closer{}
+	var leavingMu sync.Mutex
 	defer func() {
 		for _, c := range closers {
 			c.Close()
+		}
+		leavingMu.Lock()
+		defer leavingMu.Unlock()
+		for t, c := range leaving {
+			if t.Stop() {
+				c.Close()
+			}
 		}
 	}()
 	for {
@@ -219,7 +230,21 @@ func (r *Router) watch(ctx context.Context) {
 		close(old.replaced)
 		for addr := range backends {
 			if !live[addr] {
-				closers[addr].Close()
+				// A request routed by an older table may still be asking
+				// this shard (a draining shard answers it): closing the
+				// connection now would cancel the call. No request lives
+				// past DefaultTimeout.
+				c := closers[addr]
+				leavingMu.Lock()
+				var t *time.Timer
+				t = time.AfterFunc(r.opts.DefaultTimeout, func() {
+					leavingMu.Lock()
+					delete(leaving, t)
+					leavingMu.Unlock()
+					c.Close()
+				})
+				leaving[t] = c
+				leavingMu.Unlock()
 				delete(backends, addr)
 				delete(closers, addr)
 			}

@@ -196,11 +196,19 @@ type faulty struct {
 	svc  shard.Service
 	fail atomic.Uint32 // a codes.Code
 	hang atomic.Bool   // answer only when the caller gives up
+	// hold, when set, holds each call until it is closed; held is told
+	// of each call held.
+	hold atomic.Pointer[chan struct{}]
+	held chan struct{}
 }
 
 func (f *faulty) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 	if c := codes.Code(f.fail.Load()); c != codes.OK {
 		return nil, status.Error(c, "injected fault")
+	}
+	if h := f.hold.Load(); h != nil {
+		f.held <- struct{}{}
+		<-*h
 	}
 	if f.hang.Load() {
 		<-ctx.Done()
@@ -225,7 +233,7 @@ func faultyCluster(t *testing.T, reg *prometheus.Registry) (c *devcluster.Cluste
 			if err != nil {
 				return nil, nil, err
 			}
-			f := &faulty{svc: shard.NewClient(conn)}
+			f := &faulty{svc: shard.NewClient(conn), held: make(chan struct{}, 16)}
 			mu.Lock()
 			faults[addr] = f
 			mu.Unlock()
@@ -352,5 +360,71 @@ func TestShardErrorsKeepTheirCodes(t *testing.T) {
 	// The router's own bound applies to a request without a deadline.
 	if _, err := c.Router.Predict(context.Background(), req); !errors.Is(err, router.ErrDeadlineExceeded) {
 		t.Errorf("no deadline, shards hanging: %v, want deadline exceeded (DefaultTimeout)", err)
+	}
+}
+
+// TestShardLeavingFinishesCallsUnderWay: a call already on its way to a
+// shard that leaves (drains: out of etcd, still answering) is answered by
+// it, though the router's table has dropped the shard meanwhile: the
+// router keeps the connection open for the requests still using it, and
+// nothing is asked again of another replica.
+func TestShardLeavingFinishesCallsUnderWay(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c, m, fault := faultyCluster(t, reg)
+	ref := reference.New(m)
+	rng := rand.New(rand.NewPCG(33, 33))
+	req := randomRequest(rng, "fm", m, 30, 10, 3)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		_, err := c.Router.Predict(context.Background(), req)
+		return err
+	})
+	// Hold the next call to shard-0 before it is sent.
+	release := make(chan struct{})
+	fault(0).hold.Store(&release)
+	before := retries(t, reg, "replica")
+	type answer struct {
+		resp *router.Response
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		for {
+			// Replicas are taken in turn: some request reaches shard-0.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			resp, err := c.Router.Predict(ctx, req)
+			cancel()
+			if err != nil || fault(0).hold.Load() == nil {
+				answered <- answer{resp, err}
+				return
+			}
+		}
+	}()
+	<-fault(0).held
+	fault(0).hold.Store(nil)
+	drained := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		drained <- c.Shards[0].Drain(ctx)
+	}()
+	// The router's table no longer routes to shard-0.
+	testenv.Eventually(t, 20*time.Second, func() error {
+		resp, err := c.Etcd.Get(context.Background(), topo.DefaultCluster.ShardKey("shard-0"))
+		if err != nil || len(resp.Kvs) > 0 || c.Router.Revision() < resp.Header.Revision {
+			return fmt.Errorf("shard-0 still registered, or the router has not seen it go (%v)", err)
+		}
+		return nil
+	})
+	close(release)
+	a := <-answered
+	if a.err != nil {
+		t.Fatalf("the request whose call was under way when shard-0 left: %v", a.err)
+	}
+	checkScores(t, ref, req, a.resp)
+	if got := retries(t, reg, "replica"); got != before {
+		t.Errorf("%v calls asked again of another replica: the call under way was cut, not answered", got-before)
+	}
+	if err := <-drained; err != nil {
+		t.Errorf("shard-0's drain: %v", err)
 	}
 }
