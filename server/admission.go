@@ -45,27 +45,6 @@ func newAdmission(o *Options) *admission {
 // status details (HTTP's Retry-After counts whole seconds: 1).
 const retryPushbackMS = 100
 
-// admit takes a slot, then weight bytes, for one request. The returned
-// release gives both back. A refusal wraps router.ErrResourceExhausted and
-// admit.ErrOverloaded; a caller whose deadline passes while queued gets
-// router.ErrDeadlineExceeded.
-func (s *Server) admit(ctx context.Context, api string, weight int64) (release func(), err error) {
-	t0 := time.Now()
-	slot, err := s.adm.slots.Acquire(ctx, 1)
-	if err != nil {
-		return nil, s.refusal(ctx, api, "requests", err, t0)
-	}
-	if weight < 0 { // unknown: the most it may be
-		weight = int64(s.opts.MaxRequestBytes)
-	}
-	b, err := s.adm.bytes.Acquire(ctx, weight)
-	if err != nil {
-		slot.Release()
-		return nil, s.refusal(ctx, api, "bytes", err, t0)
-	}
-	return func() { b.Release(); slot.Release() }, nil
-}
-
 // refusal is the error for a request admission turned down, having asked
 // since t0.
 func (s *Server) refusal(ctx context.Context, api, bound string, err error, t0 time.Time) error {

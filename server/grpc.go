@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -62,28 +64,79 @@ func (k *kserveGRPC) ModelMetadata(_ context.Context, r *kservepb.ModelMetadataR
 // inferenceService is KServe's service with ModelInfer admitted before
 // its message is read: grpc-go reads a unary request only when the
 // handler asks (dec), so a refusal costs neither the message's bytes nor
-// its decoding.
+// its decoding. The request's time (RequestTimeout) counts from arrival
+// and bounds the wait for the message too: a stream whose message never
+// comes gives its slot back when that time is up.
 func (s *Server) inferenceService() *grpc.ServiceDesc {
 	desc := kservepb.GRPCInferenceService_ServiceDesc
 	desc.Methods = slices.Clone(desc.Methods)
 	for i, m := range desc.Methods {
-		if m.MethodName != "ModelInfer" {
-			continue
-		}
-		decodeAndServe := m.Handler
-		desc.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
-			t0 := time.Now()
-			slot, err := s.adm.slots.Acquire(ctx, 1)
-			if err != nil {
-				err = s.refusal(ctx, "grpc", "requests", err, t0)
-				s.observe("grpc", err)
-				return nil, grpcError(err)
-			}
-			defer slot.Release()
-			return decodeAndServe(srv, ctx, dec, ic)
+		if m.MethodName == "ModelInfer" {
+			desc.Methods[i].Handler = s.admitModelInfer
 		}
 	}
 	return &desc
+}
+
+type arrivalKey struct{}
+
+func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+	t0 := time.Now()
+	ctx, cancel := context.WithDeadline(context.WithValue(ctx, arrivalKey{}, t0), t0.Add(s.opts.RequestTimeout))
+	defer cancel()
+	slot, err := s.adm.slots.Acquire(ctx, 1)
+	var req *kservepb.ModelInferRequest
+	if err == nil {
+		defer slot.Release()
+		req, err = receive(ctx, dec)
+	} else {
+		err = s.refusal(ctx, "grpc", "requests", err, t0)
+	}
+	if err != nil {
+		s.observe("grpc", err)
+		if _, ok := status.FromError(err); ok && errors.Unwrap(err) == nil {
+			return nil, err // gRPC's own, as it is
+		}
+		return nil, grpcError(err)
+	}
+	serve := func(ctx context.Context, r any) (any, error) {
+		return srv.(kservepb.GRPCInferenceServiceServer).ModelInfer(ctx, r.(*kservepb.ModelInferRequest))
+	}
+	if ic == nil {
+		return serve(ctx, req)
+	}
+	return ic(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: kservepb.GRPCInferenceService_ModelInfer_FullMethodName}, serve)
+}
+
+// receive reads and decodes the request's message, giving up when ctx
+// ends (returning from the handler then ends the stream, and with it the
+// read). gRPC's own refusals (a message over the receive limit, one that
+// is not protobuf) keep their status.
+func receive(ctx context.Context, dec func(any) error) (*kservepb.ModelInferRequest, error) {
+	req := new(kservepb.ModelInferRequest)
+	done := make(chan error, 1)
+	go func() { done <- dec(req) }()
+	select {
+	case err := <-done:
+		return req, err
+	case <-ctx.Done():
+		return nil, ctxError(ctx, "the request message")
+	}
+}
+
+// arrival is when the request in ctx arrived (admitModelInfer).
+func arrival(ctx context.Context) time.Time {
+	t, _ := ctx.Value(arrivalKey{}).(time.Time)
+	return t
+}
+
+// ctxError is the error of a request whose context ended while it waited
+// for what.
+func ctxError(ctx context.Context, what string) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("server: %w: %s did not arrive within the request's time", router.ErrDeadlineExceeded, what)
+	}
+	return fmt.Errorf("server: waiting for %s: %w", what, ctx.Err())
 }
 
 func (k *kserveGRPC) ModelInfer(ctx context.Context, r *kservepb.ModelInferRequest) (*kservepb.ModelInferResponse, error) {
@@ -116,15 +169,15 @@ func (k *kserveGRPC) infer(ctx context.Context, r *kservepb.ModelInferRequest) (
 	defer b.Release()
 	if p := r.Parameters["timeout"]; p != nil {
 		us, ok := p.ParameterChoice.(*kservepb.InferParameter_Int64Param)
-		if !ok || us.Int64Param <= 0 || us.Int64Param > math.MaxInt64/1000 {
-			return nil, badInput("parameters.timeout must be a positive int64_param (microseconds)")
+		if !ok || us.Int64Param < 0 || us.Int64Param > math.MaxInt64/1000 {
+			return nil, badInput("parameters.timeout must be an int64_param of microseconds, 0 for none")
 		}
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(us.Int64Param)*time.Microsecond)
-		defer cancel()
+		if us.Int64Param > 0 { // counted from arrival, like the server's own bound
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, arrival(ctx).Add(time.Duration(us.Int64Param)*time.Microsecond))
+			defer cancel()
+		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, k.s.opts.RequestTimeout)
-	defer cancel()
 	res, err := k.s.opts.Predictor.Predict(ctx, req)
 	if err != nil {
 		return nil, err

@@ -1,16 +1,16 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
-	"github.com/cumulus-serving/cumulus/internal/admit"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -82,7 +82,7 @@ func (s *Server) httpInfer(w http.ResponseWriter, r *http.Request) {
 	s.latencies.WithLabelValues("http").Observe(time.Since(t0).Seconds())
 	s.observe("http", err)
 	if err != nil {
-		if errors.Is(err, admit.ErrOverloaded) {
+		if classify(err).http == http.StatusTooManyRequests {
 			w.Header().Set("Retry-After", "1")
 		}
 		writeError(w, err)
@@ -90,11 +90,12 @@ func (s *Server) httpInfer(w http.ResponseWriter, r *http.Request) {
 }
 
 // inferHTTP answers one REST infer call, or returns the error to answer
-// with. In order, each step before the next costs more: a model that is
-// not served, then admission (a slot, then the body's bytes by its
-// Content-Length), all refused before the body is read; the body is read
-// under the request's deadline and decoded as it arrives, stopping at the
-// first element past a limit.
+// with. Each step costs more than the one before: a model that is not
+// served, or a body announced over the limit, is refused first; then the
+// body's bytes are admitted by its Content-Length (one of unknown length
+// weighs the limit) and the body is read, within the request's time; then
+// a slot is admitted and only then is the body decoded, stopping at the
+// first element past a limit. A slow sender holds bytes, never a slot.
 func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time) error {
 	model := r.PathValue("name")
 	if err := s.knownModel(model); err != nil {
@@ -104,11 +105,16 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 		w.Header().Set("Connection", "close") // the body is not read
 		return badInput("request body of %d bytes is over the limit of %d bytes", r.ContentLength, s.opts.MaxRequestBytes)
 	}
-	ctx, cancel := context.WithDeadline(r.Context(), t0.Add(s.opts.RequestTimeout))
+	deadline := t0.Add(s.opts.RequestTimeout)
+	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	defer cancel()
 	// A body trickled in slower than the request may take is cut off.
-	http.NewResponseController(w).SetReadDeadline(t0.Add(s.opts.RequestTimeout))
-	release, err := s.admit(ctx, "http", r.ContentLength)
+	http.NewResponseController(w).SetReadDeadline(deadline)
+	weight := r.ContentLength
+	if weight < 0 {
+		weight = int64(s.opts.MaxRequestBytes)
+	}
+	bytesHeld, err := s.adm.bytes.Acquire(ctx, weight)
 	if err != nil {
 		if r.ContentLength < 0 || r.ContentLength > unreadBodyToDiscard {
 			// Answer without reading the body at all: net/http would
@@ -116,33 +122,38 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 			// connection.
 			w.Header().Set("Connection", "close")
 		}
+		return s.refusal(ctx, "http", "bytes", err, t0)
+	}
+	defer bytesHeld.Release()
+	body, err := readBody(r, s.opts.MaxRequestBytes)
+	if err != nil {
 		return err
 	}
-	defer release()
-	body := http.MaxBytesReader(w, r.Body, int64(s.opts.MaxRequestBytes))
-	b, err := decodeBody(body, r.Header.Get(headerLength), int64(s.opts.MaxRequestBytes),
-		bodyLimits{maxIDs: s.opts.Limits.MaxIDs, maxRows: s.opts.Limits.MaxRows})
+	slot, err := s.adm.slots.Acquire(ctx, 1)
 	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("server: %w: reading the request body: %v", router.ErrDeadlineExceeded, err)
-		}
+		return s.refusal(ctx, "http", "requests", err, t0)
+	}
+	defer slot.Release()
+	b, err := decodeBody(body, r.Header.Get(headerLength), bodyLimits{maxIDs: s.opts.Limits.MaxIDs, maxRows: s.opts.Limits.MaxRows})
+	if err != nil {
 		return err
 	}
 	req, err := buildRequest(model, r.PathValue("version"), b.inputs)
 	if err != nil {
 		return err
 	}
-	if b.timeout > 0 {
+	if b.timeout > 0 { // counted from arrival, like the server's own bound
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, b.timeout)
+		ctx, cancel = context.WithDeadline(ctx, t0.Add(b.timeout))
 		defer cancel()
 	}
 	res, err := s.opts.Predictor.Predict(ctx, req)
 	if err != nil {
 		return err
 	}
-	out := appendJSONResponse(make([]byte, 0, 128+16*len(res.Scores)), res.Model, res.Version, b.id, b.idSet, res.Scores, b.binaryOutput)
-	if b.binaryOutput {
+	binaryOut := b.binaryOutput()
+	out := appendJSONResponse(make([]byte, 0, 128+16*len(res.Scores)), res.Model, res.Version, b.id, b.idSet, res.Scores, binaryOut)
+	if binaryOut {
 		w.Header().Set(headerLength, strconv.Itoa(len(out)))
 		w.Header().Set("Content-Type", "application/octet-stream")
 		out = appendFloat32s(out, res.Scores)
@@ -155,6 +166,29 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 	return nil
 }
 
+// readBody reads a request's whole body, at most limit bytes, under the
+// connection's read deadline. A body that does not arrive in time is
+// DeadlineExceeded; one past the limit, or shorter than announced, is
+// InvalidArgument.
+func readBody(r *http.Request, limit int) ([]byte, error) {
+	var buf []byte
+	if r.ContentLength >= 0 {
+		buf = make([]byte, 0, r.ContentLength+1) // +1: io.ReadAll's EOF read needs no growth
+	}
+	b := bytes.NewBuffer(buf)
+	_, err := b.ReadFrom(http.MaxBytesReader(nil, r.Body, int64(limit)))
+	var tooBig *http.MaxBytesError
+	switch {
+	case err == nil:
+		return b.Bytes(), nil
+	case errors.As(err, &tooBig):
+		return nil, badInput("request body is over the limit of %d bytes", limit)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil, fmt.Errorf("server: %w: the request body did not arrive within the request's time (%d of its bytes did)", router.ErrDeadlineExceeded, b.Len())
+	}
+	return nil, badInput("reading the request body after %d bytes: %v", b.Len(), err)
+}
+
 // unreadBodyToDiscard is the largest body of a refused request that is
 // left for net/http to read and discard, under the request's read
 // deadline, so that the client's connection is kept; a refused request
@@ -165,9 +199,9 @@ const unreadBodyToDiscard = 64 << 10
 // decodeBody decodes an infer request body: all JSON, or, with the
 // binary extension's header length hdr, a JSON header of that length and
 // then the binary inputs' bytes.
-func decodeBody(body io.Reader, hdr string, maxBytes int64, lim bodyLimits) (*inferBody, error) {
+func decodeBody(body []byte, hdr string, lim bodyLimits) (*inferBody, error) {
 	if hdr == "" {
-		b, err := newJSONDecoder(body, lim).decode()
+		b, err := newJSONDecoder(bytes.NewReader(body), lim).decode()
 		if err != nil {
 			return nil, err
 		}
@@ -178,30 +212,36 @@ func decodeBody(body io.Reader, hdr string, maxBytes int64, lim bodyLimits) (*in
 		}
 		return b, nil
 	}
-	n, err := strconv.ParseInt(hdr, 10, 64)
-	if err != nil || n < 0 || n > maxBytes {
-		return nil, badInput("%s %q is not a length from 0 to %d", headerLength, hdr, maxBytes)
+	n, err := strconv.Atoi(hdr)
+	if err != nil || n < 0 || n > len(body) {
+		return nil, badInput("%s %q is not a length from 0 to the body's %d bytes", headerLength, hdr, len(body))
 	}
-	b, err := newJSONDecoder(io.LimitReader(body, n), lim).decode()
+	b, err := newJSONDecoder(bytes.NewReader(body[:n]), lim).decode()
 	if err != nil {
 		return nil, err
 	}
-	return b, readBinaryInputs(body, b, lim)
+	return b, readBinaryInputs(body[n:], b, lim)
 }
 
 // headerLength is the binary tensor extension's header: the length of
 // the JSON that starts the body, before the inputs' bytes.
 const headerLength = "Inference-Header-Content-Length"
 
-// readBinaryInputs reads the bytes of b's binary inputs, in input order,
-// from the rest of the body: each checked against its shape, datatype and
-// the limits before it is read. Bytes after the last are an error.
-func readBinaryInputs(body io.Reader, b *inferBody, lim bodyLimits) error {
-	var raw []byte
+// readBinaryInputs decodes b's binary inputs from raw, the body after
+// the JSON header, in input order: each is checked against its datatype,
+// its shape and the limits before its bytes are taken. Bytes after the
+// last are an error.
+func readBinaryInputs(raw []byte, b *inferBody, lim bodyLimits) error {
+	total := 0
 	for i := range b.inputs {
 		t := &b.inputs[i]
 		if t.binarySize < 0 {
+			total += t.count()
 			continue
+		}
+		size := datatypeSize(t.datatype)
+		if size == 0 {
+			return badInput("input %q: datatype %q is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
 		}
 		n, err := elements(t.name, t.shape)
 		if err != nil {
@@ -210,31 +250,22 @@ func readBinaryInputs(body io.Reader, b *inferBody, lim bodyLimits) error {
 		if cap := lim.elementCap(t.name); n > cap {
 			return badInput("input %q has %d elements, over the limit of %d", t.name, n, cap)
 		}
-		if size := datatypeSize(t.datatype); size > 0 && int64(n*size) != t.binarySize {
+		if int64(n)*int64(size) != t.binarySize {
 			return badInput("input %q: binary_data_size %d for shape %v of %s (want %d)", t.name, t.binarySize, t.shape, t.datatype, n*size)
 		}
-		raw = resize(raw, int(t.binarySize))
-		if _, err := io.ReadFull(body, raw); err != nil {
-			var tooBig *http.MaxBytesError
-			if errors.As(err, &tooBig) {
-				return badInput("request body is over the limit of %d bytes", tooBig.Limit)
-			}
-			return badInput("input %q: the body ends before its %d bytes of binary data: %v", t.name, t.binarySize, err)
+		if t.binarySize > int64(len(raw)) {
+			return badInput("input %q: the body ends before its %d bytes of binary data (%d left)", t.name, t.binarySize, len(raw))
 		}
-		if err := t.decodeRaw(raw); err != nil {
+		if total += n; total > lim.total() {
+			return badInput("inputs have more than %d elements in all", lim.total())
+		}
+		if err := t.decodeRaw(raw[:t.binarySize]); err != nil {
 			return err
 		}
+		raw = raw[t.binarySize:]
 	}
-	var one [1]byte
-	if n, _ := io.ReadFull(body, one[:]); n > 0 {
-		return badInput("request body has bytes after the last binary input")
+	if len(raw) > 0 {
+		return badInput("request body has %d bytes after the last binary input", len(raw))
 	}
 	return nil
-}
-
-func resize(b []byte, n int) []byte {
-	if cap(b) < n {
-		return make([]byte, n)
-	}
-	return b[:n]
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"strconv"
 	"time"
 
@@ -40,10 +39,20 @@ type inferBody struct {
 	id      string
 	idSet   bool
 	timeout time.Duration // parameters.timeout (µs); 0 if absent
-	// binaryOutput: parameters.binary_data_output, or the scores output's
-	// parameters.binary_data.
-	binaryOutput bool
-	inputs       []tensor
+	// binaryDataOutput is parameters.binary_data_output; scoresBinary is
+	// the scores output's parameters.binary_data, which overrides it
+	// (0 unset, 1 false, 2 true).
+	binaryDataOutput bool
+	scoresBinary     int8
+	inputs           []tensor
+}
+
+// binaryOutput reports whether the scores go back as binary data.
+func (b *inferBody) binaryOutput() bool {
+	if b.scoresBinary != 0 {
+		return b.scoresBinary == 2
+	}
+	return b.binaryDataOutput
 }
 
 // bodyLimits bound what a body may carry, checked while decoding.
@@ -51,6 +60,9 @@ type bodyLimits struct {
 	maxIDs  int // ids plus shared ids; also bounds values and shared values
 	maxRows int // row_splits has at most maxRows+1 elements
 }
+
+// total is the most elements all inputs may carry together.
+func (l bodyLimits) total() int { return 2*l.maxIDs + l.maxRows + 1 }
 
 // elementCap is the most elements input name may carry.
 func (l bodyLimits) elementCap(name string) int {
@@ -77,10 +89,6 @@ func newJSONDecoder(r io.Reader, lim bodyLimits) *jsonDecoder {
 
 // syntaxError turns a token error into a 400 naming where it happened.
 func (d *jsonDecoder) syntaxError(err error) error {
-	var tooBig *http.MaxBytesError
-	if errors.As(err, &tooBig) {
-		return badInput("request body is over the limit of %d bytes", tooBig.Limit)
-	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return badInput("request body ends early at byte %d: the JSON document is incomplete", d.dec.InputOffset())
 	}
@@ -208,7 +216,6 @@ func (d *jsonDecoder) integer(what string, lo, hi int64) (int64, error) {
 // anything after the document is an error.
 func (d *jsonDecoder) decode() (*inferBody, error) {
 	b := &inferBody{}
-	seenOutputs := false
 	err := d.object("the request", func(name string) error {
 		switch name {
 		case "id":
@@ -218,13 +225,13 @@ func (d *jsonDecoder) decode() (*inferBody, error) {
 		case "parameters":
 			return d.object("parameters", func(name string) error {
 				switch name {
-				case "timeout":
-					us, err := d.integer("parameters.timeout (microseconds)", 1, math.MaxInt64/1000)
+				case "timeout": // 0: none, as Triton reads it
+					us, err := d.integer("parameters.timeout (microseconds)", 0, math.MaxInt64/1000)
 					b.timeout = time.Duration(us) * time.Microsecond
 					return err
 				case "binary_data_output":
 					v, err := d.boolean("parameters.binary_data_output")
-					b.binaryOutput = b.binaryOutput || v
+					b.binaryDataOutput = v
 					return err
 				}
 				return d.skip()
@@ -232,16 +239,23 @@ func (d *jsonDecoder) decode() (*inferBody, error) {
 		case "inputs":
 			return d.array("inputs", func(i int) error {
 				t, err := d.input(i)
-				if err == nil {
-					b.inputs = append(b.inputs, t)
+				if err != nil {
+					return err
 				}
-				return err
+				// Refused now, not after more inputs: each may hold up to
+				// a limit's worth of elements.
+				if err := knownInput(t.name); err != nil {
+					return err
+				}
+				for _, seen := range b.inputs {
+					if seen.name == t.name {
+						return badInput("input %q given twice", t.name)
+					}
+				}
+				b.inputs = append(b.inputs, t)
+				return nil
 			})
-		case "outputs":
-			if seenOutputs {
-				return badInput("outputs given twice")
-			}
-			seenOutputs = true
+		case "outputs": // jsontext refuses a second "outputs" member
 			return d.array("outputs", func(i int) error { return d.output(b) })
 		}
 		return d.skip()
@@ -268,7 +282,10 @@ func (d *jsonDecoder) output(b *inferBody) error {
 			return d.object("output parameters", func(name string) error {
 				if name == "binary_data" {
 					v, err := d.boolean("output parameters.binary_data")
-					b.binaryOutput = b.binaryOutput || v
+					b.scoresBinary = 1
+					if v {
+						b.scoresBinary = 2
+					}
 					return err
 				}
 				return d.skip()
@@ -314,14 +331,12 @@ func (d *jsonDecoder) input(i int) (tensor, error) {
 				}
 				return d.skip()
 			})
-		case "data":
-			if haveData {
-				return badInput("input %q: data given twice", t.name)
-			}
+		case "data": // jsontext refuses a second "data" member
 			haveData = true
 			if t.datatype == "" {
-				// Rare: data before datatype. Keep its bytes (bounded by
-				// the body limit) and decode them below.
+				// Rare: data before datatype. Keep its bytes (no more than
+				// the body, which has been read whole) and decode them
+				// below, under the same limits.
 				v, err := d.dec.ReadValue()
 				if err != nil {
 					return d.syntaxError(err)
@@ -371,17 +386,10 @@ func (d *jsonDecoder) data(t *tensor, dec *jsontext.Decoder) error {
 		return badInput("input %q: datatype %q is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
 	}
 	t.isInt = kind != 3
+	// The slices grow with the elements that arrive, never from what the
+	// shape announces: announcing costs the sender nothing.
 	limit := d.lim.elementCap(t.name)
-	if n, err := elements(t.name, t.shape); err == nil && len(t.shape) > 0 {
-		// The shape came first: room for the data it announces, up to
-		// the limit (past which decoding stops anyway).
-		if t.isInt {
-			t.ints = make([]uint64, 0, min(n, limit))
-		} else {
-			t.floats = make([]float32, 0, min(n, limit))
-		}
-	}
-	total := 2*d.lim.maxIDs + d.lim.maxRows + 1
+	total := d.lim.total()
 	depth, leafDepth := 0, 0
 	for {
 		tok, err := dec.ReadToken()
@@ -449,11 +457,11 @@ func (d *jsonDecoder) data(t *tensor, dec *jsontext.Decoder) error {
 			}
 			t.ints = append(t.ints, uint64(v))
 		case 3:
-			v, err := tok.Float()
-			if err != nil || math.Abs(v) > math.MaxFloat32 {
+			v, err := tok.Float32()
+			if err != nil || math.IsInf(float64(v), 0) {
 				return badInput("input %q: element %d is %s, not a finite FP32", t.name, n, tok.String())
 			}
-			t.floats = append(t.floats, float32(v))
+			t.floats = append(t.floats, v)
 		}
 	}
 }

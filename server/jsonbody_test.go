@@ -27,7 +27,7 @@ func TestDecodeInferJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.id != "req-7" || !b.idSet || b.timeout != 2500*time.Microsecond || !b.binaryOutput || len(b.inputs) != 4 {
+	if b.id != "req-7" || !b.idSet || b.timeout != 2500*time.Microsecond || !b.binaryOutput() || len(b.inputs) != 4 {
 		t.Fatalf("decoded %+v", b)
 	}
 	m1 := uint64(1<<64 - 2)
@@ -47,7 +47,7 @@ func TestDecodeInferJSON(t *testing.T) {
 	if b, err := decodeString(`{"inputs":[{"name":"ids","datatype":"INT64","shape":[0],"data":null}]} `); err != nil || len(b.inputs[0].ints) != 0 {
 		t.Errorf("null data: %v %v", b, err)
 	}
-	if b, err := decodeString(`{"inputs":[{"name":"ids","datatype":"INT64","shape":[2],"parameters":{"binary_data_size":16}}],"parameters":{"binary_data_output":true}}`); err != nil || b.inputs[0].binarySize != 16 || !b.binaryOutput || b.idSet {
+	if b, err := decodeString(`{"inputs":[{"name":"ids","datatype":"INT64","shape":[2],"parameters":{"binary_data_size":16}}],"parameters":{"binary_data_output":true}}`); err != nil || b.inputs[0].binarySize != 16 || !b.binaryOutput() || b.idSet {
 		t.Errorf("binary header: %+v %v", b, err)
 	}
 }
@@ -113,16 +113,23 @@ func TestDecodeStopsAtTheLimit(t *testing.T) {
 	if endless.read > 1<<20 {
 		t.Errorf("read %d bytes of an endless body before refusing it", endless.read)
 	}
-	// Repeating an input is bounded in all, before it is refused as a
-	// repetition.
+	// Inputs are bounded in all, each within its own cap; a repeated
+	// one is refused as it ends, before the next is read.
+	three := `{"inputs":[{"name":"ids","datatype":"INT64","data":[1,2,3,4,5,6,7,8,9]},` +
+		`{"name":"values","datatype":"FP32","data":[1,2,3,4,5,6,7,8,9]},` +
+		`{"name":"shared_ids","datatype":"INT64","data":[1,2,3,4,5,6,7,8,9]}]}`
+	if _, err := decodeString(three); err == nil || !strings.Contains(err.Error(), "more than 24 elements in all") {
+		t.Errorf("27 elements over three inputs: %v", err)
+	}
 	var many strings.Builder
 	many.WriteString(`{"inputs":[`)
 	for i := range 100 {
 		fmt.Fprintf(&many, `%s{"name":"ids","datatype":"INT64","data":[1,2,3,4,5,6,7,8,9]}`, map[bool]string{true: ",", false: ""}[i > 0])
 	}
 	many.WriteString(`]}`)
-	if _, err := decodeString(many.String()); err == nil || !strings.Contains(err.Error(), "elements in all") {
-		t.Errorf("100 inputs of 9 ids: %v", err)
+	d := newJSONDecoder(strings.NewReader(many.String()), testLimits)
+	if _, err := d.decode(); err == nil || !strings.Contains(err.Error(), `input "ids" given twice`) || d.elements != 18 {
+		t.Errorf("100 inputs of 9 ids: %v after %d elements, want refused as a repetition after 18", err, d.elements)
 	}
 }
 

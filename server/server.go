@@ -316,6 +316,14 @@ func classify(err error) outcome {
 		// "client closed request".
 		return outcome{codes.Canceled, 499, "canceled"}
 	}
+	// gRPC's own refusals, before Cumulus has the message: one over the
+	// receive limit, one that is not protobuf.
+	switch st, _ := status.FromError(err); st.Code() {
+	case codes.ResourceExhausted:
+		return outcome{codes.ResourceExhausted, http.StatusTooManyRequests, "resource_exhausted"}
+	case codes.InvalidArgument, codes.Internal:
+		return outcome{st.Code(), http.StatusBadRequest, "invalid_argument"}
+	}
 	return outcome{codes.Unavailable, http.StatusServiceUnavailable, "unavailable"}
 }
 

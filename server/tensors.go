@@ -127,6 +127,15 @@ func (t *tensor) checkCount() error {
 	return nil
 }
 
+// knownInput refuses an input name outside the tensor contract.
+func knownInput(name string) error {
+	switch name {
+	case inIDs, inSharedIDs, inRowSplits, inValues, inSharedValues:
+		return nil
+	}
+	return badInput("unknown input %q (inputs are ids, values, row_splits, shared_ids, shared_values)", name)
+}
+
 // buildRequest turns decoded inputs into a router request.
 func buildRequest(model, version string, inputs []tensor) (*router.Request, error) {
 	req := &router.Request{Model: model}
@@ -148,10 +157,8 @@ func buildRequest(model, version string, inputs []tensor) (*router.Request, erro
 			return nil, err
 		}
 		wantInt := t.name == inIDs || t.name == inSharedIDs || t.name == inRowSplits
-		switch t.name {
-		case inIDs, inSharedIDs, inRowSplits, inValues, inSharedValues:
-		default:
-			return nil, badInput("unknown input %q (inputs are ids, values, row_splits, shared_ids, shared_values)", t.name)
+		if err := knownInput(t.name); err != nil {
+			return nil, err
 		}
 		if wantInt != t.isInt {
 			want := "FP32"

@@ -1,18 +1,3 @@
-// Package admit bounds the work a server has in flight, so that past its
-// capacity it refuses requests at once instead of queueing them until
-// every caller's deadline has passed.
-//
-// A Gate holds a weighted semaphore (golang.org/x/sync/semaphore) and a
-// short queue in front of it, bounded twice: a waiter gives up after the
-// queue time, and a request is refused without waiting at all when as
-// many are already waiting as the gate can serve within the queue time,
-// judged from how long recent holders held their weight. So under
-// sustained overload refusals are answered in microseconds, and the
-// requests admitted wait at most the queue time.
-//
-// Why not a library's limiter: golang.org/x/time/rate bounds a rate, not
-// work in flight, and adaptive limiters (Netflix's concurrency-limits has
-// no kept Go port) learn a bound we can state.
 package admit
 
 import (
@@ -39,13 +24,13 @@ func Defaults(inflight *int, inflightBytes *int64, queue *time.Duration, perCPU 
 		*queue = 5 * time.Millisecond
 	}
 	if *inflight < 0 || *inflightBytes < 0 || *queue < 0 {
-		return errors.New("admission bounds must not be negative")
+		return errors.New("admit: admission bounds must not be negative")
 	}
 	return nil
 }
 
 // ErrOverloaded is returned when a gate refuses a request.
-var ErrOverloaded = errors.New("overloaded")
+var ErrOverloaded = errors.New("admit: overloaded")
 
 // Gate admits weighted work up to a capacity. Safe for concurrent use.
 type Gate struct {
@@ -80,11 +65,12 @@ func (g *Gate) Acquire(ctx context.Context, weight int64) (Ticket, error) {
 	if g.sem.TryAcquire(weight) {
 		return Ticket{g, weight, time.Now()}, nil
 	}
-	if g.queue <= 0 || g.waiting.Load() >= g.maxWaiting(weight) {
+	// Join the queue and check its length in one step, so that a burst
+	// cannot all pass the check before any joins.
+	defer g.waiting.Add(-1)
+	if g.queue <= 0 || g.waiting.Add(1) > g.maxWaiting(weight) {
 		return Ticket{}, ErrOverloaded
 	}
-	g.waiting.Add(1)
-	defer g.waiting.Add(-1)
 	qctx, cancel := context.WithTimeout(ctx, g.queue)
 	defer cancel()
 	if err := g.sem.Acquire(qctx, weight); err != nil {
