@@ -59,6 +59,9 @@ func (o *Options) Validate() error {
 	if err := o.Cluster.Validate(); err != nil {
 		return err
 	}
+	if o.Limits.MaxIDs < 0 || o.Limits.MaxRows < 0 {
+		return errors.New("router: request limits must not be negative")
+	}
 	o.Limits.fill()
 	if o.FanoutWorkers == 0 {
 		o.FanoutWorkers = 512

@@ -455,3 +455,33 @@ func TestRefusedBeforeTheMessage(t *testing.T) {
 		}
 	}
 }
+
+// TestTinyVarintsAreCountedBeforeDecoding: a message within the receive
+// limit that packs far more ids than the limits allow, as 1-byte varints
+// (each an 8-byte int64 decoded), is refused before it is decoded, naming
+// the problem.
+func TestTinyVarintsAreCountedBeforeDecoding(t *testing.T) {
+	_, _, client := startGated(t, server.Options{Limits: router.Limits{MaxIDs: 1000, MaxRows: 10}})
+	req := grpcOneRow()
+	req.Inputs[0].Contents.Int64Contents = make([]int64, 60_000) // 60 KB on the wire, under the receive limit
+	req.Inputs[0].Shape = []int64{60_000}
+	_, err := client.ModelInfer(context.Background(), req)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "carries more than") {
+		t.Errorf("60,000 one-byte ids, limit 1,000: %v, want InvalidArgument counted before decoding", err)
+	}
+}
+
+// TestRankAndNegativeLimits: a shape past rank 4 is refused over gRPC as
+// over REST; negative limits are refused at start.
+func TestRankAndNegativeLimits(t *testing.T) {
+	_, _, client := startGated(t, server.Options{})
+	req := grpcOneRow()
+	req.Inputs[0].Shape = []int64{1, 1, 1, 1, 1}
+	if _, err := client.ModelInfer(context.Background(), req); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "more than 4 dimensions") {
+		t.Errorf("rank 5 over gRPC: %v", err)
+	}
+	_, err := server.Start(server.Options{Predictor: newGate(), Limits: router.Limits{MaxIDs: -5}, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Registry: prometheus.NewRegistry()})
+	if err == nil || !strings.Contains(err.Error(), "must not be negative") {
+		t.Errorf("--max-ids -5: %v, want refused at start", err)
+	}
+}

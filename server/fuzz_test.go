@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cumulus-serving/cumulus/router"
@@ -186,8 +187,9 @@ func FuzzBinaryBody(f *testing.F) {
 }
 
 // FuzzGRPCInfer: a ModelInferRequest message, as gRPC would hand it over,
-// is refused with InvalidArgument or becomes a request that is valid
-// within the limits and carries the ids the message holds.
+// is counted out (requestCodec) holding no more than it counted, and is
+// refused with InvalidArgument or becomes a request that is valid within
+// the limits and carries the ids the message holds.
 func FuzzGRPCInfer(f *testing.F) {
 	raw := &kservepb.ModelInferRequest{ModelName: "m", Inputs: []*kservepb.ModelInferRequest_InferInputTensor{
 		{Name: "ids", Datatype: "UINT64", Shape: []int64{2}}, {Name: "row_splits", Datatype: "INT32", Shape: []int64{2}},
@@ -205,12 +207,23 @@ func FuzzGRPCInfer(f *testing.F) {
 		f.Add(b)
 	}
 	lim := router.Limits{MaxIDs: fuzzLimits.maxIDs, MaxRows: fuzzLimits.maxRows}
+	codec := newRequestCodec(fuzzLimits)
 	f.Fuzz(func(t *testing.T, msg []byte) {
-		var r kservepb.ModelInferRequest
-		if proto.Unmarshal(msg, &r) != nil {
-			return // gRPC refuses it before Cumulus sees it
+		lr := &limitedRequest{req: new(kservepb.ModelInferRequest)}
+		if codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(msg)}, lr) != nil {
+			return // not protobuf: gRPC refuses it before Cumulus sees it
 		}
-		inputs, err := grpcInputs(&r)
+		if lr.err != nil {
+			if !errors.Is(lr.err, router.ErrInvalidArgument) {
+				t.Fatalf("counted out without InvalidArgument: %v", lr.err)
+			}
+			return
+		}
+		r := lr.req
+		if n := decodedElements(r); n > codec.maxElements {
+			t.Fatalf("decoded %d elements and fields, past the %d counted", n, codec.maxElements)
+		}
+		inputs, err := grpcInputs(r)
 		var req *router.Request
 		if err == nil {
 			req, err = buildRequest(r.ModelName, r.ModelVersion, inputs)
@@ -255,4 +268,21 @@ func FuzzGRPCInfer(f *testing.F) {
 			}
 		}
 	})
+}
+
+// decodedElements counts a decoded request's repeated entries and
+// elements the way requestCodec counts them on the wire (at least).
+func decodedElements(r *kservepb.ModelInferRequest) int {
+	n := len(r.Parameters) + len(r.Outputs) + len(r.RawInputContents)
+	for _, o := range r.Outputs {
+		n += len(o.Parameters)
+	}
+	for _, in := range r.Inputs {
+		n += 1 + len(in.Shape) + len(in.Parameters)
+		if c := in.Contents; c != nil {
+			n += len(c.BoolContents) + len(c.IntContents) + len(c.Int64Contents) + len(c.UintContents) + len(c.Uint64Contents) +
+				len(c.Fp32Contents) + len(c.Fp64Contents) + len(c.BytesContents)
+		}
+	}
+	return n
 }

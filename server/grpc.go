@@ -13,6 +13,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -43,11 +44,11 @@ func (k *kserveGRPC) ModelReady(_ context.Context, r *kservepb.ModelReadyRequest
 }
 
 func (k *kserveGRPC) ServerMetadata(context.Context, *kservepb.ServerMetadataRequest) (*kservepb.ServerMetadataResponse, error) {
-	return &kservepb.ServerMetadataResponse{Name: "cumulus", Version: Version, Extensions: []string{}}, nil
+	return &kservepb.ServerMetadataResponse{Name: "cumulus", Version: Version, Extensions: extensions}, nil
 }
 
 func (k *kserveGRPC) ModelMetadata(_ context.Context, r *kservepb.ModelMetadataRequest) (*kservepb.ModelMetadataResponse, error) {
-	md, err := k.s.metadata(r.Name)
+	md, err := k.s.metadata(r.Name, r.Version)
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -108,17 +109,20 @@ func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) err
 	return ic(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: kservepb.GRPCInferenceService_ModelInfer_FullMethodName}, serve)
 }
 
-// receive reads and decodes the request's message, giving up when ctx
-// ends (returning from the handler then ends the stream, and with it the
+// receive reads and decodes the request's message (counted before it is
+// decoded: requestCodec), giving up when ctx ends (returning from the handler then ends the stream, and with it the
 // read). gRPC's own refusals (a message over the receive limit, one that
 // is not protobuf) keep their status.
 func receive(ctx context.Context, dec func(any) error) (*kservepb.ModelInferRequest, error) {
-	req := new(kservepb.ModelInferRequest)
+	lr := &limitedRequest{req: new(kservepb.ModelInferRequest)}
 	done := make(chan error, 1)
-	go func() { done <- dec(req) }()
+	go func() { done <- dec(lr) }()
 	select {
 	case err := <-done:
-		return req, err
+		if err == nil {
+			err = lr.err
+		}
+		return lr.req, err
 	case <-ctx.Done():
 		return nil, ctxError(ctx, "the request message")
 	}
@@ -143,6 +147,9 @@ func (k *kserveGRPC) ModelInfer(ctx context.Context, r *kservepb.ModelInferReque
 	resp, err := k.infer(ctx, r)
 	k.s.observe("grpc", err)
 	if err != nil {
+		if classify(err).grpc == codes.ResourceExhausted { // a shard's refusal
+			grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", strconv.Itoa(retryPushbackMS)))
+		}
 		return nil, grpcError(err)
 	}
 	return resp, nil
@@ -221,7 +228,7 @@ func grpcInputs(r *kservepb.ModelInferRequest) ([]tensor, error) {
 	}
 	for _, o := range r.Outputs {
 		if o.Name != outScores {
-			return nil, badInput("unknown output %q (the output is %q)", o.Name, outScores)
+			return nil, badInput("unknown output %q (the output is %q)", short(o.Name), outScores)
 		}
 	}
 	return inputs, nil

@@ -30,7 +30,7 @@ func (s *Server) routes() *http.ServeMux {
 		writeJSON(w, code, map[string]bool{"ready": ready})
 	})
 	mux.HandleFunc("GET /v2", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"name": "cumulus", "version": Version, "extensions": []string{}})
+		writeJSON(w, http.StatusOK, map[string]any{"name": "cumulus", "version": Version, "extensions": extensions})
 	})
 	mux.HandleFunc("GET /v2/models/{name}", s.httpMetadata)
 	mux.HandleFunc("GET /v2/models/{name}/versions/{version}", s.httpMetadata)
@@ -55,7 +55,7 @@ func writeError(w http.ResponseWriter, err error) {
 }
 
 func (s *Server) httpMetadata(w http.ResponseWriter, r *http.Request) {
-	md, err := s.metadata(r.PathValue("name"))
+	md, err := s.metadata(r.PathValue("name"), r.PathValue("version"))
 	if err != nil {
 		writeError(w, err)
 		return

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -84,7 +85,7 @@ type jsonDecoder struct {
 }
 
 func newJSONDecoder(r io.Reader, lim bodyLimits) *jsonDecoder {
-	return &jsonDecoder{dec: jsontext.NewDecoder(r), lim: lim}
+	return &jsonDecoder{dec: jsontext.NewDecoder(r, jsontext.AllowDuplicateNames(true)), lim: lim}
 }
 
 // syntaxError turns a token error into a 400 naming where it happened.
@@ -134,10 +135,19 @@ func kindName(k jsontext.Kind) string {
 }
 
 // object calls field for each member of the object that comes next.
+// maxMembers bounds the members of an object the decoder reads (the
+// request, its parameters, an input, an output): a body of millions of
+// members is refused at the first past it.
+const maxMembers = 256
+
+// object calls field for each member of the object that comes next. A
+// name given twice is refused (the decoder itself lets duplicates pass, so
+// that skipping an unknown object costs no set of its names).
 func (d *jsonDecoder) object(what string, field func(name string) error) error {
 	if err := d.expect('{', what); err != nil {
 		return err
 	}
+	var seen []string
 	for d.dec.PeekKind() != '}' {
 		tok, err := d.token()
 		if err != nil {
@@ -146,12 +156,28 @@ func (d *jsonDecoder) object(what string, field func(name string) error) error {
 		if tok.Kind() != '"' {
 			return badInput("%s: member name expected", what)
 		}
-		if err := field(tok.String()); err != nil {
+		name := tok.String()
+		if slices.Contains(seen, name) {
+			return badInput("%s: duplicate member %q", what, short(name))
+		}
+		if seen = append(seen, name); len(seen) > maxMembers {
+			return badInput("%s has more than %d members", what, maxMembers)
+		}
+		if err := field(name); err != nil {
 			return err
 		}
 	}
 	_, err := d.token()
 	return err
+}
+
+// short is s cut to a length fit for an error message: an error must not
+// repeat a megabyte the caller sent.
+func short(s string) string {
+	if len(s) <= 40 {
+		return s
+	}
+	return s[:40] + "…"
 }
 
 // array calls elem for each element of the array that comes next.
@@ -207,7 +233,7 @@ func (d *jsonDecoder) integer(what string, lo, hi int64) (int64, error) {
 	}
 	v, err := tok.Int()
 	if err != nil || v < lo || v > hi {
-		return 0, badInput("%s must be an integer in %d..%d, got %s", what, lo, hi, tok.String())
+		return 0, badInput("%s must be an integer in %d..%d, got %s", what, lo, hi, short(tok.String()))
 	}
 	return v, nil
 }
@@ -270,13 +296,15 @@ func (d *jsonDecoder) decode() (*inferBody, error) {
 }
 
 func (d *jsonDecoder) output(b *inferBody) error {
-	return d.object("an output", func(name string) error {
+	named := false
+	err := d.object("an output", func(name string) error {
 		switch name {
 		case "name":
 			o, err := d.str("output name")
 			if err == nil && o != outScores {
-				err = badInput("unknown output %q (the output is %q)", o, outScores)
+				err = badInput("unknown output %q (the output is %q)", short(o), outScores)
 			}
+			named = true
 			return err
 		case "parameters":
 			return d.object("output parameters", func(name string) error {
@@ -293,6 +321,10 @@ func (d *jsonDecoder) output(b *inferBody) error {
 		}
 		return d.skip()
 	})
+	if err == nil && !named {
+		err = badInput("an output has no name (the output is %q)", outScores)
+	}
+	return err
 }
 
 // input decodes inputs[i]. Its data may come before its name, datatype
@@ -306,10 +338,16 @@ func (d *jsonDecoder) input(i int) (tensor, error) {
 		switch name {
 		case "name":
 			n, err := d.str("input name")
+			if err == nil && len(n) > 64 {
+				err = badInput("inputs[%d]: name %q is longer than 64 bytes", i, short(n))
+			}
 			t.name = n
 			return err
 		case "datatype":
 			dt, err := d.str("datatype")
+			if err == nil && len(dt) > 16 {
+				err = badInput("inputs[%d]: datatype %q is longer than 16 bytes", i, short(dt))
+			}
 			t.datatype = dt
 			return err
 		case "shape":
@@ -352,7 +390,7 @@ func (d *jsonDecoder) input(i int) (tensor, error) {
 		return t, err
 	}
 	if raw != nil {
-		sub := &jsonDecoder{dec: jsontext.NewDecoder(bytes.NewReader(raw)), lim: d.lim, elements: d.elements}
+		sub := &jsonDecoder{dec: jsontext.NewDecoder(bytes.NewReader(raw), jsontext.AllowDuplicateNames(true)), lim: d.lim, elements: d.elements}
 		if err := sub.data(&t, sub.dec); err != nil {
 			return t, err
 		}
@@ -441,25 +479,25 @@ func (d *jsonDecoder) data(t *tensor, dec *jsontext.Decoder) error {
 		case 0:
 			v, err := tok.Int()
 			if err != nil {
-				return badInput("input %q: element %d is %s, not an INT64", t.name, n, tok.String())
+				return badInput("input %q: element %d is %s, not an INT64", t.name, n, short(tok.String()))
 			}
 			t.ints = append(t.ints, uint64(v))
 		case 1:
 			v, err := tok.Uint()
 			if err != nil {
-				return badInput("input %q: element %d is %s, not a UINT64", t.name, n, tok.String())
+				return badInput("input %q: element %d is %s, not a UINT64", t.name, n, short(tok.String()))
 			}
 			t.ints = append(t.ints, v)
 		case 2:
 			v, err := tok.Int()
 			if err != nil || v < math.MinInt32 || v > math.MaxInt32 {
-				return badInput("input %q: element %d is %s, not an INT32", t.name, n, tok.String())
+				return badInput("input %q: element %d is %s, not an INT32", t.name, n, short(tok.String()))
 			}
 			t.ints = append(t.ints, uint64(v))
 		case 3:
 			v, err := tok.Float32()
 			if err != nil || math.IsInf(float64(v), 0) {
-				return badInput("input %q: element %d is %s, not a finite FP32", t.name, n, tok.String())
+				return badInput("input %q: element %d is %s, not a finite FP32", t.name, n, short(tok.String()))
 			}
 			t.floats = append(t.floats, v)
 		}

@@ -89,6 +89,13 @@ func TestDecodeInferJSONRejects(t *testing.T) {
 		{`{"inputs":[{"name":"row_splits","datatype":"INT32","data":[0,1,2,3,4]}]}`, `"row_splits" has more than 4 elements`},
 		{`{"inputs":[{"name":"row_splits","datatype":"INT32","data":[2147483648]}]}`, "not an INT32"},
 		{"{\"id\":\"\xff\"}", "invalid UTF-8"},
+		{`{"outputs":[{"parameters":{"binary_data":true}}]}`, "an output has no name"},
+		{`{"parameters":{` + strings.Repeat(`"a":1,`, 300) + `"b":1}}`, `duplicate member "a"`},
+		{`{"parameters":{` + members(300) + `}}`, "parameters has more than 256 members"},
+		{`{"inputs":[{"name":"` + strings.Repeat("x", 100) + `"}]}`, "longer than 64 bytes"},
+		{in(`"shape":[1],"data":[` + strings.Repeat("9", 1000) + `]`), "element 0 is 9999999999999999999999999999999999999999…, not an INT64"},
+		{`{"inputs":[{"name":"ids","datatype":"INT64","data":[1]},{"name":"ids","datatype":"INT64","data":[2]}]}`, `input "ids" given twice`},
+		{`{"inputs":[{"name":"idz","datatype":"INT64","data":[1]}]}`, `unknown input "idz"`},
 	} {
 		_, err := decodeString(tc.body)
 		if !errors.Is(err, router.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
@@ -163,4 +170,16 @@ func TestAppendJSONResponse(t *testing.T) {
 	if got != want {
 		t.Errorf("binary header\n got %s\nwant %s", got, want)
 	}
+}
+
+// members is n distinct JSON members.
+func members(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"m%d":%d`, i, i)
+	}
+	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,10 @@ import (
 
 // Version is reported by ServerMetadata.
 const Version = "0.1.0"
+
+// extensions are the protocol extensions server metadata lists: KServe's
+// and Triton's name for the binary tensor extension.
+var extensions = []string{"binary_tensor_data"}
 
 // Predictor is what the front needs of a router.
 type Predictor interface {
@@ -89,6 +94,9 @@ func (o *Options) Validate() error {
 	}
 	if o.HTTPAddr == "" {
 		o.HTTPAddr = "127.0.0.1:8000"
+	}
+	if o.Limits.MaxIDs < 0 || o.Limits.MaxRows < 0 {
+		return errors.New("server: request limits must not be negative")
 	}
 	o.Limits = o.Limits.OrDefault()
 	if o.MaxRequestBytes == 0 {
@@ -153,7 +161,8 @@ func Start(opts Options) (*Server, error) {
 	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(grpcRecvLimit(opts)), grpc.ChainUnaryInterceptor(s.counting, s.timing),
 		// Streams past admission are refused at once, not queued in the
 		// transport; this only bounds what one connection can pile up.
-		grpc.MaxConcurrentStreams(uint32(max(4*opts.MaxInflight, 100))))
+		grpc.MaxConcurrentStreams(uint32(max(4*opts.MaxInflight, 100))),
+		grpc.ForceServerCodecV2(newRequestCodec(bodyLimits{maxIDs: opts.Limits.MaxIDs, maxRows: opts.Limits.MaxRows})))
 	s.grpc.RegisterService(s.inferenceService(), &kserveGRPC{s: s})
 	healthpb.RegisterHealthServer(s.grpc, healthService{s: s})
 	reflection.Register(s.grpc)
@@ -384,10 +393,21 @@ type modelMeta struct {
 	Outputs  []tensorMeta `json:"outputs"`
 }
 
-func (s *Server) metadata(name string) (*modelMeta, error) {
+// metadata describes model name, or its version (when not ""), which
+// must be served.
+func (s *Server) metadata(name, version string) (*modelMeta, error) {
 	st, err := s.model(name)
 	if err != nil {
 		return nil, err
+	}
+	if version != "" {
+		v, err := strconv.ParseUint(version, 10, 64)
+		if err != nil || v == 0 {
+			return nil, badInput("model version %q is not a positive integer", version)
+		}
+		if !slices.Contains(st.Versions, v) {
+			return nil, fmt.Errorf("server: %w: model %q version %d is not served (servable: %v)", router.ErrNotFound, name, v, st.Versions)
+		}
 	}
 	md := &modelMeta{Name: name, Platform: "cumulus_" + st.Type, Versions: []string{},
 		Inputs: []tensorMeta{

@@ -165,6 +165,7 @@ func TestFront(t *testing.T) {
 	for path, want := range map[string]int{
 		"/v2/health/live": 200, "/v2/health/ready": 200, "/v2/models/fm/ready": 200,
 		"/v2/models/fm/versions/1/ready": 200, "/v2/models/fm/versions/2/ready": 503, "/v2/models/nope/ready": 404,
+		"/v2/models/fm/versions/1": 200, "/v2/models/fm/versions/2": 404, "/v2/models/fm/versions/x": 400,
 	} {
 		if code, body := get(t, s, path); code != want {
 			t.Errorf("GET %s: %d %s, want %d", path, code, body, want)
@@ -174,6 +175,9 @@ func TestFront(t *testing.T) {
 		if _, body := get(t, s, path); strings.TrimSpace(body) != want {
 			t.Errorf("GET %s: body %q, want %s (what KServe's REST client reads)", path, body, want)
 		}
+	}
+	if code, body := get(t, s, "/v2"); code != 200 || !strings.Contains(body, `"extensions":["binary_tensor_data"]`) {
+		t.Errorf("server metadata: %d %s, want the binary tensor extension listed", code, body)
 	}
 	if code, body := get(t, s, "/v2/models/fm"); code != 200 || !strings.Contains(body, `"versions":["1"]`) || !strings.Contains(body, "row_splits") {
 		t.Errorf("metadata: %d %s", code, body)

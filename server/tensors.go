@@ -46,6 +46,9 @@ func badInput(format string, args ...any) error {
 
 // elements checks a shape and returns its element count.
 func elements(name string, shape []int64) (int, error) {
+	if len(shape) > maxDataDepth {
+		return 0, badInput("input %q: shape %v has more than %d dimensions", name, shape, maxDataDepth)
+	}
 	n := int64(1)
 	for _, d := range shape {
 		if d < 0 || d > math.MaxInt32 {
