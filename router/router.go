@@ -190,21 +190,12 @@ func (r *Router) watch(ctx context.Context) {
 	var shards map[string]topo.ShardInfo
 	var assigns map[string]topo.Assignment
 	var rev int64
-	// Connections to shards that left, kept open until the requests that
-	// may still be asking them are past their deadlines.
-	leaving := map[*time.Timer]io.Closer{}
-	var leavingMu sync.Mutex
+	leaving := &lingering{after: r.opts.DefaultTimeout, closers: map[*time.Timer]io.Closer{}}
 	defer func() {
 		for _, c := range closers {
 			c.Close()
 		}
-		leavingMu.Lock()
-		defer leavingMu.Unlock()
-		for t, c := range leaving {
-			if t.Stop() {
-				c.Close()
-			}
-		}
+		leaving.closeAll()
 	}()
 	for {
 		select {
@@ -233,24 +224,46 @@ func (r *Router) watch(ctx context.Context) {
 		close(old.replaced)
 		for addr := range backends {
 			if !live[addr] {
-				// A request routed by an older table may still be asking
-				// this shard (a draining shard answers it): closing the
-				// connection now would cancel the call. No request lives
-				// past DefaultTimeout.
-				c := closers[addr]
-				leavingMu.Lock()
-				var t *time.Timer
-				t = time.AfterFunc(r.opts.DefaultTimeout, func() {
-					leavingMu.Lock()
-					delete(leaving, t)
-					leavingMu.Unlock()
-					c.Close()
-				})
-				leaving[t] = c
-				leavingMu.Unlock()
+				leaving.close(closers[addr])
 				delete(backends, addr)
 				delete(closers, addr)
 			}
+		}
+	}
+}
+
+// lingering closes the connections of shards that left once the requests
+// that may still be asking them are past their deadlines: a request
+// routed by an older table may still be asking such a shard (a draining
+// shard answers it), and closing the connection at once would cancel the
+// call. No request lives past DefaultTimeout.
+type lingering struct {
+	after   time.Duration
+	mu      sync.Mutex
+	closers map[*time.Timer]io.Closer
+}
+
+// close closes c after l.after.
+func (l *lingering) close(c io.Closer) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var t *time.Timer
+	t = time.AfterFunc(l.after, func() {
+		l.mu.Lock()
+		delete(l.closers, t)
+		l.mu.Unlock()
+		c.Close()
+	})
+	l.closers[t] = c
+}
+
+// closeAll closes every connection still waiting, at once.
+func (l *lingering) closeAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for t, c := range l.closers {
+		if t.Stop() {
+			c.Close()
 		}
 	}
 }
