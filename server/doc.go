@@ -1,13 +1,28 @@
 // Package server is the network front of a router: the KServe v2 Open
 // Inference Protocol over gRPC (with server reflection and gRPC health)
-// and over HTTP/JSON, plus /metrics. It holds no business logic: inputs
-// become a router.Request (tensors.go), errors map from router codes to
-// gRPC codes and HTTP statuses.
+// and over HTTP (JSON, and the binary tensor extension), plus /metrics.
+// It holds no business logic: inputs become a router.Request
+// (tensors.go), errors map from router codes to gRPC codes and HTTP
+// statuses (classify).
 //
 // Tensor contract: ids INT64|UINT64 [nnz], optional values FP32 [nnz],
-// row_splits INT64 [batch+1], optional shared_ids / shared_values applied
-// to every row; output scores FP32 [batch]. Typed contents and
+// row_splits INT64|INT32 [batch+1], optional shared_ids / shared_values
+// applied to every row; output scores FP32 [batch]. Typed contents and
 // raw_input_contents are both accepted; raw requests get raw responses.
+//
+// What a request may cost is decided before it is paid for: admission
+// (admission.go, internal/admit) before a gRPC message is read
+// (grpc.go admitModelInfer) or an HTTP body's bytes are read (http.go
+// inferHTTP); a gRPC message's elements counted before it is decoded
+// (grpccodec.go); a JSON body decoded token by token with every limit
+// checked per element (jsonbody.go). Each request's time counts from its
+// arrival. Memory: a request's decoded tensors are its own; the router
+// owns the Request while Predict runs.
+//
+// Tests: server_test.go and front_test.go run real sockets against a dev
+// cluster or a predictor that holds requests on purpose (gate); the fuzz
+// targets (fuzz_test.go, corpora in testdata/fuzz) check decoders against
+// decoders written another way.
 //
 // Readiness (/v2/health/ready, gRPC health, ServerReady) is the router's,
 // and false while the front drains (Drain): it then stops accepting, tells

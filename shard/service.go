@@ -111,20 +111,22 @@ func (s *Shard) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 	s.begun.Add(1)
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
+	bound := "lookups"
 	slot, err := s.slots.Acquire(ctx, 1)
 	if err == nil {
+		defer slot.Release()
+		bound = "lookup bytes"
 		var b admit.Ticket
 		if b, err = s.bytes.Acquire(ctx, int64(len(req))); err == nil {
 			defer b.Release()
 		}
-		defer slot.Release()
 	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
 		s.metrics.refused.Inc()
-		return nil, status.Errorf(codes.ResourceExhausted, "shard %s: at its bound of lookups in flight", s.opts.ID)
+		return nil, status.Errorf(codes.ResourceExhausted, "shard %s: at its bound of %s in flight (--max-inflight, --max-inflight-bytes)", s.opts.ID, bound)
 	}
 	if s.opts.BeforeLookup != nil {
 		s.opts.BeforeLookup(ctx)
