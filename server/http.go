@@ -201,7 +201,7 @@ const unreadBodyToDiscard = 64 << 10
 // then the binary inputs' bytes.
 func decodeBody(body []byte, hdr string, lim bodyLimits) (*inferBody, error) {
 	if hdr == "" {
-		b, err := newJSONDecoder(bytes.NewReader(body), lim).decode()
+		b, err := newJSONDecoder(bytes.NewBuffer(body), lim).decode()
 		if err != nil {
 			return nil, err
 		}
@@ -216,7 +216,7 @@ func decodeBody(body []byte, hdr string, lim bodyLimits) (*inferBody, error) {
 	if err != nil || n < 0 || n > len(body) {
 		return nil, badInput("%s %q is not a length from 0 to the body's %d bytes", headerLength, hdr, len(body))
 	}
-	b, err := newJSONDecoder(bytes.NewReader(body[:n]), lim).decode()
+	b, err := newJSONDecoder(bytes.NewBuffer(body[:n:n]), lim).decode()
 	if err != nil {
 		return nil, err
 	}

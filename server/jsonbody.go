@@ -390,7 +390,7 @@ func (d *jsonDecoder) input(i int) (tensor, error) {
 		return t, err
 	}
 	if raw != nil {
-		sub := &jsonDecoder{dec: jsontext.NewDecoder(bytes.NewReader(raw), jsontext.AllowDuplicateNames(true)), lim: d.lim, elements: d.elements}
+		sub := &jsonDecoder{dec: jsontext.NewDecoder(bytes.NewBuffer(raw), jsontext.AllowDuplicateNames(true)), lim: d.lim, elements: d.elements}
 		if err := sub.data(&t, sub.dec); err != nil {
 			return t, err
 		}

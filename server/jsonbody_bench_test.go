@@ -48,7 +48,7 @@ func BenchmarkDecodeJSONBody(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := newJSONDecoder(bytes.NewReader(body), lim).decode(); err != nil {
+			if _, err := newJSONDecoder(bytes.NewBuffer(body), lim).decode(); err != nil {
 				b.Fatal(err)
 			}
 		}
