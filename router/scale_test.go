@@ -196,19 +196,11 @@ type faulty struct {
 	svc  shard.Service
 	fail atomic.Uint32 // a codes.Code
 	hang atomic.Bool   // answer only when the caller gives up
-	// hold, when set, holds each call until it is closed; held is told
-	// of each call held.
-	hold atomic.Pointer[chan struct{}]
-	held chan struct{}
 }
 
 func (f *faulty) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 	if c := codes.Code(f.fail.Load()); c != codes.OK {
 		return nil, status.Error(c, "injected fault")
-	}
-	if h := f.hold.Load(); h != nil {
-		f.held <- struct{}{}
-		<-*h
 	}
 	if f.hang.Load() {
 		<-ctx.Done()
@@ -233,7 +225,7 @@ func faultyCluster(t *testing.T, reg *prometheus.Registry) (c *devcluster.Cluste
 			if err != nil {
 				return nil, nil, err
 			}
-			f := &faulty{svc: shard.NewClient(conn), held: make(chan struct{}, 16)}
+			f := &faulty{svc: shard.NewClient(conn)}
 			mu.Lock()
 			faults[addr] = f
 			mu.Unlock()
@@ -363,14 +355,31 @@ func TestShardErrorsKeepTheirCodes(t *testing.T) {
 	}
 }
 
-// TestShardLeavingFinishesCallsUnderWay: a call already on its way to a
-// shard that leaves (drains: out of etcd, still answering) is answered by
-// it, though the router's table has dropped the shard meanwhile: the
-// router keeps the connection open for the requests still using it, and
-// nothing is asked again of another replica.
+// TestShardLeavingFinishesCallsUnderWay: a call a shard is answering
+// when it leaves (drains: out of etcd, still answering) is answered,
+// though the router's table has dropped the shard meanwhile: the router
+// keeps the connection open for the requests still using it, and nothing
+// is asked again of another replica.
 func TestShardLeavingFinishesCallsUnderWay(t *testing.T) {
+	repoDir := t.TempDir()
+	m := randomModel(codec.TypeFM, 4, 3000, 34)
+	if _, err := (loader.Repo{Dir: repoDir}).Publish("fm", m, 6, "test"); err != nil {
+		t.Fatal(err)
+	}
+	var hold atomic.Bool
+	held, release := make(chan struct{}, 1), make(chan struct{})
 	reg := prometheus.NewRegistry()
-	c, m, fault := faultyCluster(t, reg)
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, Replicas: 2, ScanInterval: time.Hour, Registry: reg,
+		Shard: func(i int, o *shard.Options) {
+			if i == 0 {
+				o.BeforeLookup = func(ctx context.Context) {
+					if hold.CompareAndSwap(true, false) {
+						held <- struct{}{}
+						<-release
+					}
+				}
+			}
+		}})
 	ref := reference.New(m)
 	rng := rand.New(rand.NewPCG(33, 33))
 	req := randomRequest(rng, "fm", m, 30, 10, 3)
@@ -378,10 +387,8 @@ func TestShardLeavingFinishesCallsUnderWay(t *testing.T) {
 		_, err := c.Router.Predict(context.Background(), req)
 		return err
 	})
-	// Hold the next call to shard-0 before it is sent.
-	release := make(chan struct{})
-	fault(0).hold.Store(&release)
 	before := retries(t, reg, "replica")
+	hold.Store(true)
 	type answer struct {
 		resp *router.Response
 		err  error
@@ -393,14 +400,13 @@ func TestShardLeavingFinishesCallsUnderWay(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			resp, err := c.Router.Predict(ctx, req)
 			cancel()
-			if err != nil || fault(0).hold.Load() == nil {
+			if err != nil || !hold.Load() {
 				answered <- answer{resp, err}
 				return
 			}
 		}
 	}()
-	<-fault(0).held
-	fault(0).hold.Store(nil)
+	<-held
 	drained := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -418,7 +424,7 @@ func TestShardLeavingFinishesCallsUnderWay(t *testing.T) {
 	close(release)
 	a := <-answered
 	if a.err != nil {
-		t.Fatalf("the request whose call was under way when shard-0 left: %v", a.err)
+		t.Fatalf("the request whose call shard-0 was answering when it left: %v", a.err)
 	}
 	checkScores(t, ref, req, a.resp)
 	if got := retries(t, reg, "replica"); got != before {
