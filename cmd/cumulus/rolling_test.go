@@ -29,7 +29,6 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
-	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
@@ -47,18 +46,9 @@ func TestRollingRestart(t *testing.T) {
 	if b, err := cumulus("model", "gen", "--name", "ctr", "--repo", repo, "--params", "20000", "--partitions", "4", "--ids", "dense").CombinedOutput(); err != nil {
 		t.Fatalf("model gen: %v\n%s", err, b)
 	}
-	e, err := etcdlocal.Start(filepath.Join(dir, "etcd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := testenv.Etcd(t)
 
-	common := []string{"--etcd", e.Endpoint, "--log-level", "info"}
+	common := []string{"--etcd", cli.Endpoints()[0], "--log-level", "info"}
 	startShard := func(id string) *process {
 		args := append([]string{"shard", "--id", id, "--repo", repo, "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, id)}, common...)
 		return startProcess(t, []string{"shard " + id + " serving on "}, args...)
