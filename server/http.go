@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -171,22 +172,26 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 // DeadlineExceeded; one past the limit, or shorter than announced, is
 // InvalidArgument.
 func readBody(r *http.Request, limit int) ([]byte, error) {
-	var buf []byte
-	if r.ContentLength >= 0 {
-		buf = make([]byte, 0, r.ContentLength+1) // +1: io.ReadAll's EOF read needs no growth
+	var body []byte
+	var n int
+	var err error
+	if r.ContentLength >= 0 { // within the limit (inferHTTP): exactly that
+		body = make([]byte, r.ContentLength)
+		n, err = io.ReadFull(r.Body, body)
+	} else {
+		body, err = io.ReadAll(http.MaxBytesReader(nil, r.Body, int64(limit)))
+		n = len(body)
 	}
-	b := bytes.NewBuffer(buf)
-	_, err := b.ReadFrom(http.MaxBytesReader(nil, r.Body, int64(limit)))
 	var tooBig *http.MaxBytesError
 	switch {
 	case err == nil:
-		return b.Bytes(), nil
+		return body, nil
 	case errors.As(err, &tooBig):
 		return nil, badInput("request body is over the limit of %d bytes", limit)
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return nil, fmt.Errorf("server: %w: the request body did not arrive within the request's time (%d of its bytes did)", router.ErrDeadlineExceeded, b.Len())
+		return nil, fmt.Errorf("server: %w: the request body did not arrive within the request's time (%d of its bytes did)", router.ErrDeadlineExceeded, n)
 	}
-	return nil, badInput("reading the request body after %d bytes: %v", b.Len(), err)
+	return nil, badInput("reading the request body after %d bytes: %v", n, err)
 }
 
 // unreadBodyToDiscard is the largest body of a refused request that is
