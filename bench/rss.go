@@ -1,45 +1,30 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"strconv"
 	"sync"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // ReadRSS is process pid's resident memory in bytes, VmRSS of
-// /proc/PID/status: Linux only.
+// /proc/PID/status, read with Prometheus' procfs: Linux only.
 func ReadRSS(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0, fmt.Errorf("bench: %w", err)
 	}
-	return parseVmRSS(b)
-}
-
-// parseVmRSS reads the "VmRSS:  1234 kB" line of a /proc/PID/status.
-// Kernel threads have none.
-func parseVmRSS(status []byte) (int64, error) {
-	for line := range bytes.Lines(status) {
-		rest, ok := bytes.CutPrefix(line, []byte("VmRSS:"))
-		if !ok {
-			continue
-		}
-		f := bytes.Fields(rest)
-		if len(f) != 2 || string(f[1]) != "kB" {
-			return 0, fmt.Errorf("bench: unexpected VmRSS line %q", bytes.TrimSpace(line))
-		}
-		kb, err := strconv.ParseInt(string(f[0]), 10, 64)
-		if err != nil || kb < 0 {
-			return 0, fmt.Errorf("bench: unexpected VmRSS line %q", bytes.TrimSpace(line))
-		}
-		return kb << 10, nil
+	st, err := p.NewStatus()
+	if err != nil {
+		return 0, fmt.Errorf("bench: %w", err)
 	}
-	return 0, fmt.Errorf("bench: no VmRSS in the process status (a kernel thread?)")
+	if st.VmRSS == 0 {
+		return 0, fmt.Errorf("bench: no VmRSS in process %d's status (a kernel thread?)", pid)
+	}
+	return int64(st.VmRSS), nil
 }
 
 // RSS is a process's resident memory around a load run, in bytes. A
