@@ -254,7 +254,7 @@ func typedContents(t *tensor, c *kservepb.InferTensorContents) error {
 	case "FP32":
 		t.floats = c.Fp32Contents
 	default:
-		return badInput("input %q: datatype %q is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
+		return t.unsupported()
 	}
 	return nil
 }

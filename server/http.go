@@ -246,7 +246,7 @@ func readBinaryInputs(raw []byte, b *inferBody, lim bodyLimits) error {
 		}
 		size := datatypeSize(t.datatype)
 		if size == 0 {
-			return badInput("input %q: datatype %q is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
+			return t.unsupported()
 		}
 		n, err := elements(t.name, t.shape)
 		if err != nil {

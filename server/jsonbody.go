@@ -22,16 +22,16 @@ import (
 //
 // Why jsontext (BenchmarkDecodeJSONBody, a rank200 body of 40,600
 // numbers): 4.2–4.6 ms against 9.5–11 ms for encoding/json into typed
-// slices, and it validates strictly (duplicate names, invalid UTF-8,
-// trailing data) and bounds nesting. A scanner of our own that only splits
+// slices, and it validates strictly (invalid UTF-8, trailing data) and
+// bounds nesting; duplicate member names are refused by object. A scanner of our own that only splits
 // out and parses the numbers, validating nothing, takes 2.7 ms: a whole
 // decoder of our own could gain at most 1.6×, and would have to get JSON's
 // strings, escapes and validation right again. Binary bodies (the tensor
 // extension) are the fast path for callers who care.
 
-// maxDataDepth bounds the nesting of an input's data while it is read,
-// before its shape may be known: Cumulus's tensors have rank 1, and
-// KServe clients nest at most to a tensor's rank.
+// maxDataDepth bounds a shape's rank, and the nesting of an input's data
+// while it is read, before its shape may be known: Cumulus's tensors have
+// rank 1, and KServe clients nest at most to a tensor's rank.
 const maxDataDepth = 4
 
 // inferBody is a decoded infer request: the JSON document, or the JSON
@@ -281,7 +281,7 @@ func (d *jsonDecoder) decode() (*inferBody, error) {
 				b.inputs = append(b.inputs, t)
 				return nil
 			})
-		case "outputs": // jsontext refuses a second "outputs" member
+		case "outputs": // object refuses a second "outputs" member
 			return d.array("outputs", func(i int) error { return d.output(b) })
 		}
 		return d.skip()
@@ -369,7 +369,7 @@ func (d *jsonDecoder) input(i int) (tensor, error) {
 				}
 				return d.skip()
 			})
-		case "data": // jsontext refuses a second "data" member
+		case "data": // object refuses a second "data" member
 			haveData = true
 			if t.datatype == "" {
 				// Rare: data before datatype. Keep its bytes (no more than
@@ -382,7 +382,7 @@ func (d *jsonDecoder) input(i int) (tensor, error) {
 				raw = v.Clone()
 				return nil
 			}
-			return d.data(&t, d.dec)
+			return d.data(&t)
 		}
 		return d.skip()
 	})
@@ -391,7 +391,7 @@ func (d *jsonDecoder) input(i int) (tensor, error) {
 	}
 	if raw != nil {
 		sub := &jsonDecoder{dec: jsontext.NewDecoder(bytes.NewBuffer(raw), jsontext.AllowDuplicateNames(true)), lim: d.lim, elements: d.elements}
-		if err := sub.data(&t, sub.dec); err != nil {
+		if err := sub.data(&t); err != nil {
 			return t, err
 		}
 		d.elements = sub.elements
@@ -410,7 +410,7 @@ func (d *jsonDecoder) input(i int) (tensor, error) {
 
 // data decodes a tensor's data, flat or nested row-major, into t.ints or
 // t.floats, stopping at the first element past a limit.
-func (d *jsonDecoder) data(t *tensor, dec *jsontext.Decoder) error {
+func (d *jsonDecoder) data(t *tensor) error {
 	var kind int // 0 int64 bits, 1 uint64, 2 int32, 3 fp32
 	switch t.datatype {
 	case "INT64":
@@ -421,7 +421,7 @@ func (d *jsonDecoder) data(t *tensor, dec *jsontext.Decoder) error {
 	case "FP32":
 		kind = 3
 	default:
-		return badInput("input %q: datatype %q is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
+		return t.unsupported()
 	}
 	t.isInt = kind != 3
 	// The slices grow with the elements that arrive, never from what the
@@ -430,7 +430,7 @@ func (d *jsonDecoder) data(t *tensor, dec *jsontext.Decoder) error {
 	total := d.lim.total()
 	depth, leafDepth := 0, 0
 	for {
-		tok, err := dec.ReadToken()
+		tok, err := d.dec.ReadToken()
 		if err != nil {
 			return d.syntaxError(err)
 		}

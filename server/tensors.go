@@ -62,6 +62,12 @@ func elements(name string, shape []int64) (int, error) {
 	return int(n), nil
 }
 
+// unsupported is the error for t's datatype when it is not one of
+// Cumulus's (datatypeSize is 0).
+func (t *tensor) unsupported() error {
+	return badInput("input %q: datatype %q is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
+}
+
 // datatypeSize is the bytes per element of a supported datatype, or 0.
 func datatypeSize(datatype string) int {
 	switch datatype {
@@ -89,7 +95,7 @@ func (t *tensor) decodeRaw(raw []byte) error {
 	}
 	size := datatypeSize(t.datatype)
 	if size == 0 {
-		return badInput("input %q: datatype %s is not supported (use INT64, UINT64, INT32 or FP32)", t.name, t.datatype)
+		return t.unsupported()
 	}
 	if len(raw) != n*size {
 		return badInput("input %q: %d raw bytes for shape %v of %s (want %d)", t.name, len(raw), t.shape, t.datatype, n*size)
