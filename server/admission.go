@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 
 	"github.com/cumulus-serving/cumulus/internal/admit"
 	"github.com/cumulus-serving/cumulus/router"
@@ -42,7 +39,8 @@ func newAdmission(o *Options) *admission {
 
 // retryPushbackMS is what a refused gRPC caller is told to wait, in the
 // grpc-retry-pushback-ms trailer and as google.rpc.RetryInfo in the
-// status details (HTTP's Retry-After counts whole seconds: 1).
+// status details (grpcFailure; HTTP's Retry-After counts whole seconds:
+// 1).
 const retryPushbackMS = 100
 
 // refusal is the error for a request admission turned down, having asked
@@ -56,8 +54,5 @@ func (s *Server) refusal(ctx context.Context, api, bound string, err error, t0 t
 	}
 	s.adm.refused.WithLabelValues(api, bound).Inc()
 	s.adm.refusedIn.Observe(time.Since(t0).Seconds())
-	if api == "grpc" {
-		grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", strconv.Itoa(retryPushbackMS)))
-	}
 	return fmt.Errorf("server: %w: %w: at the bound of %s in flight; retry later", router.ErrResourceExhausted, err, bound)
 }

@@ -257,7 +257,7 @@ func TestOverloadIsRefusedFast(t *testing.T) {
 // bytes past the bound is refused by its Content-Length, even with slots
 // free.
 func TestAdmissionWeighsBytes(t *testing.T) {
-	s, g, _ := startGated(t, server.Options{MaxInflightBytes: 1000, MaxQueueTime: time.Millisecond, RequestTimeout: time.Minute})
+	s, g, client := startGated(t, server.Options{MaxInflightBytes: 1000, MaxQueueTime: time.Millisecond, RequestTimeout: time.Minute})
 	body := oneRow + strings.Repeat(" ", 800-len(oneRow))
 	first := make(chan int, 1)
 	go func() {
@@ -267,6 +267,17 @@ func TestAdmissionWeighsBytes(t *testing.T) {
 	<-g.arrived
 	if code, msg := postTo(t, s, "/v2/models/m/infer", body); code != 429 || !strings.Contains(msg, "bytes") {
 		t.Errorf("800 bytes beside 800 of 1000: %d %s, want 429 naming bytes", code, msg)
+	}
+	// A gRPC request weighed by its ids once decoded: 100 ids and their
+	// row splits are 816 bytes, past the 200 left. One pushback trailer.
+	heavy := grpcOneRow()
+	heavy.Inputs[0].Contents.Int64Contents = make([]int64, 100)
+	heavy.Inputs[0].Shape = []int64{100}
+	heavy.Inputs[1].Contents.Int64Contents = []int64{0, 100}
+	var trailer metadata.MD
+	if _, err := client.ModelInfer(context.Background(), heavy, grpc.Trailer(&trailer)); status.Code(err) != codes.ResourceExhausted ||
+		!strings.Contains(err.Error(), "bytes") || len(trailer.Get("grpc-retry-pushback-ms")) != 1 {
+		t.Errorf("816 bytes of ids beside 800 of 1000: %v, trailer %v; want ResourceExhausted naming bytes, one pushback", err, trailer)
 	}
 	// Refused by its Content-Length alone: a large body never sent is
 	// answered at once. (A small one is left for net/http to discard,

@@ -98,7 +98,7 @@ func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) err
 		if _, ok := status.FromError(err); ok && errors.Unwrap(err) == nil {
 			return nil, err // gRPC's own, as it is
 		}
-		return nil, grpcError(err)
+		return nil, grpcFailure(ctx, err)
 	}
 	serve := func(ctx context.Context, r any) (any, error) {
 		return srv.(kservepb.GRPCInferenceServiceServer).ModelInfer(ctx, r.(*kservepb.ModelInferRequest))
@@ -147,10 +147,7 @@ func (k *kserveGRPC) ModelInfer(ctx context.Context, r *kservepb.ModelInferReque
 	resp, err := k.infer(ctx, r)
 	k.s.observe("grpc", err)
 	if err != nil {
-		if classify(err).grpc == codes.ResourceExhausted { // a shard's refusal
-			grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", strconv.Itoa(retryPushbackMS)))
-		}
-		return nil, grpcError(err)
+		return nil, grpcFailure(ctx, err)
 	}
 	return resp, nil
 }
@@ -257,6 +254,17 @@ func typedContents(t *tensor, c *kservepb.InferTensorContents) error {
 		return t.unsupported()
 	}
 	return nil
+}
+
+// grpcFailure is the status an infer call fails with; a refusal as
+// overload (the front's or a shard's) also gets the retry pushback
+// trailer.
+func grpcFailure(ctx context.Context, err error) error {
+	st := grpcError(err)
+	if status.Code(st) == codes.ResourceExhausted {
+		grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", strconv.Itoa(retryPushbackMS)))
+	}
+	return st
 }
 
 // requestBytes is what a decoded request holds in memory.
