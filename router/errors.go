@@ -40,7 +40,7 @@ var (
 // be reached or does not hold what was asked is Unavailable.
 func shardError(ctx context.Context, shardID string, err error) error {
 	if ctx.Err() != nil {
-		return ctxError(ctx, fmt.Sprintf("shard %s", shardID))
+		return ContextError(ctx, fmt.Sprintf("shard %s", shardID))
 	}
 	kind := ErrUnavailable
 	switch status.Code(err) {
@@ -58,9 +58,10 @@ func shardError(ctx context.Context, shardID string, err error) error {
 	return fmt.Errorf("router: %w: shard %s: %w", kind, shardID, err)
 }
 
-// ctxError is the error of a request whose context ended while waiting
-// on what.
-func ctxError(ctx context.Context, what string) error {
+// ContextError is the error of a request whose context ended while it
+// waited for what: ErrDeadlineExceeded if its deadline passed, else
+// context.Canceled (the caller went away).
+func ContextError(ctx context.Context, what string) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("router: %w: deadline passed waiting for %s", ErrDeadlineExceeded, what)
 	}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"errors"
 	"fmt"
 	"math"
 )
@@ -35,10 +36,14 @@ type Limits struct {
 	MaxIDs  int // ids plus shared ids; default 1,048,576
 }
 
-// OrDefault is l with defaults for its zero fields.
-func (l Limits) OrDefault() Limits {
+// OrDefault is l with defaults for its zero fields; negative ones are an
+// error.
+func (l Limits) OrDefault() (Limits, error) {
+	if l.MaxIDs < 0 || l.MaxRows < 0 {
+		return l, errors.New("router: request limits must not be negative")
+	}
 	l.fill()
-	return l
+	return l, nil
 }
 
 func (l *Limits) fill() {

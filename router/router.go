@@ -59,10 +59,10 @@ func (o *Options) Validate() error {
 	if err := o.Cluster.Validate(); err != nil {
 		return err
 	}
-	if o.Limits.MaxIDs < 0 || o.Limits.MaxRows < 0 {
-		return errors.New("router: request limits must not be negative")
+	var err error
+	if o.Limits, err = o.Limits.OrDefault(); err != nil {
+		return err
 	}
-	o.Limits.fill()
 	if o.FanoutWorkers == 0 {
 		o.FanoutWorkers = 512
 	}
@@ -392,7 +392,7 @@ func (r *Router) Predict(ctx context.Context, req *Request) (*Response, error) {
 		select {
 		case <-t.replaced:
 		case <-ctx.Done():
-			return nil, ctxError(ctx, "a routing table where every partition is held")
+			return nil, ContextError(ctx, "a routing table where every partition is held")
 		}
 		r.retries.WithLabelValues("table").Inc()
 		t = r.tab.Load()

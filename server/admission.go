@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -46,11 +45,8 @@ const retryPushbackMS = 100
 // refusal is the error for a request admission turned down, having asked
 // since t0.
 func (s *Server) refusal(ctx context.Context, api, bound string, err error, t0 time.Time) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("server: %w: waiting for admission", router.ErrDeadlineExceeded)
-	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("server: waiting for admission: %w", ctx.Err())
+		return router.ContextError(ctx, "admission")
 	}
 	s.adm.refused.WithLabelValues(api, bound).Inc()
 	s.adm.refusedIn.Observe(time.Since(t0).Seconds())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -124,7 +123,7 @@ func receive(ctx context.Context, dec func(any) error) (*kservepb.ModelInferRequ
 		}
 		return lr.req, err
 	case <-ctx.Done():
-		return nil, ctxError(ctx, "the request message")
+		return nil, router.ContextError(ctx, "the request message")
 	}
 }
 
@@ -132,15 +131,6 @@ func receive(ctx context.Context, dec func(any) error) (*kservepb.ModelInferRequ
 func arrival(ctx context.Context) time.Time {
 	t, _ := ctx.Value(arrivalKey{}).(time.Time)
 	return t
-}
-
-// ctxError is the error of a request whose context ended while it waited
-// for what.
-func ctxError(ctx context.Context, what string) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("server: %w: %s did not arrive within the request's time", router.ErrDeadlineExceeded, what)
-	}
-	return fmt.Errorf("server: waiting for %s: %w", what, ctx.Err())
 }
 
 func (k *kserveGRPC) ModelInfer(ctx context.Context, r *kservepb.ModelInferRequest) (*kservepb.ModelInferResponse, error) {

@@ -95,10 +95,10 @@ func (o *Options) Validate() error {
 	if o.HTTPAddr == "" {
 		o.HTTPAddr = "127.0.0.1:8000"
 	}
-	if o.Limits.MaxIDs < 0 || o.Limits.MaxRows < 0 {
-		return errors.New("server: request limits must not be negative")
+	var err error
+	if o.Limits, err = o.Limits.OrDefault(); err != nil {
+		return fmt.Errorf("server: %w", err)
 	}
-	o.Limits = o.Limits.OrDefault()
 	if o.MaxRequestBytes == 0 {
 		o.MaxRequestBytes = jsonBodyLimit(o.Limits)
 	}
