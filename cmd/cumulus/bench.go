@@ -70,23 +70,13 @@ process), it reads the process's VmRSS from /proc before the load, every
 				l.pid = os.Getpid()
 			}
 			if addr == "" {
-				dir, err := os.MkdirTemp("", "cumulus-bench-")
+				lb, err := startLocalBench(ctx, typ, params, devcluster.Options{Shards: shards})
 				if err != nil {
 					return err
 				}
-				defer os.RemoveAll(dir)
-				repo, model = dir, "bench"
-				fmt.Printf("generating %s model %q: %d features\n", typ, model, params)
-				if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: model, Type: typ, Params: params, Seed: 7}); err != nil {
-					return err
-				}
-				c, srv, err := benchCluster(ctx, devcluster.Options{Repo: dir, Shards: shards})
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				defer srv.Close()
-				addr, httpAddr = srv.GRPCAddr(), srv.HTTPAddr()
+				defer lb.close()
+				repo, model = lb.repo, lb.model
+				addr, httpAddr = lb.srv.GRPCAddr(), lb.srv.HTTPAddr()
 				fmt.Printf("dev cluster: %d shards, router at %s (gRPC), %s (HTTP)\n", shards, addr, httpAddr)
 			}
 			m, err := generatedModel(repo, model)
@@ -269,6 +259,39 @@ func generatedModel(repo, model string) (*codec.Manifest, error) {
 		return nil, fmt.Errorf("model %s was not made by 'cumulus model gen': no id generator to draw traffic from", model)
 	}
 	return m, nil
+}
+
+// localBench is a generated model served by a dev cluster and a front in
+// this process: what a bench command targets without --addr.
+type localBench struct {
+	repo, model string
+	srv         *server.Server
+	close       func()
+}
+
+// startLocalBench generates a model of typ with params features in a
+// temporary repository and serves it with a dev cluster of o (its Repo
+// set here); close stops both and removes the repository.
+func startLocalBench(ctx context.Context, typ string, params int64, o devcluster.Options) (*localBench, error) {
+	dir, err := os.MkdirTemp("", "cumulus-bench-")
+	if err != nil {
+		return nil, err
+	}
+	lb := &localBench{repo: dir, model: "bench"}
+	fmt.Printf("generating %s model %q: %d features\n", typ, lb.model, params)
+	if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: lb.model, Type: typ, Params: params, Seed: 7}); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	o.Repo = dir
+	c, srv, err := benchCluster(ctx, o)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	lb.srv = srv
+	lb.close = func() { srv.Close(); c.Close(); os.RemoveAll(dir) }
+	return lb, nil
 }
 
 // benchCluster starts a dev cluster and a front on loopback ports and

@@ -14,7 +14,6 @@ import (
 	"github.com/cumulus-serving/cumulus/bench"
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
-	"github.com/cumulus-serving/cumulus/loader"
 )
 
 func benchHostileCommand() *cobra.Command {
@@ -65,23 +64,13 @@ client's.`,
 				if httpAddr != "" || pid != 0 {
 					return fmt.Errorf("--http-addr and --pid go with --addr")
 				}
-				dir, err := os.MkdirTemp("", "cumulus-bench-hostile-")
+				lb, err := startLocalBench(ctx, typ, params, devcluster.Options{Shards: shards, ScanInterval: time.Hour})
 				if err != nil {
 					return err
 				}
-				defer os.RemoveAll(dir)
-				repo, model = dir, "bench"
-				fmt.Printf("generating %s model %q: %d features\n", typ, model, params)
-				if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: model, Type: typ, Params: params, Seed: 7}); err != nil {
-					return err
-				}
-				c, srv, err := benchCluster(ctx, devcluster.Options{Repo: dir, Shards: shards, ScanInterval: time.Hour})
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				defer srv.Close()
-				addr, httpAddr, pid = srv.GRPCAddr(), srv.HTTPAddr(), os.Getpid()
+				defer lb.close()
+				repo, model = lb.repo, lb.model
+				addr, httpAddr, pid = lb.srv.GRPCAddr(), lb.srv.HTTPAddr(), os.Getpid()
 				fmt.Printf("dev cluster in this process: %d shards, router at %s (gRPC), %s (HTTP)\n", shards, addr, httpAddr)
 			}
 			m, err := generatedModel(repo, model)
