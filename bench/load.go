@@ -57,8 +57,8 @@ func (r Result) Print(w io.Writer, workload string) {
 	}
 }
 
-// Run drives load until Duration passes or MaxRequests complete.
-func Run(ctx context.Context, o LoadOptions) Result {
+// fill gives zero fields their documented defaults.
+func (o *LoadOptions) fill() {
 	if o.Concurrency == 0 {
 		o.Concurrency = 4
 	}
@@ -68,6 +68,11 @@ func Run(ctx context.Context, o LoadOptions) Result {
 	if o.Distinct == 0 {
 		o.Distinct = 64
 	}
+}
+
+// Run drives load until Duration passes or MaxRequests complete.
+func Run(ctx context.Context, o LoadOptions) Result {
+	o.fill()
 	reqs := prebuild(o.Generator, o.Model, o.Distinct, o.Client)
 	ctx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()

@@ -23,12 +23,7 @@ type Call struct {
 // what happened around an event (a rollout, a rollback) can be read off
 // afterwards. It runs until ctx ends.
 func Trace(ctx context.Context, o LoadOptions) []Call {
-	if o.Concurrency == 0 {
-		o.Concurrency = 4
-	}
-	if o.Distinct == 0 {
-		o.Distinct = 64
-	}
+	o.fill()
 	reqs := prebuild(o.Generator, o.Model, o.Distinct, o.Client)
 	var mu sync.Mutex
 	var calls []Call
