@@ -26,10 +26,14 @@ func (s *Shard) Drain(ctx context.Context) error {
 	begun := s.begun.Load()
 	slog.Info("shard: draining", "shard", s.opts.ID, "in_flight", s.inflight.Load())
 	s.health.Shutdown() // NOT_SERVING from now on, whatever the loader finds
+	// Stop following the map before leaving etcd: the map the manager
+	// writes once the shard has gone assigns it nothing, and applying it
+	// would drop what the lookups still coming need. (The registration
+	// follows the same context: cancelling starts the leaving too.)
+	s.cancel()
 	if s.reg != nil {
 		s.reg.Close()
 	}
-	s.cancel()
 	err := s.quiesce(ctx)
 	if err == nil {
 		stopped := make(chan struct{})

@@ -229,7 +229,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		retry := time.NewTimer(time.Hour)
 		defer retry.Stop()
 		var as map[string]topo.Assignment
-		for {
+		for ctx.Err() == nil { // also after a reconcile: a map may be pending beside ctx's end
 			select {
 			case <-ctx.Done():
 				return
