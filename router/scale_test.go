@@ -383,8 +383,17 @@ func TestShardLeavingFinishesCallsUnderWay(t *testing.T) {
 	ref := reference.New(m)
 	rng := rand.New(rand.NewPCG(33, 33))
 	req := randomRequest(rng, "fm", m, 30, 10, 3)
+	// Settled: both shards hold every partition and the router has seen
+	// it, so no call meets a shard that is still loading (a retry, too).
+	devclustertest.WaitReplicated(t, c.Etcd, 2)
 	testenv.Eventually(t, 30*time.Second, func() error {
-		_, err := c.Router.Predict(context.Background(), req)
+		resp, err := c.Etcd.Get(context.Background(), "settled")
+		if err == nil && c.Router.Revision() < resp.Header.Revision {
+			err = fmt.Errorf("router at revision %d, etcd at %d", c.Router.Revision(), resp.Header.Revision)
+		}
+		if err == nil {
+			_, err = c.Router.Predict(context.Background(), req)
+		}
 		return err
 	})
 	before := retries(t, reg, "replica")

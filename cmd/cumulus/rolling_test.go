@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -29,8 +27,8 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
+	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
-	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
@@ -70,7 +68,7 @@ func TestRollingRestart(t *testing.T) {
 	for i, id := range shardIDs {
 		waitShardReady(t, shards[i].out["shard "+id+" serving on "])
 	}
-	waitFullyReplicated(t, cli, 2)
+	devclustertest.WaitReplicated(t, cli, 2)
 	for _, r := range routers {
 		waitRouterReady(t, r.out["http: http://"])
 	}
@@ -130,7 +128,7 @@ func TestRollingRestart(t *testing.T) {
 			shards[i].stop(t)
 			shards[i] = startShard(id)
 			waitShardReady(t, shards[i].out["shard "+id+" serving on "])
-			waitFullyReplicated(t, cli, 2)
+			devclustertest.WaitReplicated(t, cli, 2)
 		})
 	}
 	// Shard calls that failed at the routers while the shards restarted,
@@ -347,52 +345,6 @@ func waitShardReady(t *testing.T, addr string) {
 		}
 		if r.Status != healthpb.HealthCheckResponse_SERVING {
 			return fmt.Errorf("shard at %s: %s", addr, r.Status)
-		}
-		return nil
-	})
-}
-
-// waitFullyReplicated waits until every partition of each model's live
-// version has n shards that the serving map assigns it to and that
-// report it with the identity the map expects.
-func waitFullyReplicated(t *testing.T, cli *clientv3.Client, n int) {
-	t.Helper()
-	c := topo.DefaultCluster
-	testenv.Eventually(t, 30*time.Second, func() error {
-		resp, err := cli.Get(context.Background(), c.Prefix(), clientv3.WithPrefix())
-		if err != nil {
-			return err
-		}
-		shardKV, modelKV := map[string][]byte{}, map[string][]byte{}
-		for _, x := range resp.Kvs {
-			switch k := string(x.Key); {
-			case strings.HasPrefix(k, c.ShardsPrefix()):
-				shardKV[k] = x.Value
-			case strings.HasPrefix(k, c.ModelsPrefix()):
-				modelKV[k] = x.Value
-			}
-		}
-		shards := topo.DecodeAll[topo.ShardInfo](shardKV, c.ShardsPrefix())
-		as := topo.Assignments(modelKV, c)
-		if len(as) == 0 {
-			return errors.New("no model in the serving map yet")
-		}
-		for name, a := range as {
-			info := a.Info(a.Live)
-			if info == nil {
-				return fmt.Errorf("%s: no live version yet", name)
-			}
-			for p, reps := range a.Replicas {
-				holders := 0
-				for _, id := range reps {
-					if shards[id].Holds(name, a.Live, uint32(p), info.IDs[p]) {
-						holders++
-					}
-				}
-				if holders < n {
-					return fmt.Errorf("%s partition %d: %d of %v hold version %d", name, p, holders, reps, a.Live)
-				}
-			}
 		}
 		return nil
 	})

@@ -5,10 +5,17 @@ package devclustertest
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
 // Start starts a cluster for a test or benchmark, waits up to 30 seconds
@@ -26,4 +33,50 @@ func Start(tb testing.TB, o devcluster.Options) *devcluster.Cluster {
 		tb.Fatal(err)
 	}
 	return c
+}
+
+// WaitReplicated waits, up to 30 seconds, until every partition of each model's live
+// version has n shards that the serving map assigns it to and that
+// report it with the identity the map expects.
+func WaitReplicated(t testing.TB, cli *clientv3.Client, n int) {
+	t.Helper()
+	c := topo.DefaultCluster
+	testenv.Eventually(t, 30*time.Second, func() error {
+		resp, err := cli.Get(context.Background(), c.Prefix(), clientv3.WithPrefix())
+		if err != nil {
+			return err
+		}
+		shardKV, modelKV := map[string][]byte{}, map[string][]byte{}
+		for _, x := range resp.Kvs {
+			switch k := string(x.Key); {
+			case strings.HasPrefix(k, c.ShardsPrefix()):
+				shardKV[k] = x.Value
+			case strings.HasPrefix(k, c.ModelsPrefix()):
+				modelKV[k] = x.Value
+			}
+		}
+		shards := topo.DecodeAll[topo.ShardInfo](shardKV, c.ShardsPrefix())
+		as := topo.Assignments(modelKV, c)
+		if len(as) == 0 {
+			return errors.New("no model in the serving map yet")
+		}
+		for name, a := range as {
+			info := a.Info(a.Live)
+			if info == nil {
+				return fmt.Errorf("%s: no live version yet", name)
+			}
+			for p, reps := range a.Replicas {
+				holders := 0
+				for _, id := range reps {
+					if shards[id].Holds(name, a.Live, uint32(p), info.IDs[p]) {
+						holders++
+					}
+				}
+				if holders < n {
+					return fmt.Errorf("%s partition %d: %d of %v hold version %d", name, p, holders, reps, a.Live)
+				}
+			}
+		}
+		return nil
+	})
 }
