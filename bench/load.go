@@ -8,6 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
@@ -31,6 +34,7 @@ type LoadOptions struct {
 type Result struct {
 	Requests       int
 	Errors         int
+	Refused        int // of Errors, ResourceExhausted: refused as overload
 	FirstError     error
 	Elapsed        time.Duration
 	P50, P99, P999 time.Duration
@@ -46,8 +50,8 @@ func (r Result) QPS() float64 { return float64(r.Requests) / r.Elapsed.Seconds()
 
 // Print writes a one-line summary.
 func (r Result) Print(w io.Writer, workload string) {
-	fmt.Fprintf(w, "%-8s requests=%d errors=%d qps=%.0f p50=%s p99=%s p999=%s req_bytes=%d ids/req=%d\n",
-		workload, r.Requests, r.Errors, r.QPS(), r.P50.Round(time.Microsecond), r.P99.Round(time.Microsecond),
+	fmt.Fprintf(w, "%-8s requests=%d errors=%d refused=%d qps=%.0f p50=%s p99=%s p999=%s req_bytes=%d ids/req=%d\n",
+		workload, r.Requests, r.Errors, r.Refused, r.QPS(), r.P50.Round(time.Microsecond), r.P99.Round(time.Microsecond),
 		r.P999.Round(time.Microsecond), r.RequestBytes, r.IDsPerRequest)
 	if r.RetryUnavailable {
 		fmt.Fprintf(w, "%-8s retries=%d (Unavailable, up to %d per request)\n", workload, r.Retries, MaxRetries)
@@ -84,6 +88,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 		mu       sync.Mutex
 		lat      []time.Duration
 		errs     int
+		refused  int
 		firstErr error
 		issued   int
 		retries  int
@@ -116,6 +121,9 @@ func Run(ctx context.Context, o LoadOptions) Result {
 					}
 					mu.Lock()
 					errs++
+					if status.Code(err) == codes.ResourceExhausted {
+						refused++
+					}
 					if firstErr == nil {
 						firstErr = err
 					}
@@ -131,7 +139,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 		}()
 	}
 	wg.Wait()
-	r := Result{Requests: len(lat), Errors: errs, FirstError: firstErr, Elapsed: time.Since(start),
+	r := Result{Requests: len(lat), Errors: errs, Refused: refused, FirstError: firstErr, Elapsed: time.Since(start),
 		RequestBytes: reqs.meanBytes, IDsPerRequest: reqs.ids, RetryUnavailable: o.RetryUnavailable, Retries: retries}
 	if len(lat) > 0 {
 		slices.Sort(lat)

@@ -253,23 +253,23 @@ func TestOverloadIsRefusedFast(t *testing.T) {
 	}
 }
 
-// TestAdmissionWeighsBytes: a request whose body would take the in-flight
-// bytes past the bound is refused by its Content-Length, even with slots
-// free.
+// TestAdmissionWeighsBytes: requests are weighed by their decoded ids
+// and values, over REST as over gRPC: one that would take the in-flight
+// bytes past the bound is refused, even with slots free, and a small one
+// is admitted beside the held one.
 func TestAdmissionWeighsBytes(t *testing.T) {
 	s, g, client := startGated(t, server.Options{MaxInflightBytes: 1000, MaxQueueTime: time.Millisecond, RequestTimeout: time.Minute})
-	body := oneRow + strings.Repeat(" ", 800-len(oneRow))
+	// 100 ids and their row splits are 816 bytes decoded.
+	heavyJSON := inferJSON(make([]int64, 100), []int64{0, 100}, nil)
 	first := make(chan int, 1)
 	go func() {
-		code, _ := postTo(t, s, "/v2/models/m/infer", body)
+		code, _ := postTo(t, s, "/v2/models/m/infer", heavyJSON)
 		first <- code
 	}()
 	<-g.arrived
-	if code, msg := postTo(t, s, "/v2/models/m/infer", body); code != 429 || !strings.Contains(msg, "bytes") {
-		t.Errorf("800 bytes beside 800 of 1000: %d %s, want 429 naming bytes", code, msg)
+	if code, msg := postTo(t, s, "/v2/models/m/infer", heavyJSON); code != 429 || !strings.Contains(msg, "bytes") {
+		t.Errorf("816 bytes beside 816 of 1000: %d %s, want 429 naming bytes", code, msg)
 	}
-	// A gRPC request weighed by its ids once decoded: 100 ids and their
-	// row splits are 816 bytes, past the 200 left. One pushback trailer.
 	heavy := grpcOneRow()
 	heavy.Inputs[0].Contents.Int64Contents = make([]int64, 100)
 	heavy.Inputs[0].Shape = []int64{100}
@@ -277,20 +277,7 @@ func TestAdmissionWeighsBytes(t *testing.T) {
 	var trailer metadata.MD
 	if _, err := client.ModelInfer(context.Background(), heavy, grpc.Trailer(&trailer)); status.Code(err) != codes.ResourceExhausted ||
 		!strings.Contains(err.Error(), "bytes") || len(trailer.Get("grpc-retry-pushback-ms")) != 1 {
-		t.Errorf("816 bytes of ids beside 800 of 1000: %v, trailer %v; want ResourceExhausted naming bytes, one pushback", err, trailer)
-	}
-	// Refused by its Content-Length alone: a large body never sent is
-	// answered at once. (A small one is left for net/http to discard,
-	// under the request's read deadline, keeping the connection.)
-	conn, err := net.Dial("tcp", s.HTTPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil || resp.StatusCode != 429 {
-		t.Errorf("100,000 bytes announced, 1 sent, beside 800 of 1000: %v %v, want 429 before the body", resp, err)
+		t.Errorf("816 bytes of ids beside 816 of 1000: %v, trailer %v; want ResourceExhausted naming bytes, one pushback", err, trailer)
 	}
 	// A small one is admitted beside it: it reaches the predictor.
 	second := make(chan int, 1)
@@ -302,7 +289,7 @@ func TestAdmissionWeighsBytes(t *testing.T) {
 	g.release <- struct{}{}
 	g.release <- struct{}{}
 	if a, b := <-first, <-second; a != 200 || b != 200 {
-		t.Errorf("the 800-byte request: %d, the small one beside it: %d; want 200 and 200", a, b)
+		t.Errorf("the 816-byte request: %d, the small one beside it: %d; want 200 and 200", a, b)
 	}
 }
 
@@ -369,13 +356,27 @@ func TestDeadlines(t *testing.T) {
 	if err := stream.RecvMsg(new(kservepb.ModelInferResponse)); status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("gRPC message never sent: %v, want DeadlineExceeded", err)
 	}
-	go func() { g2.release <- struct{}{} }()
-	if _, err := client2.ModelInfer(context.Background(), grpcOneRow()); err != nil {
+	// Released as soon as they reach the predictor: the server's bound is
+	// short.
+	grpcDone := make(chan error, 1)
+	go func() {
+		_, err := client2.ModelInfer(context.Background(), grpcOneRow())
+		grpcDone <- err
+	}()
+	<-g2.arrived
+	g2.release <- struct{}{}
+	if err := <-grpcDone; err != nil {
 		t.Errorf("after the message that never came: %v", err)
 	}
-	go func() { g2.release <- struct{}{} }()
-	if code, body := postTo(t, s2, "/v2/models/m/infer", oneRow); code != 200 {
-		t.Errorf("after the trickled body: %d %s", code, body)
+	httpDone := make(chan string, 1)
+	go func() {
+		code, body := postTo(t, s2, "/v2/models/m/infer", oneRow)
+		httpDone <- fmt.Sprint(code, " ", body)
+	}()
+	<-g2.arrived
+	g2.release <- struct{}{}
+	if got := <-httpDone; !strings.HasPrefix(got, "200 ") {
+		t.Errorf("after the trickled body: %s", got)
 	}
 }
 
@@ -482,14 +483,26 @@ func TestTinyVarintsAreCountedBeforeDecoding(t *testing.T) {
 	}
 }
 
-// TestRankAndNegativeLimits: a shape past rank 4 is refused over gRPC as
-// over REST; negative limits are refused at start.
+// TestRankAndNegativeLimits: every input of the contract is 1-D: a 2-D
+// ids tensor (its data nested or flat) is refused by name over REST and
+// gRPC, not flattened; negative limits are refused at start.
 func TestRankAndNegativeLimits(t *testing.T) {
-	_, _, client := startGated(t, server.Options{})
+	s, _, client := startGated(t, server.Options{})
 	req := grpcOneRow()
 	req.Inputs[0].Shape = []int64{1, 1, 1, 1, 1}
-	if _, err := client.ModelInfer(context.Background(), req); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "more than 4 dimensions") {
+	if _, err := client.ModelInfer(context.Background(), req); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `input "ids" has shape [1 1 1 1 1]`) {
 		t.Errorf("rank 5 over gRPC: %v", err)
+	}
+	req.Inputs[0].Contents.Int64Contents = []int64{5, 6}
+	req.Inputs[0].Shape = []int64{1, 2}
+	if _, err := client.ModelInfer(context.Background(), req); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `input "ids" has shape [1 2]`) {
+		t.Errorf("ids [1 2] over gRPC: %v", err)
+	}
+	for _, data := range []string{`[[5, 6]]`, `[5, 6]`} {
+		body := `{"inputs":[{"name":"ids","datatype":"INT64","shape":[1,2],"data":` + data + `},{"name":"row_splits","datatype":"INT64","shape":[2],"data":[0,2]}]}`
+		if code, msg := postTo(t, s, "/v2/models/m/infer", body); code != 400 || !strings.Contains(msg, `input \"ids\" has shape [1 2]: every input is 1-D`) {
+			t.Errorf("ids [1 2] over REST, data %s: %d %s", data, code, msg)
+		}
 	}
 	_, err := server.Start(server.Options{Predictor: newGate(), Limits: router.Limits{MaxIDs: -5}, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Registry: prometheus.NewRegistry()})
 	if err == nil || !strings.Contains(err.Error(), "must not be negative") {

@@ -13,9 +13,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/cumulus-serving/cumulus/internal/admit"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
@@ -61,12 +63,15 @@ func (k *kserveGRPC) ModelMetadata(_ context.Context, r *kservepb.ModelMetadataR
 	return resp, nil
 }
 
-// inferenceService is KServe's service with ModelInfer admitted before
-// its message is read: grpc-go reads a unary request only when the
-// handler asks (dec), so a refusal costs neither the message's bytes nor
-// its decoding. The request's time (RequestTimeout) counts from arrival
-// and bounds the wait for the message too: a stream whose message never
-// comes gives its slot back when that time is up.
+// inferenceService is KServe's service with ModelInfer received before
+// it is admitted: grpc-go reads a unary request only when the handler
+// asks (dec), so the handler decides what a request holds while its
+// message arrives. Under overload (every slot taken, the queue full) a
+// request is refused before its message is read, costing neither its
+// bytes nor its decoding; otherwise the message is received holding only
+// its share of reception (reception.go) and only for its receive time,
+// then it waits for a request slot. The request's time (RequestTimeout)
+// counts from arrival and covers all of it.
 func (s *Server) inferenceService() *grpc.ServiceDesc {
 	desc := kservepb.GRPCInferenceService_ServiceDesc
 	desc.Methods = slices.Clone(desc.Methods)
@@ -82,15 +87,19 @@ type arrivalKey struct{}
 
 func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
 	t0 := time.Now()
-	ctx, cancel := context.WithDeadline(context.WithValue(ctx, arrivalKey{}, t0), t0.Add(s.opts.RequestTimeout))
+	deadline := t0.Add(s.opts.RequestTimeout)
+	ctx, cancel := context.WithDeadline(context.WithValue(ctx, arrivalKey{}, t0), deadline)
 	defer cancel()
-	slot, err := s.adm.slots.Acquire(ctx, 1)
 	var req *kservepb.ModelInferRequest
-	if err == nil {
+	var err error
+	if s.adm.slots.Refusing(1) {
+		err = s.refusal(ctx, "grpc", "requests", admit.ErrOverloaded, t0)
+	} else if req, err = s.receiveGRPC(ctx, dec, t0, deadline); err == nil {
+		var slot admit.Ticket
+		if slot, err = s.adm.slots.Acquire(ctx, 1); err != nil {
+			err = s.refusal(ctx, "grpc", "requests", err, t0)
+		}
 		defer slot.Release()
-		req, err = receive(ctx, dec)
-	} else {
-		err = s.refusal(ctx, "grpc", "requests", err, t0)
 	}
 	if err != nil {
 		s.observe("grpc", err)
@@ -108,10 +117,34 @@ func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) err
 	return ic(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: kservepb.GRPCInferenceService_ModelInfer_FullMethodName}, serve)
 }
 
+// receiveGRPC receives the request's message within its receive time,
+// counted in reception from the client's address.
+func (s *Server) receiveGRPC(ctx context.Context, dec func(any) error, t0, deadline time.Time) (*kservepb.ModelInferRequest, error) {
+	var addr string
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		addr = p.Addr.String()
+	}
+	x, err := s.recv.begin(addr, grpcReceiveCharge)
+	var refused errReceiving
+	if errors.As(err, &refused) {
+		return nil, s.receiveRefusal("grpc", refused, t0)
+	}
+	defer x.done()
+	rd := s.receiveDeadline(t0, -1, deadline)
+	rctx, cancel := context.WithDeadline(ctx, rd)
+	defer cancel()
+	req, err := receive(rctx, dec)
+	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		return nil, errReceiveTimeout("the request message", -1, rd.Sub(t0))
+	}
+	return req, err
+}
+
 // receive reads and decodes the request's message (counted before it is
-// decoded: requestCodec), giving up when ctx ends (returning from the handler then ends the stream, and with it the
-// read). gRPC's own refusals (a message over the receive limit, one that
-// is not protobuf) keep their status.
+// decoded: requestCodec), giving up when ctx ends (returning from the
+// handler then ends the stream, and with it the read). gRPC's own
+// refusals (a message over the receive limit, one that is not protobuf)
+// keep their status.
 func receive(ctx context.Context, dec func(any) error) (*kservepb.ModelInferRequest, error) {
 	lr := &limitedRequest{req: new(kservepb.ModelInferRequest)}
 	done := make(chan error, 1)

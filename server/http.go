@@ -1,19 +1,16 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"time"
 
-	"github.com/cumulus-serving/cumulus/router"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/cumulus-serving/cumulus/internal/admit"
 )
 
 func (s *Server) routes() *http.ServeMux {
@@ -92,11 +89,13 @@ func (s *Server) httpInfer(w http.ResponseWriter, r *http.Request) {
 
 // inferHTTP answers one REST infer call, or returns the error to answer
 // with. Each step costs more than the one before: a model that is not
-// served, or a body announced over the limit, is refused first; then the
-// body's bytes are admitted by its Content-Length (one of unknown length
-// weighs the limit) and the body is read, within the request's time; then
-// a slot is admitted and only then is the body decoded, stopping at the
-// first element past a limit. A slow sender holds bytes, never a slot.
+// served, or a body announced over the limit, is refused first, and so is
+// any request while admission is refusing at once (every slot taken, the
+// queue full); then the body is received, holding only the chunks its
+// bytes fill (reception.go, body.go) and only for its receive time; then
+// it takes a request slot and is decoded, stopping at the first element
+// past a limit; then its decoded bytes are admitted. A slow sender holds
+// bytes, never a slot.
 func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time) error {
 	model := r.PathValue("name")
 	if err := s.knownModel(model); err != nil {
@@ -109,51 +108,46 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 	deadline := t0.Add(s.opts.RequestTimeout)
 	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	defer cancel()
-	// A body trickled in slower than the request may take is cut off.
-	http.NewResponseController(w).SetReadDeadline(deadline)
-	weight := r.ContentLength
-	if weight < 0 {
-		weight = int64(s.opts.MaxRequestBytes)
+	if s.adm.slots.Refusing(1) {
+		closeUnread(w, r)
+		return s.refusal(ctx, "http", "requests", admit.ErrOverloaded, t0)
 	}
-	bytesHeld, err := s.adm.bytes.Acquire(ctx, weight)
-	if err != nil {
-		if r.ContentLength < 0 || r.ContentLength > unreadBodyToDiscard {
-			// Answer without reading the body at all: net/http would
-			// otherwise read what it can of it first, to keep the
-			// connection.
-			w.Header().Set("Connection", "close")
-		}
-		return s.refusal(ctx, "http", "bytes", err, t0)
-	}
-	defer bytesHeld.Release()
-	body, err := readBody(r, s.opts.MaxRequestBytes)
+	b, err := s.receiveHTTP(w, r, t0, deadline)
 	if err != nil {
 		return err
 	}
+	defer b.release()
 	slot, err := s.adm.slots.Acquire(ctx, 1)
 	if err != nil {
 		return s.refusal(ctx, "http", "requests", err, t0)
 	}
 	defer slot.Release()
-	b, err := decodeBody(body, r.Header.Get(headerLength), bodyLimits{maxIDs: s.opts.Limits.MaxIDs, maxRows: s.opts.Limits.MaxRows})
+	ib, err := decodeBody(b.body, r.Header.Get(headerLength), bodyLimits{maxIDs: s.opts.Limits.MaxIDs, maxRows: s.opts.Limits.MaxRows})
+	b.release() // decoded: the body's chunks go back now
 	if err != nil {
 		return err
 	}
-	req, err := buildRequest(model, r.PathValue("version"), b.inputs)
+	req, err := buildRequest(model, r.PathValue("version"), ib.inputs)
 	if err != nil {
 		return err
 	}
-	if b.timeout > 0 { // counted from arrival, like the server's own bound
+	t1 := time.Now()
+	held, err := s.adm.bytes.Acquire(ctx, requestBytes(req))
+	if err != nil {
+		return s.refusal(ctx, "http", "bytes", err, t1)
+	}
+	defer held.Release()
+	if ib.timeout > 0 { // counted from arrival, like the server's own bound
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, t0.Add(b.timeout))
+		ctx, cancel = context.WithDeadline(ctx, t0.Add(ib.timeout))
 		defer cancel()
 	}
 	res, err := s.opts.Predictor.Predict(ctx, req)
 	if err != nil {
 		return err
 	}
-	binaryOut := b.binaryOutput()
-	out := appendJSONResponse(make([]byte, 0, 128+16*len(res.Scores)), res.Model, res.Version, b.id, b.idSet, res.Scores, binaryOut)
+	binaryOut := ib.binaryOutput()
+	out := appendJSONResponse(make([]byte, 0, 128+16*len(res.Scores)), res.Model, res.Version, ib.id, ib.idSet, res.Scores, binaryOut)
 	if binaryOut {
 		w.Header().Set(headerLength, strconv.Itoa(len(out)))
 		w.Header().Set("Content-Type", "application/octet-stream")
@@ -167,31 +161,60 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 	return nil
 }
 
-// readBody reads a request's whole body, at most limit bytes, under the
-// connection's read deadline. A body that does not arrive in time is
-// DeadlineExceeded; one past the limit, or shorter than announced, is
-// InvalidArgument.
-func readBody(r *http.Request, limit int) ([]byte, error) {
-	var body []byte
-	var n int
-	var err error
-	if r.ContentLength >= 0 { // within the limit (inferHTTP): exactly that
-		body = make([]byte, r.ContentLength)
-		n, err = io.ReadFull(r.Body, body)
-	} else {
-		body, err = io.ReadAll(http.MaxBytesReader(nil, r.Body, int64(limit)))
-		n = len(body)
+// receivedBody is a body received whole and its share of reception,
+// given back together by release (idempotent).
+type receivedBody struct {
+	*body
+	x *receiving
+}
+
+func (b receivedBody) release() {
+	b.free()
+	b.x.done()
+}
+
+// receiveHTTP reads r's body within its receive time (receiveDeadline),
+// counted in reception. A body refused by a reception bound, or cut off,
+// gets its answer with the connection closed: the rest of it is never
+// read.
+func (s *Server) receiveHTTP(w http.ResponseWriter, r *http.Request, t0, deadline time.Time) (receivedBody, error) {
+	x, err := s.recv.begin(r.RemoteAddr, receiveOverhead)
+	var refused errReceiving
+	if errors.As(err, &refused) {
+		closeUnread(w, r)
+		return receivedBody{}, s.receiveRefusal("http", refused, t0)
 	}
-	var tooBig *http.MaxBytesError
+	rd := s.receiveDeadline(t0, r.ContentLength, deadline)
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(rd)
+	b, err := readBody(r, s.opts.MaxRequestBytes, x)
+	// net/http reads on in the background once the body has ended, and
+	// a deadline passing then would cancel the request: give it the
+	// request's.
+	rc.SetReadDeadline(deadline)
+	var cut errBodyCut
 	switch {
 	case err == nil:
-		return body, nil
-	case errors.As(err, &tooBig):
-		return nil, badInput("request body is over the limit of %d bytes", limit)
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return nil, fmt.Errorf("server: %w: the request body did not arrive within the request's time (%d of its bytes did)", router.ErrDeadlineExceeded, n)
+		return receivedBody{b, x}, nil
+	case errors.As(err, &refused):
+		err = s.receiveRefusal("http", refused, t0)
+	case errors.As(err, &cut) && rd.Before(deadline):
+		err = errReceiveTimeout("the request body", int64(cut.n), rd.Sub(t0))
+	case errors.As(err, &cut):
+		err = errBodyDeadline(cut)
 	}
-	return nil, badInput("reading the request body after %d bytes: %v", n, err)
+	x.done()
+	w.Header().Set("Connection", "close")
+	return receivedBody{}, err
+}
+
+// closeUnread has a refused request answered without its body being
+// read: net/http would otherwise read what it can of it first, to keep
+// the connection. A small body is still read and discarded, keeping it.
+func closeUnread(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength < 0 || r.ContentLength > unreadBodyToDiscard {
+		w.Header().Set("Connection", "close")
+	}
 }
 
 // unreadBodyToDiscard is the largest body of a refused request that is
@@ -204,9 +227,9 @@ const unreadBodyToDiscard = 64 << 10
 // decodeBody decodes an infer request body: all JSON, or, with the
 // binary extension's header length hdr, a JSON header of that length and
 // then the binary inputs' bytes.
-func decodeBody(body []byte, hdr string, lim bodyLimits) (*inferBody, error) {
+func decodeBody(body *body, hdr string, lim bodyLimits) (*inferBody, error) {
 	if hdr == "" {
-		b, err := newJSONDecoder(bytes.NewBuffer(body), lim).decode()
+		b, err := newJSONDecoder(body.section(0, body.n), lim).decode()
 		if err != nil {
 			return nil, err
 		}
@@ -218,14 +241,14 @@ func decodeBody(body []byte, hdr string, lim bodyLimits) (*inferBody, error) {
 		return b, nil
 	}
 	n, err := strconv.Atoi(hdr)
-	if err != nil || n < 0 || n > len(body) {
-		return nil, badInput("%s %q is not a length from 0 to the body's %d bytes", headerLength, hdr, len(body))
+	if err != nil || n < 0 || n > body.n {
+		return nil, badInput("%s %q is not a length from 0 to the body's %d bytes", headerLength, hdr, body.n)
 	}
-	b, err := newJSONDecoder(bytes.NewBuffer(body[:n:n]), lim).decode()
+	b, err := newJSONDecoder(body.section(0, n), lim).decode()
 	if err != nil {
 		return nil, err
 	}
-	return b, readBinaryInputs(body[n:], b, lim)
+	return b, readBinaryInputs(body.section(n, body.n-n), b, lim)
 }
 
 // headerLength is the binary tensor extension's header: the length of
@@ -236,7 +259,7 @@ const headerLength = "Inference-Header-Content-Length"
 // the JSON header, in input order: each is checked against its datatype,
 // its shape and the limits before its bytes are taken. Bytes after the
 // last are an error.
-func readBinaryInputs(raw []byte, b *inferBody, lim bodyLimits) error {
+func readBinaryInputs(raw *bodyReader, b *inferBody, lim bodyLimits) error {
 	total := 0
 	for i := range b.inputs {
 		t := &b.inputs[i]
@@ -258,19 +281,18 @@ func readBinaryInputs(raw []byte, b *inferBody, lim bodyLimits) error {
 		if int64(n)*int64(size) != t.binarySize {
 			return badInput("input %q: binary_data_size %d for shape %v of %s (want %d)", t.name, t.binarySize, t.shape, t.datatype, n*size)
 		}
-		if t.binarySize > int64(len(raw)) {
-			return badInput("input %q: the body ends before its %d bytes of binary data (%d left)", t.name, t.binarySize, len(raw))
+		if t.binarySize > int64(raw.Len()) {
+			return badInput("input %q: the body ends before its %d bytes of binary data (%d left)", t.name, t.binarySize, raw.Len())
 		}
 		if total += n; total > lim.total() {
 			return badInput("inputs have more than %d elements in all", lim.total())
 		}
-		if err := t.decodeRaw(raw[:t.binarySize]); err != nil {
+		if err := t.readRaw(raw, int(t.binarySize)); err != nil {
 			return err
 		}
-		raw = raw[t.binarySize:]
 	}
-	if len(raw) > 0 {
-		return badInput("request body has %d bytes after the last binary input", len(raw))
+	if raw.Len() > 0 {
+		return badInput("request body has %d bytes after the last binary input", raw.Len())
 	}
 	return nil
 }

@@ -78,6 +78,24 @@ type Options struct {
 	// MaxQueueTime is the longest an infer request waits for admission.
 	// Default 5ms.
 	MaxQueueTime time.Duration
+	// MaxReceivingBytes bounds what the requests still arriving hold
+	// (reception.go): HTTP bodies by the chunks they have been read into,
+	// every request a few KiB besides, a gRPC request 68 KiB. Past it a
+	// request is refused (ResourceExhausted, HTTP 429). Default half of
+	// MaxInflightBytes, and at least what two bodies of MaxRequestBytes
+	// need.
+	MaxReceivingBytes int64
+	// MaxReceivingPerPeer bounds what the requests arriving from one
+	// client address hold, counted as MaxReceivingBytes is. Default a
+	// quarter of MaxReceivingBytes, and at least what one body of
+	// MaxRequestBytes needs (less is refused at start).
+	MaxReceivingPerPeer int64
+	// ReceiveTimeout is how long a request's bytes may take to arrive,
+	// from its arrival, plus 200ms per MB of an HTTP body's
+	// Content-Length; never past the request's own deadline. A request
+	// still arriving then is cut off: HTTP 408 and the connection closed,
+	// a gRPC stream ended with DeadlineExceeded. Default 200ms.
+	ReceiveTimeout time.Duration
 	// Registry receives the front's metrics; Gatherer is served at
 	// /metrics. Both default to the Prometheus default registry.
 	Registry prometheus.Registerer
@@ -108,8 +126,22 @@ func (o *Options) Validate() error {
 	if err := admit.Defaults(&o.MaxInflight, &o.MaxInflightBytes, &o.MaxQueueTime, 4); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
-	if o.MaxRequestBytes < 0 || o.RequestTimeout < 0 {
+	if o.MaxRequestBytes < 0 || o.RequestTimeout < 0 || o.MaxReceivingBytes < 0 || o.MaxReceivingPerPeer < 0 || o.ReceiveTimeout < 0 {
 		return errors.New("server: limits and timeouts must not be negative")
+	}
+	need := bodyCharge(int64(o.MaxRequestBytes))
+	if o.MaxReceivingBytes == 0 {
+		o.MaxReceivingBytes = max(o.MaxInflightBytes/2, 2*need)
+	}
+	if o.MaxReceivingPerPeer == 0 {
+		o.MaxReceivingPerPeer = max(o.MaxReceivingBytes/4, need)
+	}
+	if o.ReceiveTimeout == 0 {
+		o.ReceiveTimeout = 200 * time.Millisecond
+	}
+	if min(o.MaxReceivingBytes, o.MaxReceivingPerPeer) < need {
+		return fmt.Errorf("server: a body of MaxRequestBytes (%d) needs %d bytes of reception, more than MaxReceivingBytes (%d) or MaxReceivingPerPeer (%d) allow: raise them or lower MaxRequestBytes",
+			o.MaxRequestBytes, need, o.MaxReceivingBytes, o.MaxReceivingPerPeer)
 	}
 	if o.Registry == nil {
 		o.Registry = prometheus.DefaultRegisterer
@@ -130,6 +162,7 @@ type Server struct {
 	http      *http.Server
 	done      sync.WaitGroup
 	adm       *admission
+	recv      *reception
 	requests  *prometheus.CounterVec
 	latencies *prometheus.HistogramVec
 	draining  atomic.Bool
@@ -141,11 +174,13 @@ func Start(opts Options) (*Server, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, adm: newAdmission(&opts)}
+	s := &Server{opts: opts, adm: newAdmission(&opts), recv: newReception(&opts)}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_infer_requests_total", Help: "Infer requests by API and outcome."}, []string{"api", "code"})
 	s.latencies = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "cumulus_infer_seconds", Help: "Infer latency by API.",
 		Buckets: prometheus.ExponentialBuckets(100e-6, 2, 16)}, []string{"api"})
-	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.refusedIn, s.adm.waiting} {
+	receiving := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cumulus_receiving_bytes",
+		Help: "What the infer requests still arriving are counted at now (MaxReceivingBytes bounds it)."}, func() float64 { return float64(s.recv.bytes()) })
+	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.refusedIn, s.adm.waiting, receiving} {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("server: metrics: %w", err)
 		}
@@ -310,6 +345,8 @@ func classify(err error) outcome {
 	switch {
 	case err == nil:
 		return outcome{codes.OK, http.StatusOK, "ok"}
+	case errors.Is(err, errReceiveTooSlow):
+		return outcome{codes.DeadlineExceeded, http.StatusRequestTimeout, "receive_timeout"}
 	case errors.Is(err, router.ErrInvalidArgument):
 		return outcome{codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"}
 	case errors.Is(err, router.ErrNotFound):

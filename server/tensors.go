@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
 
@@ -89,35 +90,78 @@ func appendFloat32s(dst []byte, v []float32) []byte {
 
 // decodeRaw fills t from little-endian raw bytes.
 func (t *tensor) decodeRaw(raw []byte) error {
-	n, err := elements(t.name, t.shape)
+	n, err := t.rawElements(len(raw))
 	if err != nil {
 		return err
 	}
-	size := datatypeSize(t.datatype)
-	if size == 0 {
-		return t.unsupported()
+	t.allocate(n)
+	t.fill(0, raw)
+	return nil
+}
+
+// readRaw fills t from size little-endian bytes read from r, a few KiB
+// at a time: the bytes are never gathered in one buffer.
+func (t *tensor) readRaw(r io.Reader, size int) error {
+	n, err := t.rawElements(size)
+	if err != nil {
+		return err
 	}
-	if len(raw) != n*size {
-		return badInput("input %q: %d raw bytes for shape %v of %s (want %d)", t.name, len(raw), t.shape, t.datatype, n*size)
-	}
-	switch t.datatype {
-	case "INT64", "UINT64":
-		t.isInt, t.ints = true, make([]uint64, n)
-		for i := range t.ints {
-			t.ints[i] = binary.LittleEndian.Uint64(raw[8*i:])
+	t.allocate(n)
+	var buf [4096]byte
+	width := datatypeSize(t.datatype)
+	for i := 0; i < n; {
+		k := min(n-i, len(buf)/width)
+		if _, err := io.ReadFull(r, buf[:k*width]); err != nil {
+			return badInput("input %q: reading its binary data: %v", t.name, err)
 		}
-	case "INT32":
-		t.isInt, t.ints = true, make([]uint64, n)
-		for i := range t.ints {
-			t.ints[i] = uint64(int64(int32(binary.LittleEndian.Uint32(raw[4*i:]))))
-		}
-	case "FP32":
-		t.floats = make([]float32, n)
-		for i := range t.floats {
-			t.floats[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-		}
+		t.fill(i, buf[:k*width])
+		i += k
 	}
 	return nil
+}
+
+// rawElements checks that size raw bytes fit t's shape and datatype and
+// returns its element count.
+func (t *tensor) rawElements(size int) (int, error) {
+	n, err := elements(t.name, t.shape)
+	if err != nil {
+		return 0, err
+	}
+	width := datatypeSize(t.datatype)
+	if width == 0 {
+		return 0, t.unsupported()
+	}
+	if size != n*width {
+		return 0, badInput("input %q: %d raw bytes for shape %v of %s (want %d)", t.name, size, t.shape, t.datatype, n*width)
+	}
+	return n, nil
+}
+
+// allocate makes room for n elements of t's (supported) datatype.
+func (t *tensor) allocate(n int) {
+	if t.datatype == "FP32" {
+		t.floats = make([]float32, n)
+		return
+	}
+	t.isInt, t.ints = true, make([]uint64, n)
+}
+
+// fill decodes raw's elements into t from element i on.
+func (t *tensor) fill(i int, raw []byte) {
+	switch t.datatype {
+	case "INT64", "UINT64":
+		for j := range t.ints[i : i+len(raw)/8] {
+			t.ints[i+j] = binary.LittleEndian.Uint64(raw[8*j:])
+		}
+	case "INT32":
+		for j := range t.ints[i : i+len(raw)/4] {
+			t.ints[i+j] = uint64(int64(int32(binary.LittleEndian.Uint32(raw[4*j:]))))
+		}
+	case "FP32":
+		for j := range t.floats[i : i+len(raw)/4] {
+			t.floats[i+j] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*j:]))
+		}
+	}
 }
 
 // checkCount verifies the data matches the shape.
@@ -162,13 +206,16 @@ func buildRequest(model, version string, inputs []tensor) (*router.Request, erro
 			return nil, badInput("input %q given twice", t.name)
 		}
 		seen[t.name] = true
+		if err := knownInput(t.name); err != nil {
+			return nil, err
+		}
+		if len(t.shape) != 1 {
+			return nil, badInput("input %q has shape %v: every input is 1-D (ids [nnz], row_splits [batch+1]); flatten it", t.name, t.shape)
+		}
 		if err := t.checkCount(); err != nil {
 			return nil, err
 		}
 		wantInt := t.name == inIDs || t.name == inSharedIDs || t.name == inRowSplits
-		if err := knownInput(t.name); err != nil {
-			return nil, err
-		}
 		if wantInt != t.isInt {
 			want := "FP32"
 			if wantInt {

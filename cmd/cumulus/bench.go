@@ -69,6 +69,9 @@ process), it reads the process's VmRSS from /proc before the load, every
 			if l.pid == 0 && addr == "" && l.rate > 0 {
 				l.pid = os.Getpid()
 			}
+			if addr != "" && (repo == "" || model == "") {
+				return fmt.Errorf("with --addr, give --repo and --model: bench draws its requests' ids from the model's generator settings, read from its manifest in the repository (the model must come from 'cumulus model gen')")
+			}
 			if addr == "" {
 				lb, err := startLocalBench(ctx, typ, params, devcluster.Options{Shards: shards})
 				if err != nil {

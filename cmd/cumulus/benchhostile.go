@@ -24,6 +24,7 @@ func benchHostileCommand() *cobra.Command {
 		sizes                            bench.HostileSizes
 		o                                bench.HostileOptions
 		load                             bench.LoadOptions
+		slow                             bench.SlowOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "hostile",
@@ -46,6 +47,16 @@ and again while one goroutine sends the hostile requests in turn, one at
 a time, back to back; it prints both p99s and their ratio (target: under
 2) and what was sent.
 
+With --slow grpc or --slow http it measures slow senders instead:
+--streams requests held in reception at once from --slow-from (another
+loopback address, so that the router can tell them from the good
+client), each announcing --announce bytes (a gRPC message's length
+prefix, an HTTP body's Content-Length) and sending one byte every
+--every, opened again whenever one is answered. It runs the good client
+alone, then beside them, and prints its QPS, p99 and refusals, both
+runs' router RSS, and the targets: QPS at least 90% of alone, p99 at
+most twice, nothing refused, peak RSS at most 64 MiB over alone's.
+
 With --addr (gRPC), --http-addr and --pid (the router's process) it
 targets a running router; --repo and --model name a model made by
 'cumulus model gen'. Without --addr, it generates a model, starts a dev
@@ -56,6 +67,9 @@ client's.`,
 			ctx := cmd.Context()
 			if o.Repeat < 1 || load.Concurrency < 1 || load.Duration <= 0 || sizes.Depth < 1 || sizes.JSONBytes < 1 || sizes.GRPCBytes < 1 {
 				return fmt.Errorf("--repeat, --concurrency, --duration, --depth, --json-bytes and --grpc-bytes must be positive")
+			}
+			if slow.Protocol != "" && slow.Protocol != "grpc" && slow.Protocol != "http" {
+				return fmt.Errorf("--slow %q: give grpc or http", slow.Protocol)
 			}
 			if addr != "" && (httpAddr == "" || pid == 0 || repo == "" || model == "") {
 				return fmt.Errorf("with --addr, give --http-addr, --pid (the router's process), --repo and --model")
@@ -76,6 +90,13 @@ client's.`,
 			m, err := generatedModel(repo, model)
 			if err != nil {
 				return err
+			}
+			if slow.Protocol != "" {
+				slow.Addr, slow.Model = addr, model
+				if slow.Protocol == "http" {
+					slow.Addr = httpAddr
+				}
+				return slowBeside(ctx, addr, load, slow, m, pid)
 			}
 			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -119,9 +140,93 @@ client's.`,
 	cmd.Flags().IntVar(&sizes.GRPCBytes, "grpc-bytes", 63<<20, "big-grpc: message size in bytes (63 MiB by default)")
 	cmd.Flags().IntVar(&load.Concurrency, "concurrency", 4, "good traffic: rank200 requests in flight")
 	cmd.Flags().DurationVar(&load.Duration, "duration", 5*time.Second, "good traffic: time alone, and again beside the hostile inputs")
+	cmd.Flags().StringVar(&slow.Protocol, "slow", "", "grpc or http: measure slow senders instead of the hostile inputs")
+	cmd.Flags().IntVar(&slow.Streams, "streams", 8, "with --slow: requests held in reception at once")
+	cmd.Flags().IntVar(&slow.Announce, "announce", 1000, "with --slow: bytes each request announces (gRPC length prefix, HTTP Content-Length)")
+	cmd.Flags().DurationVar(&slow.Every, "every", time.Second, "with --slow: pause between two bytes of a request")
+	cmd.Flags().StringVar(&slow.Source, "slow-from", "127.0.0.2", "with --slow: local address the slow senders send from")
 	return cmd
 }
 
+// slowBeside runs the good client (rank200 over gRPC at grpcAddr) alone,
+// then beside slow senders, each run watched for pid's RSS, and prints
+// both against the targets.
+func slowBeside(ctx context.Context, grpcAddr string, load bench.LoadOptions, slow bench.SlowOptions, m *codec.Manifest, pid int) error {
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	load.Model, load.Client = m.Name, kserveClient(conn)
+	gen := func() (*bench.Generator, error) {
+		return bench.NewGenerator(bench.Workloads["rank200"], *m.Generator, m.Params, 42)
+	}
+	warm := load
+	warm.MaxRequests = 200
+	if warm.Generator, err = gen(); err != nil {
+		return err
+	}
+	if r := bench.Run(ctx, warm); r.Errors > 0 {
+		return fmt.Errorf("warm-up: %d of %d requests failed: %v", r.Errors, r.Errors+r.Requests, r.FirstError)
+	}
+	fmt.Printf("\ngood client: rank200 over gRPC, closed loop, concurrency %d, %s alone, then %s beside %d slow %s requests from %s (each announcing %d bytes, one byte every %s)\n",
+		load.Concurrency, load.Duration, load.Duration, slow.Streams, slow.Protocol, slow.Source, slow.Announce, slow.Every)
+	run := func(label string) (bench.Result, bench.RSS, error) {
+		var res bench.Result
+		g, err := gen()
+		if err != nil {
+			return res, bench.RSS{}, err
+		}
+		l := load
+		l.Generator = g
+		rss := bench.WatchRSS(ctx, pid, 10*time.Millisecond, 0, func() { res = bench.Run(ctx, l) })
+		res.Print(os.Stdout, label)
+		rss.Print(os.Stdout, label)
+		return res, rss, nil
+	}
+	alone, aloneRSS, err := run("alone")
+	if err != nil {
+		return err
+	}
+	sctx, stop := context.WithCancel(ctx)
+	st, wait, err := bench.RunSlow(sctx, slow)
+	if err != nil {
+		stop()
+		return err
+	}
+	// Measure once every sender is in reception (or after 10s).
+	for t0 := time.Now(); st.Open() < slow.Streams && time.Since(t0) < 10*time.Second && ctx.Err() == nil; {
+		time.Sleep(10 * time.Millisecond)
+	}
+	st.Print(os.Stdout)
+	beside, besideRSS, err := run("beside")
+	st.Print(os.Stdout)
+	stop()
+	wait()
+	if err != nil {
+		return err
+	}
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "missed"
+	}
+	if alone.QPS() > 0 {
+		r := beside.QPS() / alone.QPS()
+		fmt.Printf("qps beside / alone: %.0f / %.0f = %.2f  [target >= 0.9: %s]\n", beside.QPS(), alone.QPS(), r, verdict(r >= 0.9))
+	}
+	if alone.P99 > 0 && beside.P99 > 0 {
+		r := float64(beside.P99) / float64(alone.P99)
+		fmt.Printf("p99 beside / alone: %s / %s = %.2f  [target <= 2: %s]\n", beside.P99.Round(time.Microsecond), alone.P99.Round(time.Microsecond), r, verdict(r <= 2))
+	}
+	fmt.Printf("good requests refused beside: %d  [target 0: %s]; other errors: %d\n", beside.Refused, verdict(beside.Refused == 0), beside.Errors-beside.Refused)
+	if aloneRSS.Peak > 0 && besideRSS.Peak > 0 {
+		d := besideRSS.Peak - aloneRSS.Peak
+		fmt.Printf("peak rss beside - alone: %.1f MiB  [target <= 64 MiB: %s]\n", float64(d)/(1<<20), verdict(d <= 64<<20))
+	}
+	return ctx.Err()
+}
 // goodBeside runs rank200 load alone and then beside the hostile inputs,
 // from generators of the same seed so both runs send the same requests,
 // and prints both and the ratio of their p99s.

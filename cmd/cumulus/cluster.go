@@ -75,6 +75,8 @@ type limitFlags struct {
 	maxRows, maxIDs, maxBytes int
 	timeout                   time.Duration
 	admit                     admitFlags
+	receiving, perPeer        byteSize
+	receiveTimeout            time.Duration
 }
 
 func (l *limitFlags) register(cmd *cobra.Command) {
@@ -83,6 +85,9 @@ func (l *limitFlags) register(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&l.maxBytes, "max-request-bytes", 0, "largest HTTP request body (default: what --max-ids and --max-batch-rows need as JSON, 40 bytes an id); gRPC messages are bounded by what they need, if less")
 	cmd.Flags().DurationVar(&l.timeout, "request-timeout", time.Second, "longest a request may take from its arrival; a caller's shorter deadline (gRPC's, or the timeout parameter) wins")
 	l.admit.register(cmd, "requests", "gRPC ResourceExhausted, HTTP 429", 4)
+	cmd.Flags().Var(&l.receiving, "max-receiving-bytes", "most bytes the requests still arriving may hold, all together; past it one is refused (default: half of --max-inflight-bytes, and at least two bodies of --max-request-bytes)")
+	cmd.Flags().Var(&l.perPeer, "max-receiving-per-peer", "most bytes the requests arriving from one client address may hold (default: a quarter of --max-receiving-bytes, and at least one body of --max-request-bytes)")
+	cmd.Flags().DurationVar(&l.receiveTimeout, "receive-timeout", 200*time.Millisecond, "longest a request's bytes may take to arrive, plus 200ms per MB of an HTTP body's Content-Length; then HTTP 408 and the connection closed, or gRPC DeadlineExceeded")
 }
 
 func (l *limitFlags) limits() router.Limits {
@@ -98,6 +103,7 @@ func (l *limitFlags) routerOptions(o router.Options) router.Options {
 func (l *limitFlags) serverOptions(o server.Options) server.Options {
 	o.Limits, o.MaxRequestBytes, o.RequestTimeout = l.limits(), l.maxBytes, l.timeout
 	o.MaxInflight, o.MaxInflightBytes, o.MaxQueueTime = l.admit.inflight, int64(l.admit.bytes), l.admit.queue
+	o.MaxReceivingBytes, o.MaxReceivingPerPeer, o.ReceiveTimeout = int64(l.receiving), int64(l.perPeer), l.receiveTimeout
 	return o
 }
 

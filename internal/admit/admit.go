@@ -38,6 +38,7 @@ type Gate struct {
 	size    int64
 	queue   time.Duration
 	waiting atomic.Int64
+	held    atomic.Int64 // weight admitted now
 	// hold is a moving average of how long admitted work held the gate,
 	// in nanoseconds per unit of weight; 0 until the first release.
 	hold atomic.Int64
@@ -63,6 +64,7 @@ type Ticket struct {
 func (g *Gate) Acquire(ctx context.Context, weight int64) (Ticket, error) {
 	weight = min(max(weight, 1), g.size)
 	if g.sem.TryAcquire(weight) {
+		g.held.Add(weight)
 		return Ticket{g, weight, time.Now()}, nil
 	}
 	// Join the queue and check its length in one step, so that a burst
@@ -79,7 +81,20 @@ func (g *Gate) Acquire(ctx context.Context, weight int64) (Ticket, error) {
 		}
 		return Ticket{}, ErrOverloaded
 	}
+	g.held.Add(weight)
 	return Ticket{g, weight, time.Now()}, nil
+}
+
+// Refusing reports whether Acquire of weight would be refused at once
+// now: the gate is full and its queue as long as it may be. A front asks
+// before it reads a request, so that under overload a refusal costs
+// nothing; the answer may be stale a moment later, and Acquire decides.
+func (g *Gate) Refusing(weight int64) bool {
+	weight = min(max(weight, 1), g.size)
+	if g.held.Load()+weight <= g.size {
+		return false
+	}
+	return g.queue <= 0 || g.waiting.Load()+1 > g.maxWaiting(weight)
 }
 
 // maxWaiting is how many requests of this weight the gate can serve
@@ -108,6 +123,7 @@ func (t Ticket) Release() {
 	} else {
 		t.g.hold.Store(max(old+(per-old)/16, 1))
 	}
+	t.g.held.Add(-t.weight)
 	t.g.sem.Release(t.weight)
 }
 

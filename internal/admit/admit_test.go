@@ -108,3 +108,43 @@ func TestReleaseLearnsHoldTime(t *testing.T) {
 		t.Fatalf("hold per unit %v after a 10 ms hold of weight 2", time.Duration(h))
 	}
 }
+
+// TestRefusing: Refusing says what Acquire would do at once: not while
+// the gate has room or its queue has, yes when both are full.
+func TestRefusing(t *testing.T) {
+	g := NewGate(2, time.Hour)
+	g.hold.Store(int64(1000 * time.Hour)) // one waiter allowed
+	if g.Refusing(1) {
+		t.Fatal("empty gate refusing")
+	}
+	a, _ := g.Acquire(context.Background(), 1)
+	if g.Refusing(1) {
+		t.Fatal("gate with room for one more refusing")
+	}
+	b, _ := g.Acquire(context.Background(), 1)
+	if g.Refusing(1) {
+		t.Fatal("full gate with an empty queue refusing")
+	}
+	queued := make(chan error)
+	go func() {
+		_, err := g.Acquire(context.Background(), 1)
+		queued <- err
+	}()
+	for g.Waiting() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if !g.Refusing(1) {
+		t.Fatal("full gate with a full queue not refusing")
+	}
+	a.Release()
+	if err := <-queued; err != nil {
+		t.Fatal(err)
+	}
+	b.Release()
+	if g.Refusing(2) {
+		t.Fatal("gate with one of two held refusing a weight of 2 with an empty queue")
+	}
+	if NewGate(1, 0).Refusing(2) {
+		t.Fatal("empty gate refusing a weight over its size (clamped: it runs alone)")
+	}
+}

@@ -1,0 +1,173 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/router"
+)
+
+// A request is received before it is admitted: while its bytes arrive it
+// holds no request slot, only the memory they take, counted here against
+// a budget for all requests in reception (Options.MaxReceivingBytes) and
+// one for each client address (Options.MaxReceivingPerPeer), and only
+// for its receive time (Options.ReceiveTimeout). So slow senders, however
+// many, cannot hold the slots that requests ready to be worked on need,
+// and cannot buy more memory than the bytes they actually send.
+//
+// What is counted: an HTTP body by the pooled chunks it has been read
+// into (body.go), and every request a fixed overhead for what it holds
+// besides (a goroutine, a connection's buffers), so that a client address
+// is also bounded in the number of requests it has in reception. gRPC
+// gives a handler no view of a message until it has arrived whole, so a
+// gRPC request in reception is counted at grpcReceiveCharge, an estimate;
+// what one stream can make the transport hold is bounded by the receive
+// limit (grpcRecvLimit) for its receive time, and the streams of one
+// connection by MaxConcurrentStreams.
+
+// receiveOverhead is what every request in reception is counted at
+// besides its bytes.
+const receiveOverhead = 4 << 10
+
+// grpcReceiveCharge is what a gRPC request in reception is counted at:
+// the overhead and one HTTP/2 flow-control window (64 KiB), the bytes a
+// client may send before the server reads them.
+const grpcReceiveCharge = receiveOverhead + 64<<10
+
+// bodyCharge is the most an HTTP body of n bytes is charged in
+// reception: the overhead and its chunks.
+func bodyCharge(n int64) int64 {
+	return receiveOverhead + firstChunk + chunkSize + n
+}
+
+// reception counts the bytes of requests in reception, in all and by
+// client address. Safe for concurrent use; one lock, taken a few times a
+// request (once per chunk of a body).
+type reception struct {
+	total, perPeer int64
+	mu             sync.Mutex
+	held           int64
+	peers          map[string]int64
+}
+
+func newReception(o *Options) *reception {
+	return &reception{total: o.MaxReceivingBytes, perPeer: o.MaxReceivingPerPeer, peers: map[string]int64{}}
+}
+
+// receiving is one request's share of reception. Not safe for
+// concurrent use; done must be called once.
+type receiving struct {
+	r    *reception
+	peer string
+	n    int64
+}
+
+// begin starts a request's reception from addr (a "host:port" remote
+// address), charging it overhead.
+func (r *reception) begin(addr string, overhead int64) (*receiving, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	x := &receiving{r: r, peer: host}
+	return x, x.take(overhead)
+}
+
+// errReceiving names the reception bound a request was refused by:
+// "receiving" (all requests) or "peer" (its client address).
+type errReceiving struct{ bound string }
+
+func (e errReceiving) Error() string {
+	if e.bound == "peer" {
+		return "the requests in reception from this client address hold as many bytes as one address may"
+	}
+	return "the requests in reception hold as many bytes as the server allows"
+}
+
+// take charges n more bytes, or refuses them when a bound would be past.
+func (x *receiving) take(n int64) error {
+	r := x.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.peers[x.peer]
+	switch {
+	case p+n > r.perPeer:
+		return errReceiving{"peer"}
+	case r.held+n > r.total:
+		return errReceiving{"receiving"}
+	}
+	r.held += n
+	r.peers[x.peer] = p + n
+	x.n += n
+	return nil
+}
+
+// done gives back everything the request was charged.
+func (x *receiving) done() {
+	if x == nil || x.n == 0 {
+		return
+	}
+	r := x.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held -= x.n
+	if p := r.peers[x.peer] - x.n; p > 0 {
+		r.peers[x.peer] = p
+	} else {
+		delete(r.peers, x.peer)
+	}
+	x.n = 0
+}
+
+// bytes is what all requests in reception are charged now.
+func (r *reception) bytes() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.held
+}
+
+// receiveDeadline is when a request that arrived at t0 must have arrived
+// whole: ReceiveTimeout, plus 200ms per MB of an announced length (an
+// HTTP body's Content-Length; -1 when unknown), and never after the
+// request's own deadline.
+func (s *Server) receiveDeadline(t0 time.Time, announced int64, request time.Time) time.Time {
+	d := s.opts.ReceiveTimeout
+	if announced > 0 {
+		d += time.Duration(announced) * receivePerByte
+	}
+	if at := t0.Add(d); at.Before(request) {
+		return at
+	}
+	return request
+}
+
+// receivePerByte is the receive time an announced byte adds: 200ms per
+// MB, 5 MB/s, slower than any client a ranking service runs.
+const receivePerByte = 200 * time.Millisecond / 1e6
+
+// receiveRefusal is the error for a request refused by a reception bound.
+func (s *Server) receiveRefusal(api string, e errReceiving, t0 time.Time) error {
+	s.adm.refused.WithLabelValues(api, e.bound).Inc()
+	s.adm.refusedIn.Observe(time.Since(t0).Seconds())
+	return fmt.Errorf("server: %w: %s; retry later", router.ErrResourceExhausted, e.Error())
+}
+
+// errReceiveTimeout is the error for a request whose bytes did not arrive
+// within its receive time: got of them did.
+// (-1: not known).
+func errReceiveTimeout(what string, got int64, d time.Duration) error {
+	arrived := ""
+	if got >= 0 {
+		arrived = fmt.Sprintf(" (%d of its bytes did)", got)
+	}
+	return fmt.Errorf("server: %w: %s did not arrive within its receive time of %s%s; send it faster or split it",
+		errReceiveTooSlow, what, d.Round(time.Millisecond), arrived)
+}
+
+// errReceiveTooSlow marks a request cut off for arriving too slowly (HTTP
+// 408, gRPC DeadlineExceeded), as opposed to one that missed its own
+// deadline (504).
+var errReceiveTooSlow = errors.New("request timeout")

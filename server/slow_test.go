@@ -1,0 +1,222 @@
+package server_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/cumulus-serving/cumulus/bench"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/router"
+	"github.com/cumulus-serving/cumulus/server"
+	"github.com/cumulus-serving/cumulus/server/kservepb"
+)
+
+// instant is a Predictor that answers every request at once.
+type instant struct{}
+
+func (instant) Predict(_ context.Context, req *router.Request) (*router.Response, error) {
+	return &router.Response{Model: req.Model, Version: 3, Scores: make([]float32, req.Rows())}, nil
+}
+func (instant) Ready() bool     { return true }
+func (instant) Revision() int64 { return 1 }
+func (instant) Model(name string) (router.ModelStatus, bool) {
+	return router.ModelStatus{Name: name, Ready: true, Live: 3, Versions: []uint64{3}, Type: "lr"}, name == "m"
+}
+
+func startInstant(t *testing.T, o server.Options) (*server.Server, kservepb.GRPCInferenceServiceClient) {
+	t.Helper()
+	o.Predictor, o.GRPCAddr, o.HTTPAddr = instant{}, "127.0.0.1:0", "127.0.0.1:0"
+	reg := prometheus.NewRegistry()
+	o.Registry, o.Gatherer = reg, reg
+	s, err := server.Start(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	conn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return s, kservepb.NewGRPCInferenceServiceClient(conn)
+}
+
+// slowSenders starts o's slow senders from 127.0.0.2 against s and stops
+// them when the test ends.
+func slowSenders(t *testing.T, s *server.Server, o bench.SlowOptions) *bench.SlowStats {
+	t.Helper()
+	o.Addr, o.Model, o.Source = s.GRPCAddr(), "m", "127.0.0.2"
+	if o.Protocol == "http" {
+		o.Addr = s.HTTPAddr()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st, wait, err := bench.RunSlow(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); wait() })
+	return st
+}
+
+// metric reads one sample of s's /metrics, 0 when absent.
+func metric(t *testing.T, s *server.Server, name string) float64 {
+	t.Helper()
+	_, body := get(t, s, "/metrics")
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindStringSubmatch(body)
+	if m == nil {
+		return 0
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatalf("metric %s: %v", name, err)
+	}
+	return v
+}
+
+// goodClient sends n requests over gRPC and n over REST, one at a time,
+// and fails the test for any that is not answered 200 / OK.
+func goodClient(t *testing.T, s *server.Server, client kservepb.GRPCInferenceServiceClient, n int) {
+	t.Helper()
+	for i := range n {
+		if _, err := client.ModelInfer(context.Background(), grpcOneRow()); err != nil {
+			t.Fatalf("good gRPC request %d: %v", i, err)
+		}
+		if code, body := postTo(t, s, "/v2/models/m/infer", oneRow); code != 200 {
+			t.Fatalf("good REST request %d: %d %s", i, code, body)
+		}
+	}
+}
+
+// TestSlowSendersHoldNoSlot: with gRPC streams and HTTP bodies trickling
+// in, more of them than the front has request slots, and a receive time
+// longer than the test, a good client's requests are all admitted: a
+// request in reception holds bytes, not a slot. (Before, the gRPC streams
+// took every slot and the good client was refused.)
+func TestSlowSendersHoldNoSlot(t *testing.T) {
+	s, client := startInstant(t, server.Options{MaxInflight: 2, MaxQueueTime: time.Millisecond,
+		RequestTimeout: time.Hour, ReceiveTimeout: time.Hour})
+	grpcSlow := slowSenders(t, s, bench.SlowOptions{Protocol: "grpc", Streams: 8, Every: 20 * time.Millisecond})
+	httpSlow := slowSenders(t, s, bench.SlowOptions{Protocol: "http", Streams: 8, Every: 20 * time.Millisecond})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		// Each gRPC stream is counted at 68 KiB, each body at 8 KiB.
+		if got, want := metric(t, s, "cumulus_receiving_bytes"), float64(8*(68<<10)+8*(8<<10)); got < want {
+			return fmt.Errorf("%v bytes in reception, want %v: slow senders not all in reception yet (%d gRPC, %d HTTP open)", got, want, grpcSlow.Open(), httpSlow.Open())
+		}
+		return nil
+	})
+	goodClient(t, s, client, 50)
+	if got := metric(t, s, "cumulus_receiving_bytes"); got < float64(8*(68<<10)+8*(8<<10)) {
+		t.Errorf("after the good client, %v bytes in reception: the slow senders should still be", got)
+	}
+}
+
+// TestOnePeerCannotTakeTheFront: slow senders from one address are held
+// to that address's share of reception, the rest refused and counted by
+// the bound, while a client on another address is served.
+func TestOnePeerCannotTakeTheFront(t *testing.T) {
+	// A body of 64 KiB needs 136 KiB of reception: 200 KiB per address
+	// takes two gRPC streams (68 KiB each).
+	s, client := startInstant(t, server.Options{MaxRequestBytes: 64 << 10, MaxReceivingPerPeer: 200 << 10,
+		RequestTimeout: time.Hour, ReceiveTimeout: time.Hour})
+	slowSenders(t, s, bench.SlowOptions{Protocol: "grpc", Streams: 6, Every: 20 * time.Millisecond})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := metric(t, s, `cumulus_admission_refused_total{api="grpc",bound="peer"}`); got == 0 {
+			return fmt.Errorf("no gRPC request refused by the per-address bound yet")
+		}
+		return nil
+	})
+	if got := metric(t, s, "cumulus_receiving_bytes"); got > 200<<10 {
+		t.Errorf("%v bytes in reception from one address, bound 200 KiB", got)
+	}
+	goodClient(t, s, client, 20)
+	// An HTTP body from the same address is refused too once it needs
+	// more than the 64 KiB left (4 KiB for the request, its first 4 KiB
+	// chunk, then 64 KiB), with 429 naming the address's share.
+	conn, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).Dial("tcp", s.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n%s", strings.Repeat(" ", 5000))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 429 || !strings.Contains(string(msg), "client address") {
+		t.Errorf("HTTP from the address at its share: %d %s, want 429 naming the client address", resp.StatusCode, msg)
+	}
+}
+
+// TestAnnouncedLengthCostsNothing: bodies announcing 40 MB and trickling
+// in are counted, and held in memory, by the chunks their bytes fill: a
+// few KiB each, not the 40 MB announced.
+func TestAnnouncedLengthCostsNothing(t *testing.T) {
+	s, client := startInstant(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: time.Hour})
+	slow := slowSenders(t, s, bench.SlowOptions{Protocol: "http", Streams: 10, Announce: 40_000_000, Every: 20 * time.Millisecond})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := metric(t, s, "cumulus_receiving_bytes"); got < 10*(8<<10) {
+			return fmt.Errorf("%v bytes in reception: the 10 senders not all in yet (%d open)", got, slow.Open())
+		}
+		return nil
+	})
+	if got := metric(t, s, "cumulus_receiving_bytes"); got > 10*(8<<10) {
+		t.Errorf("10 bodies announcing 40 MB, a few bytes each sent: %v bytes in reception, want 80 KiB", got)
+	}
+	goodClient(t, s, client, 10)
+}
+
+// TestReceiveTimeout: a request still arriving at the end of its receive
+// time is cut off, long before its own deadline: HTTP 408 with the
+// connection closed, gRPC DeadlineExceeded naming the receive time. The
+// server goes on serving.
+func TestReceiveTimeout(t *testing.T) {
+	s, client := startInstant(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 50 * time.Millisecond})
+	conn, err := net.Dial("tcp", s.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(oneRow), oneRow[:10])
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 408 || !resp.Close || !strings.Contains(string(msg), "did not arrive within its receive time") ||
+		!strings.Contains(string(msg), "10 of its bytes did") {
+		t.Errorf("trickled body: %d close=%v %s, want 408, the connection closed, naming the receive time", resp.StatusCode, resp.Close, msg)
+	}
+	gconn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gconn.Close()
+	stream, err := gconn.NewStream(context.Background(), &grpc.StreamDesc{ClientStreams: true}, kservepb.GRPCInferenceService_ModelInfer_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = stream.RecvMsg(new(kservepb.ModelInferResponse))
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "receive time") {
+		t.Errorf("gRPC message never sent: %v, want DeadlineExceeded naming the receive time", err)
+	}
+	goodClient(t, s, client, 5)
+	if got := metric(t, s, `cumulus_infer_requests_total{api="http",code="receive_timeout"}`); got != 1 {
+		t.Errorf("HTTP requests cut off counted: %v, want 1", got)
+	}
+}
