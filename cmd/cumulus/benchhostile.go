@@ -227,6 +227,7 @@ func slowBeside(ctx context.Context, grpcAddr string, load bench.LoadOptions, sl
 	}
 	return ctx.Err()
 }
+
 // goodBeside runs rank200 load alone and then beside the hostile inputs,
 // from generators of the same seed so both runs send the same requests,
 // and prints both and the ratio of their p99s.
