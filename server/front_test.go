@@ -363,20 +363,32 @@ func TestDeadlines(t *testing.T) {
 		_, err := client2.ModelInfer(context.Background(), grpcOneRow())
 		grpcDone <- err
 	}()
-	<-g2.arrived
-	g2.release <- struct{}{}
-	if err := <-grpcDone; err != nil {
-		t.Errorf("after the message that never came: %v", err)
+	select {
+	case <-g2.arrived:
+		g2.release <- struct{}{}
+		if err := <-grpcDone; err != nil {
+			t.Errorf("after the message that never came: %v", err)
+		}
+	case err := <-grpcDone:
+		t.Errorf("after the message that never came: %v, before reaching the predictor", err)
 	}
 	httpDone := make(chan string, 1)
 	go func() {
 		code, body := postTo(t, s2, "/v2/models/m/infer", oneRow)
 		httpDone <- fmt.Sprint(code, " ", body)
 	}()
-	<-g2.arrived
-	g2.release <- struct{}{}
-	if got := <-httpDone; !strings.HasPrefix(got, "200 ") {
-		t.Errorf("after the trickled body: %s", got)
+	select {
+	case <-g2.arrived:
+		select {
+		case g2.release <- struct{}{}:
+		case got := <-httpDone:
+			t.Fatalf("after the trickled body: %s, before it was released", got)
+		}
+		if got := <-httpDone; !strings.HasPrefix(got, "200 ") {
+			t.Errorf("after the trickled body: %s", got)
+		}
+	case got := <-httpDone:
+		t.Errorf("after the trickled body: %s, before reaching the predictor", got)
 	}
 }
 

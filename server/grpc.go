@@ -68,9 +68,10 @@ func (k *kserveGRPC) ModelMetadata(_ context.Context, r *kservepb.ModelMetadataR
 // asks (dec), so the handler decides what a request holds while its
 // message arrives. Under overload (every slot taken, the queue full) a
 // request is refused before its message is read, costing neither its
-// bytes nor its decoding; otherwise the message is received holding only
-// its share of reception (reception.go) and only for its receive time,
-// then it waits for a request slot. The request's time (RequestTimeout)
+// bytes nor its decoding; otherwise the message is received, as bytes,
+// holding only its share of reception (reception.go) and only for its
+// receive time, then it waits for a request slot, and only then is it
+// decoded (requestCodec.decode). The request's time (RequestTimeout)
 // counts from arrival and covers all of it.
 func (s *Server) inferenceService() *grpc.ServiceDesc {
 	desc := kservepb.GRPCInferenceService_ServiceDesc
@@ -92,14 +93,20 @@ func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) err
 	defer cancel()
 	var req *kservepb.ModelInferRequest
 	var err error
-	if s.adm.slots.Refusing(1) {
+	if s.adm.slots.Refusing(1, s.recv.admitting()) {
 		err = s.refusal(ctx, "grpc", "requests", admit.ErrOverloaded, t0)
-	} else if req, err = s.receiveGRPC(ctx, dec, t0, deadline); err == nil {
-		var slot admit.Ticket
-		if slot, err = s.adm.slots.Acquire(ctx, 1); err != nil {
-			err = s.refusal(ctx, "grpc", "requests", err, t0)
+	} else {
+		var msg receivedGRPC
+		if msg, err = s.receiveGRPC(ctx, dec, t0, deadline); err == nil {
+			var slot admit.Ticket
+			if slot, err = s.adm.slots.Acquire(ctx, 1); err != nil {
+				err = s.refusal(ctx, "grpc", "requests", err, t0)
+			} else {
+				req, err = s.codec.decode(msg.m)
+			}
+			msg.release() // decoded, or refused: its bytes go back now
+			defer slot.Release()
 		}
-		defer slot.Release()
 	}
 	if err != nil {
 		s.observe("grpc", err)
@@ -118,8 +125,10 @@ func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) err
 }
 
 // receiveGRPC receives the request's message within its receive time,
-// counted in reception from the client's address.
-func (s *Server) receiveGRPC(ctx context.Context, dec func(any) error, t0, deadline time.Time) (*kservepb.ModelInferRequest, error) {
+// counted in reception from the client's address: at grpcReceiveCharge
+// while it arrives, at its size once it has. The reception share is
+// given back with the message (receivedGRPC.release).
+func (s *Server) receiveGRPC(ctx context.Context, dec func(any) error, t0, deadline time.Time) (receivedGRPC, error) {
 	var addr string
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		addr = p.Addr.String()
@@ -127,34 +136,56 @@ func (s *Server) receiveGRPC(ctx context.Context, dec func(any) error, t0, deadl
 	x, err := s.recv.begin(addr, grpcReceiveCharge)
 	var refused errReceiving
 	if errors.As(err, &refused) {
-		return nil, s.receiveRefusal("grpc", refused, t0)
+		return receivedGRPC{}, s.receiveRefusal("grpc", refused, t0)
 	}
-	defer x.done()
 	rd := s.receiveDeadline(t0, -1, deadline)
 	rctx, cancel := context.WithDeadline(ctx, rd)
 	defer cancel()
-	req, err := receive(rctx, dec)
-	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
-		return nil, errReceiveTimeout("the request message", -1, rd.Sub(t0))
+	m, err := receive(rctx, dec)
+	x.arrived()
+	if err == nil {
+		if more := int64(m.size()) - (grpcReceiveCharge - receiveOverhead); more > 0 {
+			if err = x.take(more); errors.As(err, &refused) {
+				m.free()
+				err = s.receiveRefusal("grpc", refused, t0)
+			}
+		}
+	} else if ctx.Err() == nil && rctx.Err() != nil {
+		err = errReceiveTimeout("the request message", -1, rd.Sub(t0))
 	}
-	return req, err
+	if err != nil {
+		x.done()
+		return receivedGRPC{}, err
+	}
+	return receivedGRPC{m, x}, nil
 }
 
-// receive reads and decodes the request's message (counted before it is
-// decoded: requestCodec), giving up when ctx ends (returning from the
-// handler then ends the stream, and with it the read). gRPC's own
-// refusals (a message over the receive limit, one that is not protobuf)
-// keep their status.
-func receive(ctx context.Context, dec func(any) error) (*kservepb.ModelInferRequest, error) {
-	lr := &limitedRequest{req: new(kservepb.ModelInferRequest)}
+// receivedGRPC is a message received whole and its share of reception.
+type receivedGRPC struct {
+	m *receivedMessage
+	x *receiving
+}
+
+// release frees the message, if it was not decoded, and gives back its
+// share of reception.
+func (r receivedGRPC) release() {
+	if r.m != nil && r.m.raw != nil {
+		r.m.free()
+	}
+	r.x.done()
+}
+
+// receive reads the request's message, as bytes (requestCodec), giving
+// up when ctx ends (returning from the handler then ends the stream, and
+// with it the read). gRPC's own refusals (a message over the receive
+// limit, one that is not protobuf) keep their status.
+func receive(ctx context.Context, dec func(any) error) (*receivedMessage, error) {
+	m := &receivedMessage{}
 	done := make(chan error, 1)
-	go func() { done <- dec(lr) }()
+	go func() { done <- dec(m) }()
 	select {
 	case err := <-done:
-		if err == nil {
-			err = lr.err
-		}
-		return lr.req, err
+		return m, err
 	case <-ctx.Done():
 		return nil, router.ContextError(ctx, "the request message")
 	}

@@ -18,15 +18,27 @@ import (
 // refuses a message that carries more than the request limits allow. The
 // walk costs a pass over the bytes and allocates nothing.
 
-// limitedRequest is what the front asks gRPC to decode a ModelInferRequest
-// into (receive): err is set instead when the message carries too much.
-type limitedRequest struct {
-	req *kservepb.ModelInferRequest
-	err error
+// receivedMessage is what the front asks gRPC to decode a
+// ModelInferRequest into (receive): the codec keeps the message's bytes
+// as they arrived, and decode counts and decodes them later, once the
+// request has a slot, so that a request refused after it arrived costs
+// no decoding.
+type receivedMessage struct {
+	raw mem.BufferSlice
+}
+
+// size is the message's length in bytes.
+func (m *receivedMessage) size() int { return m.raw.Len() }
+
+// free gives the message's buffers back to gRPC's pool; the message is
+// empty after it.
+func (m *receivedMessage) free() {
+	m.raw.Free()
+	m.raw = nil
 }
 
 // requestCodec is the front's gRPC codec: protobuf (grpc's own codec),
-// but a limitedRequest is counted before it is decoded.
+// but a receivedMessage is kept as bytes, to be decoded by decode.
 type requestCodec struct {
 	encoding.CodecV2
 	lim         bodyLimits
@@ -40,19 +52,32 @@ func newRequestCodec(lim bodyLimits) requestCodec {
 }
 
 func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	lr, ok := v.(*limitedRequest)
+	m, ok := v.(*receivedMessage)
 	if !ok {
 		return c.CodecV2.Unmarshal(data, v)
 	}
-	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	data.Ref() // gRPC frees its reference when this returns
+	m.raw = data
+	return nil
+}
+
+// decode decodes a received message, counting what decoding would
+// allocate first and refusing a message that carries more than the
+// limits allow, and frees it.
+func (c requestCodec) decode(m *receivedMessage) (*kservepb.ModelInferRequest, error) {
+	buf := m.raw.MaterializeToBuffer(mem.DefaultBufferPool())
+	m.free()
 	defer buf.Free()
 	b := buf.ReadOnlyData()
 	s := protoScan{max: c.maxElements}
 	if s.message(b, msgRequest); s.n > s.max {
-		lr.err = badInput("the request message carries more than %d elements and fields: over what %d ids and %d rows need", s.max, c.lim.maxIDs, c.lim.maxRows)
-		return nil
+		return nil, badInput("the request message carries more than %d elements and fields: over what %d ids and %d rows need", s.max, c.lim.maxIDs, c.lim.maxRows)
 	}
-	return proto.Unmarshal(b, lr.req)
+	req := new(kservepb.ModelInferRequest)
+	if err := proto.Unmarshal(b, req); err != nil {
+		return nil, badInput("the request message is not a ModelInferRequest: %v", err)
+	}
+	return req, nil
 }
 
 // The messages of a ModelInferRequest, and how each field of theirs is

@@ -97,6 +97,13 @@ func (s *Server) httpInfer(w http.ResponseWriter, r *http.Request) {
 // past a limit; then its decoded bytes are admitted. A slow sender holds
 // bytes, never a slot.
 func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time) error {
+	deadline := t0.Add(s.opts.RequestTimeout)
+	rd := s.receiveDeadline(t0, r.ContentLength, deadline)
+	// From here on the body arrives within its receive time, also when
+	// it is refused unread: net/http then reads and discards a small one
+	// to keep the connection, and must not wait on a slow sender for it.
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(rd)
 	model := r.PathValue("name")
 	if err := s.knownModel(model); err != nil {
 		return err
@@ -105,14 +112,13 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 		w.Header().Set("Connection", "close") // the body is not read
 		return badInput("request body of %d bytes is over the limit of %d bytes", r.ContentLength, s.opts.MaxRequestBytes)
 	}
-	deadline := t0.Add(s.opts.RequestTimeout)
 	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	defer cancel()
-	if s.adm.slots.Refusing(1) {
+	if s.adm.slots.Refusing(1, s.recv.admitting()) {
 		closeUnread(w, r)
 		return s.refusal(ctx, "http", "requests", admit.ErrOverloaded, t0)
 	}
-	b, err := s.receiveHTTP(w, r, t0, deadline)
+	b, err := s.receiveHTTP(w, r, rc, t0, rd, deadline)
 	if err != nil {
 		return err
 	}
@@ -173,25 +179,28 @@ func (b receivedBody) release() {
 	b.x.done()
 }
 
-// receiveHTTP reads r's body within its receive time (receiveDeadline),
-// counted in reception. A body refused by a reception bound, or cut off,
+// receiveHTTP reads r's body within its receive time rd (already the
+// connection's read deadline: inferHTTP), counted in reception. A body refused by a reception bound, or cut off,
 // gets its answer with the connection closed: the rest of it is never
 // read.
-func (s *Server) receiveHTTP(w http.ResponseWriter, r *http.Request, t0, deadline time.Time) (receivedBody, error) {
+func (s *Server) receiveHTTP(w http.ResponseWriter, r *http.Request, rc *http.ResponseController, t0, rd, deadline time.Time) (receivedBody, error) {
 	x, err := s.recv.begin(r.RemoteAddr, receiveOverhead)
 	var refused errReceiving
 	if errors.As(err, &refused) {
 		closeUnread(w, r)
 		return receivedBody{}, s.receiveRefusal("http", refused, t0)
 	}
-	rd := s.receiveDeadline(t0, r.ContentLength, deadline)
-	rc := http.NewResponseController(w)
-	rc.SetReadDeadline(rd)
 	b, err := readBody(r, s.opts.MaxRequestBytes, x)
-	// net/http reads on in the background once the body has ended, and
-	// a deadline passing then would cancel the request: give it the
-	// request's.
-	rc.SetReadDeadline(deadline)
+	x.arrived()
+	// Once the body has ended, net/http reads on in the background (to
+	// see the client leave), and a deadline passing then would cancel
+	// the context of the connection, so of every request it carries
+	// after this one: no deadline now. If it passed already, the
+	// connection is not kept.
+	rc.SetReadDeadline(time.Time{})
+	if !time.Now().Before(rd) {
+		w.Header().Set("Connection", "close")
+	}
 	var cut errBodyCut
 	switch {
 	case err == nil:

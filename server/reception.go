@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cumulus-serving/cumulus/router"
@@ -51,7 +52,17 @@ type reception struct {
 	mu             sync.Mutex
 	held           int64
 	peers          map[string]int64
+	// fresh counts the requests whose reception began less than
+	// freshReception ago and has not ended: under load they are about to
+	// want a slot, and admission counts them as queued (admitting).
+	fresh atomic.Int64
 }
+
+// freshReception is how long a request in reception counts as about to
+// queue for a slot. A request from a client on the same network arrives
+// well within it; one that takes longer is slow, and is left out, so
+// that slow senders cannot make admission refuse others.
+const freshReception = 10 * time.Millisecond
 
 func newReception(o *Options) *reception {
 	return &reception{total: o.MaxReceivingBytes, perPeer: o.MaxReceivingPerPeer, peers: map[string]int64{}}
@@ -60,9 +71,10 @@ func newReception(o *Options) *reception {
 // receiving is one request's share of reception. Not safe for
 // concurrent use; done must be called once.
 type receiving struct {
-	r    *reception
-	peer string
-	n    int64
+	r     *reception
+	peer  string
+	n     int64
+	fresh *time.Timer // while it runs, the request counts in r.fresh
 }
 
 // begin starts a request's reception from addr (a "host:port" remote
@@ -73,8 +85,29 @@ func (r *reception) begin(addr string, overhead int64) (*receiving, error) {
 		host = addr
 	}
 	x := &receiving{r: r, peer: host}
-	return x, x.take(overhead)
+	if err := x.take(overhead); err != nil {
+		return x, err
+	}
+	r.fresh.Add(1)
+	x.fresh = time.AfterFunc(freshReception, func() { r.fresh.Add(-1) })
+	return x, nil
 }
+
+// arrived ends the request's time as fresh: its bytes are all here (or
+// never will be).
+func (x *receiving) arrived() {
+	if x == nil || x.fresh == nil {
+		return
+	}
+	if x.fresh.Stop() {
+		x.r.fresh.Add(-1)
+	}
+	x.fresh = nil
+}
+
+// admitting is how many requests are about to queue for a slot: those
+// in fresh reception.
+func (r *reception) admitting() int64 { return r.fresh.Load() }
 
 // errReceiving names the reception bound a request was refused by:
 // "receiving" (all requests) or "peer" (its client address).
@@ -107,6 +140,7 @@ func (x *receiving) take(n int64) error {
 
 // done gives back everything the request was charged.
 func (x *receiving) done() {
+	x.arrived()
 	if x == nil || x.n == 0 {
 		return
 	}

@@ -163,6 +163,7 @@ type Server struct {
 	done      sync.WaitGroup
 	adm       *admission
 	recv      *reception
+	codec     requestCodec
 	requests  *prometheus.CounterVec
 	latencies *prometheus.HistogramVec
 	draining  atomic.Bool
@@ -174,7 +175,8 @@ func Start(opts Options) (*Server, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, adm: newAdmission(&opts), recv: newReception(&opts)}
+	s := &Server{opts: opts, adm: newAdmission(&opts), recv: newReception(&opts),
+		codec: newRequestCodec(bodyLimits{maxIDs: opts.Limits.MaxIDs, maxRows: opts.Limits.MaxRows})}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_infer_requests_total", Help: "Infer requests by API and outcome."}, []string{"api", "code"})
 	s.latencies = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "cumulus_infer_seconds", Help: "Infer latency by API.",
 		Buckets: prometheus.ExponentialBuckets(100e-6, 2, 16)}, []string{"api"})
@@ -197,7 +199,7 @@ func Start(opts Options) (*Server, error) {
 		// Streams past admission are refused at once, not queued in the
 		// transport; this only bounds what one connection can pile up.
 		grpc.MaxConcurrentStreams(uint32(max(4*opts.MaxInflight, 100))),
-		grpc.ForceServerCodecV2(newRequestCodec(bodyLimits{maxIDs: opts.Limits.MaxIDs, maxRows: opts.Limits.MaxRows})))
+		grpc.ForceServerCodecV2(s.codec))
 	s.grpc.RegisterService(s.inferenceService(), &kserveGRPC{s: s})
 	healthpb.RegisterHealthServer(s.grpc, healthService{s: s})
 	reflection.Register(s.grpc)

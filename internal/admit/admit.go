@@ -86,15 +86,17 @@ func (g *Gate) Acquire(ctx context.Context, weight int64) (Ticket, error) {
 }
 
 // Refusing reports whether Acquire of weight would be refused at once
-// now: the gate is full and its queue as long as it may be. A front asks
-// before it reads a request, so that under overload a refusal costs
-// nothing; the answer may be stale a moment later, and Acquire decides.
-func (g *Gate) Refusing(weight int64) bool {
+// now, with ahead more requests about to join the queue (a front counts
+// those whose bytes are arriving fast): the gate is full and its queue
+// as long as it may be. A front asks before it reads a request, so that
+// under overload a refusal costs nothing; the answer may be stale a
+// moment later, and Acquire decides.
+func (g *Gate) Refusing(weight, ahead int64) bool {
 	weight = min(max(weight, 1), g.size)
 	if g.held.Load()+weight <= g.size {
 		return false
 	}
-	return g.queue <= 0 || g.waiting.Load()+1 > g.maxWaiting(weight)
+	return g.queue <= 0 || g.waiting.Load()+ahead+1 > g.maxWaiting(weight)
 }
 
 // maxWaiting is how many requests of this weight the gate can serve

@@ -114,16 +114,19 @@ func TestReleaseLearnsHoldTime(t *testing.T) {
 func TestRefusing(t *testing.T) {
 	g := NewGate(2, time.Hour)
 	g.hold.Store(int64(1000 * time.Hour)) // one waiter allowed
-	if g.Refusing(1) {
+	if g.Refusing(1, 0) {
 		t.Fatal("empty gate refusing")
 	}
 	a, _ := g.Acquire(context.Background(), 1)
-	if g.Refusing(1) {
+	if g.Refusing(1, 0) {
 		t.Fatal("gate with room for one more refusing")
 	}
 	b, _ := g.Acquire(context.Background(), 1)
-	if g.Refusing(1) {
+	if g.Refusing(1, 0) {
 		t.Fatal("full gate with an empty queue refusing")
+	}
+	if !g.Refusing(1, 1) {
+		t.Fatal("full gate with an empty queue, one coming for the one place, not refusing")
 	}
 	queued := make(chan error)
 	go func() {
@@ -133,18 +136,21 @@ func TestRefusing(t *testing.T) {
 	for g.Waiting() == 0 {
 		time.Sleep(time.Millisecond)
 	}
-	if !g.Refusing(1) {
+	if !g.Refusing(1, 0) {
 		t.Fatal("full gate with a full queue not refusing")
+	}
+	if !g.Refusing(1, 1) {
+		t.Fatal("full gate with a full queue and one more coming not refusing")
 	}
 	a.Release()
 	if err := <-queued; err != nil {
 		t.Fatal(err)
 	}
 	b.Release()
-	if g.Refusing(2) {
+	if g.Refusing(2, 0) {
 		t.Fatal("gate with one of two held refusing a weight of 2 with an empty queue")
 	}
-	if NewGate(1, 0).Refusing(2) {
+	if NewGate(1, 0).Refusing(2, 0) {
 		t.Fatal("empty gate refusing a weight over its size (clamped: it runs alone)")
 	}
 }

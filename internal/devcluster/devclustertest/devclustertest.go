@@ -22,6 +22,11 @@ import (
 // for it to be ready, and stops it when the test ends.
 func Start(tb testing.TB, o devcluster.Options) *devcluster.Cluster {
 	tb.Helper()
+	if o.DataDir == "" {
+		// The test's own directory: removed when it ends, and a removal
+		// that fails fails the test, so nothing is left behind unseen.
+		o.DataDir = tb.TempDir()
+	}
 	c, err := devcluster.Start(context.Background(), o)
 	if err != nil {
 		tb.Fatal(err)
