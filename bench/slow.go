@@ -165,25 +165,27 @@ func RunSlow(ctx context.Context, o SlowOptions) (*SlowStats, func(), error) {
 	return st, wg.Wait, nil
 }
 
-// dial connects to o.Addr from o.Source.
-func (o SlowOptions) dial(ctx context.Context) (net.Conn, error) {
+// eachConn calls use with a new connection to o.Addr from o.Source, one
+// after another, until ctx ends; a failed dial is tried again after a
+// pause, so that a sender does not spin when the server is gone.
+func (o SlowOptions) eachConn(ctx context.Context, use func(net.Conn)) {
 	d := net.Dialer{Timeout: 5 * time.Second}
 	if o.Source != "" {
 		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(o.Source)}
 	}
-	return d.DialContext(ctx, "tcp", o.Addr)
-}
-
-// pause waits o.Every or until ctx ends; a pause after a failure keeps a
-// sender from spinning when the server is gone.
-func pause(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
+	for ctx.Err() == nil {
+		conn, err := d.DialContext(ctx, "tcp", o.Addr)
+		if err != nil {
+			t := time.NewTimer(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
+		use(conn)
+		conn.Close()
 	}
 }
 
@@ -191,23 +193,14 @@ func pause(ctx context.Context, d time.Duration) bool {
 // own: the headers, then one byte of body (a JSON space) every o.Every,
 // until the server answers or closes.
 func slowHTTP(ctx context.Context, o SlowOptions, st *SlowStats) {
-	for ctx.Err() == nil {
-		conn, err := o.dial(ctx)
-		if err != nil {
-			if !pause(ctx, 100*time.Millisecond) {
-				return
-			}
-			continue
-		}
+	o.eachConn(ctx, func(conn net.Conn) {
 		st.opening()
 		answer, err := slowHTTPRequest(ctx, o, conn, st)
-		conn.Close()
 		if ctx.Err() != nil {
-			st.ended("", nil)
-			return
+			answer, err = "", nil
 		}
 		st.ended(answer, err)
-	}
+	})
 }
 
 func slowHTTPRequest(ctx context.Context, o SlowOptions, conn net.Conn, st *SlowStats) (string, error) {
@@ -255,18 +248,10 @@ func slowHTTPRequest(ctx context.Context, o SlowOptions, conn net.Conn, st *Slow
 // slowGRPC holds n slow streams open on one HTTP/2 connection, and opens
 // the connection again when it ends.
 func slowGRPC(ctx context.Context, o SlowOptions, n int, st *SlowStats) {
-	for ctx.Err() == nil {
-		conn, err := o.dial(ctx)
-		if err != nil {
-			if !pause(ctx, 100*time.Millisecond) {
-				return
-			}
-			continue
-		}
+	o.eachConn(ctx, func(conn net.Conn) {
 		c := &h2conn{conn: conn, fr: http2.NewFramer(conn, conn), o: o, st: st, streams: map[uint32]bool{}, next: 1}
 		c.run(ctx, n)
-		conn.Close()
-	}
+	})
 }
 
 // h2conn is a raw HTTP/2 client connection carrying slow gRPC streams.

@@ -327,33 +327,14 @@ func TestDeadlines(t *testing.T) {
 		t.Errorf("server bound of 100 ms, predictor holding: %d, want 504", code)
 	}
 	<-g2.arrived
-	conn, err := net.Dial("tcp", s2.HTTPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(oneRow), oneRow[:10])
 	// Nothing more is sent; the server must give up on the body.
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("trickled body: no answer: %v", err)
-	}
-	msg, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 504 || !strings.Contains(string(msg), "did not arrive within the request's time") {
+	resp, msg := rawPost(t, s2.HTTPAddr(), "", len(oneRow), oneRow[:10])
+	if resp.StatusCode != 504 || !strings.Contains(msg, "did not arrive within the request's time") {
 		t.Errorf("trickled body: %d %s, want 504 saying the body did not arrive", resp.StatusCode, msg)
 	}
-	// A gRPC stream whose message never comes holds the one slot only for
-	// the request's time, then is DeadlineExceeded.
-	gconn, err := grpc.NewClient(s2.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gconn.Close()
-	stream, err := gconn.NewStream(context.Background(), &grpc.StreamDesc{ClientStreams: true}, kservepb.GRPCInferenceService_ModelInfer_FullMethodName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.RecvMsg(new(kservepb.ModelInferResponse)); status.Code(err) != codes.DeadlineExceeded {
+	// A gRPC stream whose message never comes holds no slot, and only
+	// for the request's time, then is DeadlineExceeded.
+	if err := neverSent(t, s2.GRPCAddr()); status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("gRPC message never sent: %v, want DeadlineExceeded", err)
 	}
 	// Released as soon as they reach the predictor: the server's bound is

@@ -52,17 +52,11 @@ type reception struct {
 	mu             sync.Mutex
 	held           int64
 	peers          map[string]int64
-	// fresh counts the requests whose reception began less than
-	// freshReception ago and has not ended: under load they are about to
-	// want a slot, and admission counts them as queued (admitting).
-	fresh atomic.Int64
+	// arriving counts the requests in reception: under load they are
+	// about to want a slot, and the refusal admission makes before
+	// reading counts them as queued (admitting).
+	arriving atomic.Int64
 }
-
-// freshReception is how long a request in reception counts as about to
-// queue for a slot. A request from a client on the same network arrives
-// well within it; one that takes longer is slow, and is left out, so
-// that slow senders cannot make admission refuse others.
-const freshReception = 10 * time.Millisecond
 
 func newReception(o *Options) *reception {
 	return &reception{total: o.MaxReceivingBytes, perPeer: o.MaxReceivingPerPeer, peers: map[string]int64{}}
@@ -71,10 +65,10 @@ func newReception(o *Options) *reception {
 // receiving is one request's share of reception. Not safe for
 // concurrent use; done must be called once.
 type receiving struct {
-	r     *reception
-	peer  string
-	n     int64
-	fresh *time.Timer // while it runs, the request counts in r.fresh
+	r        *reception
+	peer     string
+	n        int64
+	arriving bool // counted in r.arriving
 }
 
 // begin starts a request's reception from addr (a "host:port" remote
@@ -88,26 +82,26 @@ func (r *reception) begin(addr string, overhead int64) (*receiving, error) {
 	if err := x.take(overhead); err != nil {
 		return x, err
 	}
-	r.fresh.Add(1)
-	x.fresh = time.AfterFunc(freshReception, func() { r.fresh.Add(-1) })
+	r.arriving.Add(1)
+	x.arriving = true
 	return x, nil
 }
 
-// arrived ends the request's time as fresh: its bytes are all here (or
+// arrived ends the request's reception: its bytes are all here (or
 // never will be).
 func (x *receiving) arrived() {
-	if x == nil || x.fresh == nil {
+	if x == nil || !x.arriving {
 		return
 	}
-	if x.fresh.Stop() {
-		x.r.fresh.Add(-1)
-	}
-	x.fresh = nil
+	x.r.arriving.Add(-1)
+	x.arriving = false
 }
 
 // admitting is how many requests are about to queue for a slot: those
-// in fresh reception.
-func (r *reception) admitting() int64 { return r.fresh.Load() }
+// in reception. Slow senders are among them, so they make a front at
+// its capacity refuse sooner; they cannot make one below it refuse
+// (admit.Gate.Refusing).
+func (r *reception) admitting() int64 { return r.arriving.Load() }
 
 // errReceiving names the reception bound a request was refused by:
 // "receiving" (all requests) or "peer" (its client address).

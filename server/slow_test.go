@@ -88,6 +88,48 @@ func metric(t *testing.T, s *server.Server, name string) float64 {
 	return v
 }
 
+// rawPost sends an infer request's headers announcing contentLength
+// bytes, and sent of them, from the local address from ("" for any), and
+// reads the answer that comes without the rest.
+func rawPost(t *testing.T, addr, from string, contentLength int, sent string) (*http.Response, string) {
+	t.Helper()
+	d := net.Dialer{}
+	if from != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
+	}
+	conn, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", contentLength, sent)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("%d bytes announced, %d sent: no answer: %v", contentLength, len(sent), err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(msg)
+}
+
+// neverSent opens a ModelInfer stream whose message never comes and
+// returns how it ends.
+func neverSent(t *testing.T, addr string) error {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true}, kservepb.GRPCInferenceService_ModelInfer_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stream.RecvMsg(new(kservepb.ModelInferResponse))
+}
+
 // goodClient sends n requests over gRPC and n over REST, one at a time,
 // and fails the test for any that is not answered 200 / OK.
 func goodClient(t *testing.T, s *server.Server, client kservepb.GRPCInferenceServiceClient, n int) {
@@ -147,18 +189,8 @@ func TestOnePeerCannotTakeTheFront(t *testing.T) {
 	// An HTTP body from the same address is refused too once it needs
 	// more than the 64 KiB left (4 KiB for the request, its first 4 KiB
 	// chunk, then 64 KiB), with 429 naming the address's share.
-	conn, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).Dial("tcp", s.HTTPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n%s", strings.Repeat(" ", 5000))
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 429 || !strings.Contains(string(msg), "client address") {
+	resp, msg := rawPost(t, s.HTTPAddr(), "127.0.0.2", 60000, strings.Repeat(" ", 5000))
+	if resp.StatusCode != 429 || !strings.Contains(msg, "client address") {
 		t.Errorf("HTTP from the address at its share: %d %s, want 429 naming the client address", resp.StatusCode, msg)
 	}
 }
@@ -187,32 +219,12 @@ func TestAnnouncedLengthCostsNothing(t *testing.T) {
 // server goes on serving.
 func TestReceiveTimeout(t *testing.T) {
 	s, client := startInstant(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 50 * time.Millisecond})
-	conn, err := net.Dial("tcp", s.HTTPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(oneRow), oneRow[:10])
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 408 || !resp.Close || !strings.Contains(string(msg), "did not arrive within its receive time") ||
-		!strings.Contains(string(msg), "10 of its bytes did") {
+	resp, msg := rawPost(t, s.HTTPAddr(), "", len(oneRow), oneRow[:10])
+	if resp.StatusCode != 408 || !resp.Close || !strings.Contains(msg, "did not arrive within its receive time") ||
+		!strings.Contains(msg, "10 of its bytes did") {
 		t.Errorf("trickled body: %d close=%v %s, want 408, the connection closed, naming the receive time", resp.StatusCode, resp.Close, msg)
 	}
-	gconn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gconn.Close()
-	stream, err := gconn.NewStream(context.Background(), &grpc.StreamDesc{ClientStreams: true}, kservepb.GRPCInferenceService_ModelInfer_FullMethodName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = stream.RecvMsg(new(kservepb.ModelInferResponse))
-	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "receive time") {
+	if err := neverSent(t, s.GRPCAddr()); status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "receive time") {
 		t.Errorf("gRPC message never sent: %v, want DeadlineExceeded naming the receive time", err)
 	}
 	goodClient(t, s, client, 5)
