@@ -71,15 +71,17 @@ func readBody(r *http.Request, limit int, x *receiving) (*body, error) {
 		if r.ContentLength >= 0 { // within the limit (inferHTTP): exactly that
 			buf = buf[:min(int64(len(buf)), r.ContentLength-int64(b.n))]
 		}
-		n, err := io.ReadFull(src, buf)
+		n, err := fill(src, buf)
 		b.n += n
 		switch {
 		case r.ContentLength >= 0 && int64(b.n) == r.ContentLength:
 			return b, nil
 		case err == nil:
 			continue
-		case r.ContentLength < 0 && (err == io.EOF || err == io.ErrUnexpectedEOF):
+		case r.ContentLength < 0 && err == io.EOF:
 			return b, nil
+		case err == io.EOF: // before the announced length
+			err = io.ErrUnexpectedEOF
 		}
 		n = b.n
 		b.free()
@@ -93,6 +95,23 @@ func readBody(r *http.Request, limit int, x *receiving) (*body, error) {
 		}
 		return nil, badInput("reading the request body after %d bytes: %v", b.n, err)
 	}
+}
+
+// fill reads into buf until it is full (nil), the body ends (io.EOF,
+// with what it read), or reading fails. Unlike io.ReadFull, a body that
+// ends is never confused with one cut off: net/http reports a chunked
+// body whose connection ended before its last chunk as
+// io.ErrUnexpectedEOF, and that stays an error.
+func fill(src io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		k, err := src.Read(buf[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // free gives the chunks back to their pools.

@@ -115,7 +115,7 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	defer cancel()
 	if s.adm.slots.Refusing(1, s.recv.admitting()) {
-		closeUnread(w, r)
+		closeUnread(w, r, rc)
 		return s.refusal(ctx, "http", "requests", admit.ErrOverloaded, t0)
 	}
 	b, err := s.receiveHTTP(w, r, rc, t0, rd, deadline)
@@ -187,24 +187,30 @@ func (s *Server) receiveHTTP(w http.ResponseWriter, r *http.Request, rc *http.Re
 	x, err := s.recv.begin(r.RemoteAddr, receiveOverhead)
 	var refused errReceiving
 	if errors.As(err, &refused) {
-		closeUnread(w, r)
+		closeUnread(w, r, rc)
 		return receivedBody{}, s.receiveRefusal("http", refused, t0)
 	}
 	b, err := readBody(r, s.opts.MaxRequestBytes, x)
 	x.arrived()
-	// Once the body has ended, net/http reads on in the background (to
-	// see the client leave), and a deadline passing then would cancel
-	// the context of the connection, so of every request it carries
-	// after this one: no deadline now. If it passed already, the
-	// connection is not kept.
-	rc.SetReadDeadline(time.Time{})
-	if !time.Now().Before(rd) {
-		w.Header().Set("Connection", "close")
+	if err == nil {
+		// Once the body has ended, net/http reads on in the background
+		// (to see the client leave), and a deadline passing then would
+		// cancel the context of the connection, so of every request it
+		// carries after this one: no deadline now. If it passed already,
+		// the connection is not kept.
+		rc.SetReadDeadline(time.Time{})
+		if !time.Now().Before(rd) {
+			w.Header().Set("Connection", "close")
+		}
+		return receivedBody{b, x}, nil
 	}
+	// The rest of the body is never read: the connection closes after
+	// the answer, and net/http must not wait on the sender to discard
+	// what is left of it first.
+	w.Header().Set("Connection", "close")
+	rc.SetReadDeadline(time.Now())
 	var cut errBodyCut
 	switch {
-	case err == nil:
-		return receivedBody{b, x}, nil
 	case errors.As(err, &refused):
 		err = s.receiveRefusal("http", refused, t0)
 	case errors.As(err, &cut) && rd.Before(deadline):
@@ -213,16 +219,16 @@ func (s *Server) receiveHTTP(w http.ResponseWriter, r *http.Request, rc *http.Re
 		err = errBodyDeadline(cut)
 	}
 	x.done()
-	w.Header().Set("Connection", "close")
 	return receivedBody{}, err
 }
 
 // closeUnread has a refused request answered without its body being
 // read: net/http would otherwise read what it can of it first, to keep
 // the connection. A small body is still read and discarded, keeping it.
-func closeUnread(w http.ResponseWriter, r *http.Request) {
+func closeUnread(w http.ResponseWriter, r *http.Request, rc *http.ResponseController) {
 	if r.ContentLength < 0 || r.ContentLength > unreadBodyToDiscard {
 		w.Header().Set("Connection", "close")
+		rc.SetReadDeadline(time.Now())
 	}
 }
 

@@ -232,3 +232,51 @@ func TestReceiveTimeout(t *testing.T) {
 		t.Errorf("HTTP requests cut off counted: %v, want 1", got)
 	}
 }
+
+// TestCutOffConnectionClosed: a connection whose body was cut off at its
+// receive time is closed by the server right after the 408, not held
+// while net/http waits to discard the rest of a body that never comes.
+func TestCutOffConnectionClosed(t *testing.T) {
+	s, client := startInstant(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 50 * time.Millisecond})
+	conn, err := net.Dial("tcp", s.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n{")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	if resp.StatusCode != 408 {
+		t.Fatalf("trickled body: %d, want 408", resp.StatusCode)
+	}
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if n, err := br.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("after the 408: read %d bytes, %v; want the server to have closed the connection (EOF)", n, err)
+	}
+	goodClient(t, s, client, 2)
+}
+
+// TestTruncatedChunkedBody: a chunked body whose connection ends before
+// its last chunk is refused as incomplete, never decoded as if whole.
+func TestTruncatedChunkedBody(t *testing.T) {
+	s, _ := startInstant(t, server.Options{RequestTimeout: time.Hour})
+	conn, err := net.Dial("tcp", s.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(oneRow), oneRow)
+	conn.(*net.TCPConn).CloseWrite() // no last chunk
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 400 || !strings.Contains(string(msg), "reading the request body") {
+		t.Errorf("chunked body without its last chunk: %d %s, want 400", resp.StatusCode, msg)
+	}
+}
