@@ -42,6 +42,9 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 			s.loadVersion(ctx, a, v, want[name][v])
 		}
 	}
+	// Failures of versions the map no longer keeps on this shard will
+	// never be retried: forget them.
+	s.forget(func(f *failure) bool { _, ok := want[f.model][f.version]; return !ok })
 	s.retire(want)
 	s.promote(ctx, as)
 	s.reg.Set(s.info())
@@ -81,6 +84,10 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 	held := s.snap.Load().get(name, v)
 	missing := slices.DeleteFunc(slices.Clone(parts), func(p uint32) bool { return held != nil && held.layers[p] != nil })
 	if len(missing) == 0 {
+		// Held whole: whatever failed before no longer matters (a
+		// failure remembered would be retried, and the shard woken, for
+		// ever).
+		s.forget(func(f *failure) bool { return f.model == name && f.version == v })
 		return
 	}
 	vkey := fmt.Sprintf("%s/%d", name, v)
@@ -89,7 +96,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 	}
 	chain, err := s.opts.Repo.Chain(name, v)
 	if err != nil {
-		s.refuse(vkey, err)
+		s.refuse(name, v, vkey, err)
 		return
 	}
 	versions := codec.ChainVersions(chain)
@@ -104,7 +111,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 			}
 		}
 		s.mismatched[vkey] = wrong
-		s.refuse(vkey, err)
+		s.refuse(name, v, vkey, err)
 		return
 	}
 	var wrong topo.Loaded
@@ -130,7 +137,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 			layers, err = s.loadStack(chain, p)
 		}
 		if err != nil {
-			s.refuse(pkey, err)
+			s.refuse(name, v, pkey, err)
 			continue
 		}
 		delete(s.failed, pkey)
@@ -140,7 +147,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 	if len(wrong.Have) > 0 {
 		wrong.Model, wrong.Version = name, v
 		s.mismatched[vkey] = wrong
-		s.refuse(vkey, fmt.Errorf("shard: the repository's partitions %v differ from the content the serving map expects; not loading them", wrong.Have))
+		s.refuse(name, v, vkey, fmt.Errorf("shard: the repository's partitions %v differ from the content the serving map expects; not loading them", wrong.Have))
 		return
 	}
 	delete(s.failed, vkey)
@@ -323,9 +330,16 @@ func (s *Shard) loadStack(chain []*codec.Manifest, p uint32) ([]*Table, error) {
 // failure is a refused load and when to try it again: a failure is not
 // remembered forever, its cause (a file being copied, a disk full) may go.
 type failure struct {
+	model    string
+	version  uint64
 	err      error
 	attempts int
 	next     time.Time
+}
+
+// forget drops the failures drop picks.
+func (s *Shard) forget(drop func(*failure) bool) {
+	maps.DeleteFunc(s.failed, func(_ string, f *failure) bool { return drop(f) })
 }
 
 // Backoff of failed loads: doubling from minRetry up to maxRetry.
@@ -341,19 +355,23 @@ func (s *Shard) waiting(key string) bool {
 }
 
 // nextRetry is how long until the earliest failed load may be tried
-// again (an hour when none failed).
+// again (an hour when none failed), and never less than retryFloor: a
+// failure that stays due cannot make the shard spin.
 func (s *Shard) nextRetry(now time.Time) time.Duration {
 	d := time.Hour
 	for _, f := range s.failed {
-		d = min(d, max(f.next.Sub(now), time.Millisecond))
+		d = min(d, max(f.next.Sub(now), retryFloor))
 	}
 	return d
 }
 
-func (s *Shard) refuse(key string, err error) {
+// retryFloor is the shortest wait between two passes woken by retries.
+const retryFloor = 100 * time.Millisecond
+
+func (s *Shard) refuse(model string, version uint64, key string, err error) {
 	f := s.failed[key]
 	if f == nil {
-		f = &failure{}
+		f = &failure{model: model, version: version}
 		s.failed[key] = f
 	}
 	f.err, f.attempts = err, f.attempts+1

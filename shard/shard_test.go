@@ -39,6 +39,20 @@ func testModel(scale float32) *loader.Sparse {
 // repository's manifests.
 func putMap(t *testing.T, cli *clientv3.Client, repo loader.Repo, parts uint32, live, staged uint64, standby ...uint64) {
 	t.Helper()
+	writeMap(t, cli, mapOf(t, repo, parts, live, staged, standby...))
+}
+
+// writeMap writes a serving map record made by mapOf.
+func writeMap(t *testing.T, cli *clientv3.Client, record []byte) {
+	t.Helper()
+	if _, err := cli.Put(context.Background(), topo.DefaultCluster.ModelKey("m"), string(record)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mapOf is the serving map record putMap writes.
+func mapOf(t *testing.T, repo loader.Repo, parts uint32, live, staged uint64, standby ...uint64) []byte {
+	t.Helper()
 	a := topo.Assignment{Schema: topo.Schema, Model: "m", Live: live, Staged: staged, Standby: standby, Partitions: parts, Replicas: make([][]string, parts)}
 	for p := range a.Replicas {
 		a.Replicas[p] = []string{"s1"}
@@ -52,9 +66,7 @@ func putMap(t *testing.T, cli *clientv3.Client, repo loader.Repo, parts uint32, 
 			Hash: chain[0].Hash, IDs: codec.Identities(chain), Chain: codec.ChainVersions(chain)})
 	}
 	b, _ := json.Marshal(a)
-	if _, err := cli.Put(context.Background(), topo.DefaultCluster.ModelKey("m"), string(b)); err != nil {
-		t.Fatal(err)
-	}
+	return b
 }
 
 // servingShard starts shard s1 and assigns it version 1 of model m
@@ -578,5 +590,60 @@ func TestReclaimWaitsForReaders(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestIdleAfterAFailureGoesAway: a version the shard failed to load (its
+// directory removed) and that the map then stops keeping is forgotten:
+// the shard reports no error, and, idle, writes nothing to etcd. (It used
+// to retry a stale failure every millisecond, writing its registration
+// each time, for ever.)
+func TestIdleAfterAFailureGoesAway(t *testing.T) {
+	s, cli, repo := servingShard(t)
+	if _, err := repo.Publish("m", testModel(2), 2, ""); err != nil {
+		t.Fatal(err)
+	}
+	staging := mapOf(t, repo, 2, 1, 2)
+	if err := os.RemoveAll(filepath.Join(repo.Dir, "m", "2")); err != nil {
+		t.Fatal(err)
+	}
+	report := func() topo.ShardInfo {
+		resp, err := cli.Get(context.Background(), topo.DefaultCluster.ShardKey(s.ID()))
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("shard registration: %v %v", resp, err)
+		}
+		var info topo.ShardInfo
+		if err := json.Unmarshal(resp.Kvs[0].Value, &info); err != nil {
+			t.Fatal(err)
+		}
+		return info
+	}
+	writeMap(t, cli, staging)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if errs := report().Errors; len(errs) == 0 || !strings.HasPrefix(errs[0], "m/2") {
+			return fmt.Errorf("no failure of m/2 reported yet: %v", errs)
+		}
+		return nil
+	})
+	putMap(t, cli, repo, 2, 1, 0) // version 2 unstaged
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if errs := report().Errors; len(errs) > 0 {
+			return fmt.Errorf("the shard still reports %v", errs)
+		}
+		return nil
+	})
+	// Idle now: past the failure's first retry (1 s), nothing is written.
+	// This is a measurement over a window, not a wait for an event.
+	rev := func() int64 {
+		resp, err := cli.Get(context.Background(), "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	before := rev()
+	time.Sleep(2500 * time.Millisecond)
+	if n := rev() - before; n != 0 {
+		t.Errorf("an idle shard made %d etcd revisions in 2.5 s, want 0", n)
 	}
 }

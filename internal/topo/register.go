@@ -138,9 +138,14 @@ func (r *Registration) retry() {
 	}
 }
 
-// Set replaces the registered value.
+// Set replaces the registered value. Setting the value it has already
+// writes nothing: an idle process leaves etcd alone.
 func (r *Registration) Set(value string) {
 	r.mu.Lock()
+	if value == r.value {
+		r.mu.Unlock()
+		return
+	}
 	r.value = value
 	r.gen++
 	r.mu.Unlock()

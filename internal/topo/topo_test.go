@@ -136,3 +136,53 @@ func TestWatchKeysKeepsOnlyAsked(t *testing.T) {
 		}
 	})
 }
+
+// TestSetUnchangedWritesNothing: setting the value a registration holds
+// writes nothing and leaves it current (a shard that sets its report on
+// every pass must not write etcd, nor flip its readiness, while idle);
+// a new value is written once.
+func TestSetUnchangedWritesNothing(t *testing.T) {
+	cli := testenv.Etcd(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := DefaultCluster.ShardKey("idle")
+	r, err := Register(ctx, cli, key, "same", 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	revision := func() int64 {
+		resp, err := cli.Get(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if !r.Current() {
+			return errors.New("the first value is not written yet")
+		}
+		return nil
+	})
+	before := revision()
+	for range 100 {
+		r.Set("same")
+		if !r.Current() {
+			t.Fatal("setting the same value made the registration not current")
+		}
+	}
+	r.Set("new")
+	testenv.Eventually(t, 10*time.Second, func() error {
+		resp, err := cli.Get(context.Background(), key)
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "new" {
+			return errors.New("the new value is not written yet")
+		}
+		return nil
+	})
+	if got := revision() - before; got != 1 {
+		t.Errorf("100 sets of the same value and one of a new one made %d etcd revisions, want 1", got)
+	}
+}
