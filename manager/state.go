@@ -445,7 +445,16 @@ func (s *State) command(c Command) ([]Action, error) {
 			}
 			to = kept[0]
 		} else if !slices.Contains(kept, to) {
-			return nil, fmt.Errorf("%w: model %s version %d is not kept for rollback; standby versions: %s", ErrConflict, m.Name, to, list(kept))
+			why := "it is not kept for rollback"
+			switch v := m.version(to); {
+			case v == nil:
+				why = "the repository has no such version"
+			case v.Phase == PhaseRejected:
+				why = "it was rejected: " + v.Reason
+			case to == m.Live:
+				why = "it is the live version"
+			}
+			return nil, fmt.Errorf("%w: model %s version %d: %s; standby versions: %s", ErrConflict, m.Name, to, why, list(kept))
 		}
 		m.Pin = to
 	default:

@@ -287,6 +287,12 @@ func TestDecideLifecycle(t *testing.T) {
 	if err := x.cmd(OpPin, 6); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "rejected: bad") {
 		t.Fatalf("pin to a rejected version: %v", err)
 	}
+	if err := x.cmd(OpRollback, 6); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "version 6: it was rejected: bad") {
+		t.Fatalf("rollback to a rejected version: %v", err)
+	}
+	if err := x.cmd(OpRollback, 99); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "no such version") {
+		t.Fatalf("rollback to an unknown version: %v", err)
+	}
 	if err := x.cmd(OpPin, 99); !errors.Is(err, ErrConflict) {
 		t.Fatalf("pin to an unknown version: %v", err)
 	}
@@ -294,7 +300,7 @@ func TestDecideLifecycle(t *testing.T) {
 		t.Fatalf("pin of an unknown model: %v", err)
 	}
 	x.expect(5, 0, 1, 3, 2)
-	if len(x.audit) != n+4 || !strings.Contains(x.audit[n].Result, "not kept") {
+	if len(x.audit) != n+6 || !strings.Contains(x.audit[n].Result, "not kept") {
 		t.Fatalf("audit: %+v", x.audit[n:])
 	}
 	// A pin to a retired (valid, unloaded) version stages it.
