@@ -39,6 +39,15 @@
 // from /proc around the sends; Beside runs a closed-loop load while one
 // goroutine, which it owns and waits for, sends them back to back.
 //
+// Slow senders (slow.go) hold requests in a server's reception: RunSlow
+// keeps Streams requests open, each announcing a length and sending one
+// byte every Every, raw HTTP/2 streams for gRPC (x/net's framer and
+// hpack, since grpc-go's client cannot send part of a message) or
+// HTTP/1.1 requests with a Content-Length, and opens one again whenever
+// one is answered. It owns a goroutine per HTTP connection and two per
+// HTTP/2 connection, and the function it returns waits for them once its
+// context ends.
+//
 // Benchmarks are measurements, never tests: nothing in the test suite
 // depends on timing. Peer baselines (Go map, Redis) join here with the
 // storage-engine work.

@@ -14,6 +14,11 @@
 // work in flight, and adaptive limiters (Netflix's concurrency-limits has
 // no kept Go port) learn a bound we can state.
 //
+// Refusing answers, without admitting anything, whether Acquire would
+// refuse at once: the router's front asks before it reads a request, so
+// that under overload a refusal costs neither the request's bytes nor its
+// decoding.
+//
 // Used by server/ (the router's front: a gate for requests, one for their
 // bytes) and shard/ (the same for lookups). A Gate owns no goroutines;
 // Acquire blocks its caller at most the queue time. Tests: admit_test.go,
