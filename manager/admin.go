@@ -316,8 +316,11 @@ func (a *admin) do(w http.ResponseWriter, r *http.Request, c Command) {
 	c.At, c.From = time.Now().UTC(), r.RemoteAddr
 	ctx, cancel := context.WithTimeout(r.Context(), a.opts.CommandTimeout)
 	defer cancel()
-	err := a.m.Do(ctx, c)
+	st, err := a.m.Do(ctx, c)
+	var moved *LiveMovedError
 	switch {
+	case errors.As(err, &moved):
+		writeJSON(w, http.StatusConflict, map[string]any{"error": err.Error(), "live": moved.Live})
 	case errors.Is(err, ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, ErrConflict):
@@ -332,20 +335,28 @@ func (a *admin) do(w http.ResponseWriter, r *http.Request, c Command) {
 		a.models(w, r)
 	default:
 		slog.Info("manager: admin call applied", "op", c.Op, "model", c.Model, "version", c.Version, "from", c.From)
-		st := a.m.State()
 		writeJSON(w, http.StatusOK, detail(st, st.Models[c.Model]))
 	}
 }
 
+// errNoFrom is the answer to a change that does not say the live version
+// it acts on.
+const errNoFrom = `"from" is required: the live version this call acts on (0 if none), as GET /admin/v1/models/NAME shows it; the call is refused if another has changed it since`
+
 func (a *admin) rollback(w http.ResponseWriter, r *http.Request) {
 	var body struct {
-		To *uint64 `json:"to"`
+		To   *uint64 `json:"to"`
+		From *uint64 `json:"from"`
 	}
 	if err := readBody(r, &body, true); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	c := Command{Op: OpRollback, Model: r.PathValue("name")}
+	if body.From == nil {
+		writeError(w, http.StatusBadRequest, errNoFrom)
+		return
+	}
+	c := Command{Op: OpRollback, Model: r.PathValue("name"), Expect: body.From}
 	if body.To != nil {
 		if *body.To == 0 {
 			writeError(w, http.StatusBadRequest, `"to" must be a version ≥ 1`)
@@ -359,6 +370,7 @@ func (a *admin) rollback(w http.ResponseWriter, r *http.Request) {
 func (a *admin) pin(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Version *uint64 `json:"version"`
+		From    *uint64 `json:"from"`
 	}
 	if err := readBody(r, &body, false); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -368,11 +380,25 @@ func (a *admin) pin(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, `"version" must be a version ≥ 1`)
 		return
 	}
-	a.do(w, r, Command{Op: OpPin, Model: r.PathValue("name"), Version: *body.Version})
+	if body.From == nil {
+		writeError(w, http.StatusBadRequest, errNoFrom)
+		return
+	}
+	a.do(w, r, Command{Op: OpPin, Model: r.PathValue("name"), Version: *body.Version, Expect: body.From})
 }
 
 func (a *admin) unpin(w http.ResponseWriter, r *http.Request) {
-	a.do(w, r, Command{Op: OpUnpin, Model: r.PathValue("name")})
+	q := r.URL.Query().Get("from")
+	if q == "" {
+		writeError(w, http.StatusBadRequest, strings.Replace(errNoFrom, `"from" is required`, `?from=V is required`, 1))
+		return
+	}
+	from, err := strconv.ParseUint(q, 10, 64)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("from %q is not a version (0 if none is live)", q))
+		return
+	}
+	a.do(w, r, Command{Op: OpUnpin, Model: r.PathValue("name"), Expect: &from})
 }
 
 func (a *admin) rescan(w http.ResponseWriter, r *http.Request) {

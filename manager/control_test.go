@@ -152,7 +152,7 @@ func TestSecondManager(t *testing.T) {
 		return nil
 	})
 	ctx := context.Background()
-	if err := a.Do(ctx, manager.Command{Op: manager.OpRollback, Model: "m"}); err != nil {
+	if _, err := a.Do(ctx, manager.Command{Op: manager.OpRollback, Model: "m"}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() error {
@@ -162,7 +162,7 @@ func TestSecondManager(t *testing.T) {
 		return nil
 	})
 	// b, with other flags (replicas 2), decides nothing while a leads.
-	err = b.Do(ctx, manager.Command{Op: manager.OpUnpin, Model: "m"})
+	_, err = b.Do(ctx, manager.Command{Op: manager.OpUnpin, Model: "m"})
 	if !errors.Is(err, manager.ErrNotLeader) || !strings.Contains(err.Error(), "the leader is") {
 		t.Fatalf("a command to the standby manager: %v", err)
 	}
@@ -179,7 +179,7 @@ func TestSecondManager(t *testing.T) {
 		}
 		return nil
 	})
-	if err := b.Do(ctx, manager.Command{Op: manager.OpUnpin, Model: "m"}); err != nil {
+	if _, err := b.Do(ctx, manager.Command{Op: manager.OpUnpin, Model: "m"}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() error {
@@ -191,7 +191,8 @@ func TestSecondManager(t *testing.T) {
 }
 
 // TestConcurrentAdminCalls: calls made at once are applied one at a
-// time and none is lost: each is answered, and each is in the audit log.
+// time and none is lost: each is answered, applied or refused because
+// another moved the live version it named, and each is in the audit log.
 func TestConcurrentAdminCalls(t *testing.T) {
 	cli := testenv.Etcd(t)
 	repo := repoWith(t, 2)
@@ -209,9 +210,9 @@ func TestConcurrentAdminCalls(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			req, _ := http.NewRequest(http.MethodPut, "http://"+adm.Addr()+"/admin/v1/models/m/pin", strings.NewReader(fmt.Sprintf(`{"version": %d}`, 1+i%2)))
+			req, _ := http.NewRequest(http.MethodPut, "http://"+adm.Addr()+"/admin/v1/models/m/pin", strings.NewReader(fmt.Sprintf(`{"version": %d, "from": 2}`, 1+i%2)))
 			if i%3 == 0 {
-				req, _ = http.NewRequest(http.MethodDelete, "http://"+adm.Addr()+"/admin/v1/models/m/pin", nil)
+				req, _ = http.NewRequest(http.MethodDelete, "http://"+adm.Addr()+"/admin/v1/models/m/pin?from=2", nil)
 			}
 			req.Header.Set("Authorization", "Bearer t")
 			resp, err := http.DefaultClient.Do(req)
@@ -224,10 +225,18 @@ func TestConcurrentAdminCalls(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	ok := 0
 	for i, c := range codes {
-		if c != http.StatusOK {
+		switch c {
+		case http.StatusOK:
+			ok++
+		case http.StatusConflict: // live moved by an earlier call
+		default:
 			t.Errorf("call %d: %d", i, c)
 		}
+	}
+	if ok == 0 {
+		t.Errorf("no call applied: %v", codes)
 	}
 	req, _ := http.NewRequest(http.MethodGet, "http://"+adm.Addr()+"/admin/v1/audit?limit=1000", nil)
 	req.Header.Set("Authorization", "Bearer t")
@@ -265,7 +274,7 @@ func TestUnreadableManifestReported(t *testing.T) {
 		return errors.New("version 2 not reported rejected for its manifest")
 	})
 	os.WriteFile(manifest, good, 0o644)
-	if err := m.Do(context.Background(), manager.Command{Op: manager.OpRescan}); err != nil {
+	if _, err := m.Do(context.Background(), manager.Command{Op: manager.OpRescan}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() error {
@@ -298,7 +307,7 @@ func TestUnwrittenCommandNotShown(t *testing.T) {
 		return nil
 	})
 	own.Close() // the manager's etcd is gone
-	err = m.Do(context.Background(), manager.Command{Op: manager.OpPin, Model: "m", Version: 1})
+	_, err = m.Do(context.Background(), manager.Command{Op: manager.OpPin, Model: "m", Version: 1})
 	if !errors.Is(err, manager.ErrUnconfirmed) && !errors.Is(err, manager.ErrNotLeader) {
 		t.Fatalf("pin with etcd gone: %v, want not confirmed (or not leading)", err)
 	}
@@ -307,5 +316,78 @@ func TestUnwrittenCommandNotShown(t *testing.T) {
 	}
 	if got := published(t, cli, "m"); got.Live != 2 {
 		t.Fatalf("map says live %d", got.Live)
+	}
+}
+
+// TestRollbacksSayWhatTheyExpect: two operators' rollbacks made at once
+// from the same live version: exactly one is applied, the other refused
+// with 409 naming the live version now, and the first's answer describes
+// its own result. A change without "from" is refused as malformed.
+func TestRollbacksSayWhatTheyExpect(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := repoWith(t, 1)
+	fakeShards(t, cli, "s0")
+	m := startWith(t, cli, repo, 1)
+	if _, err := repo.Publish("m", lrModel(2), 4, ""); err != nil {
+		t.Fatal(err)
+	}
+	m.Rescan()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if a := m.State().Models["m"]; a.Live != 2 || len(a.Standby()) == 0 {
+			return fmt.Errorf("live %d, standby %v", a.Live, a.Standby())
+		}
+		return nil
+	})
+	adm, err := m.ServeAdmin(manager.AdminOptions{Addr: "127.0.0.1:0", Token: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	call := func(method, path, body string) (int, map[string]any) {
+		req, _ := http.NewRequest(method, "http://"+adm.Addr()+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer t")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, nil
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		json.NewDecoder(resp.Body).Decode(&out)
+		return resp.StatusCode, out
+	}
+	for _, c := range []struct{ method, path, body string }{
+		{http.MethodPost, "/admin/v1/models/m/rollback", ""},
+		{http.MethodPost, "/admin/v1/models/m/rollback", `{"to": 1}`},
+		{http.MethodPut, "/admin/v1/models/m/pin", `{"version": 1}`},
+		{http.MethodDelete, "/admin/v1/models/m/pin", ""},
+	} {
+		if code, out := call(c.method, c.path, c.body); code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(out["error"]), "from") {
+			t.Errorf("%s %s %s without from: %d %v, want 400 naming from", c.method, c.path, c.body, code, out)
+		}
+	}
+	type answer struct {
+		code int
+		out  map[string]any
+	}
+	answers := make(chan answer, 2)
+	for range 2 {
+		go func() {
+			code, out := call(http.MethodPost, "/admin/v1/models/m/rollback", `{"from": 2}`)
+			answers <- answer{code, out}
+		}()
+	}
+	a, b := <-answers, <-answers
+	if a.code != http.StatusOK {
+		a, b = b, a
+	}
+	if a.code != http.StatusOK || a.out["live"] != float64(1) {
+		t.Errorf("the applied rollback: %d %v, want 200 describing live 1", a.code, a.out)
+	}
+	if b.code != http.StatusConflict || b.out["live"] != float64(1) || !strings.Contains(fmt.Sprint(b.out["error"]), "live at 1, not 2") {
+		t.Errorf("the other rollback: %d %v, want 409 naming live 1", b.code, b.out)
+	}
+	if code, out := call(http.MethodDelete, "/admin/v1/models/m/pin?from=1", ""); code != http.StatusOK || out["live"] == nil {
+		t.Errorf("unpin from the live version: %d %v", code, out)
 	}
 }

@@ -111,7 +111,14 @@ type Manager struct {
 
 type request struct {
 	cmd   Command
-	reply chan error
+	reply chan reply
+}
+
+// reply is a command's outcome: the state right after it, before any
+// later event.
+type reply struct {
+	st  *State
+	err error
 }
 
 type metrics struct {
@@ -252,22 +259,24 @@ func (m *Manager) tell(ctx context.Context, leading bool) {
 // persisted and the serving map written, or the command refused
 // (ErrNotFound, ErrConflict, ErrInvalid), or its result could not be
 // written (ErrUnconfirmed: the state shown is then what etcd holds). If
-// ctx ends first, the command may still be applied.
-func (m *Manager) Do(ctx context.Context, c Command) error {
+// ctx ends first, the command may still be applied. The state returned
+// is the one right after the command, whatever came after it: it
+// describes the call's own result.
+func (m *Manager) Do(ctx context.Context, c Command) (*State, error) {
 	if !m.leading.Load() {
-		return m.notLeader()
+		return nil, m.notLeader()
 	}
-	req := request{cmd: c, reply: make(chan error, 1)}
+	req := request{cmd: c, reply: make(chan reply, 1)}
 	select {
 	case m.commands <- req:
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 	select {
-	case err := <-req.reply:
-		return err
+	case r := <-req.reply:
+		return r.st, r.err
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
@@ -338,13 +347,14 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 			}
 		case req := <-m.commands:
 			if !lead {
-				req.reply <- m.notLeader()
+				req.reply <- reply{err: m.notLeader()}
 				continue
 			}
 			if req.cmd.Op != OpUnpin {
 				m.scan(ctx) // a version published a moment ago is known to the command
 			}
-			req.reply <- m.apply(ctx, req.cmd)
+			err := m.apply(ctx, req.cmd)
+			req.reply <- reply{st: m.view.Load(), err: err}
 		}
 	}
 }

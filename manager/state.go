@@ -7,6 +7,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -182,6 +183,33 @@ type Command struct {
 	Version uint64 // rollback: the version to go to (0: the most recent standby); pin: the version
 	At      time.Time
 	From    string // the caller's address, for the audit log
+	// Expect is the live version a rollback, pin or unpin acts on (the
+	// admin API requires it): when the model's live version is another,
+	// the call is refused (LiveMovedError) rather than undo what another
+	// operator just did. Nil: not checked.
+	Expect *uint64
+}
+
+// LiveMovedError refuses a call made against a live version that is no
+// longer live. It is an ErrConflict.
+type LiveMovedError struct {
+	Model          string
+	Live, Expected uint64
+}
+
+func (e *LiveMovedError) Error() string {
+	return fmt.Sprintf("%v: model %s is live at %s, not %s as the call expected: another call changed it; look again (cumulus admin show %s) before acting",
+		ErrConflict, e.Model, versionName(e.Live), versionName(e.Expected), e.Model)
+}
+
+func (e *LiveMovedError) Is(target error) bool { return target == ErrConflict }
+
+// versionName is v, or "none" for 0.
+func versionName(v uint64) string {
+	if v == 0 {
+		return "none"
+	}
+	return strconv.FormatUint(v, 10)
 }
 
 // Command operations.
@@ -417,6 +445,9 @@ func (s *State) command(c Command) ([]Action, error) {
 	m := s.Models[c.Model]
 	if m == nil {
 		return nil, fmt.Errorf("%w: model %q", ErrNotFound, c.Model)
+	}
+	if c.Expect != nil && *c.Expect != m.Live {
+		return nil, &LiveMovedError{Model: m.Name, Live: m.Live, Expected: *c.Expect}
 	}
 	switch c.Op {
 	case OpUnpin:

@@ -208,12 +208,12 @@ func TestOperateModels(t *testing.T) {
 	serves(4)
 
 	// Roll back to 2, then 1, then follow the newest again.
-	code, out := api.call(http.MethodPost, "/admin/v1/models/lr/rollback", `{"to": 2}`)
+	code, out := api.call(http.MethodPost, "/admin/v1/models/lr/rollback", `{"to": 2, "from": 4}`)
 	if code != http.StatusOK || out["live"] != float64(2) || out["pin"] != float64(2) {
 		t.Fatalf("rollback to 2: %d %v", code, out)
 	}
 	serves(2)
-	if code, out := api.call(http.MethodPost, "/admin/v1/models/lr/rollback", `{"to": 1}`); code != http.StatusOK || out["live"] != float64(1) {
+	if code, out := api.call(http.MethodPost, "/admin/v1/models/lr/rollback", `{"to": 1, "from": 2}`); code != http.StatusOK || out["live"] != float64(1) {
 		t.Fatalf("rollback to 1: %d %v", code, out)
 	}
 	serves(1)
@@ -223,11 +223,14 @@ func TestOperateModels(t *testing.T) {
 		says               string
 		token              string
 	}{
-		{http.MethodPost, "/admin/v1/models/lr/rollback", `{"to": 99}`, http.StatusConflict, "standby versions: 2, 4, 3", "sesame"},
+		{http.MethodPost, "/admin/v1/models/lr/rollback", `{"to": 99, "from": 1}`, http.StatusConflict, "standby versions: 2, 4, 3", "sesame"},
+		{http.MethodPost, "/admin/v1/models/lr/rollback", `{"to": 2, "from": 4}`, http.StatusConflict, "live at 1, not 4", "sesame"},
+		{http.MethodPost, "/admin/v1/models/lr/rollback", `{"to": 2}`, http.StatusBadRequest, `"from" is required`, "sesame"},
+		{http.MethodDelete, "/admin/v1/models/lr/pin?from=x", "", http.StatusBadRequest, "not a version", "sesame"},
 		{http.MethodPut, "/admin/v1/models/lr/pin", `{"version": "two"}`, http.StatusBadRequest, "malformed JSON", "sesame"},
 		{http.MethodPut, "/admin/v1/models/lr/pin", `{"version": 2}{`, http.StatusBadRequest, "data after the object", "sesame"},
-		{http.MethodPut, "/admin/v1/models/lr/pin", `{"version": 77}`, http.StatusConflict, "no version 77", "sesame"},
-		{http.MethodPut, "/admin/v1/models/nope/pin", `{"version": 1}`, http.StatusNotFound, `model "nope"`, "sesame"},
+		{http.MethodPut, "/admin/v1/models/lr/pin", `{"version": 77, "from": 1}`, http.StatusConflict, "no version 77", "sesame"},
+		{http.MethodPut, "/admin/v1/models/nope/pin", `{"version": 1, "from": 1}`, http.StatusNotFound, `model "nope"`, "sesame"},
 		{http.MethodGet, "/admin/v1/models/nope", "", http.StatusNotFound, `"nope"`, "sesame"},
 		{http.MethodPost, "/admin/v1/models/lr/rollback", `{"to": 2}`, http.StatusUnauthorized, "token", "wrong"},
 		{http.MethodDelete, "/admin/v1/models/lr/pin", "", http.StatusUnauthorized, "token", ""},
@@ -243,7 +246,7 @@ func TestOperateModels(t *testing.T) {
 	if last.Load() != 1 {
 		t.Fatalf("refused calls changed what is served: version %d", last.Load())
 	}
-	if code, out := api.call(http.MethodDelete, "/admin/v1/models/lr/pin", ""); code != http.StatusOK || out["pin"] != nil {
+	if code, out := api.call(http.MethodDelete, "/admin/v1/models/lr/pin?from=1", ""); code != http.StatusOK || out["pin"] != nil {
 		t.Fatalf("unpin: %d %v", code, out)
 	}
 	serves(4)
@@ -256,7 +259,7 @@ func TestOperateModels(t *testing.T) {
 		e := e.(map[string]any)
 		ops = append(ops, fmt.Sprintf("%s %v", e["op"], strings.HasPrefix(e["result"].(string), "ok")))
 	}
-	if want := "[rescan true rollback true rollback true rollback false pin false pin false unpin true]"; fmt.Sprint(ops) != want {
+	if want := "[rescan true rollback true rollback true rollback false rollback false pin false pin false unpin true]"; fmt.Sprint(ops) != want {
 		t.Errorf("audit log %v, want %s", ops, want)
 	}
 

@@ -108,6 +108,7 @@ func adminCommand() *cobra.Command {
 		flags  adminFlags
 		asJSON bool
 		to     uint64
+		from   uint64
 		limit  int
 	)
 	cmd := &cobra.Command{
@@ -162,7 +163,55 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 		}
 		return show(b)
 	}
-	cmd.AddCommand(
+	// live is the live version a change acts on: --from, or the model's
+	// live version now, read from the API. The manager refuses the change
+	// if another has moved it meanwhile (409, naming the live version).
+	live := func(c *cobra.Command, name string) (uint64, error) {
+		if c.Flags().Changed("from") {
+			return from, nil
+		}
+		path := model(name)
+		if badName != nil {
+			return 0, badName
+		}
+		ac, err := client()
+		if err != nil {
+			return 0, err
+		}
+		b, err := ac.call(http.MethodGet, path, nil)
+		if err != nil {
+			return 0, err
+		}
+		var d manager.ModelDetail
+		if err := json.Unmarshal(b, &d); err != nil {
+			return 0, fmt.Errorf("admin API answered badly: %w", err)
+		}
+		return d.Live, nil
+	}
+	unpin := &cobra.Command{Use: "unpin NAME", Short: "Follow the newest valid version again", Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			v, err := live(c, args[0])
+			if err != nil {
+				return err
+			}
+			return run(http.MethodDelete, model(args[0])+"/pin?from="+strconv.FormatUint(v, 10), nil, printChange("unpinned"))
+		}}
+	pin := &cobra.Command{Use: "pin NAME VERSION", Short: "Serve VERSION until unpinned (staged and committed like any rollout)", Args: cobra.ExactArgs(2),
+		RunE: func(c *cobra.Command, args []string) error {
+			v, err := strconv.ParseUint(args[1], 10, 64)
+			if err != nil || v == 0 {
+				return fmt.Errorf("version %q: want a number ≥ 1", args[1])
+			}
+			l, err := live(c, args[0])
+			if err != nil {
+				return err
+			}
+			return run(http.MethodPut, model(args[0])+"/pin", map[string]uint64{"version": v, "from": l}, printChange(fmt.Sprintf("pinned to %d", v)))
+		}}
+	for _, c := range []*cobra.Command{unpin, pin} {
+		c.Flags().Uint64Var(&from, "from", 0, "the live version this call acts on (default: the live version now); refused if it has moved")
+	}
+	cmd.AddCommand(unpin, pin,
 		&cobra.Command{Use: "models", Short: "List the models: live, staged, pinned and standby versions", Args: cobra.NoArgs,
 			RunE: func(*cobra.Command, []string) error {
 				return run(http.MethodGet, "/admin/v1/models", nil, printModels)
@@ -171,18 +220,6 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 			RunE: func(_ *cobra.Command, args []string) error {
 				return run(http.MethodGet, model(args[0]), nil, printModel)
 			}},
-		&cobra.Command{Use: "unpin NAME", Short: "Follow the newest valid version again", Args: cobra.ExactArgs(1),
-			RunE: func(_ *cobra.Command, args []string) error {
-				return run(http.MethodDelete, model(args[0])+"/pin", nil, printChange("unpinned"))
-			}},
-		&cobra.Command{Use: "pin NAME VERSION", Short: "Serve VERSION until unpinned (staged and committed like any rollout)", Args: cobra.ExactArgs(2),
-			RunE: func(_ *cobra.Command, args []string) error {
-				v, err := strconv.ParseUint(args[1], 10, 64)
-				if err != nil || v == 0 {
-					return fmt.Errorf("version %q: want a number ≥ 1", args[1])
-				}
-				return run(http.MethodPut, model(args[0])+"/pin", map[string]uint64{"version": v}, printChange(fmt.Sprintf("pinned to %d", v)))
-			}},
 		&cobra.Command{Use: "rescan", Short: "Scan the repository now and validate rejected versions again", Args: cobra.NoArgs,
 			RunE: func(*cobra.Command, []string) error {
 				return run(http.MethodPost, "/admin/v1/rescan", nil, printModels)
@@ -190,13 +227,18 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 	)
 	rollback := &cobra.Command{Use: "rollback NAME", Short: "Serve the most recent standby version (or --to V) now, and pin it", Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			var body any
+			l, err := live(c, args[0])
+			if err != nil {
+				return err
+			}
+			body := map[string]uint64{"from": l}
 			if c.Flags().Changed("to") {
-				body = map[string]uint64{"to": to}
+				body["to"] = to
 			}
 			return run(http.MethodPost, model(args[0])+"/rollback", body, printChange("rolled back"))
 		}}
 	rollback.Flags().Uint64Var(&to, "to", 0, "the standby version to go to (default: the most recent)")
+	rollback.Flags().Uint64Var(&from, "from", 0, "the live version this call acts on (default: the live version now); refused if it has moved")
 	audit := &cobra.Command{Use: "audit", Short: "List the newest state-changing admin calls", Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			return run(http.MethodGet, fmt.Sprintf("/admin/v1/audit?limit=%d", limit), nil, printAudit)

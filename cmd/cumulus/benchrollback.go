@@ -132,18 +132,19 @@ from the new version, failed requests and latency around it.`,
 			pause()
 			steadyEnd := time.Now()
 			path := "/admin/v1/models/bench"
-			err = do("rollout to 1 (pin, loads)", http.MethodPut, path+"/pin", map[string]uint64{"version": 1}, 1)
+			// Each call names the live version it acts on ("from").
+			err = do("rollout to 1 (pin, loads)", http.MethodPut, path+"/pin", map[string]uint64{"version": 1, "from": 3}, 1)
 			for i := 0; err == nil && i < rounds; i++ {
-				err = do("rollback to 3 (standby)", http.MethodPost, path+"/rollback", map[string]uint64{"to": 3}, 3)
+				err = do("rollback to 3 (standby)", http.MethodPost, path+"/rollback", map[string]uint64{"to": 3, "from": 1}, 3)
 				if err == nil {
-					err = do("rollback to 1 (standby)", http.MethodPost, path+"/rollback", map[string]uint64{"to": 1}, 1)
+					err = do("rollback to 1 (standby)", http.MethodPost, path+"/rollback", map[string]uint64{"to": 1, "from": 3}, 1)
 				}
 			}
 			if err == nil {
-				err = do("unpin: back to 3 (standby)", http.MethodDelete, path+"/pin", nil, 3)
+				err = do("unpin: back to 3 (standby)", http.MethodDelete, path+"/pin?from=1", nil, 3)
 			}
 			if err == nil {
-				err = do("rollout to 2 (pin, loads)", http.MethodPut, path+"/pin", map[string]uint64{"version": 2}, 2)
+				err = do("rollout to 2 (pin, loads)", http.MethodPut, path+"/pin", map[string]uint64{"version": 2, "from": 3}, 2)
 			}
 			pause()
 			stopLoad()
