@@ -198,8 +198,12 @@ type LiveMovedError struct {
 }
 
 func (e *LiveMovedError) Error() string {
-	return fmt.Sprintf("%v: model %s is live at %s, not %s as the call expected: another call changed it; look again (cumulus admin show %s) before acting",
-		ErrConflict, e.Model, versionName(e.Live), versionName(e.Expected), e.Model)
+	now := "is live at " + strconv.FormatUint(e.Live, 10)
+	if e.Live == 0 {
+		now = "has nothing live"
+	}
+	return fmt.Sprintf("%v: model %s %s, not %s as the call expected: another call changed it; look again (cumulus admin show %s) before acting",
+		ErrConflict, e.Model, now, versionName(e.Expected), e.Model)
 }
 
 func (e *LiveMovedError) Is(target error) bool { return target == ErrConflict }
