@@ -235,7 +235,9 @@ func writeTSV(s *Sparse) []byte {
 	if s.Dim != 0 {
 		b.WriteString("dim " + strconv.Itoa(s.Dim) + "\n")
 	}
-	b.WriteString("bias " + strconv.FormatFloat(s.Bias, 'g', -1, 64) + "\n")
+	if s.HasBias {
+		b.WriteString("bias " + strconv.FormatFloat(s.Bias, 'g', -1, 64) + "\n")
+	}
 	for i, k := range s.Keys {
 		b.WriteString(strconv.FormatUint(k, 10))
 		for _, v := range s.Values[i*s.Width() : (i+1)*s.Width()] {

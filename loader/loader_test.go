@@ -638,10 +638,28 @@ func TestPublishDelta(t *testing.T) {
 		"non-finite":     {Delta{Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{float32(math.NaN()), 0, 0}}}, "non-finite value"},
 		"duplicate keys": {Delta{Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5, 5}, Values: make([]float32, 6)}}, "feature id 5 appears twice"},
 	}
+	two := -1.0
+	refusals["two biases"] = struct {
+		d    Delta
+		says string
+	}{Delta{Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Bias: 0.5, HasBias: true}, Bias: &two}, "names two biases"}
 	for name, c := range refusals {
 		if _, err := repo.PublishDelta("m", c.d); err == nil || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
 		}
+	}
+	// The upserts' bias header is the new bias; without one, the parent's
+	// is kept.
+	up, err := ParseTSV(strings.NewReader("type fm\ndim 2\nbias 0.75\n5 1 2 3\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := repo.PublishDelta("m", Delta{Upserts: up}); err != nil || m.Bias != 0.75 {
+		t.Errorf("upserts with a bias header: bias %v, %v; want 0.75", m.Bias, err)
+	}
+	up, _ = ParseTSV(strings.NewReader("type fm\ndim 2\n6 1 2 3\n"))
+	if m, err := repo.PublishDelta("m", Delta{Upserts: up}); err != nil || m.Bias != 0.75 {
+		t.Errorf("upserts without one: bias %v, %v; want the parent's 0.75", m.Bias, err)
 	}
 	// A broken chain is refused, naming the missing parent.
 	os.RemoveAll(repo.VersionDir("m", 1))

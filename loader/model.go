@@ -20,6 +20,9 @@ type Sparse struct {
 	Bias   float64
 	Keys   []uint64
 	Values []float32
+	// HasBias says the source named the bias (a TSV's bias header), so
+	// that a delta's upserts can carry a new bias (PublishDelta).
+	HasBias bool
 }
 
 // Width is the number of values per key.
@@ -66,9 +69,9 @@ func (r Repo) PublishEncoded(name string, s *Sparse, partitions uint32, encoding
 
 // Delta is an increment to the latest version of a model.
 type Delta struct {
-	Upserts *Sparse  // features added or changed; may be nil
+	Upserts *Sparse  // features added or changed (and the new bias, if it names one); may be nil
 	Deletes []uint64 // features removed
-	Bias    *float64 // the new bias; nil keeps the parent's
+	Bias    *float64 // the new bias; nil keeps the upserts' (if named) or the parent's
 	Source  string
 }
 
@@ -110,8 +113,13 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 		values = append(values, make([]float32, parent.Dim)...)
 	}
 	bias := parent.Bias
-	if d.Bias != nil {
+	switch {
+	case d.Bias != nil && up.HasBias && *d.Bias != up.Bias:
+		return nil, fmt.Errorf("loader: delta names two biases: %v, and %v in its upserts; give one", *d.Bias, up.Bias)
+	case d.Bias != nil:
 		bias = *d.Bias
+	case up.HasBias:
+		bias = up.Bias
 	}
 	return r.publish(Spec{Name: name, Type: parent.Type, Dim: parent.Dim, Bias: bias, Partitions: parent.Partitions,
 		Encoding: parent.Encoding, Parent: latest, Source: d.Source}, keys, values)

@@ -67,6 +67,7 @@ func ParseTSV(r io.Reader) (*Sparse, error) {
 				}
 				dimLine = line
 			case "bias":
+				m.HasBias = true
 				m.Bias, err = strconv.ParseFloat(f[1], 64)
 				if err == nil && (math.IsNaN(m.Bias) || math.IsInf(m.Bias, 0)) {
 					err = fmt.Errorf("bias %v is not finite", m.Bias)

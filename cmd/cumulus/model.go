@@ -170,9 +170,10 @@ func modelDeltaCommand() *cobra.Command {
 		Short: "Publish an increment on top of a model's latest version: changed, new and deleted features",
 		Long: `delta publishes a delta version whose parent is the model's latest version.
 --upserts is a TSV model (docs/model-format.md) of the same type and dim
-holding features to add or change; --deletes is a file of feature ids to
-remove, one per line; --bias sets a new bias. Shards serve a delta over
-its parents until the next full version.`,
+holding features to add or change, and, if it has a bias header, the new
+bias; --deletes is a file of feature ids to remove, one per line; --bias
+sets a new bias (refused if the upserts name another). Shards serve a
+delta over its parents until the next full version.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			d := loader.Delta{Source: "cumulus model delta"}
