@@ -667,3 +667,53 @@ func TestPublishDelta(t *testing.T) {
 		t.Errorf("broken chain: %v", err)
 	}
 }
+
+// TestPublishRefusesAnotherPartitionCount: a model's partition count is
+// fixed by its first version; a version with another is refused before
+// anything is written.
+func TestPublishRefusesAnotherPartitionCount(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	if _, err := repo.Publish("m", smallFM(), 3, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.Publish("m", smallFM(), 4, ""); err == nil || !strings.Contains(err.Error(), "has 3 partitions (fixed by version 1)") {
+		t.Errorf("4 partitions after 3: %v", err)
+	}
+	if vs, _ := repo.Versions("m"); len(vs) != 1 {
+		t.Errorf("versions after the refusal: %v", vs)
+	}
+	if _, err := repo.Publish("m", smallFM(), 3, ""); err != nil {
+		t.Errorf("3 partitions again: %v", err)
+	}
+}
+
+// TestDeltaParent: a delta builds on the newest version that passes the
+// local checks, passing over a damaged one and saying why; --parent
+// chooses, and a damaged parent chosen is refused.
+func TestDeltaParent(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	for range 2 {
+		if _, err := repo.Publish("m", smallFM(), 3, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m2, _ := repo.Manifest("m", 2)
+	f := filepath.Join(repo.VersionDir("m", 2), m2.Files[0].Path)
+	b, _ := os.ReadFile(f)
+	b[len(b)/2] ^= 0xff
+	os.WriteFile(f, b, 0o644)
+	v, skipped, err := repo.DeltaParent("m")
+	if err != nil || v != 1 || len(skipped) != 1 || !strings.Contains(skipped[0].Error(), "version 2") {
+		t.Fatalf("parent with version 2 damaged: %d, skipped %v, %v; want 1, skipping 2", v, skipped, err)
+	}
+	m, err := repo.PublishDelta("m", Delta{Deletes: []uint64{77}})
+	if err != nil || m.Parent != 1 {
+		t.Fatalf("delta by default: %+v %v; want on 1", m, err)
+	}
+	if _, err := repo.PublishDelta("m", Delta{Deletes: []uint64{77}, Parent: 2}); err == nil || !strings.Contains(err.Error(), "parent 2") {
+		t.Errorf("delta on the damaged 2, chosen: %v", err)
+	}
+	if m, err := repo.PublishDelta("m", Delta{Deletes: []uint64{78}, Parent: 1}); err != nil || m.Parent != 1 {
+		t.Errorf("delta on 1, chosen: %+v %v", m, err)
+	}
+}

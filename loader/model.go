@@ -67,21 +67,58 @@ func (r Repo) PublishEncoded(name string, s *Sparse, partitions uint32, encoding
 		s.Keys, s.Values)
 }
 
-// Delta is an increment to the latest version of a model.
+// Delta is an increment to a version of a model.
 type Delta struct {
 	Upserts *Sparse  // features added or changed (and the new bias, if it names one); may be nil
 	Deletes []uint64 // features removed
 	Bias    *float64 // the new bias; nil keeps the upserts' (if named) or the parent's
-	Source  string
+	// Parent is the version to build on; 0: the newest that passes the
+	// local checks (DeltaParent).
+	Parent uint64
+	Source string
 }
 
-// PublishDelta publishes d as a delta version on top of the model's
-// latest version: its partition files hold the upserted records and, for
-// each deleted feature, a record whose weight is codec.Tombstone.
-func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
-	latest, err := r.Latest(name)
+// DeltaParent is the version a delta is built on by default: the newest
+// whose chain of manifests reads and agrees, and whose own files match
+// their manifest. A version the manager would reject (damaged, a broken
+// chain) is passed over, and so is its reason returned in skipped.
+func (r Repo) DeltaParent(name string) (v uint64, skipped []error, err error) {
+	versions, err := r.Versions(name)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
+	}
+	for i := len(versions) - 1; i >= 0; i-- {
+		if err := r.checkParent(name, versions[i]); err != nil {
+			skipped = append(skipped, fmt.Errorf("version %d: %w", versions[i], err))
+			continue
+		}
+		return versions[i], skipped, nil
+	}
+	return 0, skipped, fmt.Errorf("%w: model %q has no version a delta can build on (%d skipped)", ErrNotFound, name, len(skipped))
+}
+
+// checkParent is DeltaParent's check of one version.
+func (r Repo) checkParent(name string, v uint64) error {
+	chain, err := r.Chain(name, v)
+	if err != nil {
+		return err
+	}
+	return r.Verify(chain[0])
+}
+
+// PublishDelta publishes d as a delta version on top of d.Parent (by
+// default DeltaParent): its partition files hold the upserted records
+// and, for each deleted feature, a record whose weight is
+// codec.Tombstone.
+func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
+	latest := d.Parent
+	if latest == 0 {
+		var err error
+		if latest, _, err = r.DeltaParent(name); err != nil {
+			return nil, err
+		}
+	} else if err := r.checkParent(name, latest); err != nil {
+		return nil, fmt.Errorf("loader: parent %d: %w", latest, err)
 	}
 	parent, err := r.Manifest(name, latest)
 	if err != nil {

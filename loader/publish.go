@@ -46,6 +46,10 @@ func (r Repo) NewVersion(spec Spec) (*VersionWriter, error) {
 	if err := m.ValidateHeader(); err != nil {
 		return nil, fmt.Errorf("loader: new version: %w", err)
 	}
+	if parts, v, ok := r.modelPartitions(spec.Name); ok && parts != spec.Partitions {
+		return nil, fmt.Errorf("loader: model %s has %d partitions (fixed by version %d); a version with %d would be rejected: give %d partitions, or publish under another name",
+			spec.Name, parts, v, spec.Partitions, parts)
+	}
 	dir := filepath.Join(r.Dir, spec.Name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("loader: %w", err)
@@ -58,6 +62,22 @@ func (r Repo) NewVersion(spec Spec) (*VersionWriter, error) {
 }
 
 func partFileName(p uint32) string { return fmt.Sprintf("part-%05d.bin", p) }
+
+// modelPartitions is the partition count of a model's oldest version
+// whose manifest reads, which fixes it for every later one (the manager
+// rejects a version with another); ok is false for a new model.
+func (r Repo) modelPartitions(name string) (parts uint32, version uint64, ok bool) {
+	versions, err := r.Versions(name)
+	if err != nil {
+		return 0, 0, false
+	}
+	for _, v := range versions {
+		if m, err := r.Manifest(name, v); err == nil {
+			return m.Partitions, v, true
+		}
+	}
+	return 0, 0, false
+}
 
 // WritePartition writes partition p. Keys must be unique and belong to
 // partition p. It may be called concurrently for different partitions.

@@ -165,10 +165,14 @@ func modelInspectCommand() *cobra.Command {
 func modelDeltaCommand() *cobra.Command {
 	var name, repo, upserts, deletes string
 	var bias float64
+	var parent uint64
 	cmd := &cobra.Command{
 		Use:   "delta",
-		Short: "Publish an increment on top of a model's latest version: changed, new and deleted features",
-		Long: `delta publishes a delta version whose parent is the model's latest version.
+		Short: "Publish an increment on top of a model's version: changed, new and deleted features",
+		Long: `delta publishes a delta version on top of --parent, by default the newest
+version that passes the local checks (its manifests chain and its files
+match them): a damaged version, which the manager rejects, is passed
+over, saying why.
 --upserts is a TSV model (docs/model-format.md) of the same type and dim
 holding features to add or change, and, if it has a bias header, the new
 bias; --deletes is a file of feature ids to remove, one per line; --bias
@@ -210,7 +214,19 @@ delta over its parents until the next full version.`,
 			if d.Upserts == nil && d.Deletes == nil && d.Bias == nil {
 				return fmt.Errorf("nothing to publish: give --upserts, --deletes or --bias")
 			}
-			m, err := loader.Repo{Dir: repo}.PublishDelta(name, d)
+			r := loader.Repo{Dir: repo}
+			d.Parent = parent
+			if parent == 0 {
+				v, skipped, err := r.DeltaParent(name)
+				for _, e := range skipped {
+					fmt.Fprintf(os.Stderr, "cumulus: not building on %v\n", e)
+				}
+				if err != nil {
+					return err
+				}
+				d.Parent = v
+			}
+			m, err := r.PublishDelta(name, d)
 			if err != nil {
 				return err
 			}
@@ -223,6 +239,7 @@ delta over its parents until the next full version.`,
 	cmd.Flags().StringVar(&upserts, "upserts", "", "TSV of features to add or change")
 	cmd.Flags().StringVar(&deletes, "deletes", "", "file of feature ids to delete, one per line")
 	cmd.Flags().Float64Var(&bias, "bias", 0, "new bias (default: keep the parent's)")
+	cmd.Flags().Uint64Var(&parent, "parent", 0, "the version to build on (default: the newest that passes the local checks)")
 	cmd.MarkFlagRequired("name")
 	cmd.MarkFlagRequired("repo")
 	return cmd
