@@ -173,16 +173,18 @@ func (c *Cluster) startShard(i int) (*shard.Shard, error) {
 	return shard.Start(c.ctx, so)
 }
 
-// Close stops everything, in reverse order.
+// Close stops everything: the router, then the manager (so that it does
+// not move the partitions of shards that are stopping anyway), then the
+// shards, then etcd.
 func (c *Cluster) Close() {
 	if c.Router != nil {
 		c.Router.Close()
 	}
-	for _, s := range c.Shards {
-		s.Close()
-	}
 	if c.Manager != nil {
 		c.Manager.Close()
+	}
+	for _, s := range c.Shards {
+		s.Close()
 	}
 	c.cancel()
 	if c.Etcd != nil {
