@@ -252,6 +252,18 @@ func TestConcurrentAdminCalls(t *testing.T) {
 	if len(audit.Entries) != calls {
 		t.Fatalf("%d audit entries for %d calls", len(audit.Entries), calls)
 	}
+	// Every call named live 2: once one has moved the live version, none
+	// after it applies.
+	moved := ""
+	for _, e := range audit.Entries { // oldest first
+		applied := strings.HasPrefix(e.Result, "ok")
+		if applied && moved != "" {
+			t.Errorf("%s applied (%s) after %q moved the live version", e.Op, e.Result, moved)
+		}
+		if live := strings.TrimSuffix(strings.Fields(strings.TrimPrefix(e.Result, "ok: live ") + " ")[0], ","); applied && live != "2" {
+			moved = e.Op + " " + e.Result
+		}
+	}
 }
 
 // TestUnreadableManifestReported: a version whose manifest is not valid
