@@ -411,10 +411,17 @@ func (t HostileTally) add(input, code string) {
 // Sent is the number of hostile requests sent, all inputs.
 func (t HostileTally) Sent() int {
 	n := 0
-	for _, codes := range t {
-		for _, c := range codes {
-			n += c
-		}
+	for input := range t {
+		n += t.sent(input)
+	}
+	return n
+}
+
+// sent is how many of input were sent.
+func (t HostileTally) sent(input string) int {
+	n := 0
+	for _, c := range t[input] {
+		n += c
 	}
 	return n
 }
@@ -422,19 +429,7 @@ func (t HostileTally) Sent() int {
 // Print writes one line per input, in the order given.
 func (t HostileTally) Print(w io.Writer, inputs []Hostile) {
 	for _, h := range inputs {
-		codes := t[h.Name]
-		keys := make([]string, 0, len(codes))
-		n := 0
-		for k, c := range codes {
-			keys = append(keys, k)
-			n += c
-		}
-		slices.Sort(keys)
-		parts := make([]string, len(keys))
-		for i, k := range keys {
-			parts[i] = fmt.Sprintf("%d %s", codes[k], k)
-		}
-		fmt.Fprintf(w, "  %-9s sent %d: %s\n", h.Name, n, strings.Join(parts, ", "))
+		fmt.Fprintf(w, "  %-9s sent %d: %s\n", h.Name, t.sent(h.Name), countList(t[h.Name]))
 	}
 }
 

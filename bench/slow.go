@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
-	"sort"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -116,30 +118,25 @@ func (s *SlowStats) Open() int {
 func (s *SlowStats) Print(w io.Writer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	fmt.Fprintf(w, "slow senders: %d requests opened, %d open, %d body bytes sent; answers: %s", s.opened, s.open, s.sent, countList(s.answers))
+	answers := countList(s.answers)
+	if answers == "" {
+		answers = "none"
+	}
+	fmt.Fprintf(w, "slow senders: %d requests opened, %d open, %d body bytes sent; answers: %s", s.opened, s.open, s.sent, answers)
 	if len(s.errs) > 0 {
 		fmt.Fprintf(w, "; ended by errors: %s", countList(s.errs))
 	}
 	fmt.Fprintln(w)
 }
 
+// countList is m's counts, "N key" each, by key: how the bench prints
+// tallies of answers ("" for none).
 func countList(m map[string]int) string {
-	if len(m) == 0 {
-		return "none"
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%d %s", m[k], k))
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var b bytes.Buffer
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s ×%d", k, m[k])
-	}
-	return b.String()
+	return strings.Join(parts, ", ")
 }
 
 // RunSlow holds o.Streams slow requests open until ctx ends, opening one

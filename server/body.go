@@ -83,17 +83,16 @@ func readBody(r *http.Request, limit int, x *receiving) (*body, error) {
 		case err == io.EOF: // before the announced length
 			err = io.ErrUnexpectedEOF
 		}
-		n = b.n
+		got := b.n
 		b.free()
-		b.n = n
 		var tooBig *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooBig):
 			return nil, badInput("request body is over the limit of %d bytes", limit)
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			return nil, errBodyCut{n: b.n}
+			return nil, errBodyCut{n: got}
 		}
-		return nil, badInput("reading the request body after %d bytes: %v", b.n, err)
+		return nil, badInput("reading the request body after %d bytes: %v", got, err)
 	}
 }
 

@@ -186,7 +186,16 @@ func (g *gate) Model(name string) (router.ModelStatus, bool) {
 func startGated(t *testing.T, o server.Options) (*server.Server, *gate, kservepb.GRPCInferenceServiceClient) {
 	t.Helper()
 	g := newGate()
-	o.Predictor, o.GRPCAddr, o.HTTPAddr = g, "127.0.0.1:0", "127.0.0.1:0"
+	s, client := startFront(t, o, g)
+	t.Cleanup(func() { close(g.release) }) // before Close: let held requests end
+	return s, g, client
+}
+
+// startFront starts a front on loopback ports over p, with a registry of
+// its own and a gRPC client, all stopped when the test ends.
+func startFront(t *testing.T, o server.Options, p server.Predictor) (*server.Server, kservepb.GRPCInferenceServiceClient) {
+	t.Helper()
+	o.Predictor, o.GRPCAddr, o.HTTPAddr = p, "127.0.0.1:0", "127.0.0.1:0"
 	reg := prometheus.NewRegistry()
 	o.Registry, o.Gatherer = reg, reg
 	s, err := server.Start(o)
@@ -194,13 +203,12 @@ func startGated(t *testing.T, o server.Options) (*server.Server, *gate, kservepb
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	t.Cleanup(func() { close(g.release) }) // before Close: let held requests end
 	conn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return s, g, kservepb.NewGRPCInferenceServiceClient(conn)
+	return s, kservepb.NewGRPCInferenceServiceClient(conn)
 }
 
 const oneRow = `{"inputs":[{"name":"ids","datatype":"INT64","shape":[1],"data":[5]},{"name":"row_splits","datatype":"INT64","shape":[2],"data":[0,1]}]}`
@@ -429,18 +437,7 @@ func TestRefusedBeforeTheMessage(t *testing.T) {
 	})
 	// A stream whose message never comes: only a refusal made before the
 	// message is read answers it.
-	conn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	stream, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true}, kservepb.GRPCInferenceService_ModelInfer_FullMethodName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = stream.RecvMsg(new(kservepb.ModelInferResponse))
+	err := neverSent(t, s.GRPCAddr())
 	st := status.Convert(err)
 	var retry *errdetails.RetryInfo
 	for _, d := range st.Details() {

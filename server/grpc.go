@@ -169,7 +169,7 @@ type receivedGRPC struct {
 // release frees the message, if it was not decoded, and gives back its
 // share of reception.
 func (r receivedGRPC) release() {
-	if r.m != nil && r.m.raw != nil {
+	if r.m != nil {
 		r.m.free()
 	}
 	r.x.done()

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -36,24 +35,6 @@ func (instant) Ready() bool     { return true }
 func (instant) Revision() int64 { return 1 }
 func (instant) Model(name string) (router.ModelStatus, bool) {
 	return router.ModelStatus{Name: name, Ready: true, Live: 3, Versions: []uint64{3}, Type: "lr"}, name == "m"
-}
-
-func startInstant(t *testing.T, o server.Options) (*server.Server, kservepb.GRPCInferenceServiceClient) {
-	t.Helper()
-	o.Predictor, o.GRPCAddr, o.HTTPAddr = instant{}, "127.0.0.1:0", "127.0.0.1:0"
-	reg := prometheus.NewRegistry()
-	o.Registry, o.Gatherer = reg, reg
-	s, err := server.Start(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	conn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return s, kservepb.NewGRPCInferenceServiceClient(conn)
 }
 
 // slowSenders starts o's slow senders from 127.0.0.2 against s and stops
@@ -150,8 +131,8 @@ func goodClient(t *testing.T, s *server.Server, client kservepb.GRPCInferenceSer
 // request in reception holds bytes, not a slot. (Before, the gRPC streams
 // took every slot and the good client was refused.)
 func TestSlowSendersHoldNoSlot(t *testing.T) {
-	s, client := startInstant(t, server.Options{MaxInflight: 2, MaxQueueTime: time.Millisecond,
-		RequestTimeout: time.Hour, ReceiveTimeout: time.Hour})
+	s, client := startFront(t, server.Options{MaxInflight: 2, MaxQueueTime: time.Millisecond,
+		RequestTimeout: time.Hour, ReceiveTimeout: time.Hour}, instant{})
 	grpcSlow := slowSenders(t, s, bench.SlowOptions{Protocol: "grpc", Streams: 8, Every: 20 * time.Millisecond})
 	httpSlow := slowSenders(t, s, bench.SlowOptions{Protocol: "http", Streams: 8, Every: 20 * time.Millisecond})
 	testenv.Eventually(t, 30*time.Second, func() error {
@@ -173,8 +154,8 @@ func TestSlowSendersHoldNoSlot(t *testing.T) {
 func TestOnePeerCannotTakeTheFront(t *testing.T) {
 	// A body of 64 KiB needs 136 KiB of reception: 200 KiB per address
 	// takes two gRPC streams (68 KiB each).
-	s, client := startInstant(t, server.Options{MaxRequestBytes: 64 << 10, MaxReceivingPerPeer: 200 << 10,
-		RequestTimeout: time.Hour, ReceiveTimeout: time.Hour})
+	s, client := startFront(t, server.Options{MaxRequestBytes: 64 << 10, MaxReceivingPerPeer: 200 << 10,
+		RequestTimeout: time.Hour, ReceiveTimeout: time.Hour}, instant{})
 	slowSenders(t, s, bench.SlowOptions{Protocol: "grpc", Streams: 6, Every: 20 * time.Millisecond})
 	testenv.Eventually(t, 30*time.Second, func() error {
 		if got := metric(t, s, `cumulus_admission_refused_total{api="grpc",bound="peer"}`); got == 0 {
@@ -199,7 +180,7 @@ func TestOnePeerCannotTakeTheFront(t *testing.T) {
 // in are counted, and held in memory, by the chunks their bytes fill: a
 // few KiB each, not the 40 MB announced.
 func TestAnnouncedLengthCostsNothing(t *testing.T) {
-	s, client := startInstant(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: time.Hour})
+	s, client := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: time.Hour}, instant{})
 	slow := slowSenders(t, s, bench.SlowOptions{Protocol: "http", Streams: 10, Announce: 40_000_000, Every: 20 * time.Millisecond})
 	testenv.Eventually(t, 30*time.Second, func() error {
 		if got := metric(t, s, "cumulus_receiving_bytes"); got < 10*(8<<10) {
@@ -218,7 +199,7 @@ func TestAnnouncedLengthCostsNothing(t *testing.T) {
 // connection closed, gRPC DeadlineExceeded naming the receive time. The
 // server goes on serving.
 func TestReceiveTimeout(t *testing.T) {
-	s, client := startInstant(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 50 * time.Millisecond})
+	s, client := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 50 * time.Millisecond}, instant{})
 	resp, msg := rawPost(t, s.HTTPAddr(), "", len(oneRow), oneRow[:10])
 	if resp.StatusCode != 408 || !resp.Close || !strings.Contains(msg, "did not arrive within its receive time") ||
 		!strings.Contains(msg, "10 of its bytes did") {
@@ -237,7 +218,7 @@ func TestReceiveTimeout(t *testing.T) {
 // receive time is closed by the server right after the 408, not held
 // while net/http waits to discard the rest of a body that never comes.
 func TestCutOffConnectionClosed(t *testing.T) {
-	s, client := startInstant(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 50 * time.Millisecond})
+	s, client := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 50 * time.Millisecond}, instant{})
 	conn, err := net.Dial("tcp", s.HTTPAddr())
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +244,7 @@ func TestCutOffConnectionClosed(t *testing.T) {
 // TestTruncatedChunkedBody: a chunked body whose connection ends before
 // its last chunk is refused as incomplete, never decoded as if whole.
 func TestTruncatedChunkedBody(t *testing.T) {
-	s, _ := startInstant(t, server.Options{RequestTimeout: time.Hour})
+	s, _ := startFront(t, server.Options{RequestTimeout: time.Hour}, instant{})
 	conn, err := net.Dial("tcp", s.HTTPAddr())
 	if err != nil {
 		t.Fatal(err)

@@ -87,7 +87,7 @@ func (g *Gate) Acquire(ctx context.Context, weight int64) (Ticket, error) {
 
 // Refusing reports whether Acquire of weight would be refused at once
 // now, with ahead more requests about to join the queue (a front counts
-// those whose bytes are arriving fast): the gate is full and its queue
+// those whose bytes are still arriving): the gate is full and its queue
 // as long as it may be. A front asks before it reads a request, so that
 // under overload a refusal costs nothing; the answer may be stale a
 // moment later, and Acquire decides.
