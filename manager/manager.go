@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,9 @@ type Options struct {
 	// loaded on the shards for rollback, with their deltas. Default 2;
 	// negative keeps none.
 	KeepVersions int
+	// KeepDeltas is how many deltas on each kept full version stay
+	// loaded for rollback (the newest). Default 20; negative keeps none.
+	KeepDeltas int
 	// ScanInterval is how often the repository is scanned for new
 	// versions. Default 10s.
 	ScanInterval time.Duration
@@ -70,6 +74,12 @@ func (o *Options) Validate() error {
 		o.KeepVersions = 2
 	case o.KeepVersions < 0:
 		o.KeepVersions = 0
+	}
+	switch {
+	case o.KeepDeltas == 0:
+		o.KeepDeltas = 20
+	case o.KeepDeltas < 0:
+		o.KeepDeltas = 0
 	}
 	if o.ScanInterval == 0 {
 		o.ScanInterval = 10 * time.Second
@@ -106,7 +116,10 @@ type Manager struct {
 	// persisted is the state as last written; loop goroutine only.
 	persisted *State
 	written   time.Time // when persisted was written
-	metrics   metrics
+	// mismatches counts, per model, the shard × version pairs reporting
+	// other content than validated; loop goroutine only.
+	mismatches map[string]int
+	metrics    metrics
 }
 
 type request struct {
@@ -122,6 +135,7 @@ type reply struct {
 }
 
 type metrics struct {
+	compared   prometheus.Counter
 	conflicts  prometheus.Counter
 	commits    prometheus.Counter
 	mismatches prometheus.Gauge
@@ -133,11 +147,14 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions},
+	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions, KeepDeltas: opts.KeepDeltas},
 		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
 		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event)}
 	m.queue.init()
+	m.mismatches = map[string]int{}
 	m.metrics = metrics{
+		compared: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_models_compared_total",
+			Help: "Models an event may have changed, compared with what etcd holds before writing: each costs in proportion to the model's state."}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_write_conflicts_total",
 			Help: "State writes refused because another manager wrote first; each is followed by a fresh read."}),
 		commits: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_commits_total",
@@ -146,7 +163,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 			Help: "Shard × model version pairs whose reported content differs from what the manager validated."}),
 	}
 	if opts.Registry != nil {
-		for _, c := range []prometheus.Collector{m.metrics.conflicts, m.metrics.commits, m.metrics.mismatches} {
+		for _, c := range []prometheus.Collector{m.metrics.compared, m.metrics.conflicts, m.metrics.commits, m.metrics.mismatches} {
 			if err := opts.Registry.Register(c); err != nil {
 				return nil, fmt.Errorf("manager: metrics: %w", err)
 			}
@@ -456,12 +473,18 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 	}
 }
 
-// changes is what differs between two states, as records to write.
+// changes is what differs between two states, as records to write. A
+// model next shares with cur (Decide copies only what an event touches)
+// is not looked at.
 func (m *Manager) changes(cur, next *State, acts []Action) change {
 	c := change{states: map[string][]byte{}, maps: map[string][]byte{}}
 	for name, nm := range next.Models {
-		b, _ := json.Marshal(nm)
 		om := cur.Models[name]
+		if om == nm {
+			continue
+		}
+		m.metrics.compared.Inc()
+		b, _ := json.Marshal(nm)
 		if was, _ := json.Marshal(om); om == nil || string(was) != string(b) {
 			c.states[name] = b
 		}
@@ -491,9 +514,19 @@ func (m *Manager) after(cur, next *State, acts []Action) {
 			m.queue.push(v)
 		}
 	}
-	mismatches := 0
+	shardsChanged := !sameShards(cur.Shards, next.Shards)
 	for _, name := range slices.Sorted(maps.Keys(next.Models)) {
 		nm, om := next.Models[name], cur.Models[name]
+		if nm == om && !shardsChanged {
+			continue // untouched by this event
+		}
+		if om != nil {
+			for _, v := range om.Versions {
+				if v.Version <= nm.Floor && nm.version(v.Version) == nil {
+					slog.Info("manager: version retired", "model", name, "version", v.Version, "was", v.Phase)
+				}
+			}
+		}
 		for _, v := range nm.Versions {
 			var was Version
 			if om != nil {
@@ -513,14 +546,31 @@ func (m *Manager) after(cur, next *State, acts []Action) {
 			m.metrics.commits.Inc()
 		}
 		was := cur.Mismatches(name)
+		n := 0
 		for id, vs := range next.Mismatches(name) {
-			mismatches += len(vs)
+			n += len(vs)
 			if len(was[id]) != len(vs) {
 				slog.Error("manager: shard reports content other than validated; not assigning it this model", "shard", id, "model", name, "versions", vs)
 			}
 		}
+		m.mismatches[name] = n
 	}
-	m.metrics.mismatches.Set(float64(mismatches))
+	for name := range m.mismatches {
+		if next.Models[name] == nil {
+			delete(m.mismatches, name)
+		}
+	}
+	total := 0
+	for _, n := range m.mismatches {
+		total += n
+	}
+	m.metrics.mismatches.Set(float64(total))
+}
+
+// sameShards reports whether a and b are the same reports (the same map,
+// as Decide passes them on unless they changed).
+func sameShards(a, b map[string]topo.ShardInfo) bool {
+	return len(a) == len(b) && (len(a) == 0 || reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer())
 }
 
 // validator validates versions one at a time, off the loop, so a large

@@ -22,7 +22,7 @@ type Phase string
 // or ready. The version to serve is staged on the shards, committed live
 // once every assigned replica holds it, and when another version goes
 // live it stays loaded as standby for rollback, until the keep policy
-// retires it (valid, no longer loaded).
+// retires it: it then leaves the state (see ModelState.Floor).
 const (
 	PhaseDiscovered Phase = "discovered" // queued for validation
 	PhaseValidating Phase = "validating"
@@ -31,7 +31,7 @@ const (
 	PhaseStaging    Phase = "staging"
 	PhaseLive       Phase = "live"
 	PhaseStandby    Phase = "standby"
-	PhaseRetired    Phase = "retired"
+	PhaseRetired    Phase = "retired" // only on its way out of the state
 )
 
 // valid reports whether a version in phase p passed validation.
@@ -69,11 +69,23 @@ type Version struct {
 	KeptSince uint64 `json:"kept_since,omitempty"`
 }
 
+// ModelStateSchema is the schema ModelState records are written with (see
+// topo.Schema). 2: Floor, and VersionInfo's compact form; a schema 1
+// reader would find retired versions again and drop Floor.
+const ModelStateSchema = 2
+
 // ModelState is everything the manager knows and intends for one model:
-// persisted, and replayable through Decide.
+// persisted, and replayable through Decide. It keeps only what can still
+// be served, staged or rolled back to, so its size is bounded by the keep
+// policy, never by the repository's history.
 type ModelState struct {
 	Schema int    `json:"schema"`
 	Name   string `json:"name"`
+	// Floor: a version at or below it that Versions does not list has
+	// left the state (retired, or rejected long ago) and is ignored when
+	// scanned. Versions are numbered above the repository's high-water
+	// mark, so no new version is ever at or below it.
+	Floor uint64 `json:"floor,omitempty"`
 	// Partitions is fixed by the model's first valid version; a version
 	// with another count is rejected.
 	Partitions uint32 `json:"partitions,omitempty"`
@@ -139,7 +151,14 @@ type Policy struct {
 	// KeepVersions is how many full versions besides the live one stay
 	// loaded as standby, with their deltas.
 	KeepVersions int
+	// KeepDeltas is how many deltas on each kept full version stay
+	// standby (the newest).
+	KeepDeltas int
 }
+
+// keepRejected is how many rejected versions a model keeps listed, with
+// their reasons (the newest).
+const keepRejected = 10
 
 // Event is an input to Decide.
 type Event interface{ isEvent() }
@@ -267,10 +286,38 @@ var (
 // returns the next state (s is not changed), the actions to carry out,
 // and for a refused Command the reason (the audit entry is among the
 // actions either way).
+//
+// An event about one model (a validation's progress, an operator's call
+// on it) copies and settles that model only: the next state shares every
+// other model with s, unchanged, so what an event costs — here and in
+// what the manager then writes — does not grow with the other models.
 func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
-	n := &State{Models: make(map[string]*ModelState, len(s.Models)), Shards: s.Shards}
-	for name, m := range s.Models {
-		n.Models[name] = m.clone()
+	n := &State{Models: maps.Clone(s.Models), Shards: s.Shards}
+	if n.Models == nil {
+		n.Models = map[string]*ModelState{}
+	}
+	touched := slices.Sorted(maps.Keys(s.Models))
+	switch ev := ev.(type) {
+	case Started:
+		touched = []string{ev.Model}
+	case Checked:
+		touched = []string{ev.Model}
+	case Command:
+		if ev.Op != OpRescan {
+			touched = []string{ev.Model}
+		}
+	case Scanned:
+		for name := range ev.Models {
+			if s.Models[name] == nil {
+				touched = append(touched, name)
+			}
+		}
+		slices.Sort(touched)
+	}
+	for _, name := range touched {
+		if m := s.Models[name]; m != nil {
+			n.Models[name] = m.clone()
+		}
 	}
 	var acts []Action
 	var err error
@@ -293,10 +340,11 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 	default:
 		panic(fmt.Sprintf("manager: unknown event %T", ev))
 	}
-	for _, name := range slices.Sorted(maps.Keys(n.Models)) {
-		m := n.Models[name]
-		n.settle(m, p)
-		m.count(s.Models[name])
+	for _, name := range touched {
+		if m := n.Models[name]; m != nil {
+			n.settle(m, p)
+			m.count(s.Models[name])
+		}
 	}
 	if c, ok := ev.(Command); ok {
 		result := "ok"
@@ -333,7 +381,7 @@ func (s *State) scanned(ev Scanned) []Action {
 	var acts []Action
 	for _, name := range slices.Sorted(maps.Keys(ev.Models)) {
 		if s.Models[name] == nil {
-			s.Models[name] = &ModelState{Schema: topo.Schema, Name: name}
+			s.Models[name] = &ModelState{Schema: ModelStateSchema, Name: name}
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.Models)) {
@@ -360,6 +408,9 @@ func (s *State) scanned(ev Scanned) []Action {
 		for _, vn := range slices.Sorted(maps.Keys(found)) {
 			f := found[vn]
 			v := m.version(vn)
+			if v == nil && vn <= m.Floor {
+				continue // left the state
+			}
 			if v == nil {
 				m.Versions = append(m.Versions, Version{Version: vn, Kind: f.Kind, Parent: f.Parent, Phase: PhaseDiscovered, Files: f.Files})
 				slices.SortFunc(m.Versions, func(a, b Version) int { return cmp.Compare(a.Version, b.Version) })
@@ -459,6 +510,8 @@ func (s *State) command(c Command) ([]Action, error) {
 	case OpPin:
 		v := m.version(c.Version)
 		switch {
+		case v == nil && c.Version <= m.Floor:
+			return nil, fmt.Errorf("%w: model %s version %d is retired: the manager no longer keeps it (see --keep-versions and --keep-deltas); publish its content as a new version to serve it again (versions kept: %s)", ErrConflict, m.Name, c.Version, list(m.numbers()))
 		case v == nil:
 			return nil, fmt.Errorf("%w: model %s has no version %d in the repository (versions: %s)", ErrConflict, m.Name, c.Version, list(m.numbers()))
 		case !v.Phase.valid():
@@ -482,6 +535,8 @@ func (s *State) command(c Command) ([]Action, error) {
 		} else if !slices.Contains(kept, to) {
 			why := "it is not kept for rollback"
 			switch v := m.version(to); {
+			case v == nil && to <= m.Floor:
+				why = "it is retired (no longer kept; see --keep-versions and --keep-deltas)"
 			case v == nil:
 				why = "the repository has no such version"
 			case v.Phase == PhaseRejected:
@@ -529,6 +584,7 @@ func (s *State) settle(m *ModelState, p Policy) {
 		return // nothing to place yet, or no word from the shards yet: decide nothing on ignorance
 	}
 	trusted := s.trusted(m)
+	h := s.holding(m.Name)
 	assign := Assign(m.Name, m.Partitions, trusted, p.Replicas)
 	liveServable := true // only a removed live version can stop being so (nobody can load it again)
 	if lv := m.version(m.Live); lv != nil && lv.Gone {
@@ -552,12 +608,13 @@ func (s *State) settle(m *ModelState, p Policy) {
 	if target != 0 && target != m.Live {
 		m.Staged = target
 		m.version(target).Phase = PhaseStaging
-		if s.allHold(m, assign, target) {
+		if s.allHold(h, m, assign, target) {
 			m.commit(target)
 		}
 	}
-	m.Replicas = s.handover(m, assign, trusted)
-	m.retire(p.KeepVersions)
+	m.Replicas = s.handover(h, m, assign, trusted)
+	m.retire(p.KeepVersions, p.KeepDeltas)
+	m.forget()
 }
 
 // count bumps Seq when m's serving map record differs from old's, and
@@ -598,6 +655,9 @@ func resolve(m *ModelState) {
 		if v.Kind == "delta" {
 			pv := m.version(v.Parent)
 			switch {
+			case pv == nil && v.Parent <= m.Floor:
+				v.Phase, v.Reason, v.Info = PhaseRejected, fmt.Sprintf("parent version %d is retired (no longer kept); a delta must build on a version the manager keeps", v.Parent), nil
+				continue
 			case pv == nil:
 				v.Phase, v.Reason, v.Info = PhaseRejected, fmt.Sprintf("parent version %d is not in the repository", v.Parent), nil
 				continue
@@ -671,11 +731,13 @@ func (m *ModelState) commit(v uint64) {
 }
 
 // retire keeps the standby versions built on the live version's full
-// version and on the keep most recently live other full versions; the
-// rest are retired.
-func (m *ModelState) retire(keep int) {
+// version and on the keep most recently live other full versions, and of
+// the deltas on each of those the newest keepDeltas; the rest are
+// retired.
+func (m *ModelState) retire(keep, keepDeltas int) {
 	bases := map[uint64]bool{m.base(m.Live): true}
-	for _, v := range m.Standby() {
+	standby := m.Standby()
+	for _, v := range standby {
 		b := m.base(v)
 		if !bases[b] && keep > 0 {
 			bases[b] = true
@@ -685,10 +747,74 @@ func (m *ModelState) retire(keep int) {
 			m.version(v).Phase = PhaseRetired
 		}
 	}
+	deltas := map[uint64]int{}
+	for _, v := range slices.Backward(slices.Sorted(slices.Values(standby))) {
+		x := m.version(v)
+		if x.Phase != PhaseStandby || x.Kind != "delta" {
+			continue
+		}
+		if b := m.base(v); deltas[b] < keepDeltas {
+			deltas[b]++
+		} else {
+			x.Phase = PhaseRetired
+		}
+	}
 }
+
+// forget drops from the state what can no longer be served, staged or
+// rolled back to, raising Floor so that scans do not find it again:
+// retired versions; ready versions older than the live one that no
+// pending delta builds on; of the other ready versions, all but the
+// newest few (pin targets); and rejected versions beyond the newest
+// keepRejected. The live, staged and pinned versions always stay.
+func (m *ModelState) forget() {
+	parents := map[uint64]bool{}
+	for _, v := range m.Versions {
+		if v.Phase.pending() && v.Kind == "delta" {
+			parents[v.Parent] = true
+		}
+	}
+	ready, rejected := 0, 0
+	drop := func(v Version) bool {
+		if v.Version == m.Live || v.Version == m.Staged || v.Version == m.Pin || parents[v.Version] {
+			return false
+		}
+		switch v.Phase {
+		case PhaseRetired:
+			return true
+		case PhaseReady:
+			ready++
+			return v.Version < m.Live || ready > keepReady
+		case PhaseRejected:
+			rejected++
+			return rejected > keepRejected
+		}
+		return false
+	}
+	kept := m.Versions[:0:0]
+	for _, v := range slices.Backward(m.Versions) {
+		if drop(v) {
+			m.Floor = max(m.Floor, v.Version)
+			continue
+		}
+		kept = append(kept, v)
+	}
+	if len(kept) == len(m.Versions) {
+		return
+	}
+	slices.Reverse(kept)
+	m.Versions = kept
+}
+
+// keepReady is how many ready versions newer than the live one a model
+// keeps (the newest): what it would follow, and pin targets.
+const keepReady = 10
 
 // base is the full version under v's chain (v itself when unknown).
 func (m *ModelState) base(v uint64) uint64 {
+	if x := m.version(v); x != nil && x.Info != nil && len(x.Info.Chain) > 0 {
+		return x.Info.Chain[len(x.Info.Chain)-1]
+	}
 	for range len(m.Versions) {
 		x := m.version(v)
 		if x == nil || x.Kind != "delta" {
@@ -756,19 +882,59 @@ func (s *State) Mismatches(model string) map[string][]uint64 {
 // has changed. An older report may list what the shard has since dropped
 // on an intermediate record's word.
 func (s *State) holds(m *ModelState, id string, v uint64, p int) bool {
-	x := m.version(v)
+	return s.holdsIn(nil, m, id, v, p)
+}
+
+// holding indexes the shards' reports of one model (shard → version →
+// report), so that settling a model with many partitions and versions
+// kept does not search every report for every pair.
+type holding map[string]map[uint64]*topo.Loaded
+
+func (s *State) holding(model string) holding {
+	h := holding{}
+	for id, si := range s.Shards {
+		for i := range si.Loaded {
+			l := &si.Loaded[i]
+			if l.Model != model {
+				continue
+			}
+			if h[id] == nil {
+				h[id] = map[uint64]*topo.Loaded{}
+			}
+			if h[id][l.Version] == nil { // the first, as ShardInfo.Holds reads
+				h[id][l.Version] = l
+			}
+		}
+	}
+	return h
+}
+
+// holdsIn is holds, reading the reports from h (nil: from s.Shards).
+func (s *State) holdsIn(h holding, m *ModelState, id string, v uint64, p int) bool {
+	return s.holdsVersion(h, m, id, m.version(v), p)
+}
+
+// holdsVersion is holdsIn for version x (nil: unknown).
+func (s *State) holdsVersion(h holding, m *ModelState, id string, x *Version, p int) bool {
 	if x == nil || x.Info == nil || p >= len(x.Info.IDs) {
 		return false
 	}
 	si, ok := s.Shards[id]
-	return ok && si.Applied[m.Name] >= max(m.PlaceSeq, x.KeptSince) && si.Holds(m.Name, v, uint32(p), x.Info.IDs[p])
+	if !ok || si.Applied[m.Name] < max(m.PlaceSeq, x.KeptSince) {
+		return false
+	}
+	if h == nil {
+		return si.Holds(m.Name, x.Version, uint32(p), x.Info.IDs[p])
+	}
+	l := h[id][x.Version]
+	return l != nil && x.Info.IDs[p] != "" && l.Identity(uint32(p)) == x.Info.IDs[p]
 }
 
 // allHold reports whether every replica assign names holds its partition
 // of v: the moment a rollout may commit. A shard counts only for the
 // partitions the map last published gives it: a report of anything else
 // may be about to go (the shard drops what an earlier map took from it).
-func (s *State) allHold(m *ModelState, assign [][]string, v uint64) bool {
+func (s *State) allHold(h holding, m *ModelState, assign [][]string, v uint64) bool {
 	if len(m.Replicas) != len(assign) {
 		return false
 	}
@@ -777,7 +943,7 @@ func (s *State) allHold(m *ModelState, assign [][]string, v uint64) bool {
 			return false
 		}
 		for _, id := range reps {
-			if !slices.Contains(m.Replicas[p], id) || !s.holds(m, id, v, p) {
+			if !slices.Contains(m.Replicas[p], id) || !s.holdsIn(h, m, id, v, p) {
 				return false
 			}
 		}
@@ -794,18 +960,20 @@ func (s *State) allHold(m *ModelState, assign [][]string, v uint64) bool {
 // if they are still trusted (registered, reporting nothing false), so a
 // partition moved when shards join or leave keeps its serving replicas
 // until its new holders have loaded it.
-func (s *State) handover(m *ModelState, assign [][]string, trusted []string) [][]string {
+func (s *State) handover(h holding, m *ModelState, assign [][]string, trusted []string) [][]string {
 	prev := m.Replicas
 	if len(prev) != len(assign) {
 		return assign
 	}
-	a := m.Assignment()
-	serving := a.Kept()
+	var serving []*Version
+	for _, v := range m.kept() {
+		serving = append(serving, m.version(v))
+	}
 	out := make([][]string, len(assign))
 	for p, reps := range assign {
 		out[p] = reps
 		ready := !slices.ContainsFunc(reps, func(id string) bool {
-			return !slices.Contains(prev[p], id) || slices.ContainsFunc(serving, func(v uint64) bool { return !s.holds(m, id, v, p) })
+			return !slices.Contains(prev[p], id) || slices.ContainsFunc(serving, func(x *Version) bool { return !s.holdsVersion(h, m, id, x, p) })
 		})
 		if ready {
 			continue
@@ -819,9 +987,15 @@ func (s *State) handover(m *ModelState, assign [][]string, trusted []string) [][
 	return out
 }
 
+// kept lists the versions shards keep loaded (topo.Assignment.Kept).
+func (m *ModelState) kept() []uint64 {
+	a := topo.Assignment{Live: m.Live, Staged: m.Staged, Standby: m.Standby()}
+	return a.Kept()
+}
+
 // Assignment is the serving map record of m.
 func (m *ModelState) Assignment() topo.Assignment {
-	a := topo.Assignment{Schema: topo.Schema, Model: m.Name, Seq: m.Seq, Live: m.Live, Staged: m.Staged, Standby: m.Standby(),
+	a := topo.Assignment{Schema: topo.AssignmentSchema, Model: m.Name, Seq: m.Seq, Live: m.Live, Staged: m.Staged, Standby: m.Standby(),
 		Partitions: m.Partitions, Replicas: m.Replicas}
 	if a.Replicas == nil {
 		a.Replicas = make([][]string, m.Partitions)

@@ -1,6 +1,8 @@
 package manager
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
@@ -28,6 +31,11 @@ type sim struct {
 	shards map[string]topo.ShardInfo
 	// removed versions' files are gone: shards cannot load them again
 	removed map[uint64]bool
+	// digests: identities are SHA-256 hex, as codec gives them
+	digests bool
+	// trusting: do not check that Decide leaves its input alone (a long
+	// run checked elsewhere)
+	trusting bool
 }
 
 func newSim(t *testing.T, p Policy) *sim {
@@ -38,10 +46,15 @@ func newSim(t *testing.T, p Policy) *sim {
 
 func (x *sim) do(ev Event) error {
 	x.t.Helper()
-	before, _ := json.Marshal(x.s.Models)
+	var before []byte
+	if !x.trusting {
+		before, _ = json.Marshal(x.s.Models)
+	}
 	next, acts, err := Decide(x.s, ev, x.p)
-	if after, _ := json.Marshal(x.s.Models); string(after) != string(before) {
-		x.t.Fatalf("Decide modified its input state on %T", ev)
+	if !x.trusting {
+		if after, _ := json.Marshal(x.s.Models); string(after) != string(before) {
+			x.t.Fatalf("Decide modified its input state on %T", ev)
+		}
 	}
 	for _, a := range acts {
 		switch a := a.(type) {
@@ -60,6 +73,20 @@ func (x *sim) ids(v uint64) []string {
 	out := make([]string, x.parts)
 	for p := range out {
 		out[p] = fmt.Sprintf("v%d-p%d-%s", v, p, x.files[v])
+		if x.digests {
+			d := sha256.Sum256([]byte(out[p]))
+			out[p] = hex.EncodeToString(d[:])
+		}
+	}
+	return out
+}
+
+// chain is version v's chain, newest first.
+func (x *sim) chain(v uint64) []uint64 {
+	out := []uint64{v}
+	for x.parent[v] != 0 {
+		v = x.parent[v]
+		out = append(out, v)
 	}
 	return out
 }
@@ -93,7 +120,7 @@ func (x *sim) validate() {
 		if why := x.broken[v.Version]; why != "" {
 			ev.Err = why
 		} else {
-			ev.Info = &topo.VersionInfo{Version: v.Version, Type: "lr", IDs: x.ids(v.Version)}
+			ev.Info = &topo.VersionInfo{Version: v.Version, Type: "lr", IDs: x.ids(v.Version), Chain: x.chain(v.Version)}
 		}
 		x.do(ev)
 	}
@@ -148,9 +175,9 @@ func (x *sim) join(ids ...string) {
 func (x *sim) settleAll() {
 	x.t.Helper()
 	for range 10 {
-		before, _ := json.Marshal(x.s.Models["m"].Assignment())
+		before := x.s.Models["m"].Seq // it counts the map record's changes
 		x.load()
-		if after, _ := json.Marshal(x.s.Models["m"].Assignment()); string(after) == string(before) {
+		if x.s.Models["m"].Seq == before {
 			return
 		}
 	}
@@ -180,7 +207,7 @@ func (x *sim) phase(v uint64) Phase {
 // of full and delta versions, a damaged version rejected and repaired,
 // rollbacks, pins and unpin, with shards loading what they are told.
 func TestDecideLifecycle(t *testing.T) {
-	x := newSim(t, Policy{Replicas: 2, KeepVersions: 2})
+	x := newSim(t, Policy{Replicas: 2, KeepVersions: 2, KeepDeltas: 20})
 	x.scan(1)
 	if x.phase(1) != PhaseDiscovered || len(x.queue) != 1 {
 		t.Fatalf("new version: phase %s, %d validations queued", x.phase(1), len(x.queue))
@@ -270,15 +297,20 @@ func TestDecideLifecycle(t *testing.T) {
 	// Kept: the two full versions most recently live besides 5, with
 	// their deltas: 1, then 3 (on 2) and 2; 4 was live longer ago.
 	x.expect(5, 0, 1, 3, 2)
-	if x.phase(4) != PhaseRetired {
-		t.Fatalf("phase of 4: %s", x.phase(4))
+	// 4 retired: it leaves the state, and scans no longer find it.
+	if m := x.s.Models["m"]; x.phase(4) != "" || m.Floor < 4 {
+		t.Fatalf("retired version 4: phase %q, floor %d", x.phase(4), m.Floor)
+	}
+	x.scan(1, 2, 3, 4, 5)
+	if x.phase(4) != "" || len(x.queue) != 0 {
+		t.Fatalf("a scan found retired version 4 again: phase %q, queued %v", x.phase(4), x.queue)
 	}
 
 	// Refusals: 409 naming what is kept, 404 for an unknown model; the
 	// state does not change and each is audited.
 	n := len(x.audit)
 	err := x.cmd(OpRollback, 4)
-	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "standby versions: 1, 3, 2") {
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "version 4: it is retired") || !strings.Contains(err.Error(), "standby versions: 1, 3, 2") {
 		t.Fatalf("rollback to a retired version: %v", err)
 	}
 	x.broken[6] = "bad"
@@ -300,16 +332,18 @@ func TestDecideLifecycle(t *testing.T) {
 		t.Fatalf("pin of an unknown model: %v", err)
 	}
 	x.expect(5, 0, 1, 3, 2)
-	if len(x.audit) != n+6 || !strings.Contains(x.audit[n].Result, "not kept") {
+	if len(x.audit) != n+6 || !strings.Contains(x.audit[n].Result, "retired") {
 		t.Fatalf("audit: %+v", x.audit[n:])
 	}
-	// A pin to a retired (valid, unloaded) version stages it.
-	if err := x.cmd(OpPin, 4); err != nil {
+	// A pin to a retired version is refused: the state no longer has it.
+	if err := x.cmd(OpPin, 4); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "version 4 is retired") {
+		t.Fatalf("pin to a retired version: %v", err)
+	}
+	// A pin to a standby version stages nothing: it is loaded.
+	if err := x.cmd(OpPin, 1); err != nil {
 		t.Fatal(err)
 	}
-	x.expect(5, 4, 1, 3, 2)
-	x.settleAll()
-	x.expect(4, 0, 5, 1) // 2 and its delta 3: the third full version back, retired
+	x.expect(1, 0, 5, 3, 2)
 	// Rescan validates rejected versions again.
 	delete(x.broken, 6)
 	if err := x.do(Command{Op: OpRescan}); err != nil {
@@ -324,7 +358,7 @@ func TestDecideLifecycle(t *testing.T) {
 // TestDecideReplays: the same events give the same states.
 func TestDecideReplays(t *testing.T) {
 	run := func() string {
-		x := newSim(t, Policy{Replicas: 1, KeepVersions: 1})
+		x := newSim(t, Policy{Replicas: 1, KeepVersions: 1, KeepDeltas: 20})
 		x.join("a", "b")
 		for v := uint64(1); v <= 4; v++ {
 			vs := make([]uint64, v)
@@ -349,7 +383,7 @@ func TestDecideReplays(t *testing.T) {
 // staged version must not be committed until every partition of it is
 // held again, and the live version stays the one in the map.
 func TestDecideShardRestartMidRollout(t *testing.T) {
-	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2})
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20})
 	x.join("s0", "s1")
 	x.scan(1)
 	x.validate()
@@ -380,7 +414,7 @@ func TestDecideShardRestartMidRollout(t *testing.T) {
 // make-before-break; a shard reporting content other than validated is
 // assigned nothing of the model.
 func TestDecideShardLeavesAndMismatch(t *testing.T) {
-	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2})
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20})
 	x.join("s0", "s1")
 	x.scan(1)
 	x.validate()
@@ -427,7 +461,7 @@ func TestDecideShardLeavesAndMismatch(t *testing.T) {
 // with another partition count is rejected; a standby version leaving the
 // repository is forgotten, a live one stays live until replaced.
 func TestDecideChains(t *testing.T) {
-	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2})
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20})
 	x.join("s0")
 	x.scan(1)
 	x.validate()
@@ -512,7 +546,7 @@ func TestDecideChains(t *testing.T) {
 // older record may list a partition the shard is about to drop on that
 // record's word; it must not complete a handover.
 func TestDecideDistrustsStaleReports(t *testing.T) {
-	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2})
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20})
 	x.join("s0", "s1")
 	x.scan(1)
 	x.validate()
@@ -555,7 +589,7 @@ func TestDecideDistrustsStaleReports(t *testing.T) {
 // change is checked again and the result shown; what is served does not
 // change.
 func TestDecideFilesChangedAfterValidation(t *testing.T) {
-	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2})
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20})
 	x.join("s0")
 	x.scan(1)
 	x.validate()
@@ -579,4 +613,116 @@ func TestDecideFilesChangedAfterValidation(t *testing.T) {
 		t.Fatalf("damaged after validation: %+v", v)
 	}
 	x.expect(1, 0)
+}
+
+// TestStateStaysSmall: a 64-partition model through 2,000 versions —
+// deltas one after another, a full version every 200 (what compaction
+// publishes), some rejected, rollbacks and pins along the way — keeps its
+// persisted state and its serving map record under 256 KiB, and
+// rollback still reaches the newest standby versions.
+func TestStateStaysSmall(t *testing.T) {
+	const bound = 256 << 10
+	x := newSim(t, Policy{Replicas: 2, KeepVersions: 2, KeepDeltas: 20})
+	x.parts, x.digests, x.trusting = 64, true, true
+	x.join("a", "b", "c", "d")
+	var repo []uint64
+	biggest := [2]int{}
+	n := uint64(2000)
+	if testenv.RaceEnabled {
+		n = 400 // the race detector checks the state machine's concurrency, which a long run adds nothing to
+	}
+	for v := uint64(1); v <= n; v++ {
+		if _, ok := x.parent[v]; !ok && v%200 != 1 {
+			x.parent[v] = v - 1
+		}
+		if v%97 == 0 {
+			x.broken[v] = "damaged"
+			x.parent[v+1] = v - 1
+		}
+		repo = append(repo, v)
+		x.scan(repo...)
+		x.validate()
+		x.settleAll()
+		if v%333 == 0 {
+			if err := x.cmd(OpRollback, 0); err != nil {
+				t.Fatalf("at %d: %v", v, err)
+			}
+			x.settleAll()
+			if err := x.cmd(OpUnpin, 0); err != nil {
+				t.Fatal(err)
+			}
+			x.settleAll()
+		}
+		if v%10 != 0 {
+			continue
+		}
+		m := x.s.Models["m"]
+		st, _ := json.Marshal(m)
+		a, _ := json.Marshal(m.Assignment())
+		biggest = [2]int{max(biggest[0], len(st)), max(biggest[1], len(a))}
+		if len(st) > bound || len(a) > bound {
+			t.Fatalf("after version %d: state %d bytes, map record %d bytes; bound %d", v, len(st), len(a), bound)
+		}
+	}
+	m := x.s.Models["m"]
+	t.Logf("%d versions: largest state %d bytes, largest map record %d bytes; %d versions listed, floor %d", n, biggest[0], biggest[1], len(m.Versions), m.Floor)
+	if m.Live != n {
+		t.Fatalf("live %d, want %d", m.Live, n)
+	}
+	standby := m.Standby()
+	if len(standby) == 0 || standby[0] != n-1 {
+		t.Fatalf("standby %v: the version before the live one is not the first rollback target", standby)
+	}
+	var deltas int
+	for _, v := range standby {
+		if m.version(v).Kind == "delta" && m.base(v) == m.base(n) {
+			deltas++
+		}
+	}
+	if deltas != 20 {
+		t.Fatalf("%d standby deltas on the live version's base, want 20 (--keep-deltas)", deltas)
+	}
+	if err := x.cmd(OpRollback, 0); err != nil {
+		t.Fatal(err)
+	}
+	x.settleAll()
+	x.expect(n-1, 0, append([]uint64{n}, standby[1:]...)...)
+}
+
+// TestEventsTouchTheirModelOnly: a validation result or an operator's
+// call about one model copies and settles that model only; the next
+// state shares every other model with the last (so the manager neither
+// settles, marshals nor compares them).
+func TestEventsTouchTheirModelOnly(t *testing.T) {
+	s := &State{Models: map[string]*ModelState{}, Shards: map[string]topo.ShardInfo{"a": {Schema: topo.ShardInfoSchema, ID: "a"}}}
+	found := map[string][]Found{}
+	for i := range 50 {
+		found[fmt.Sprintf("m%d", i)] = []Found{{Version: 1, Kind: "full", Files: "f"}, {Version: 2, Kind: "full", Files: "f"}}
+	}
+	p := Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20}
+	s, _, _ = Decide(s, Scanned{Models: found}, p)
+	for name := range found {
+		s, _, _ = Decide(s, Checked{Model: name, Version: 1, Files: "f", Info: &topo.VersionInfo{Version: 1, Type: "lr", IDs: []string{"x"}, Chain: []uint64{1}}}, p)
+	}
+	for _, ev := range []Event{
+		Started{Model: "m7", Version: 2},
+		Checked{Model: "m7", Version: 2, Files: "f", Info: &topo.VersionInfo{Version: 2, Type: "lr", IDs: []string{"y"}, Chain: []uint64{2}}},
+		Command{Op: OpPin, Model: "m7", Version: 1},
+		Command{Op: OpUnpin, Model: "nope"},
+	} {
+		next, _, err := Decide(s, ev, p)
+		if _, unknown := ev.(Command); err != nil && !(unknown && errors.Is(err, ErrNotFound)) {
+			t.Fatalf("%T: %v", ev, err)
+		}
+		for name, m := range s.Models {
+			c, ok := ev.(Command)
+			if shared := next.Models[name] == m; shared != (name != "m7" || ok && c.Model != "m7") {
+				t.Fatalf("%T: model %s shared %v", ev, name, shared)
+			}
+		}
+		s = next
+	}
+	if m := s.Models["m7"]; m.Pin != 1 || m.version(2).Phase != PhaseReady {
+		t.Fatalf("m7: pin %d, version 2 %s", m.Pin, m.version(2).Phase)
+	}
 }

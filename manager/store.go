@@ -32,6 +32,7 @@ type store struct {
 	writer  string // who writes, recorded in the guard
 	rev     int64  // the guard's mod revision as last seen; 0: absent
 	audit   uint64 // sequence number of the newest audit entry
+	txns    int    // transactions the last commit took
 }
 
 type guardRecord struct {
@@ -39,6 +40,10 @@ type guardRecord struct {
 	Writer string `json:"writer"`
 	Audit  uint64 `json:"audit"`
 }
+
+// recordSchema is the schema of the guard and audit records (see
+// topo.Schema); ModelStateSchema is the models' own.
+const recordSchema = 1
 
 // maxAudit is how many audit entries are kept.
 const maxAudit = 1000
@@ -94,20 +99,46 @@ func (c *change) empty() bool { return len(c.states) == 0 && len(c.maps) == 0 &&
 // maxTxnOps is etcd's default limit on operations in one transaction.
 const maxTxnOps = 128
 
-// commit writes c in one transaction conditional on the guard (more than
-// maxTxnOps operations go in several, each conditional on the last; the
-// serving map's records go first, so up to maxTxnOps-1 models a router
-// sees the map change at once).
+// maxTxnBytes bounds the keys and values of one transaction: etcd refuses
+// requests over --max-request-bytes (default 1.5 MiB), and this leaves
+// room for the request's own framing. maxRecordBytes bounds one record.
+// The manager's records stay far below (a model's state and map record
+// under 256 KiB, TestStateStaysSmall); these bounds turn a record that
+// does not into a clear error before anything is written.
+const (
+	maxTxnBytes    = 1 << 20
+	maxRecordBytes = maxTxnBytes - 4<<10
+)
+
+// ErrTooLarge is returned by commit for a record etcd would refuse.
+var ErrTooLarge = errors.New("manager: record too large for etcd")
+
+// commit writes c in one transaction conditional on the guard; a change
+// of more than maxTxnOps operations or maxTxnBytes bytes goes in several,
+// each conditional on the last. The serving map's records go first, so
+// a router sees the map of as many models change at once as fit.
 func (st *store) commit(ctx context.Context, c change) error {
 	if c.empty() {
 		return nil
 	}
 	var ops []clientv3.Op
+	var sizes []int
+	put := func(key string, value []byte) error {
+		if n := len(key) + len(value); n > maxRecordBytes {
+			return fmt.Errorf("%w: %s is %d bytes, over the %d a write may carry; nothing written", ErrTooLarge, key, n, maxRecordBytes)
+		}
+		ops, sizes = append(ops, clientv3.OpPut(key, string(value))), append(sizes, len(key)+len(value))
+		return nil
+	}
 	for _, name := range slices.Sorted(maps.Keys(c.maps)) {
-		ops = append(ops, clientv3.OpPut(st.cluster.ModelKey(name), string(c.maps[name])))
+		if err := put(st.cluster.ModelKey(name), c.maps[name]); err != nil {
+			return err
+		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.states)) {
-		ops = append(ops, clientv3.OpPut(st.modelsPrefix()+name, string(c.states[name])))
+		if err := put(st.modelsPrefix()+name, c.states[name]); err != nil {
+			return err
+		}
 	}
 	seq := st.audit
 	for _, e := range c.audit {
@@ -115,15 +146,23 @@ func (st *store) commit(ctx context.Context, c change) error {
 		b, _ := json.Marshal(struct {
 			Schema int `json:"schema"`
 			AuditEntry
-		}{topo.Schema, e})
-		ops = append(ops, clientv3.OpPut(st.auditKey(seq), string(b)))
+		}{recordSchema, e})
+		if err := put(st.auditKey(seq), b); err != nil {
+			return err
+		}
 		if seq > maxAudit {
-			ops = append(ops, clientv3.OpDelete(st.auditKey(seq-maxAudit)))
+			key := st.auditKey(seq - maxAudit)
+			ops, sizes = append(ops, clientv3.OpDelete(key)), append(sizes, len(key))
 		}
 	}
+	st.txns = 0
 	for first := true; first || len(ops) > 0; first = false {
-		n := min(len(ops), maxTxnOps-1)
-		g, _ := json.Marshal(guardRecord{Schema: topo.Schema, Writer: st.writer, Audit: seq})
+		n, bytes := 0, 0
+		for n < len(ops) && n < maxTxnOps-1 && (n == 0 || bytes+sizes[n] <= maxTxnBytes) {
+			bytes += sizes[n]
+			n++
+		}
+		g, _ := json.Marshal(guardRecord{Schema: recordSchema, Writer: st.writer, Audit: seq})
 		then := append(ops[:n:n], clientv3.OpPut(st.guardKey(), string(g)))
 		cond := clientv3.Compare(clientv3.ModRevision(st.guardKey()), "=", st.rev)
 		resp, err := st.cli.Txn(ctx).If(cond).Then(then...).Commit()
@@ -134,7 +173,8 @@ func (st *store) commit(ctx context.Context, c change) error {
 			return ErrStale
 		}
 		st.rev = resp.Header.Revision
-		ops = ops[n:]
+		st.txns++
+		ops, sizes = ops[n:], sizes[n:]
 	}
 	st.audit = seq
 	if len(c.maps) > 0 {

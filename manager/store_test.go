@@ -1,8 +1,11 @@
 package manager
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/cumulus-serving/cumulus/internal/testenv"
@@ -37,5 +40,50 @@ func TestStaleWriterRefused(t *testing.T) {
 	}
 	if err := b.commit(ctx, change{maps: map[string][]byte{"m": []byte(`"b's"`)}}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCommitSplitsByBytes: a change larger than one etcd request is
+// written in several transactions, each within the byte budget; a record
+// at the limit is written, one byte over is refused before anything is
+// written.
+func TestCommitSplitsByBytes(t *testing.T) {
+	cli := testenv.Etcd(t)
+	ctx := context.Background()
+	st := &store{cli: cli, cluster: topo.DefaultCluster, writer: "a"}
+	if _, err := st.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	at := maxRecordBytes - len(st.modelsPrefix()+"m0")
+	c := change{states: map[string][]byte{}}
+	for i := range 5 {
+		c.states[fmt.Sprintf("m%d", i)] = bytes.Repeat([]byte{'x'}, at)
+	}
+	if err := st.commit(ctx, c); err != nil {
+		t.Fatalf("five records at the limit: %v", err)
+	}
+	if st.txns != 5 {
+		t.Fatalf("%d transactions for five records of %d bytes, want 5", st.txns, maxRecordBytes)
+	}
+	for i := range 5 {
+		resp, err := cli.Get(ctx, st.modelsPrefix()+fmt.Sprintf("m%d", i))
+		if err != nil || len(resp.Kvs) != 1 || len(resp.Kvs[0].Value) != at {
+			t.Fatalf("record m%d after the write: %v", i, err)
+		}
+	}
+	small := change{states: map[string][]byte{}}
+	for i := range 300 {
+		small.states[fmt.Sprintf("s%d", i)] = []byte("{}")
+	}
+	if err := st.commit(ctx, small); err != nil || st.txns != 3 {
+		t.Fatalf("300 small records: %v, %d transactions, want 3 (%d operations each at most)", err, st.txns, maxTxnOps)
+	}
+	rev := st.rev
+	over := change{states: map[string][]byte{"a": []byte("{}"), "m0": bytes.Repeat([]byte{'y'}, at+1)}}
+	if err := st.commit(ctx, over); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "m0") {
+		t.Fatalf("a record one byte over the limit: %v", err)
+	}
+	if resp, err := cli.Get(ctx, st.modelsPrefix()+"a"); err != nil || len(resp.Kvs) != 0 || st.rev != rev {
+		t.Fatal("something was written beside the refused record")
 	}
 }

@@ -292,7 +292,7 @@ func (s *Shard) halt(crash bool) {
 }
 
 func (s *Shard) info() string {
-	info := topo.ShardInfo{Schema: topo.Schema, ID: s.opts.ID, Addr: s.opts.AdvertiseAddr, Build: s.opts.Build,
+	info := topo.ShardInfo{Schema: topo.ShardInfoSchema, ID: s.opts.ID, Addr: s.opts.AdvertiseAddr, Build: s.opts.Build,
 		Applied: s.applied, Loaded: s.Loaded()}
 	// What fails now, not a history: a load that later succeeds, or is no
 	// longer asked for, leaves the report.

@@ -172,7 +172,8 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 
 func managerCommand() *cobra.Command {
 	var etcd, repo string
-	var replicas, keep int
+	var replicas int
+	var policy policyFlags
 	var cluster clusterFlag
 	var admin adminFlags
 	cmd := &cobra.Command{
@@ -193,7 +194,8 @@ func managerCommand() *cobra.Command {
 			}
 			defer cli.Close()
 			m, err := manager.Start(cmd.Context(), manager.Options{Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c,
-				Replicas: replicas, KeepVersions: keepVersions(keep), Registry: prometheus.DefaultRegisterer})
+				Replicas: replicas, KeepVersions: keepVersions(policy.keepVersions), KeepDeltas: keepVersions(policy.keepDeltas),
+				ScanInterval: policy.scan, Registry: prometheus.DefaultRegisterer})
 			if err != nil {
 				return err
 			}
@@ -211,15 +213,27 @@ func managerCommand() *cobra.Command {
 	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas per partition")
-	cmd.Flags().IntVar(&keep, "keep-versions", 2, "full versions besides the live one kept loaded for rollback, with their deltas")
+	policy.register(cmd, 10*time.Second)
 	cluster.register(cmd)
 	admin.register(cmd.Flags(), "admin-addr")
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }
 
-// keepVersions maps the --keep-versions flag to manager.Options, where 0
-// means the default.
+// policyFlags are the manager's policy, for manager and dev.
+type policyFlags struct {
+	keepVersions, keepDeltas int
+	scan                     time.Duration
+}
+
+func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
+	cmd.Flags().IntVar(&f.keepVersions, "keep-versions", 2, "full versions besides the live one kept loaded for rollback, with their deltas")
+	cmd.Flags().IntVar(&f.keepDeltas, "keep-deltas", 20, "deltas on each kept full version kept loaded for rollback (the newest); older ones retire")
+	cmd.Flags().DurationVar(&f.scan, "scan-interval", scan, "how often the whole repository is listed, besides watching it for changes (on a network filesystem, which reports no changes made on other hosts, this is how soon a version is found)")
+}
+
+// keepVersions maps the --keep-versions and --keep-deltas flags to
+// manager.Options, where 0 means the default.
 func keepVersions(n int) int {
 	if n <= 0 {
 		return -1

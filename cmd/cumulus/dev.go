@@ -23,7 +23,8 @@ func devCommand() *cobra.Command {
 	var (
 		repo, httpAddr, grpcAddr string
 		dataDir                  string
-		shards, replicas, keep   int
+		shards, replicas         int
+		policy                   policyFlags
 		readyTimeout             time.Duration
 		lim                      limitFlags
 		budget                   byteSize
@@ -65,7 +66,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 			reg := prometheus.NewRegistry()
 			// The cluster outlives the signal until the front has drained.
 			c, err := devcluster.Start(context.WithoutCancel(ctx), devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
-				MemoryBudget: int64(budget), Cluster: cluster.c, KeepVersions: keepVersions(keep), Build: buildinfo.String(),
+				MemoryBudget: int64(budget), Cluster: cluster.c, KeepVersions: keepVersions(policy.keepVersions), KeepDeltas: keepVersions(policy.keepDeltas), ScanInterval: policy.scan, Build: buildinfo.String(),
 				Router: lim.routerOptions(router.Options{})})
 			if err != nil {
 				return err
@@ -115,7 +116,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 	lim.register(cmd)
 	cmd.Flags().Var(&budget, "memory-budget", "per shard: resident table bytes (e.g. 1.5GB); partitions beyond it are served from mapped files (default: half the machine's memory or cgroup limit, shared by the shards; 0: no bound)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for etcd's data (DIR/etcd) and each shard's copies of partitions it serves mapped (DIR/shard-N); kept on exit (default: a temporary directory, removed on exit)")
-	cmd.Flags().IntVar(&keep, "keep-versions", 2, "full versions besides the live one kept loaded for rollback, with their deltas")
+	policy.register(cmd, 2*time.Second)
 	cluster.register(cmd)
 	admin.register(cmd.Flags(), "admin-addr")
 	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "give up if models are not servable by then")

@@ -14,8 +14,9 @@
 // The manager alone decides what is served; shards load what the map
 // names and report the content identity of each partition they verified;
 // routers route a partition only to shards that the map assigns it to and
-// that report the identity the map expects. A record of a schema a reader
-// does not know is refused, never half-read.
+// that report the identity the map expects. Records evolve by one rule
+// (see Schema): a record names the oldest reader that may act on it, and
+// a reader refuses a record newer than itself, never half-reads it.
 package topo
 
 import (
@@ -28,9 +29,29 @@ import (
 	"strings"
 )
 
-// Schema is the version of the records' layout this build reads and
-// writes.
-const Schema = 1
+// Schema is the newest record layout this build reads.
+//
+// The rule every record under /cumulus/ follows: its "schema" names the
+// oldest reader that may act on it. A reader acts on a record whose
+// schema is at most its own Schema and refuses (never half-reads) a newer
+// one. A writer adds fields that older readers may safely ignore without
+// changing a record's schema (unknown fields are ignored on reading); a
+// change an older reader would misread — a field it must not ignore, a
+// field whose meaning changes, a field it needs that is gone — raises the
+// record's schema to the first Schema that reads it. Each record type
+// has its own schema, below; Schema is at least the largest of them.
+// Readers are upgraded before writers: shards and routers, then managers.
+const Schema = 2
+
+// The schema each record is written with: the oldest reader that may act
+// on it.
+const (
+	// ShardInfoSchema: shard registrations.
+	ShardInfoSchema = 1
+	// AssignmentSchema: serving map records. 2: identities as digests and
+	// chains as runs (VersionInfo's JSON form), so a record stays small.
+	AssignmentSchema = 2
+)
 
 // Cluster is a cluster's name: every key sits under /cumulus/NAME/.
 type Cluster string
@@ -161,10 +182,10 @@ type VersionInfo struct {
 	// Hash is the partition function's name (internal/partition).
 	Hash string `json:"hash"`
 	// IDs is the expected content identity of each partition.
-	IDs []string `json:"ids"`
+	IDs []string `json:"-"`
 	// Chain lists the versions whose files make this one, newest first
 	// (a full version: itself only).
-	Chain []uint64 `json:"chain"`
+	Chain []uint64 `json:"-"`
 }
 
 // Info returns the metadata of version v, or nil.
@@ -208,11 +229,11 @@ func (a *Assignment) Check() error {
 	return nil
 }
 
-// ErrSchema is wrapped when a record's schema is not this build's.
+// ErrSchema is wrapped when a record's schema is not one this build reads.
 var ErrSchema = errors.New("topo: unknown record schema")
 
 // Decode parses a record, naming the key on error, and refuses one whose
-// schema is not Schema.
+// schema is newer than Schema (or missing).
 func Decode[T any](key string, value []byte) (T, error) {
 	var v T
 	var head struct {
@@ -221,8 +242,8 @@ func Decode[T any](key string, value []byte) (T, error) {
 	if err := json.Unmarshal(value, &head); err != nil {
 		return v, fmt.Errorf("topo: %s: %w", key, err)
 	}
-	if head.Schema != Schema {
-		return v, fmt.Errorf("%w: %s has schema %d, this build reads %d", ErrSchema, key, head.Schema, Schema)
+	if head.Schema < 1 || head.Schema > Schema {
+		return v, fmt.Errorf("%w: %s has schema %d, this build reads 1 to %d (upgrade it)", ErrSchema, key, head.Schema, Schema)
 	}
 	if err := json.Unmarshal(value, &v); err != nil {
 		return v, fmt.Errorf("topo: %s: %w", key, err)
