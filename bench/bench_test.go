@@ -58,6 +58,7 @@ func TestRunAgainstDevCluster(t *testing.T) {
 // front is a dev cluster serving model "b" behind a front on loopback,
 // and a gRPC client of it.
 type front struct {
+	repo string
 	m    *codec.Manifest
 	srv  *server.Server
 	grpc kservepb.GRPCInferenceServiceClient
@@ -83,7 +84,7 @@ func startFront(t *testing.T, typ string) front {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return front{m: m, srv: s, grpc: kservepb.NewGRPCInferenceServiceClient(conn)}
+	return front{repo: dir, m: m, srv: s, grpc: kservepb.NewGRPCInferenceServiceClient(conn)}
 }
 
 // nopRegistry keeps the front's metrics out of the global registry.

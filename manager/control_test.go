@@ -403,3 +403,94 @@ func TestRollbacksSayWhatTheyExpect(t *testing.T) {
 		t.Errorf("unpin from the live version: %d %v", code, out)
 	}
 }
+
+// TestWatchFindsVersions: with hourly scans, the manager finds by
+// watching the repository a new model's directory, a version published
+// into a model, and a version directory removed.
+func TestWatchFindsVersions(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := repoWith(t, 1)
+	fakeShards(t, cli, "s0")
+	m := startWith(t, cli, repo, 1)
+	if _, err := repo.Publish("n", lrModel(3), 2, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.Publish("m", lrModel(2), 4, ""); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		s := m.State()
+		if n := s.Models["n"]; n == nil || n.Live != 1 || s.Models["m"].Live != 2 {
+			return errors.New("the new model or version is not live yet")
+		}
+		return nil
+	})
+	if err := os.RemoveAll(repo.VersionDir("m", 1)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if vs := m.State().Models["m"].Versions; len(vs) != 1 || vs[0].Version != 2 {
+			return fmt.Errorf("versions %+v after removing 1", vs)
+		}
+		return nil
+	})
+}
+
+// TestManyDeltas: 200 deltas published one after another to a
+// 64-partition model, each going live; what etcd holds for the model —
+// its state and its serving map record — stays under 256 KiB, versions
+// beyond the keep policy leave the state, and rollback still works.
+func TestManyDeltas(t *testing.T) {
+	const bound = 256 << 10
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	if _, err := repo.Publish("m", lrModel(1), 64, ""); err != nil {
+		t.Fatal(err)
+	}
+	fakeShards(t, cli, "s0", "s1")
+	m := startWith(t, cli, repo, 1)
+	n := uint64(200)
+	if testenv.RaceEnabled {
+		n = 60
+	}
+	largest := [2]int{}
+	for v := uint64(2); v <= n; v++ {
+		up := &loader.Sparse{Type: codec.TypeLR, Keys: []uint64{v}, Values: []float32{float32(v)}}
+		if _, err := repo.PublishDelta("m", loader.Delta{Upserts: up, Parent: v - 1}); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 20*time.Second, func() error {
+			if live := m.State().Models["m"].Live; live != v {
+				return fmt.Errorf("live %d, want %d", live, v)
+			}
+			return nil
+		})
+		for i, key := range []string{topo.DefaultCluster.ManagerPrefix() + "models/m", topo.DefaultCluster.ModelKey("m")} {
+			resp, err := cli.Get(context.Background(), key)
+			if err != nil || len(resp.Kvs) != 1 {
+				t.Fatalf("%s: %v", key, err)
+			}
+			largest[i] = max(largest[i], len(resp.Kvs[0].Value))
+			if len(resp.Kvs[0].Value) > bound {
+				t.Fatalf("after version %d, %s is %d bytes", v, key, len(resp.Kvs[0].Value))
+			}
+		}
+	}
+	t.Logf("%d versions: state at most %d bytes, map record at most %d", n, largest[0], largest[1])
+	s := m.State().Models["m"]
+	if standby := s.Standby(); len(standby) != 21 || standby[0] != n-1 || s.Floor < n-22 {
+		t.Fatalf("standby %v, floor %d: want the newest 20 deltas and version 1", standby, s.Floor)
+	}
+	ctx := context.Background()
+	from := n
+	if _, err := m.Do(ctx, manager.Command{Op: manager.OpRollback, Model: "m", Version: n - 20, Expect: &from}); err != nil {
+		t.Fatal(err)
+	}
+	if got := published(t, cli, "m"); got.Live != n-20 {
+		t.Fatalf("live %d after rolling back to %d", got.Live, n-20)
+	}
+	from = n - 20
+	if _, err := m.Do(ctx, manager.Command{Op: manager.OpRollback, Model: "m", Version: n - 30, Expect: &from}); !errors.Is(err, manager.ErrConflict) || !strings.Contains(err.Error(), "retired") {
+		t.Fatalf("rollback to a retired delta: %v", err)
+	}
+}

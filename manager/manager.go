@@ -41,8 +41,8 @@ type Options struct {
 	// KeepDeltas is how many deltas on each kept full version stay
 	// loaded for rollback (the newest). Default 20; negative keeps none.
 	KeepDeltas int
-	// ScanInterval is how often the repository is scanned for new
-	// versions. Default 10s.
+	// ScanInterval is how often the whole repository is scanned, besides
+	// watching it for new versions (see watchRepo). Default 10s.
 	ScanInterval time.Duration
 	// Registry receives the manager's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
@@ -116,6 +116,7 @@ type Manager struct {
 	// persisted is the state as last written; loop goroutine only.
 	persisted *State
 	written   time.Time // when persisted was written
+	held      bool      // the view has changes apply held back
 	// mismatches counts, per model, the shard × version pairs reporting
 	// other content than validated; loop goroutine only.
 	mismatches map[string]int
@@ -180,7 +181,8 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
 	shards := make(chan map[string]topo.ShardInfo, 1)
-	m.done.Add(5)
+	m.done.Add(5 + validators)
+	go func() { defer m.done.Done(); m.watchRepo(ctx) }()
 	go func() { defer m.done.Done(); m.campaign(ctx) }()
 	go func() {
 		defer m.done.Done()
@@ -208,7 +210,9 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 			shards <- infos
 		})
 	}()
-	go func() { defer m.done.Done(); m.validator(ctx) }()
+	for range validators {
+		go func() { defer m.done.Done(); m.validator(ctx) }()
+	}
 	go func() { defer m.done.Done(); m.loop(ctx, shards) }()
 	return m, nil
 }
@@ -324,11 +328,20 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 	tick := time.NewTicker(m.opts.ScanInterval)
 	defer tick.Stop()
 	var latest map[string]topo.ShardInfo
+	var flush <-chan time.Time // armed while changes are held back
 	for {
 		lead := m.leading.Load()
+		if !m.held {
+			flush = nil
+		} else if flush == nil {
+			flush = time.After(maxHold - time.Since(m.written))
+		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-flush:
+			flush = nil
+			m.flush(ctx)
 		case won := <-m.elected:
 			if won {
 				m.refresh(ctx)
@@ -399,14 +412,18 @@ func (m *Manager) refresh(ctx context.Context) bool {
 	}
 	fresh := &State{Models: models, Shards: m.view.Load().Shards}
 	m.view.Store(fresh)
-	m.persisted = fresh
+	m.persisted, m.held = fresh, false
 	return true
 }
 
 // scan lists the repository and applies what it found. When the
 // repository cannot be read at all, nothing changes.
 func (m *Manager) scan(ctx context.Context) {
-	ev, err := scanRepo(m.opts.Repo)
+	view := m.view.Load()
+	ev, err := scanRepo(m.opts.Repo, func(model string, v uint64) bool {
+		ms := view.Models[model]
+		return ms != nil && v <= ms.Floor && ms.version(v) == nil
+	})
 	if err != nil {
 		slog.Error("manager: scanning repository; keeping the current state", "err", err)
 		return
@@ -419,7 +436,7 @@ func (m *Manager) scan(ctx context.Context) {
 const writeTimeout = 5 * time.Second
 
 // maxHold bounds how long changes are held back while validations run.
-const maxHold = 2 * time.Second
+const maxHold = 250 * time.Millisecond
 
 // maxApply bounds how often one event is decided again after another
 // manager's write made this one's view stale.
@@ -431,8 +448,9 @@ const maxApply = 5
 // the error that kept the result from being persisted.
 //
 // While validations are queued or under way, what changes is held back
-// (up to maxHold) and then written together: the versions found by one
-// scan reach the map at once, so a router never sees one model of a
+// (up to maxHold after the last write, then flushed by the loop) and
+// written together: versions found by one scan and validated within that
+// time reach the map at once, so a router rarely sees one model of a
 // repository without the others it would see a moment later. Commands
 // are written at once. (A result held back and lost to a conflicting
 // write is not lost for good: the next scan queues versions still
@@ -447,14 +465,11 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 		m.view.Store(next)
 		m.after(cur, next, acts)
 		if _, cmd := ev.(Command); !cmd && m.queue.busy() && time.Since(m.written) < maxHold {
+			m.held = true
 			return nil
 		}
-		wctx, cancel := context.WithTimeout(ctx, writeTimeout)
-		ch := m.changes(m.persisted, next, acts)
-		err := m.st.commit(wctx, ch)
-		cancel()
+		err := m.write(ctx, next, acts)
 		if err == nil {
-			m.persisted, m.written = next, time.Now()
 			return refused
 		}
 		if !errors.Is(err, ErrStale) || attempt == maxApply {
@@ -465,10 +480,39 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 			// one if the write took effect after all.
 			slog.Error("manager: not persisted; showing what etcd holds", "event", fmt.Sprintf("%T", ev), "err", err)
 			m.view.Store(m.persisted)
+			m.held = false
 			m.refresh(ctx)
 			return fmt.Errorf("%w: %v", ErrUnconfirmed, err)
 		}
 		m.metrics.conflicts.Inc()
+		m.refresh(ctx)
+	}
+}
+
+// write persists next (with acts' audit entries) and publishes its
+// serving map.
+func (m *Manager) write(ctx context.Context, next *State, acts []Action) error {
+	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
+	if err := m.st.commit(wctx, m.changes(m.persisted, next, acts)); err != nil {
+		return err
+	}
+	m.persisted, m.written, m.held = next, time.Now(), false
+	return nil
+}
+
+// flush writes what apply held back. What a conflicting write makes
+// stale is dropped (the next scan finds versions still pending).
+func (m *Manager) flush(ctx context.Context) {
+	if !m.held || !m.leading.Load() {
+		return
+	}
+	if err := m.write(ctx, m.view.Load(), nil); err != nil {
+		if !errors.Is(err, ErrStale) {
+			slog.Error("manager: not persisted; showing what etcd holds", "err", err)
+		}
+		m.view.Store(m.persisted)
+		m.held = false
 		m.refresh(ctx)
 	}
 }
@@ -573,8 +617,14 @@ func sameShards(a, b map[string]topo.ShardInfo) bool {
 	return len(a) == len(b) && (len(a) == 0 || reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer())
 }
 
+// validators is how many versions are validated at once: a delta does
+// not wait behind a large full version's checksums, and a burst of
+// versions does not take every core.
+const validators = 3
+
 // validator validates versions one at a time, off the loop, so a large
-// version's checksums never hold up commands or rollouts of others.
+// version's checksums never hold up commands or rollouts of others;
+// several run.
 func (m *Manager) validator(ctx context.Context) {
 	for {
 		v, ok := m.queue.pop(ctx)

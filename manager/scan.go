@@ -14,8 +14,10 @@ import (
 // scanRepo lists every version of every model with a fingerprint of its
 // files, cheaply (directory listings and stats, no file contents but the
 // manifests). A manifest that cannot be read or is invalid is reported on
-// its version, never skipped.
-func scanRepo(repo loader.Repo) (Scanned, error) {
+// its version, never skipped. Versions retired says have left the
+// state are left out unread: a scan costs what is kept, not the
+// repository's history.
+func scanRepo(repo loader.Repo, retired func(model string, v uint64) bool) (Scanned, error) {
 	names, err := repo.Models()
 	if err != nil {
 		return Scanned{}, err
@@ -28,6 +30,9 @@ func scanRepo(repo loader.Repo) (Scanned, error) {
 		}
 		found := make([]Found, 0, len(vs))
 		for _, v := range vs {
+			if retired(name, v) {
+				continue
+			}
 			f := Found{Version: v, Files: fingerprint(repo.VersionDir(name, v))}
 			if m, err := repo.Manifest(name, v); err != nil {
 				f.Err = err.Error()

@@ -79,9 +79,17 @@ func (s *Shard) quiesce(ctx context.Context) error {
 // (nil until it has read one): SERVING while the shard serves what the
 // map gives it (servesAssigned) and its registration in etcd says so.
 // A rolling restart waits for it before stopping the next shard.
-// Loader goroutine only.
+//
+// While a newer registration is being written (after every load), the
+// one etcd holds is the last written: the shard stays ready if that one
+// served what was assigned, so readiness does not flap around each write
+// of a version staged beside the live one. Loader goroutine only.
 func (s *Shard) setReady(as map[string]topo.Assignment) {
-	ready := as != nil && s.reg.Current() && s.servesAssigned(as)
+	serves := as != nil && s.servesAssigned(as)
+	if s.reg.Current() {
+		s.servedWritten = serves
+	}
+	ready := serves && s.servedWritten
 	if ready == s.ready {
 		return
 	}

@@ -128,7 +128,7 @@ process), it reads the process's VmRSS from /proc before the load, every
 			return nil
 		},
 	}
-	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand(), benchHostileCommand())
+	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand(), benchHostileCommand(), benchFreshnessCommand())
 	cmd.Flags().StringVar(&workloads, "workload", "all", "rank200, small, or all (comma-separated)")
 	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster)")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "router HTTP address, with --addr, for --protocol rest and rest-binary")
