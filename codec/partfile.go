@@ -173,15 +173,47 @@ func WritePartition(w io.Writer, partition uint32, width int, e Encoding, keys [
 	if len(values) != len(keys)*width {
 		return FileSum{}, fmt.Errorf("codec: %d values for %d keys of width %d", len(values), len(keys), width)
 	}
-	n := len(keys)
+	hs := make([]uint64, len(keys))
+	for i, k := range keys {
+		hs[i] = KeyHash(k)
+	}
+	return writeSorted(w, partition, width, e, hs, func(rec []byte, i int) {
+		EncodeRecord(rec, hs[i], values[i*width:(i+1)*width], e)
+	})
+}
+
+// WriteRecords writes a partition file of records already encoded
+// (RecordSize(width, e) bytes each, key hash first, as a Partition holds
+// them), copied as they are: never decoded and encoded again, so values
+// quantized once stay bit-identical. Duplicate keys are refused.
+func WriteRecords(w io.Writer, partition uint32, width int, e Encoding, records []byte) (FileSum, error) {
+	if width <= 0 || width > 1<<16 {
+		return FileSum{}, fmt.Errorf("codec: partition width %d outside 1..65536", width)
+	}
+	if e > EncInt8 {
+		return FileSum{}, fmt.Errorf("codec: unknown encoding %d", e)
+	}
+	rs := RecordSize(width, e)
+	if len(records)%rs != 0 {
+		return FileSum{}, fmt.Errorf("codec: %d record bytes are not whole records of %d", len(records), rs)
+	}
+	hs := make([]uint64, len(records)/rs)
+	for i := range hs {
+		hs[i] = binary.LittleEndian.Uint64(records[i*rs:])
+	}
+	return writeSorted(w, partition, width, e, hs, func(rec []byte, i int) { copy(rec, records[i*rs:(i+1)*rs]) })
+}
+
+// writeSorted writes a partition file of the records whose key hashes
+// are hs, in file order; record(rec, i) fills record i.
+func writeSorted(w io.Writer, partition uint32, width int, e Encoding, hs []uint64, record func(rec []byte, i int)) (FileSum, error) {
+	n := len(hs)
 	nb := Buckets(n)
 	// Counting sort by bucket yields the directory; each bucket (16 on
 	// average) is then sorted by h.
 	dir := make([]uint32, nb+1)
-	hs := make([]uint64, n)
-	for i, k := range keys {
-		hs[i] = KeyHash(k)
-		b, _ := bits.Mul64(hs[i], uint64(nb))
+	for _, h := range hs {
+		b, _ := bits.Mul64(h, uint64(nb))
 		dir[b+1]++
 	}
 	for b := 1; b <= nb; b++ {
@@ -207,7 +239,7 @@ func WritePartition(w io.Writer, partition uint32, width int, e Encoding, keys [
 		})
 		for j := 1; j < len(bucket); j++ {
 			if hs[bucket[j]] == hs[bucket[j-1]] {
-				return FileSum{}, fmt.Errorf("codec: key %d appears twice", keys[bucket[j]])
+				return FileSum{}, fmt.Errorf("codec: key %d appears twice", KeyUnhash(hs[bucket[j]]))
 			}
 		}
 	}
@@ -233,7 +265,7 @@ func WritePartition(w io.Writer, partition uint32, width int, e Encoding, keys [
 	bw.write(d)
 	rec := make([]byte, rs)
 	for _, i := range order {
-		EncodeRecord(rec, hs[i], values[int(i)*width:int(i+1)*width], e)
+		record(rec, int(i))
 		bw.write(rec)
 	}
 	return bw.finish()

@@ -26,7 +26,15 @@ type Spec struct {
 	Parent     uint64 // for a delta: the version it applies to; 0 for a full version
 	Source     string // recorded in the manifest
 	Generator  *codec.GenInfo
+	// Newest, if set, must still be the model's newest version when the
+	// version is committed: otherwise Commit fails with ErrSuperseded
+	// (a compaction must not hide a delta published while it ran).
+	Newest uint64
 }
+
+// ErrSuperseded is returned by Commit when Spec.Newest is no longer the
+// newest version.
+var ErrSuperseded = errors.New("loader: a newer version was published meanwhile")
 
 // VersionWriter writes one new version. Partition files go to a hidden
 // directory; Commit fsyncs them, writes the manifest last and renames the
@@ -99,6 +107,28 @@ func (w *VersionWriter) WritePartition(p uint32, keys []uint64, values []float32
 	return nil
 }
 
+// WriteRecords writes partition p from records already encoded in the
+// version's encoding (codec.WriteRecords: copied, never re-encoded). It
+// may be called concurrently for different partitions.
+func (w *VersionWriter) WriteRecords(p uint32, records []byte) error {
+	if p >= w.spec.Partitions {
+		return fmt.Errorf("loader: partition %d of %d", p, w.spec.Partitions)
+	}
+	name := partFileName(p)
+	var sum codec.FileSum
+	enc := codec.Encodings[w.spec.Encoding]
+	err := writeSynced(filepath.Join(w.tmp, name), func(f io.Writer) (err error) {
+		sum, err = codec.WriteRecords(f, p, 1+w.spec.Dim, enc, records)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	w.files[p] = codec.File{Partition: p, Path: name, Keys: int64(len(records) / codec.RecordSize(1+w.spec.Dim, enc)), Size: sum.Size, SHA256: sum.SHA256}
+	w.done[p] = true
+	return nil
+}
+
 // Commit publishes the version under a number this model has never used
 // and returns its manifest. Numbers are never reused, even after the
 // newest version is deleted: shards report, routers route by, and clients
@@ -143,6 +173,11 @@ func (w *VersionWriter) commit(m *codec.Manifest) error {
 	next, err := w.repo.nextVersion(w.spec.Name)
 	if err != nil {
 		return err
+	}
+	if w.spec.Newest != 0 {
+		if latest, err := w.repo.Latest(w.spec.Name); err != nil || latest != w.spec.Newest {
+			return fmt.Errorf("%w (version %d, after %d)", ErrSuperseded, latest, w.spec.Newest)
+		}
 	}
 	// The lock makes a taken number rare: a writer that does not take it
 	// (an older cumulus) or a stray directory without a manifest, which

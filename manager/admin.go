@@ -91,6 +91,7 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	mux.HandleFunc("POST /admin/v1/models/{name}/rollback", a.auth(a.rollback))
 	mux.HandleFunc("PUT /admin/v1/models/{name}/pin", a.auth(a.pin))
 	mux.HandleFunc("DELETE /admin/v1/models/{name}/pin", a.auth(a.unpin))
+	mux.HandleFunc("POST /admin/v1/models/{name}/prune", a.auth(a.prune))
 	mux.HandleFunc("POST /admin/v1/rescan", a.auth(a.rescan))
 	mux.HandleFunc("GET /admin/v1/audit", a.auth(a.audit))
 	mux.HandleFunc("/admin/", a.auth(func(w http.ResponseWriter, r *http.Request) {
@@ -316,7 +317,8 @@ func (a *admin) do(w http.ResponseWriter, r *http.Request, c Command) {
 	c.At, c.From = time.Now().UTC(), r.RemoteAddr
 	ctx, cancel := context.WithTimeout(r.Context(), a.opts.CommandTimeout)
 	defer cancel()
-	st, err := a.m.Do(ctx, c)
+	res, err := a.m.do(ctx, c)
+	st := res.st
 	var moved *LiveMovedError
 	switch {
 	case errors.As(err, &moved):
@@ -333,6 +335,9 @@ func (a *admin) do(w http.ResponseWriter, r *http.Request, c Command) {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 	case c.Model == "":
 		a.models(w, r)
+	case c.Op == OpPrune:
+		slog.Info("manager: admin call applied", "op", c.Op, "model", c.Model, "keep", c.Keep, "removed", res.removed, "from", c.From)
+		writeJSON(w, http.StatusOK, PruneResult{Model: c.Model, Removed: append([]uint64{}, res.removed...)})
 	default:
 		slog.Info("manager: admin call applied", "op", c.Op, "model", c.Model, "version", c.Version, "from", c.From)
 		writeJSON(w, http.StatusOK, detail(st, st.Models[c.Model]))
@@ -399,6 +404,28 @@ func (a *admin) unpin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.do(w, r, Command{Op: OpUnpin, Model: r.PathValue("name"), Expect: &from})
+}
+
+// PruneResult is the answer to a prune: the versions whose directories
+// were removed.
+type PruneResult struct {
+	Model   string   `json:"model"`
+	Removed []uint64 `json:"removed"`
+}
+
+func (a *admin) prune(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Keep *int `json:"keep"`
+	}
+	if err := readBody(r, &body, false); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if body.Keep == nil || *body.Keep < 0 {
+		writeError(w, http.StatusBadRequest, `"keep" is required: how many removable versions to keep (the newest), ≥ 0`)
+		return
+	}
+	a.do(w, r, Command{Op: OpPrune, Model: r.PathValue("name"), Keep: *body.Keep})
 }
 
 func (a *admin) rescan(w http.ResponseWriter, r *http.Request) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -437,9 +438,11 @@ func TestWatchFindsVersions(t *testing.T) {
 }
 
 // TestManyDeltas: 200 deltas published one after another to a
-// 64-partition model, each going live; what etcd holds for the model —
-// its state and its serving map record — stays under 256 KiB, versions
-// beyond the keep policy leave the state, and rollback still works.
+// 64-partition model, with auto-prune and auto-compaction on, each going
+// live: what etcd holds for the model — its state and its serving map
+// record — stays under 256 KiB, compaction writes full versions that go
+// live, prune removes directories but never one a kept version needs,
+// and rollback still works.
 func TestManyDeltas(t *testing.T) {
 	const bound = 256 << 10
 	cli := testenv.Etcd(t)
@@ -448,20 +451,27 @@ func TestManyDeltas(t *testing.T) {
 		t.Fatal(err)
 	}
 	fakeShards(t, cli, "s0", "s1")
-	m := startWith(t, cli, repo, 1)
-	n := uint64(200)
+	m, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: cli, ScanInterval: time.Hour, AutoPrune: 3, CompactAfter: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	n := 200
 	if testenv.RaceEnabled {
 		n = 60
 	}
 	largest := [2]int{}
-	for v := uint64(2); v <= n; v++ {
-		up := &loader.Sparse{Type: codec.TypeLR, Keys: []uint64{v}, Values: []float32{float32(v)}}
-		if _, err := repo.PublishDelta("m", loader.Delta{Upserts: up, Parent: v - 1}); err != nil {
+	for i := 1; i <= n; i++ {
+		up := &loader.Sparse{Type: codec.TypeLR, Keys: []uint64{uint64(1000 + i)}, Values: []float32{float32(i)}}
+		d, err := repo.PublishDelta("m", loader.Delta{Upserts: up})
+		if err != nil {
 			t.Fatal(err)
 		}
+		// As a trainer publishing every few minutes would, the next delta
+		// comes after a compaction begun by this one's commit is done.
 		testenv.Eventually(t, 20*time.Second, func() error {
-			if live := m.State().Models["m"].Live; live != v {
-				return fmt.Errorf("live %d, want %d", live, v)
+			if live := m.State().Models["m"].Live; live < d.Version || m.Compacting("m") {
+				return fmt.Errorf("live %d, want %d or a compaction after it", live, d.Version)
 			}
 			return nil
 		})
@@ -472,25 +482,64 @@ func TestManyDeltas(t *testing.T) {
 			}
 			largest[i] = max(largest[i], len(resp.Kvs[0].Value))
 			if len(resp.Kvs[0].Value) > bound {
-				t.Fatalf("after version %d, %s is %d bytes", v, key, len(resp.Kvs[0].Value))
+				t.Fatalf("after delta %d, %s is %d bytes", d.Version, key, len(resp.Kvs[0].Value))
 			}
 		}
+		// Every version the map names, and every version of their
+		// chains, is still in the repository (checked against a map that
+		// did not change meanwhile: a newer one may retire what an older
+		// one named, and prune may then remove it).
+		for {
+			a := published(t, cli, "m")
+			have, err := repo.Versions("m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var missing error
+			for _, vi := range a.Versions {
+				for _, c := range vi.Chain {
+					if !slices.Contains(have, c) && missing == nil {
+						missing = fmt.Errorf("version %d of the chain of %d, which the map names, was pruned", c, vi.Version)
+					}
+				}
+			}
+			if published(t, cli, "m").Seq != a.Seq {
+				continue
+			}
+			if missing != nil {
+				t.Fatal(missing)
+			}
+			break
+		}
 	}
-	t.Logf("%d versions: state at most %d bytes, map record at most %d", n, largest[0], largest[1])
+	vs, _ := repo.Versions("m")
 	s := m.State().Models["m"]
-	if standby := s.Standby(); len(standby) != 21 || standby[0] != n-1 || s.Floor < n-22 {
-		t.Fatalf("standby %v, floor %d: want the newest 20 deltas and version 1", standby, s.Floor)
+	lv := s.Versions[len(s.Versions)-1]
+	t.Logf("%d deltas: state at most %d bytes, map record at most %d; %d versions in the repository, newest %d (%s), live %d",
+		n, largest[0], largest[1], len(vs), vs[len(vs)-1], lv.Kind, s.Live)
+	if !testenv.RaceEnabled {
+		full := 0
+		for _, v := range s.Versions {
+			if v.Kind == "full" && v.Version > 1 {
+				full++
+			}
+		}
+		if full == 0 {
+			t.Fatal("no compacted full version is kept")
+		}
+		if len(vs) > 3*51+3+5 {
+			t.Fatalf("%d versions in the repository: auto-prune keeps at most the kept chains and 3 others", len(vs))
+		}
 	}
-	ctx := context.Background()
-	from := n
-	if _, err := m.Do(ctx, manager.Command{Op: manager.OpRollback, Model: "m", Version: n - 20, Expect: &from}); err != nil {
+	standby := s.Standby()
+	if len(standby) == 0 {
+		t.Fatal("nothing to roll back to")
+	}
+	from := s.Live
+	if _, err := m.Do(context.Background(), manager.Command{Op: manager.OpRollback, Model: "m", Expect: &from}); err != nil {
 		t.Fatal(err)
 	}
-	if got := published(t, cli, "m"); got.Live != n-20 {
-		t.Fatalf("live %d after rolling back to %d", got.Live, n-20)
-	}
-	from = n - 20
-	if _, err := m.Do(ctx, manager.Command{Op: manager.OpRollback, Model: "m", Version: n - 30, Expect: &from}); !errors.Is(err, manager.ErrConflict) || !strings.Contains(err.Error(), "retired") {
-		t.Fatalf("rollback to a retired delta: %v", err)
+	if got := published(t, cli, "m"); got.Live != standby[0] {
+		t.Fatalf("live %d after rolling back, want %d", got.Live, standby[0])
 	}
 }

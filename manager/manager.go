@@ -41,6 +41,15 @@ type Options struct {
 	// KeepDeltas is how many deltas on each kept full version stay
 	// loaded for rollback (the newest). Default 20; negative keeps none.
 	KeepDeltas int
+	// AutoPrune, when positive, prunes a model after each commit, keeping
+	// that many removable versions (see OpPrune). It needs write access
+	// to the repository.
+	AutoPrune int
+	// CompactAfter: when the live version's chain reaches this many
+	// deltas, the manager compacts it into a new full version (see
+	// loader.Repo.Compact), which rolls out like any version. It needs
+	// write access to the repository. Default 200; negative: never.
+	CompactAfter int
 	// ScanInterval is how often the whole repository is scanned, besides
 	// watching it for new versions (see watchRepo). Default 10s.
 	ScanInterval time.Duration
@@ -81,6 +90,9 @@ func (o *Options) Validate() error {
 	case o.KeepDeltas < 0:
 		o.KeepDeltas = 0
 	}
+	if o.CompactAfter == 0 {
+		o.CompactAfter = 200
+	}
 	if o.ScanInterval == 0 {
 		o.ScanInterval = 10 * time.Second
 	}
@@ -117,6 +129,13 @@ type Manager struct {
 	persisted *State
 	written   time.Time // when persisted was written
 	held      bool      // the view has changes apply held back
+	// removed is what the last prune removed; loop goroutine only.
+	removed []uint64
+	// compacting holds the models being compacted (auto-compaction).
+	compacting sync.Map
+	// readOnly is why the repository could not be written when last
+	// tried ("" if it could); loop goroutine only.
+	readOnly string
 	// mismatches counts, per model, the shard × version pairs reporting
 	// other content than validated; loop goroutine only.
 	mismatches map[string]int
@@ -129,17 +148,19 @@ type request struct {
 }
 
 // reply is a command's outcome: the state right after it, before any
-// later event.
+// later event, and for a prune what it removed.
 type reply struct {
-	st  *State
-	err error
+	st      *State
+	err     error
+	removed []uint64
 }
 
 type metrics struct {
-	compared   prometheus.Counter
-	conflicts  prometheus.Counter
-	commits    prometheus.Counter
-	mismatches prometheus.Gauge
+	compactions *prometheus.CounterVec
+	compared    prometheus.Counter
+	conflicts   prometheus.Counter
+	commits     prometheus.Counter
+	mismatches  prometheus.Gauge
 }
 
 // Start reads the persisted state and begins managing. It returns once
@@ -154,6 +175,8 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	m.queue.init()
 	m.mismatches = map[string]int{}
 	m.metrics = metrics{
+		compactions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_manager_compactions_total",
+			Help: "Chains compacted into a full version (--compact-after), by result: ok, superseded (a newer version came first), failed."}, []string{"result"}),
 		compared: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_models_compared_total",
 			Help: "Models an event may have changed, compared with what etcd holds before writing: each costs in proportion to the model's state."}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_write_conflicts_total",
@@ -164,7 +187,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 			Help: "Shard × model version pairs whose reported content differs from what the manager validated."}),
 	}
 	if opts.Registry != nil {
-		for _, c := range []prometheus.Collector{m.metrics.compared, m.metrics.conflicts, m.metrics.commits, m.metrics.mismatches} {
+		for _, c := range []prometheus.Collector{m.metrics.compactions, m.metrics.compared, m.metrics.conflicts, m.metrics.commits, m.metrics.mismatches} {
 			if err := opts.Registry.Register(c); err != nil {
 				return nil, fmt.Errorf("manager: metrics: %w", err)
 			}
@@ -284,20 +307,25 @@ func (m *Manager) tell(ctx context.Context, leading bool) {
 // is the one right after the command, whatever came after it: it
 // describes the call's own result.
 func (m *Manager) Do(ctx context.Context, c Command) (*State, error) {
+	r, err := m.do(ctx, c)
+	return r.st, err
+}
+
+func (m *Manager) do(ctx context.Context, c Command) (reply, error) {
 	if !m.leading.Load() {
-		return nil, m.notLeader()
+		return reply{}, m.notLeader()
 	}
 	req := request{cmd: c, reply: make(chan reply, 1)}
 	select {
 	case m.commands <- req:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return reply{}, ctx.Err()
 	}
 	select {
 	case r := <-req.reply:
-		return r.st, r.err
+		return r, r.err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return reply{}, ctx.Err()
 	}
 }
 
@@ -383,8 +411,12 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 			if req.cmd.Op != OpUnpin {
 				m.scan(ctx) // a version published a moment ago is known to the command
 			}
+			if req.cmd.Op == OpPrune {
+				m.listForPrune(&req.cmd)
+			}
+			m.removed = nil
 			err := m.apply(ctx, req.cmd)
-			req.reply <- reply{st: m.view.Load(), err: err}
+			req.reply <- reply{st: m.view.Load(), err: err, removed: m.removed}
 		}
 	}
 }
@@ -497,7 +529,9 @@ func (m *Manager) write(ctx context.Context, next *State, acts []Action) error {
 	if err := m.st.commit(wctx, m.changes(m.persisted, next, acts)); err != nil {
 		return err
 	}
+	prev := m.persisted
 	m.persisted, m.written, m.held = next, time.Now(), false
+	m.carryOut(ctx, prev, next, acts)
 	return nil
 }
 

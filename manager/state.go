@@ -207,6 +207,13 @@ type Command struct {
 	// the call is refused (LiveMovedError) rather than undo what another
 	// operator just did. Nil: not checked.
 	Expect *uint64
+	// Prune: Keep is how many removable versions to keep (the newest);
+	// Listed is every version of the model in the repository, listed just
+	// before; ReadOnly says why the manager cannot write to the
+	// repository ("" when it can).
+	Keep     int
+	Listed   []uint64
+	ReadOnly string
 }
 
 // LiveMovedError refuses a call made against a live version that is no
@@ -241,6 +248,7 @@ const (
 	OpPin      = "pin"
 	OpUnpin    = "unpin"
 	OpRescan   = "rescan"
+	OpPrune    = "prune"
 )
 
 func (Scanned) isEvent()       {}
@@ -269,7 +277,15 @@ type AuditEntry struct {
 	Result  string    `json:"result"`
 }
 
+// Remove asks for version directories to be removed from the repository
+// (a prune), once the decision is persisted.
+type Remove struct {
+	Model    string
+	Versions []uint64
+}
+
 func (Validate) isAction()   {}
+func (Remove) isAction()     {}
 func (AuditEntry) isAction() {}
 
 // Errors a Command can be refused with, and ErrUnconfirmed for one whose
@@ -348,7 +364,14 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 	}
 	if c, ok := ev.(Command); ok {
 		result := "ok"
-		if m := n.Models[c.Model]; m != nil {
+		if m := n.Models[c.Model]; c.Op == OpPrune {
+			result = "ok: nothing to remove"
+			for _, a := range acts {
+				if r, ok := a.(Remove); ok {
+					result = "ok: removed " + list(r.Versions)
+				}
+			}
+		} else if m != nil {
 			result = fmt.Sprintf("ok: live %d", m.Live)
 			if m.Live == 0 {
 				result = "ok: nothing live yet"
@@ -505,6 +528,8 @@ func (s *State) command(c Command) ([]Action, error) {
 		return nil, &LiveMovedError{Model: m.Name, Live: m.Live, Expected: *c.Expect}
 	}
 	switch c.Op {
+	case OpPrune:
+		return m.prune(c)
 	case OpUnpin:
 		m.Pin = 0
 	case OpPin:
@@ -551,6 +576,56 @@ func (s *State) command(c Command) ([]Action, error) {
 		return nil, fmt.Errorf("%w: unknown operation %q", ErrInvalid, c.Op)
 	}
 	return nil, nil
+}
+
+// prune decides which version directories to remove: of the versions
+// in the repository, every one outside the protected set (live, staged,
+// pinned, standby, awaiting validation, and every version their chains
+// need), keeping the c.Keep newest. A version above the floor that the
+// state does not list is unknown yet (just published): never removed.
+func (m *ModelState) prune(c Command) ([]Action, error) {
+	if c.ReadOnly != "" {
+		return nil, fmt.Errorf("%w: the manager cannot write to the repository (%s); prune needs write access", ErrConflict, c.ReadOnly)
+	}
+	if c.Keep < 0 {
+		return nil, fmt.Errorf("%w: keep must be ≥ 0", ErrInvalid)
+	}
+	protected := map[uint64]bool{}
+	need := func(v uint64) {
+		for v != 0 && !protected[v] {
+			protected[v] = true
+			x := m.version(v)
+			if x == nil {
+				return
+			}
+			if x.Info != nil {
+				for _, c := range x.Info.Chain {
+					protected[c] = true
+				}
+				return
+			}
+			v = x.Parent
+		}
+	}
+	for _, v := range append([]uint64{m.Live, m.Staged, m.Pin}, m.Standby()...) {
+		need(v)
+	}
+	for _, v := range m.Versions {
+		if v.Phase.pending() {
+			need(v.Version)
+		}
+	}
+	var removable []uint64
+	for _, v := range slices.Sorted(slices.Values(c.Listed)) {
+		if protected[v] || m.version(v) == nil && v > m.Floor {
+			continue
+		}
+		removable = append(removable, v)
+	}
+	if len(removable) <= c.Keep {
+		return nil, nil
+	}
+	return []Action{Remove{Model: m.Name, Versions: removable[:len(removable)-c.Keep]}}, nil
 }
 
 // numbers lists the versions m knows, ascending.

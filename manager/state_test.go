@@ -36,6 +36,7 @@ type sim struct {
 	// trusting: do not check that Decide leaves its input alone (a long
 	// run checked elsewhere)
 	trusting bool
+	acts     []Action // the last event's
 }
 
 func newSim(t *testing.T, p Policy) *sim {
@@ -56,6 +57,7 @@ func (x *sim) do(ev Event) error {
 			x.t.Fatalf("Decide modified its input state on %T", ev)
 		}
 	}
+	x.acts = acts
 	for _, a := range acts {
 		switch a := a.(type) {
 		case Validate:
@@ -724,5 +726,69 @@ func TestEventsTouchTheirModelOnly(t *testing.T) {
 	}
 	if m := s.Models["m7"]; m.Pin != 1 || m.version(2).Phase != PhaseReady {
 		t.Fatalf("m7: pin %d, version 2 %s", m.Pin, m.version(2).Phase)
+	}
+}
+
+// TestPruneKeepsWhatIsNeeded: prune removes only versions outside the
+// protected set — live, staged, pinned, standby, pending and every
+// version their chains need — keeping the newest N of the rest; it never
+// removes a version the state does not know yet, and is refused when the
+// repository cannot be written.
+func TestPruneKeepsWhatIsNeeded(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 1, KeepDeltas: 2})
+	x.join("a")
+	// 1 full; 2..6 deltas on it; 7 full; 8, 9 deltas on 7; 10 broken.
+	for v := uint64(2); v <= 9; v++ {
+		if v != 7 {
+			x.parent[v] = v - 1
+		}
+	}
+	x.broken[10] = "bad"
+	var repo []uint64
+	for v := uint64(1); v <= 10; v++ {
+		repo = append(repo, v)
+		x.scan(repo...)
+		x.validate()
+		x.settleAll()
+	}
+	// Live 9 (chain 9, 8, 7); standby: 8, 7 on base 7 and, of base 1
+	// (kept: --keep-versions 1), 6, 5 and 1; their chains need 2..4 too.
+	x.expect(9, 0, 8, 7, 6, 5, 1)
+	prune := func(keep int, listed ...uint64) []uint64 {
+		t.Helper()
+		n := len(x.audit)
+		if err := x.do(Command{Op: OpPrune, Model: "m", Keep: keep, Listed: listed, From: "test"}); err != nil {
+			t.Fatal(err)
+		}
+		if len(x.audit) != n+1 {
+			t.Fatal("prune not audited")
+		}
+		var removed []uint64
+		for _, a := range x.acts {
+			if r, ok := a.(Remove); ok {
+				removed = r.Versions
+			}
+		}
+		return removed
+	}
+	listed := append(repo, 11) // 11: published a moment ago, not yet scanned
+	if got := prune(0, listed...); fmt.Sprint(got) != "[10]" {
+		t.Fatalf("removed %v, want [10] (only the rejected version is outside the protected set)", got)
+	}
+	if got := prune(1, listed...); len(got) != 0 {
+		t.Fatalf("keep 1 removed %v", got)
+	}
+	// With --keep-versions 0, base 1 and its deltas retire: they become
+	// removable.
+	x.s.Models["m"].Pin = 0
+	x.p.KeepVersions = 0
+	x.scan(repo...)
+	x.settleAll()
+	x.expect(9, 0, 8, 7)
+	if got := prune(2, listed...); fmt.Sprint(got) != "[1 2 3 4 5]" {
+		t.Fatalf("removed %v, want [1 2 3 4 5]: of 1..6 and 10 the newest two (10, 6) kept", got)
+	}
+	if err := x.do(Command{Op: OpPrune, Model: "m", Keep: 0, Listed: listed, ReadOnly: "read-only file system"}); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "needs write access") {
+		t.Fatalf("prune without write access: %v", err)
 	}
 }

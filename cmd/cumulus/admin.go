@@ -244,7 +244,23 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 			return run(http.MethodGet, fmt.Sprintf("/admin/v1/audit?limit=%d", limit), nil, printAudit)
 		}}
 	audit.Flags().IntVar(&limit, "limit", 50, "how many entries")
-	cmd.AddCommand(rollback, audit)
+	var keep int
+	prune := &cobra.Command{Use: "prune NAME", Short: "Remove the directories of versions nothing served, staged, pinned or kept for rollback needs, keeping the --keep newest", Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			if !c.Flags().Changed("keep") {
+				return errors.New("--keep is required: how many removable versions to keep (the newest); 0 removes every one")
+			}
+			return run(http.MethodPost, model(args[0])+"/prune", map[string]int{"keep": keep}, func(b []byte) error {
+				var r manager.PruneResult
+				if err := json.Unmarshal(b, &r); err != nil {
+					return fmt.Errorf("admin API answered badly: %w", err)
+				}
+				fmt.Printf("%s: removed %d version(s): %s\n", r.Model, len(r.Removed), joinVersions(r.Removed))
+				return nil
+			})
+		}}
+	prune.Flags().IntVar(&keep, "keep", 0, "removable versions to keep, the newest (required)")
+	cmd.AddCommand(rollback, audit, prune)
 	return cmd
 }
 

@@ -195,7 +195,7 @@ func managerCommand() *cobra.Command {
 			defer cli.Close()
 			m, err := manager.Start(cmd.Context(), manager.Options{Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c,
 				Replicas: replicas, KeepVersions: keepVersions(policy.keepVersions), KeepDeltas: keepVersions(policy.keepDeltas),
-				ScanInterval: policy.scan, Registry: prometheus.DefaultRegisterer})
+				ScanInterval: policy.scan, AutoPrune: policy.autoPrune, CompactAfter: keepVersions(policy.compactAfter), Registry: prometheus.DefaultRegisterer})
 			if err != nil {
 				return err
 			}
@@ -223,12 +223,15 @@ func managerCommand() *cobra.Command {
 // policyFlags are the manager's policy, for manager and dev.
 type policyFlags struct {
 	keepVersions, keepDeltas int
+	autoPrune, compactAfter  int
 	scan                     time.Duration
 }
 
 func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
 	cmd.Flags().IntVar(&f.keepVersions, "keep-versions", 2, "full versions besides the live one kept loaded for rollback, with their deltas")
 	cmd.Flags().IntVar(&f.keepDeltas, "keep-deltas", 20, "deltas on each kept full version kept loaded for rollback (the newest); older ones retire")
+	cmd.Flags().IntVar(&f.autoPrune, "auto-prune", 0, "after each commit, remove the directories of versions nothing needs, keeping this many of them (the newest); 0: never (needs write access to the repository)")
+	cmd.Flags().IntVar(&f.compactAfter, "compact-after", 200, "compact the live version's chain into a new full version once it has this many deltas; 0: never (needs write access to the repository)")
 	cmd.Flags().DurationVar(&f.scan, "scan-interval", scan, "how often the whole repository is listed, besides watching it for changes (on a network filesystem, which reports no changes made on other hosts, this is how soon a version is found)")
 }
 

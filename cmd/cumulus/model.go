@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
@@ -16,7 +17,7 @@ import (
 
 func modelCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "model", Short: "Import, generate and inspect models in a model repository", Args: cobra.NoArgs, RunE: needSubcommand}
-	cmd.AddCommand(modelImportCommand(), modelGenCommand(), modelInspectCommand(), modelDeltaCommand())
+	cmd.AddCommand(modelImportCommand(), modelGenCommand(), modelInspectCommand(), modelDeltaCommand(), modelCompactCommand())
 	return cmd
 }
 
@@ -158,6 +159,37 @@ func modelInspectCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
+	cmd.MarkFlagRequired("repo")
+	return cmd
+}
+
+func modelCompactCommand() *cobra.Command {
+	var repo string
+	var version uint64
+	cmd := &cobra.Command{
+		Use:   "compact NAME",
+		Short: "Write the newest chain of deltas as one new full version, with identical scores",
+		Long: `compact merges a version's chain — its full version and the deltas on it —
+into a new full version with a new number, which rolls out like any other.
+Records are copied as they are encoded (never quantized again) and deleted
+features dropped, so every score is bit-identical. By default it compacts
+the newest version that passes the local checks; it refuses if another
+version is published while it runs (the compacted version would hide it).
+The manager does this by itself when a chain reaches --compact-after deltas.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			start := time.Now()
+			m, err := loader.Repo{Dir: repo}.Compact(args[0], version)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("%s: version %d (full, %d keys in %d partitions) written in %s: %s\n", m.Name, m.Version, m.Params, m.Partitions,
+				time.Since(start).Round(time.Millisecond), m.Source)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
+	cmd.Flags().Uint64Var(&version, "version", 0, "the version whose chain to compact (default: the newest that passes the local checks)")
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }

@@ -45,6 +45,8 @@ type Options struct {
 	// KeepDeltas is the manager's: deltas kept loaded on each kept full
 	// version. Default 20; negative keeps none.
 	KeepDeltas int
+	// AutoPrune and CompactAfter are the manager's (manager.Options).
+	AutoPrune, CompactAfter int
 	// Build is the version the shards report.
 	Build string
 	// ScanInterval for new versions. Default 2s.
@@ -117,7 +119,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	// The manager starts after the shards have registered, so its first
 	// assignment already spreads partitions over all of them.
 	if c.Manager, err = manager.Start(ctx, manager.Options{Repo: repo, Etcd: c.Etcd, Cluster: o.Cluster, Replicas: o.Replicas,
-		KeepVersions: o.KeepVersions, KeepDeltas: o.KeepDeltas, ScanInterval: o.ScanInterval, Registry: o.Registry}); err != nil {
+		KeepVersions: o.KeepVersions, KeepDeltas: o.KeepDeltas, AutoPrune: o.AutoPrune, CompactAfter: o.CompactAfter, ScanInterval: o.ScanInterval, Registry: o.Registry}); err != nil {
 		return nil, err
 	}
 	ro := o.Router

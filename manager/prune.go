@@ -1,0 +1,140 @@
+package manager
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/loader"
+)
+
+// Prune removes the directories of model's versions that nothing served,
+// staged, pinned or kept for rollback needs, keeping the keep newest of
+// them (OpPrune), and returns the versions removed. It is audited like
+// every admin call.
+func (m *Manager) Prune(ctx context.Context, model string, keep int, from string) ([]uint64, *State, error) {
+	r, err := m.do(ctx, Command{Op: OpPrune, Model: model, Keep: keep, At: time.Now().UTC(), From: from})
+	return r.removed, r.st, err
+}
+
+// listForPrune fills c's listing of the model's versions and whether the
+// repository can be written.
+func (m *Manager) listForPrune(c *Command) {
+	c.Listed, c.ReadOnly = nil, ""
+	if vs, err := m.opts.Repo.Versions(c.Model); err == nil {
+		c.Listed = vs
+	}
+	c.ReadOnly = writable(filepath.Join(m.opts.Repo.Dir, c.Model))
+}
+
+// writable tries to create a file in dir and says why it cannot ("" when
+// it can).
+func writable(dir string) string {
+	f, err := os.CreateTemp(dir, ".cumulus-write-check-")
+	if err != nil {
+		return err.Error()
+	}
+	f.Close()
+	os.Remove(f.Name())
+	return ""
+}
+
+// carryOut does what a persisted decision asks besides validation:
+// removes pruned directories, and after a commit prunes (AutoPrune) and
+// compacts (CompactAfter) the model.
+func (m *Manager) carryOut(ctx context.Context, cur, next *State, acts []Action) {
+	for _, a := range acts {
+		r, ok := a.(Remove)
+		if !ok {
+			continue
+		}
+		for _, v := range r.Versions {
+			if err := removeVersion(m.opts.Repo.VersionDir(r.Model, v)); err != nil {
+				slog.Error("manager: pruning", "model", r.Model, "version", v, "err", err)
+				continue
+			}
+			m.removed = append(m.removed, v)
+		}
+		slog.Info("manager: pruned", "model", r.Model, "removed", m.removed)
+		m.Rescan() // the state drops what left
+	}
+	for name, nm := range next.Models {
+		om := cur.Models[name]
+		if nm == om || om == nil || nm.Live == om.Live || nm.Live == 0 {
+			continue
+		}
+		if m.opts.AutoPrune > 0 {
+			c := Command{Op: OpPrune, Model: name, Keep: m.opts.AutoPrune, At: time.Now().UTC(), From: "auto-prune"}
+			m.listForPrune(&c)
+			if err := m.apply(ctx, c); err != nil {
+				slog.Warn("manager: auto-prune", "model", name, "err", err)
+			}
+		}
+		m.maybeCompact(nm)
+	}
+}
+
+// Compacting reports whether the manager is compacting a chain of model.
+func (m *Manager) Compacting(model string) bool {
+	_, ok := m.compacting.Load(model)
+	return ok
+}
+
+// removeVersion removes a version directory: renamed first, so that the
+// version leaves the listing at once, whole, then deleted.
+func removeVersion(dir string) error {
+	gone := filepath.Join(filepath.Dir(dir), ".pruning-"+filepath.Base(dir)+"-"+rand.Text()[:6])
+	if err := os.Rename(dir, gone); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	return os.RemoveAll(gone)
+}
+
+// maybeCompact compacts model m's live chain in the background once it
+// has CompactAfter deltas, if m's live version is its newest in the
+// repository (loader.Repo.Compact refuses otherwise).
+func (m *Manager) maybeCompact(ms *ModelState) {
+	lv := ms.version(ms.Live)
+	if m.opts.CompactAfter <= 0 || lv == nil || lv.Info == nil || len(lv.Info.Chain)-1 < m.opts.CompactAfter {
+		return
+	}
+	if why := writable(filepath.Join(m.opts.Repo.Dir, ms.Name)); why != "" {
+		if m.readOnly != why {
+			slog.Warn("manager: cannot compact: the repository is not writable; compact with 'cumulus model compact'", "model", ms.Name, "deltas", len(lv.Info.Chain)-1, "err", why)
+		}
+		m.readOnly = why
+		return
+	}
+	m.readOnly = ""
+	if _, busy := m.compacting.LoadOrStore(ms.Name, true); busy {
+		return
+	}
+	m.done.Add(1)
+	go func() {
+		defer m.done.Done()
+		defer m.compacting.Delete(ms.Name)
+		start := time.Now()
+		out, err := m.opts.Repo.Compact(ms.Name, ms.Live)
+		switch {
+		case errors.Is(err, loader.ErrSuperseded):
+			m.metrics.compactions.WithLabelValues("superseded").Inc()
+			slog.Info("manager: compaction not published: a newer version came first; compacting again after it goes live", "model", ms.Name, "version", ms.Live, "err", err)
+			return
+		case err != nil:
+			m.metrics.compactions.WithLabelValues("failed").Inc()
+			slog.Warn("manager: compaction", "model", ms.Name, "version", ms.Live, "err", err)
+			return
+		}
+		m.metrics.compactions.WithLabelValues("ok").Inc()
+		slog.Info("manager: compacted", "model", ms.Name, "chain", fmt.Sprintf("%d deltas", len(lv.Info.Chain)-1), "into", out.Version, "took", time.Since(start).Round(time.Millisecond))
+		m.Rescan()
+	}()
+}
