@@ -114,6 +114,15 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		s.refuse(name, v, vkey, err)
 		return
 	}
+	// A version loaded beside the live one (staged, or standby again) is
+	// mapped whole unless all it needs fits the budget: filling the
+	// budget's headroom with part of it would raise memory while nothing
+	// serves it. Once live, promote brings it into resident memory a
+	// partition at a time as the old version's tables go.
+	mapped := false
+	if a.Live != 0 && v != a.Live {
+		mapped = !s.fits(s.bytesToLoad(chain, missing))
+	}
 	var wrong topo.Loaded
 	for _, p := range missing {
 		if ctx.Err() != nil {
@@ -134,7 +143,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 			err = s.opts.BeforeLoad(ctx, name, v, p)
 		}
 		if err == nil {
-			layers, err = s.loadStack(chain, p)
+			layers, err = s.loadStack(chain, p, mapped)
 		}
 		if err != nil {
 			s.refuse(name, v, pkey, err)
@@ -304,9 +313,28 @@ func (s *Shard) demote(model string, fileVersion uint64, p uint32, t *Table) err
 	return nil
 }
 
+// bytesToLoad is the size of the files of chain's partitions parts not
+// already held.
+func (s *Shard) bytesToLoad(chain []*codec.Manifest, parts []uint32) int64 {
+	var n int64
+	snap := s.snap.Load()
+	for _, c := range chain {
+		for _, p := range parts {
+			if p >= c.Partitions {
+				continue
+			}
+			if t := snap.file(c.Name, c.Version, p); t == nil || t.sha != c.Files[p].SHA256 {
+				n += c.Files[p].Size
+			}
+		}
+	}
+	return n
+}
+
 // loadStack returns partition p's tables for a version's chain, newest
-// first, reusing tables already held for any link.
-func (s *Shard) loadStack(chain []*codec.Manifest, p uint32) ([]*Table, error) {
+// first, reusing tables already held for any link; with mapped, what it
+// loads is mapped.
+func (s *Shard) loadStack(chain []*codec.Manifest, p uint32, mapped bool) ([]*Table, error) {
 	layers := make([]*Table, len(chain))
 	for i, c := range chain {
 		if t := s.snap.Load().file(c.Name, c.Version, p); t != nil && t.sha == c.Files[p].SHA256 {
@@ -314,7 +342,7 @@ func (s *Shard) loadStack(chain []*codec.Manifest, p uint32) ([]*Table, error) {
 			continue
 		}
 		t0 := time.Now()
-		t, err := s.loadPartition(c, p)
+		t, err := s.loadPartition(c, p, mapped)
 		if err != nil {
 			return nil, err
 		}

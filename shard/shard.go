@@ -331,11 +331,11 @@ func (s *Shard) fits(n int64) bool {
 	return s.opts.MemoryBudget == 0 || s.residentBytes(false)+n <= s.opts.MemoryBudget
 }
 
-// loadPartition loads into resident memory if the budget allows, else
-// maps the shard's own copy of the file.
-func (s *Shard) loadPartition(m *codec.Manifest, p uint32) (*Table, error) {
+// loadPartition loads into resident memory if the budget allows and
+// mapped is false, else maps the shard's own copy of the file.
+func (s *Shard) loadPartition(m *codec.Manifest, p uint32, mapped bool) (*Table, error) {
 	read := s.opts.Repo.ReadPartition
-	if !s.fits(m.Files[p].Size) {
+	if mapped || !s.fits(m.Files[p].Size) {
 		read = s.mapCopy
 	}
 	pt, err := read(m, p)

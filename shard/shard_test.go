@@ -216,100 +216,156 @@ func TestShardServesAssignedAndRefusesDamage(t *testing.T) {
 	}
 }
 
+// budgetShard is a shard with a memory budget of budget partitions of
+// model "m" (2 partitions of 300,000 keys, version 1 published), and
+// helpers to drive its serving map and look at what it holds.
+type budgetShard struct {
+	t      *testing.T
+	s      *Shard
+	cli    *clientv3.Client
+	repo   loader.Repo
+	budget int64
+}
+
+const budgetSpread uint64 = 0x9e3779b97f4a7c15 // odd: k*spread is a bijection
+
+func budgetModel(scale float32) *loader.Sparse {
+	s := &loader.Sparse{Type: codec.TypeLR}
+	for k := uint64(1); k <= 300000; k++ {
+		s.Keys = append(s.Keys, k*budgetSpread)
+		s.Values = append(s.Values, scale*float32(k%97))
+	}
+	return s
+}
+
+func startBudgetShard(t *testing.T, partitions float64) *budgetShard {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	m1, err := repo.Publish("m", budgetModel(1), 2, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget := int64(float64(m1.Files[0].Size) * partitions)
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return &budgetShard{t: t, s: s, cli: cli, repo: repo, budget: budget}
+}
+
+// put publishes a map with version live and, if version is another, it
+// staged.
+func (b *budgetShard) put(version, live uint64) {
+	staged := version
+	if version == live {
+		staged = 0
+	}
+	putMap(b.t, b.cli, b.repo, 2, live, staged)
+}
+
+// mapped counts the partitions of v served mapped.
+func (b *budgetShard) mapped(v uint64) (n int) {
+	for _, l := range b.s.snap.Load().get("m", v).layers {
+		if l != nil && l[0].Mapped {
+			n++
+		}
+	}
+	return n
+}
+
+func (b *budgetShard) check(v uint64, scale float32) {
+	b.t.Helper()
+	for _, k := range []uint64{5, 299999, 1, 77777} {
+		r, err := lookup(b.s, v, 2, []uint64{k * budgetSpread})
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		if !r.Found(0) || r.Value(0, 0) != scale*float32(k%97) {
+			b.t.Errorf("v%d: feature %d wrong", v, k)
+		}
+	}
+	if r, err := lookup(b.s, v, 2, []uint64{42}); err != nil || r.Found(0) {
+		b.t.Errorf("v%d: absent key: %v", v, err)
+	}
+}
+
+// awaitLoaded waits until v is held whole.
+func (b *budgetShard) awaitLoaded(v uint64) {
+	b.t.Helper()
+	testenv.Eventually(b.t, 10*time.Second, func() error {
+		if ver := b.s.snap.Load().get("m", v); ver == nil || ver.layers[0] == nil || ver.layers[1] == nil {
+			return fmt.Errorf("version %d not loaded", v)
+		}
+		return nil
+	})
+}
+
+// awaitCommitted waits until v1 is gone and v2 has mapped partitions
+// mapped.
+func (b *budgetShard) awaitCommitted(mapped int) {
+	b.t.Helper()
+	testenv.Eventually(b.t, 10*time.Second, func() error {
+		if b.s.snap.Load().get("m", 1) != nil || b.mapped(2) != mapped {
+			return fmt.Errorf("v1 kept: %v, v2 mapped partitions: %d", b.s.snap.Load().get("m", 1) != nil, b.mapped(2))
+		}
+		return nil
+	})
+	if b.s.residentBytes(true) > b.budget {
+		b.t.Fatalf("%d resident bytes over the budget %d", b.s.residentBytes(true), b.budget)
+	}
+}
+
 // TestMemoryBudget: partitions beyond the budget are served mapped and
 // answer the same; a staged version loads mapped beside the live one;
 // after the commit the old version goes and the new one is promoted to
 // resident memory as far as the budget allows.
 func TestMemoryBudget(t *testing.T) {
-	cli := testenv.Etcd(t)
-	repo := loader.Repo{Dir: t.TempDir()}
-	var spread uint64 = 0x9e3779b97f4a7c15 // odd: k*spread is a bijection
-	model := func(scale float32) *loader.Sparse {
-		s := &loader.Sparse{Type: codec.TypeLR}
-		for k := uint64(1); k <= 300000; k++ {
-			s.Keys = append(s.Keys, k*spread)
-			s.Values = append(s.Values, scale*float32(k%97))
-		}
-		return s
+	b := startBudgetShard(t, 1.5) // room for one partition and a half
+	b.put(1, 0)
+	b.awaitLoaded(1)
+	if b.mapped(1) != 1 || b.s.residentBytes(true) > b.budget {
+		t.Fatalf("v1: %d mapped, %d resident bytes; want 1 mapped within %d", b.mapped(1), b.s.residentBytes(true), b.budget)
 	}
-	m1, err := repo.Publish("m", model(1), 2, "")
-	if err != nil {
+	b.check(1, 1)
+	if _, err := b.repo.Publish("m", budgetModel(2), 2, ""); err != nil {
 		t.Fatal(err)
 	}
-	// Room for one partition and a half: 1.8 MB each.
-	budget := m1.Files[0].Size * 3 / 2
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget, DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
+	b.put(2, 1) // staged beside live version 1: no room, so mapped
+	b.awaitLoaded(2)
+	if b.mapped(2) != 2 || b.s.snap.Load().get("m", 1) == nil {
+		t.Fatalf("staged v2: %d mapped, v1 kept: %v", b.mapped(2), b.s.snap.Load().get("m", 1) != nil)
 	}
-	defer s.Close()
-	put := func(version, live uint64) {
-		staged := version
-		if version == live {
-			staged = 0
-		}
-		putMap(t, cli, repo, 2, live, staged)
-	}
-	mapped := func(v uint64) (n int) {
-		for _, l := range s.snap.Load().get("m", v).layers {
-			if l != nil && l[0].Mapped {
-				n++
-			}
-		}
-		return n
-	}
-	check := func(v uint64, scale float32) {
-		t.Helper()
-		for _, k := range []uint64{5, 299999, 1, 77777} {
-			r, err := lookup(s, v, 2, []uint64{k * spread})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !r.Found(0) || r.Value(0, 0) != scale*float32(k%97) {
-				t.Errorf("v%d: feature %d wrong", v, k)
-			}
-		}
-		if r, err := lookup(s, v, 2, []uint64{42}); err != nil || r.Found(0) {
-			t.Errorf("v%d: absent key: %v", v, err)
-		}
-	}
-	loaded := func(v uint64) func() error {
-		return func() error {
-			if ver := s.snap.Load().get("m", v); ver == nil || ver.layers[0] == nil || ver.layers[1] == nil {
-				return fmt.Errorf("version %d not loaded", v)
-			}
-			return nil
-		}
-	}
-	put(1, 0)
-	testenv.Eventually(t, 10*time.Second, loaded(1))
-	if mapped(1) != 1 || s.residentBytes(true) > budget {
-		t.Fatalf("v1: %d mapped, %d resident bytes; want 1 mapped within %d", mapped(1), s.residentBytes(true), budget)
-	}
-	check(1, 1)
+	b.check(1, 1)
+	b.check(2, 2)
+	b.put(2, 2) // commit: v1 retires, v2 is promoted as far as the budget allows
+	b.awaitCommitted(1)
+	b.check(2, 2)
+}
 
-	if _, err := repo.Publish("m", model(2), 2, ""); err != nil {
+// TestStagedMappedWhole: a staged version that does not fit the budget
+// whole beside the live one is mapped whole, even where part of it would
+// fit (memory would rise while nothing serves it); once committed it is
+// promoted.
+func TestStagedMappedWhole(t *testing.T) {
+	b := startBudgetShard(t, 3.2) // v1 resident, and room for one more partition
+	b.put(1, 0)
+	b.awaitLoaded(1)
+	if b.mapped(1) != 0 {
+		t.Fatalf("v1: %d partitions mapped, want none", b.mapped(1))
+	}
+	if _, err := b.repo.Publish("m", budgetModel(2), 2, ""); err != nil {
 		t.Fatal(err)
 	}
-	put(2, 1) // staged beside live version 1: no room, so mapped
-	testenv.Eventually(t, 10*time.Second, loaded(2))
-	if mapped(2) != 2 || s.snap.Load().get("m", 1) == nil {
-		t.Fatalf("staged v2: %d mapped, v1 kept: %v", mapped(2), s.snap.Load().get("m", 1) != nil)
+	b.put(2, 1)
+	b.awaitLoaded(2)
+	if b.mapped(2) != 2 {
+		t.Fatalf("staged v2: %d of 2 partitions mapped, want both", b.mapped(2))
 	}
-	check(1, 1)
-	check(2, 2)
-
-	put(2, 2) // commit: v1 retires, v2 is promoted as far as the budget allows
-	testenv.Eventually(t, 10*time.Second, func() error {
-		if s.snap.Load().get("m", 1) != nil || mapped(2) != 1 {
-			return fmt.Errorf("v1 kept: %v, v2 mapped partitions: %d", s.snap.Load().get("m", 1) != nil, mapped(2))
-		}
-		return nil
-	})
-	if s.residentBytes(true) > budget {
-		t.Fatalf("%d resident bytes over the budget %d", s.residentBytes(true), budget)
-	}
-	check(2, 2)
+	b.check(2, 2)
+	b.put(2, 2)
+	b.awaitCommitted(0)
+	b.check(2, 2)
 }
 
 // TestHotTier: a partition far over the budget is served mapped; traffic

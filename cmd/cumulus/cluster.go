@@ -40,6 +40,12 @@ come until a quiet second, lets those under way finish, and exits 0
 				return err
 			}
 			defer cli.Close()
+			if !cmd.Flags().Changed("memory-budget") {
+				budget = byteSize(defaultBudget(1))
+			}
+			if budget > 0 {
+				fmt.Printf("memory budget: %s resident\n", &budget)
+			}
 			// The shard outlives the signal: Drain stops it.
 			s, err := shard.Start(context.WithoutCancel(cmd.Context()), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(),
 				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget), DataDir: dataDir,
@@ -60,7 +66,7 @@ come until a quiet second, lets those under way finish, and exits 0
 	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address routers dial (default: the listen address)")
-	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes (e.g. 8GB); partitions beyond it are served from mapped files (default: no bound)")
+	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes (e.g. 8GB); partitions beyond it are served from mapped files, and a version being loaded beside the live one stays within it (default: half the machine's memory or cgroup limit; 0: no bound)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory, on disk, for the shard's own copies of partitions it serves mapped (default: cumulus-shard-ID in the temporary directory)")
 	adm.register(cmd, "lookups", "ResourceExhausted: the router asks another replica", 8)
 	drain.register(cmd)
