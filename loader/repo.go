@@ -215,17 +215,37 @@ func readWhole(path string, size int64) (*tablemem.Buffer, error) {
 }
 
 // Verify checks every partition file of a version against the manifest
-// (size, SHA-256, block checksums) with a small buffer, and reports the
-// first damaged file. It holds no table in memory.
+// (size, SHA-256, block checksums) with a small buffer, and reports every
+// damaged file. It holds no table in memory.
 func (r Repo) Verify(m *codec.Manifest) error {
+	var errs damaged
 	for _, f := range m.Files {
 		p := filepath.Join(r.VersionDir(m.Name, m.Version), f.Path)
 		if err := verifyFile(p, f); err != nil {
-			return err
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return errs
 }
+
+// damaged is the error of several damaged files: each named, on one line.
+type damaged []error
+
+func (d damaged) Error() string {
+	s := make([]string, len(d))
+	for i, err := range d {
+		s[i] = strings.TrimPrefix(err.Error(), "loader: ")
+	}
+	return fmt.Sprintf("loader: %d files damaged: %s", len(d), strings.Join(s, "; "))
+}
+
+func (d damaged) Unwrap() []error { return d }
 
 func verifyFile(p string, f codec.File) error {
 	fh, err := os.Open(p)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cumulus-serving/cumulus/codec"
@@ -541,5 +542,65 @@ func TestManyDeltas(t *testing.T) {
 	}
 	if got := published(t, cli, "m"); got.Live != standby[0] {
 		t.Fatalf("live %d after rolling back, want %d", got.Live, standby[0])
+	}
+}
+
+// TestDamagedLiveVersion: files of the live version truncated in the
+// repository are named, every one, in the version's reason, and counted
+// once however often the repository is scanned again.
+func TestDamagedLiveVersion(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := repoWith(t, 1)
+	fakeShards(t, cli, "s0")
+	reg := prometheus.NewRegistry()
+	m, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: cli, ScanInterval: time.Hour, Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if mm := m.State().Models["m"]; mm == nil || mm.Live != 1 {
+			return errors.New("not live yet")
+		}
+		return nil
+	})
+	mf, err := repo.Manifest("m", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []int{1, 3} {
+		if err := os.Truncate(filepath.Join(repo.VersionDir("m", 1), mf.Files[p].Path), 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counted := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range mfs {
+			for _, x := range f.GetMetric() {
+				if f.GetName() == "cumulus_manager_damaged_versions_total" && len(x.GetLabel()) == 1 && x.GetLabel()[0].GetValue() == "changed" {
+					return x.GetCounter().GetValue()
+				}
+			}
+		}
+		return 0
+	}
+	for range 3 {
+		m.Rescan()
+		testenv.Eventually(t, 20*time.Second, func() error {
+			v := m.State().Models["m"].Versions[0]
+			if !v.Damaged || !strings.Contains(v.Reason, "2 files damaged") || !strings.Contains(v.Reason, mf.Files[1].Path) || !strings.Contains(v.Reason, mf.Files[3].Path) {
+				return fmt.Errorf("version 1: damaged %v, reason %q", v.Damaged, v.Reason)
+			}
+			return nil
+		})
+	}
+	if n := counted(); n != 1 {
+		t.Fatalf("counted %v times, want once", n)
+	}
+	if m.State().Models["m"].Live != 1 {
+		t.Fatal("the damaged live version stopped being live (shards still serve what they verified)")
 	}
 }

@@ -139,6 +139,9 @@ type Manager struct {
 	// mismatches counts, per model, the shard × version pairs reporting
 	// other content than validated; loop goroutine only.
 	mismatches map[string]int
+	// damagedNow counts, per model, versions whose files changed or went
+	// after validation; loop goroutine only.
+	damagedNow map[string]int
 	metrics    metrics
 }
 
@@ -156,6 +159,8 @@ type reply struct {
 }
 
 type metrics struct {
+	damaged     *prometheus.CounterVec
+	damagedNow  prometheus.Gauge
 	compactions *prometheus.CounterVec
 	compared    prometheus.Counter
 	conflicts   prometheus.Counter
@@ -173,8 +178,12 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
 		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event)}
 	m.queue.init()
-	m.mismatches = map[string]int{}
+	m.mismatches, m.damagedNow = map[string]int{}, map[string]int{}
 	m.metrics = metrics{
+		damaged: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_manager_damaged_versions_total",
+			Help: "Validated versions found changed (files edited, truncated, replaced) or removed (a live version's directory) in the repository, by what."}, []string{"what"}),
+		damagedNow: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cumulus_manager_damaged_versions",
+			Help: "Versions the manager keeps whose files changed or went after validation (shards serve the copies they verified; none can load them again)."}),
 		compactions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_manager_compactions_total",
 			Help: "Chains compacted into a full version (--compact-after), by result: ok, superseded (a newer version came first), failed."}, []string{"result"}),
 		compared: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_models_compared_total",
@@ -187,7 +196,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 			Help: "Shard × model version pairs whose reported content differs from what the manager validated."}),
 	}
 	if opts.Registry != nil {
-		for _, c := range []prometheus.Collector{m.metrics.compactions, m.metrics.compared, m.metrics.conflicts, m.metrics.commits, m.metrics.mismatches} {
+		for _, c := range []prometheus.Collector{m.metrics.damaged, m.metrics.damagedNow, m.metrics.compactions, m.metrics.compared, m.metrics.conflicts, m.metrics.commits, m.metrics.mismatches} {
 			if err := opts.Registry.Register(c); err != nil {
 				return nil, fmt.Errorf("manager: metrics: %w", err)
 			}
@@ -605,12 +614,24 @@ func (m *Manager) after(cur, next *State, acts []Action) {
 				}
 			}
 		}
+		damaged := 0
 		for _, v := range nm.Versions {
 			var was Version
 			if om != nil {
 				if x := om.version(v.Version); x != nil {
 					was = *x
 				}
+			}
+			if v.Damaged || v.Gone {
+				damaged++
+			}
+			switch {
+			case v.Damaged && !was.Damaged:
+				m.metrics.damaged.WithLabelValues("changed").Inc()
+				slog.Error("manager: a validated version's files changed in the repository", "model", name, "version", v.Version, "phase", v.Phase, "reason", v.Reason)
+			case v.Gone && !was.Gone:
+				m.metrics.damaged.WithLabelValues("removed").Inc()
+				slog.Error("manager: a live version's directory was removed from the repository", "model", name, "version", v.Version, "reason", v.Reason)
 			}
 			if was.Phase != v.Phase {
 				l := slog.Info
@@ -632,17 +653,21 @@ func (m *Manager) after(cur, next *State, acts []Action) {
 			}
 		}
 		m.mismatches[name] = n
+		m.damagedNow[name] = damaged
 	}
 	for name := range m.mismatches {
 		if next.Models[name] == nil {
 			delete(m.mismatches, name)
+			delete(m.damagedNow, name)
 		}
 	}
-	total := 0
-	for _, n := range m.mismatches {
+	total, damaged := 0, 0
+	for name, n := range m.mismatches {
 		total += n
+		damaged += m.damagedNow[name]
 	}
 	m.metrics.mismatches.Set(float64(total))
+	m.metrics.damagedNow.Set(float64(damaged))
 }
 
 // sameShards reports whether a and b are the same reports (the same map,

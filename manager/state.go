@@ -59,6 +59,10 @@ type Version struct {
 	Checked string `json:"checked,omitempty"`
 	// Gone: the version's directory left the repository while it was live.
 	Gone bool `json:"gone,omitempty"`
+	// Damaged: the files of this validated version changed after
+	// validation and no longer hold the validated content (shards keep
+	// serving the copies they verified; none can load it again).
+	Damaged bool `json:"damaged,omitempty"`
 	// Info is set once the version's own files are verified.
 	Info  *topo.VersionInfo `json:"info,omitempty"`
 	Bytes int64             `json:"bytes,omitempty"` // its own files' size
@@ -476,11 +480,11 @@ func (s *State) checked(ev Checked) {
 	if v.Phase.valid() { // checked again after its files changed; what is served does not change
 		switch {
 		case ev.Err != "":
-			v.Reason = "files changed after validation and no longer match their manifest (shards keep serving what they verified): " + ev.Err
+			v.Reason, v.Damaged = "files changed after validation and no longer match their manifest (shards keep serving what they verified): "+ev.Err, true
 		case ev.Info == nil || v.Info == nil || !slices.Equal(ev.Info.IDs, v.Info.IDs):
-			v.Reason = "the version's content was replaced after validation; shards serve and load only what was validated; publish new content as a new version"
+			v.Reason, v.Damaged = "the version's content was replaced after validation; shards serve and load only what was validated; publish new content as a new version", true
 		default:
-			v.Reason, v.Checked = "", ev.Files
+			v.Reason, v.Checked, v.Damaged = "", ev.Files, false
 		}
 		return
 	}
