@@ -329,6 +329,8 @@ func (a *admin) do(w http.ResponseWriter, r *http.Request, c Command) {
 		writeError(w, http.StatusConflict, err.Error())
 	case errors.Is(err, ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, ErrTooLarge):
+		writeError(w, http.StatusInternalServerError, err.Error())
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("no answer within %s: the call may still be applied; see the model and the audit log", a.opts.CommandTimeout))
 	case err != nil:

@@ -215,6 +215,8 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	shards := make(chan map[string]topo.ShardInfo, 1)
 	m.done.Add(5 + validators)
 	go func() { defer m.done.Done(); m.watchRepo(ctx) }()
+	m.done.Add(1)
+	go func() { defer m.done.Done(); removeLeftovers(opts.Repo.Dir) }()
 	go func() { defer m.done.Done(); m.campaign(ctx) }()
 	go func() {
 		defer m.done.Done()
@@ -368,7 +370,7 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 	var flush <-chan time.Time // armed while changes are held back
 	for {
 		lead := m.leading.Load()
-		if !m.held {
+		if !m.held || !lead {
 			flush = nil
 		} else if flush == nil {
 			flush = time.After(maxHold - time.Since(m.written))
@@ -380,6 +382,12 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 			flush = nil
 			m.flush(ctx)
 		case won := <-m.elected:
+			if !won && m.held {
+				// Deposed with decisions held back: they are not this
+				// manager's to write; show what was persisted.
+				m.view.Store(m.persisted)
+				m.held = false
+			}
 			if won {
 				m.refresh(ctx)
 				m.leading.Store(true)
@@ -512,6 +520,13 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 		err := m.write(ctx, next, acts)
 		if err == nil {
 			return refused
+		}
+		if errors.Is(err, ErrTooLarge) {
+			// Nothing was written, for certain: say so, not "unconfirmed".
+			slog.Error("manager: not persisted", "event", fmt.Sprintf("%T", ev), "err", err)
+			m.view.Store(m.persisted)
+			m.held = false
+			return err
 		}
 		if !errors.Is(err, ErrStale) || attempt == maxApply {
 			// Whether a write that timed out took effect is unknown: show

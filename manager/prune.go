@@ -53,14 +53,16 @@ func (m *Manager) carryOut(ctx context.Context, cur, next *State, acts []Action)
 		if !ok {
 			continue
 		}
+		var removed []uint64
 		for _, v := range r.Versions {
-			if err := removeVersion(m.opts.Repo.VersionDir(r.Model, v)); err != nil {
+			if err := m.removeVersion(m.opts.Repo.VersionDir(r.Model, v)); err != nil {
 				slog.Error("manager: pruning", "model", r.Model, "version", v, "err", err)
 				continue
 			}
-			m.removed = append(m.removed, v)
+			removed = append(removed, v)
 		}
-		slog.Info("manager: pruned", "model", r.Model, "removed", m.removed)
+		m.removed = removed
+		slog.Info("manager: pruned", "model", r.Model, "removed", removed)
 		m.Rescan() // the state drops what left
 	}
 	for name, nm := range next.Models {
@@ -69,13 +71,30 @@ func (m *Manager) carryOut(ctx context.Context, cur, next *State, acts []Action)
 			continue
 		}
 		if m.opts.AutoPrune > 0 {
-			c := Command{Op: OpPrune, Model: name, Keep: m.opts.AutoPrune, At: time.Now().UTC(), From: "auto-prune"}
-			m.listForPrune(&c)
-			if err := m.apply(ctx, c); err != nil {
-				slog.Warn("manager: auto-prune", "model", name, "err", err)
-			}
+			m.autoPrune(ctx, nm)
 		}
 		m.maybeCompact(nm)
+	}
+}
+
+// autoPrune prunes ms after a commit (--auto-prune) when there is
+// something to remove: only then is it a call of its own in the audit
+// log. A repository it cannot write to is logged once.
+func (m *Manager) autoPrune(ctx context.Context, ms *ModelState) {
+	c := Command{Op: OpPrune, Model: ms.Name, Keep: m.opts.AutoPrune, At: time.Now().UTC(), From: "auto-prune"}
+	m.listForPrune(&c)
+	if c.ReadOnly != "" {
+		if m.readOnly != c.ReadOnly {
+			slog.Warn("manager: cannot auto-prune: the repository is not writable", "model", ms.Name, "err", c.ReadOnly)
+		}
+		m.readOnly = c.ReadOnly
+		return
+	}
+	if acts, err := ms.prune(c); err != nil || len(acts) == 0 {
+		return
+	}
+	if err := m.apply(ctx, c); err != nil {
+		slog.Warn("manager: auto-prune", "model", ms.Name, "err", err)
 	}
 }
 
@@ -85,17 +104,40 @@ func (m *Manager) Compacting(model string) bool {
 	return ok
 }
 
-// removeVersion removes a version directory: renamed first, so that the
-// version leaves the listing at once, whole, then deleted.
-func removeVersion(dir string) error {
-	gone := filepath.Join(filepath.Dir(dir), ".pruning-"+filepath.Base(dir)+"-"+rand.Text()[:6])
+// pruningPrefix starts the name a pruned version directory is renamed to
+// while it is deleted.
+const pruningPrefix = ".pruning-"
+
+// removeVersion removes a version directory: renamed at once, so that the
+// version leaves the listing whole, then deleted in the background (a
+// large version's files must not hold up the loop).
+func (m *Manager) removeVersion(dir string) error {
+	gone := filepath.Join(filepath.Dir(dir), pruningPrefix+filepath.Base(dir)+"-"+rand.Text()[:6])
 	if err := os.Rename(dir, gone); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
 		return err
 	}
-	return os.RemoveAll(gone)
+	m.done.Add(1)
+	go func() {
+		defer m.done.Done()
+		if err := os.RemoveAll(gone); err != nil {
+			slog.Error("manager: deleting a pruned version's files", "dir", gone, "err", err)
+		}
+	}()
+	return nil
+}
+
+// removeLeftovers deletes what pruning left when a manager stopped
+// mid-delete.
+func removeLeftovers(repo string) {
+	left, _ := filepath.Glob(filepath.Join(repo, "*", pruningPrefix+"*"))
+	for _, dir := range left {
+		if err := os.RemoveAll(dir); err != nil {
+			slog.Warn("manager: deleting what an interrupted prune left", "dir", dir, "err", err)
+		}
+	}
 }
 
 // maybeCompact compacts model m's live chain in the background once it

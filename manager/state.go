@@ -119,6 +119,7 @@ func (m *ModelState) version(v uint64) *Version {
 
 func (m *ModelState) clone() *ModelState {
 	n := *m
+	n.Schema = ModelStateSchema // what this build writes, whoever wrote what it read
 	n.Versions = slices.Clone(m.Versions)
 	n.Replicas = slices.Clone(m.Replicas)
 	return &n

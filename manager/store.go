@@ -81,6 +81,7 @@ func (st *store) load(ctx context.Context) (map[string]*ModelState, error) {
 			if err != nil {
 				return nil, fmt.Errorf("manager: %w", err)
 			}
+			m.Schema = ModelStateSchema // rewritten in this build's form
 			models[m.Name] = &m
 		}
 	}

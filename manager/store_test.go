@@ -3,6 +3,7 @@ package manager
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -85,5 +86,38 @@ func TestCommitSplitsByBytes(t *testing.T) {
 	}
 	if resp, err := cli.Get(ctx, st.modelsPrefix()+"a"); err != nil || len(resp.Kvs) != 0 || st.rev != rev {
 		t.Fatal("something was written beside the refused record")
+	}
+}
+
+// TestOlderStateRewritten: a model's state written by an older manager
+// (schema 1, identities and chains as lists) is read, and written back in
+// this build's form (schema 2), so an older manager refuses it rather
+// than misread it.
+func TestOlderStateRewritten(t *testing.T) {
+	cli := testenv.Etcd(t)
+	ctx := context.Background()
+	old := `{"schema":1,"name":"m","partitions":1,"versions":[{"version":1,"kind":"full","phase":"ready","info":{"version":1,"type":"lr","dim":0,"bias":0,"hash":"h","ids":["x"],"chain":[1]}}]}`
+	if _, err := cli.Put(ctx, topo.DefaultCluster.ManagerPrefix()+"models/m", old); err != nil {
+		t.Fatal(err)
+	}
+	st := &store{cli: cli, cluster: topo.DefaultCluster, writer: "a"}
+	models, err := st.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := models["m"]
+	if m == nil || m.Schema != ModelStateSchema || m.version(1).Info.IDs[0] != "x" {
+		t.Fatalf("read %+v", m)
+	}
+	next, _, err := Decide(&State{Models: models}, Command{Op: OpPin, Model: "m", Version: 1}, Policy{Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(next.Models["m"])
+	if !strings.HasPrefix(string(b), fmt.Sprintf(`{"schema":%d,`, ModelStateSchema)) {
+		t.Fatalf("written back as %s", b)
+	}
+	if _, err := topo.Decode[ModelState]("k", b); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -83,11 +83,16 @@ func (s *Shard) quiesce(ctx context.Context) error {
 // While a newer registration is being written (after every load), the
 // one etcd holds is the last written: the shard stays ready if that one
 // served what was assigned, so readiness does not flap around each write
-// of a version staged beside the live one. Loader goroutine only.
+// of a version staged beside the live one. Once the lease is lost, no
+// registration is in etcd: not ready until one is written again. Loader
+// goroutine only.
 func (s *Shard) setReady(as map[string]topo.Assignment) {
 	serves := as != nil && s.servesAssigned(as)
-	if s.reg.Current() {
+	switch {
+	case s.reg.Current():
 		s.servedWritten = serves
+	case !s.reg.Held():
+		s.servedWritten = false
 	}
 	ready := serves && s.servedWritten
 	if ready == s.ready {

@@ -118,6 +118,14 @@ func (r *Registration) Current() bool {
 	return r.held && r.written == r.gen
 }
 
+// Held reports whether the lease is alive, as far as this process knows:
+// some value of the registration is in etcd (Current: the last one Set).
+func (r *Registration) Held() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.held
+}
+
 // Wrote receives after each write of the key and when the lease is lost:
 // the moments Current may change. For one reader.
 func (r *Registration) Wrote() <-chan struct{} { return r.wrote }

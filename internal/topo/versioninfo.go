@@ -133,8 +133,8 @@ func runs(chain []uint64) [][2]uint64 {
 func expand(rs [][2]uint64) ([]uint64, error) {
 	n := uint64(0)
 	for i, r := range rs {
-		if r[0] < r[1] || i > 0 && r[0] >= rs[i-1][1] {
-			return nil, errors.New("chain runs must descend")
+		if r[0] < r[1] || r[1] == 0 || i > 0 && r[0] >= rs[i-1][1] {
+			return nil, errors.New("chain runs must descend, over versions ≥ 1")
 		}
 		n += r[0] - r[1] + 1
 		if n > MaxChainLen || r[0]-r[1] >= MaxChainLen {
