@@ -44,7 +44,8 @@ func cumulus(args ...string) *exec.Cmd {
 
 // devProcess is a running `cumulus dev`.
 type devProcess struct {
-	http, grpc string
+	http, grpc, etcd string
+	pid              int
 }
 
 // startDev runs `cumulus dev` on kernel-chosen ports, reads its addresses
@@ -85,6 +86,9 @@ func startDev(t *testing.T, repo string) devProcess {
 			if v, ok := strings.CutPrefix(line, "grpc: "); ok {
 				got.grpc = v
 			}
+			if v, ok := strings.CutPrefix(line, "etcd: "); ok {
+				got.etcd = v
+			}
 			if got.http != "" && got.grpc != "" {
 				addrs <- got
 				break
@@ -94,6 +98,7 @@ func startDev(t *testing.T, repo string) devProcess {
 	}()
 	select {
 	case p = <-addrs:
+		p.pid = cmd.Process.Pid
 	case <-time.After(60 * time.Second):
 		t.Fatalf("cumulus dev printed no addresses in 60s\n%s", stderr.String())
 	}
