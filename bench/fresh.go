@@ -115,8 +115,8 @@ func Freshness(ctx context.Context, o FreshOptions, progress io.Writer) ([]Fresh
 }
 
 // awaitVersion asks client for the probe's score until it answers from
-// version v, and checks that answer's score; it returns the time from
-// since to that answer.
+// version v (or a newer one), and checks that answer's score; it returns
+// the time from since to that answer.
 func awaitVersion(ctx context.Context, client Inferer, model string, v uint64, want float32, since time.Time, timeout time.Duration) (time.Duration, error) {
 	req := &kservepb.ModelInferRequest{ModelName: model}
 	for _, t := range []struct {
@@ -133,14 +133,15 @@ func awaitVersion(ctx context.Context, client Inferer, model string, v uint64, w
 	}
 	ctx, cancel := context.WithDeadline(ctx, since.Add(timeout))
 	defer cancel()
-	version := strconv.FormatUint(v, 10)
 	for {
 		resp, err := client.ModelInfer(ctx, req)
 		at := time.Since(since)
 		if ctx.Err() != nil {
 			return 0, fmt.Errorf("not served within %s (last error: %v)", timeout, err)
 		}
-		if err == nil && resp.ModelVersion == version {
+		// A newer version may come first: the manager's compaction of v's
+		// chain, which scores as v does.
+		if got, perr := strconv.ParseUint(resp.GetModelVersion(), 10, 64); err == nil && perr == nil && got >= v {
 			scores, err := Scores(resp)
 			if err != nil {
 				return 0, err

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Publication → served with separate processes: a manager, SHARDS shards
+# and two routers (default flags), each its own process, on loopback;
+# `cumulus bench freshness` publishes DELTAS deltas of KEYS keys into the
+# repository and times each until both routers answer from it.
+#
+#   scripts/freshness.sh WORKDIR [DELTAS [KEYS [PARAMS [SHARDS]]]]
+#   e.g. scripts/freshness.sh /tmp/fresh 20 1000000 10000000 4
+#
+# The etcd is a `cumulus dev` with an empty repository (its own cluster
+# name, so it never sees these processes). CUMULUS names the binary
+# (default: cumulus on PATH); PARTITIONS the model's partitions (default
+# 8); MANAGER_FLAGS more manager flags (e.g. "--auto-prune 5"). Logs go
+# to WORKDIR/*.log. At the end it prints the sizes of what etcd holds for
+# the model (the manager's state and the serving map record) and the
+# repository's version count, and rolls back once through the admin API.
+set -euo pipefail
+work=$1; deltas=${2:-20}; keys=${3:-1000000}; params=${4:-10000000}; shards=${5:-4}
+C=${CUMULUS:-cumulus}
+rm -rf "$work"; mkdir -p "$work/models" "$work/empty"
+"$C" model gen --name bench --type lr --params "$params" --partitions "${PARTITIONS:-8}" --repo "$work/models" > /dev/null
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null' EXIT
+start() { local log=$1; shift; "$C" "$@" > "$work/$log.log" 2>&1 & pids+=($!); }
+export CUMULUS_ADMIN_TOKEN=freshness
+start etcd dev --repo "$work/empty" --shards 1 --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0
+until grep -q '^etcd: ' "$work/etcd.log"; do sleep 0.1; done
+etcd=$(sed -n 's/^etcd: //p' "$work/etcd.log")
+common=(--etcd "$etcd" --cluster fresh --log-level warn)
+# shellcheck disable=SC2086
+start manager manager --repo "$work/models" --admin-addr 127.0.0.1:28102 "${common[@]}" ${MANAGER_FLAGS:-}
+for i in $(seq 0 $((shards - 1))); do
+  start "shard-$i" shard --id "shard-$i" --repo "$work/models" --data-dir "$work/data-$i" "${common[@]}"
+done
+start router-0 router --grpc-addr 127.0.0.1:28101 --http-addr 127.0.0.1:28100 "${common[@]}"
+start router-1 router --grpc-addr 127.0.0.1:28111 --http-addr 127.0.0.1:28110 "${common[@]}"
+for port in 28100 28110; do
+  until curl -sf "http://127.0.0.1:$port/v2/health/ready" > /dev/null; do sleep 0.2; done
+done
+echo "cluster ready: manager, $shards shards, 2 routers (separate processes); model bench, $params features"
+"$C" bench freshness --addr 127.0.0.1:28101,127.0.0.1:28111 --repo "$work/models" --model bench \
+  --deltas "$deltas" --keys "$keys" 2>/dev/null | tee "$work/fresh.out" | grep -v '^version [0-9]*: ' || true
+size() { curl -s -X POST "$etcd/v3/kv/range" -d "{\"key\": \"$(printf %s "$1" | base64 -w0)\"}" |
+  python3 -c 'import base64,json,sys; kv=json.load(sys.stdin).get("kvs",[]); print(len(base64.b64decode(kv[0]["value"])) if kv else 0)'; }
+echo "etcd: manager state $(size /cumulus/fresh/manager/models/bench) bytes, serving map record $(size /cumulus/fresh/models/bench) bytes"
+echo "repository: $(ls "$work/models/bench" | grep -c '^[0-9]*$') version directories"
+"$C" admin --addr 127.0.0.1:28102 models
+"$C" admin --addr 127.0.0.1:28102 rollback bench
