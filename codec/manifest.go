@@ -32,11 +32,15 @@ const (
 // Manifest describes one version of one model. It is written last, so a
 // version directory with a valid manifest is complete.
 type Manifest struct {
-	Format     int      `json:"format"` // 1
-	Name       string   `json:"name"`
-	Version    uint64   `json:"version"`
-	Kind       string   `json:"kind"`               // full or delta
-	Parent     uint64   `json:"parent,omitempty"`   // the version a delta applies to
+	Format  int    `json:"format"` // 1
+	Name    string `json:"name"`
+	Version uint64 `json:"version"`
+	Kind    string `json:"kind"`             // full or delta
+	Parent  uint64 `json:"parent,omitempty"` // the version a delta applies to
+	// SameAs: this version serves exactly what version SameAs serves (a
+	// compaction of its chain, or a delta copied onto one). A delta
+	// published later on SameAs is stacked on this version instead.
+	SameAs     uint64   `json:"same_as,omitempty"`
 	Type       string   `json:"type"`               // lr or fm
 	Dim        int      `json:"dim"`                // FM factor dimension; 0 for LR
 	Encoding   string   `json:"encoding,omitempty"` // FM factors: fp32 (default), fp16 or int8
@@ -86,6 +90,9 @@ func (m *Manifest) Validate() error {
 	}
 	if len(m.Files) != int(m.Partitions) {
 		return fmt.Errorf("codec: manifest: %d files for %d partitions", len(m.Files), m.Partitions)
+	}
+	if m.SameAs >= m.Version {
+		return fmt.Errorf("codec: manifest: same_as %d is not an earlier version than %d", m.SameAs, m.Version)
 	}
 	var total int64
 	for i, f := range m.Files {

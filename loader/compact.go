@@ -3,8 +3,11 @@ package loader
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"maps"
 	"math"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 
@@ -19,9 +22,12 @@ import (
 // (DeltaParent). Each partition's records are merged newest first and
 // copied as encoded (never decoded and quantized again), deleted
 // features dropped, so the new version scores exactly as v does; its
-// files are verified as they are read. It fails with ErrSuperseded, and
-// publishes nothing, if another version was published meanwhile: the
-// compacted version would otherwise hide it by being newer.
+// files are verified as they are read. The new version is the same as v
+// (SameAs): deltas published on v's line while it ran are copied onto it
+// (their files linked), and deltas published later on them land on the
+// copies, so the chain stays short even while deltas keep coming. It
+// fails with ErrSuperseded, and publishes nothing, if a version off v's
+// line was published meanwhile (the compaction, newer, would hide it).
 func (r Repo) Compact(name string, v uint64) (*codec.Manifest, error) {
 	if v == 0 {
 		var err error
@@ -37,11 +43,11 @@ func (r Repo) Compact(name string, v uint64) (*codec.Manifest, error) {
 	if len(chain) == 1 {
 		return nil, fmt.Errorf("loader: %s version %d is a full version: nothing to compact", name, v)
 	}
-	if latest, err := r.Latest(name); err != nil || latest != v {
-		return nil, fmt.Errorf("%w: compact the newest version (%d), not %d", ErrSuperseded, latest, v)
+	if r2 := r.replacement(name, v); r2 != v {
+		return nil, fmt.Errorf("%w: version %d is already replaced by version %d", ErrSuperseded, v, r2)
 	}
 	w, err := r.NewVersion(Spec{Name: name, Type: top.Type, Dim: top.Dim, Bias: top.Bias, Partitions: top.Partitions, Encoding: top.Encoding,
-		Source: fmt.Sprintf("cumulus model compact: version %d (%d deltas on version %d)", v, len(chain)-1, base.Version), Newest: v})
+		Source: fmt.Sprintf("cumulus model compact: version %d (%d deltas on version %d)", v, len(chain)-1, base.Version), SameAs: v})
 	if err != nil {
 		return nil, err
 	}
@@ -92,4 +98,94 @@ func (r Repo) mergeChain(chain []*codec.Manifest, p uint32) ([]byte, error) {
 		out = append(out, newest[h]...)
 	}
 	return out, nil
+}
+
+// replacement is the version that serves what v serves and later deltas
+// on v stack on: the newest version SameAs leads to from v (v itself
+// when none). The caller holds the model's lock.
+func (r Repo) replacement(name string, v uint64) uint64 {
+	versions, err := r.Versions(name)
+	if err != nil {
+		return v
+	}
+	for _, w := range versions {
+		if w <= v {
+			continue
+		}
+		if m, err := r.Manifest(name, w); err == nil && m.SameAs == v {
+			v = w // and look on for a replacement of w, which is newer still
+		}
+	}
+	return v
+}
+
+// laterOnLine lists, ascending, the versions published after v that are
+// deltas on v's line (their chain passes through v); it fails with
+// ErrSuperseded if one after v is not (a full version, another line),
+// unless its manifest is unreadable (the manager rejects it: nothing to
+// hide). The caller holds the model's lock.
+func (r Repo) laterOnLine(name string, v uint64) ([]*codec.Manifest, error) {
+	versions, err := r.Versions(name)
+	if err != nil {
+		return nil, err
+	}
+	on := map[uint64]bool{v: true}
+	var out []*codec.Manifest
+	for _, w := range versions {
+		if w <= v {
+			continue
+		}
+		m, err := r.Manifest(name, w)
+		if err != nil {
+			continue
+		}
+		if m.Kind != codec.KindDelta || !on[m.Parent] {
+			return nil, fmt.Errorf("%w: version %d (%s) is not a delta on version %d's chain", ErrSuperseded, w, m.Kind, v)
+		}
+		on[w] = true
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// copyOnto publishes a copy of delta x (its files linked, not rewritten)
+// stacked on the replacement of its parent, as a version the same as x.
+// The caller holds the model's lock.
+func (r Repo) copyOnto(x *codec.Manifest) error {
+	parent := r.replacement(x.Name, x.Parent)
+	tmp, err := os.MkdirTemp(filepath.Join(r.Dir, x.Name), ".writing-")
+	if err != nil {
+		return err
+	}
+	w := &VersionWriter{repo: r, spec: Spec{Name: x.Name}, tmp: tmp}
+	for _, f := range x.Files {
+		src, dst := filepath.Join(r.VersionDir(x.Name, x.Version), f.Path), filepath.Join(tmp, f.Path)
+		if err := os.Link(src, dst); err != nil {
+			if err := copyFile(src, dst); err != nil {
+				w.Abort()
+				return err
+			}
+		}
+	}
+	m := *x
+	m.Parent, m.SameAs = parent, x.Version
+	m.Source = fmt.Sprintf("copy of version %d onto version %d (a compaction); %s", x.Version, parent, x.Source)
+	if err := w.commitLocked(&m); err != nil {
+		w.Abort()
+		return err
+	}
+	return nil
+}
+
+// copyFile copies src to a new file dst, synced.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	return writeSynced(dst, func(f io.Writer) error {
+		_, err := io.Copy(f, in)
+		return err
+	})
 }

@@ -13,8 +13,8 @@ import (
 // TestCompact: a chain of int8-quantized FM deltas (upserts and deletes)
 // compacted into a full version holds, for every key, exactly the bytes
 // the chain resolves it to, newest first (so every score is identical),
-// and no deleted key; a compaction racing a newer version publishes
-// nothing.
+// and no deleted key; deltas racing a compaction are copied onto it; a
+// full version racing it makes it publish nothing.
 func TestCompact(t *testing.T) {
 	repo := Repo{Dir: t.TempDir()}
 	base, err := repo.Generate(GenSpec{Name: "m", Type: codec.TypeFM, Dim: 4, Params: 5000, Partitions: 3, Encoding: "int8", Seed: 3, Dense: true})
@@ -27,27 +27,7 @@ func TestCompact(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	top := base
 	for range 4 {
-		up := &Sparse{Type: codec.TypeFM, Dim: 4}
-		seen := map[uint64]bool{}
-		var dels []uint64
-		for range 300 {
-			k := rng.Uint64N(6000) // some new keys, some old
-			if seen[k] {
-				continue
-			}
-			seen[k] = true
-			if rng.IntN(4) == 0 {
-				dels = append(dels, k)
-				continue
-			}
-			up.Keys = append(up.Keys, k)
-			for range 5 {
-				up.Values = append(up.Values, float32(rng.NormFloat64()))
-			}
-		}
-		if top, err = repo.PublishDelta("m", Delta{Upserts: up, Deletes: dels}); err != nil {
-			t.Fatal(err)
-		}
+		top = publishSome(t, repo, rng, 0)
 	}
 	full, err := repo.Compact("m", 0)
 	if err != nil {
@@ -90,9 +70,64 @@ func TestCompact(t *testing.T) {
 			t.Fatalf("partition %d: %d records, the chain resolves %d", p, got.Count, want)
 		}
 	}
-	// A version published while a compaction runs wins: nothing is
-	// published by the compaction.
-	w, err := repo.NewVersion(Spec{Name: "m", Type: codec.TypeFM, Dim: 4, Partitions: 3, Encoding: "int8", Newest: top.Version})
+	// A compaction racing deltas on its line: they are copied onto it,
+	// and a delta published later on one of them lands on its copy; a
+	// full version published meanwhile makes the compaction publish
+	// nothing.
+	d1 := publishSome(t, repo, rng, 0)
+	chain1, err := repo.Chain("m", d1.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := repo.NewVersion(Spec{Name: "m", Type: codec.TypeFM, Dim: 4, Bias: d1.Bias, Partitions: 3, Encoding: "int8", SameAs: d1.Version})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range uint32(3) {
+		records, err := repo.mergeChain(chain1, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.WriteRecords(p, records); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d2 := publishSome(t, repo, rng, 0) // while the compaction runs
+	compacted, err := w.Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest, _ := repo.Latest("m")
+	copied, err := repo.Manifest("m", latest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if compacted.SameAs != d1.Version || copied.SameAs != d2.Version || copied.Parent != compacted.Version || copied.Version != compacted.Version+1 {
+		t.Fatalf("compaction %d (same as %d), then %d (same as %d, on %d); want a copy of %d on the compaction", compacted.Version, compacted.SameAs,
+			copied.Version, copied.SameAs, copied.Parent, d2.Version)
+	}
+	d3 := publishSome(t, repo, rng, d2.Version) // built on d2, published after the rebase
+	if d3.Parent != copied.Version {
+		t.Fatalf("a delta on %d landed on %d, want its copy %d", d2.Version, d3.Parent, copied.Version)
+	}
+	oldChain, err := repo.Chain("m", d2.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newChain, err := repo.Chain("m", copied.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(newChain) != 2 {
+		t.Fatalf("the copy's chain has %d links, want 2 (it and the compaction)", len(newChain))
+	}
+	for k := uint64(0); k < 6000; k += 7 {
+		p := partition.Of(k, 3)
+		if a, b := resolve(t, repo, oldChain, p, k), resolve(t, repo, newChain, p, k); !bytes.Equal(a, b) {
+			t.Fatalf("key %d: % x through the copy, % x through the original", k, b, a)
+		}
+	}
+	w, err = repo.NewVersion(Spec{Name: "m", Type: codec.TypeFM, Dim: 4, Partitions: 3, Encoding: "int8", SameAs: d3.Version})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,9 +136,45 @@ func TestCompact(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := w.Commit(); !errors.Is(err, ErrSuperseded) {
-		t.Fatalf("commit after a newer version: %v", err)
+	if _, err := repo.Publish("m", &Sparse{Type: codec.TypeFM, Dim: 4, Keys: []uint64{1}, Values: []float32{1, 0, 0, 0, 0}}, 3, ""); err != nil {
+		t.Fatal(err)
 	}
+	before, _ := repo.Latest("m")
+	if _, err := w.Commit(); !errors.Is(err, ErrSuperseded) {
+		t.Fatalf("compaction after a full version: %v", err)
+	}
+	if after, _ := repo.Latest("m"); after != before {
+		t.Fatalf("a superseded compaction published version %d", after)
+	}
+}
+
+// publishSome publishes a delta of random upserts and deletes on parent
+// (0: the newest).
+func publishSome(t *testing.T, repo Repo, rng *rand.Rand, parent uint64) *codec.Manifest {
+	t.Helper()
+	up := &Sparse{Type: codec.TypeFM, Dim: 4}
+	seen := map[uint64]bool{}
+	var dels []uint64
+	for range 300 {
+		k := rng.Uint64N(6000) // some new keys, some old
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		if rng.IntN(4) == 0 {
+			dels = append(dels, k)
+			continue
+		}
+		up.Keys = append(up.Keys, k)
+		for range 5 {
+			up.Values = append(up.Values, float32(rng.NormFloat64()))
+		}
+	}
+	m, err := repo.PublishDelta("m", Delta{Upserts: up, Deletes: dels, Parent: parent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // resolve is key k's record as chain (newest first) serves it: the

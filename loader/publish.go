@@ -26,15 +26,18 @@ type Spec struct {
 	Parent     uint64 // for a delta: the version it applies to; 0 for a full version
 	Source     string // recorded in the manifest
 	Generator  *codec.GenInfo
-	// Newest, if set, must still be the model's newest version when the
-	// version is committed: otherwise Commit fails with ErrSuperseded
-	// (a compaction must not hide a delta published while it ran).
-	Newest uint64
+	// SameAs: the version serves exactly what version SameAs serves (a
+	// compaction of its chain). Commit then also copies every delta
+	// published on SameAs's line since onto it, so that nothing newer is
+	// hidden, and deltas published later on SameAs land on it too; it
+	// fails with ErrSuperseded if a version off that line came since.
+	SameAs uint64
 }
 
-// ErrSuperseded is returned by Commit when Spec.Newest is no longer the
-// newest version.
-var ErrSuperseded = errors.New("loader: a newer version was published meanwhile")
+// ErrSuperseded is returned by the Commit of a compaction when a version
+// other than deltas on the compacted one was published meanwhile: the
+// compaction, newer, would hide it.
+var ErrSuperseded = errors.New("loader: a newer version off the compacted chain was published meanwhile")
 
 // VersionWriter writes one new version. Partition files go to a hidden
 // directory; Commit fsyncs them, writes the manifest last and renames the
@@ -153,7 +156,7 @@ func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 	if w.spec.Parent != 0 {
 		kind = codec.KindDelta
 	}
-	m := &codec.Manifest{Format: 1, Name: w.spec.Name, Kind: kind, Parent: w.spec.Parent, Type: w.spec.Type, Dim: w.spec.Dim, Encoding: w.spec.Encoding,
+	m := &codec.Manifest{Format: 1, Name: w.spec.Name, Kind: kind, Parent: w.spec.Parent, SameAs: w.spec.SameAs, Type: w.spec.Type, Dim: w.spec.Dim, Encoding: w.spec.Encoding,
 		Bias: w.spec.Bias, Partitions: w.spec.Partitions, Hash: partition.HashName, Params: params, Files: w.files,
 		Source: w.spec.Source, Generator: w.spec.Generator, Created: time.Now().UTC().Format(time.RFC3339)}
 	if err := w.commit(m); err != nil {
@@ -164,20 +167,41 @@ func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 }
 
 // commit numbers m, writes it and publishes the version under the lock.
+// A delta whose parent has a same-content replacement (SameAs) is stacked
+// on the replacement; a compaction copies the deltas published since on
+// its line onto itself (rebase).
 func (w *VersionWriter) commit(m *codec.Manifest) error {
 	unlock, err := w.repo.lock(w.spec.Name)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	var rebase []*codec.Manifest
+	switch {
+	case m.SameAs != 0:
+		if rebase, err = w.repo.laterOnLine(w.spec.Name, m.SameAs); err != nil {
+			return err
+		}
+	case m.Parent != 0:
+		m.Parent = w.repo.replacement(w.spec.Name, m.Parent)
+	}
+	if err := w.commitLocked(m); err != nil {
+		return err
+	}
+	for _, x := range rebase {
+		if err := w.repo.copyOnto(x); err != nil {
+			return fmt.Errorf("loader: version %d written; copying delta %d onto it: %w", m.Version, x.Version, err)
+		}
+	}
+	return nil
+}
+
+// commitLocked numbers m, writes it into w.tmp and renames that into
+// place. The caller holds the model's lock.
+func (w *VersionWriter) commitLocked(m *codec.Manifest) error {
 	next, err := w.repo.nextVersion(w.spec.Name)
 	if err != nil {
 		return err
-	}
-	if w.spec.Newest != 0 {
-		if latest, err := w.repo.Latest(w.spec.Name); err != nil || latest != w.spec.Newest {
-			return fmt.Errorf("%w (version %d, after %d)", ErrSuperseded, latest, w.spec.Newest)
-		}
 	}
 	// The lock makes a taken number rare: a writer that does not take it
 	// (an older cumulus) or a stray directory without a manifest, which

@@ -185,7 +185,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 		damagedNow: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cumulus_manager_damaged_versions",
 			Help: "Versions the manager keeps whose files changed or went after validation (shards serve the copies they verified; none can load them again)."}),
 		compactions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_manager_compactions_total",
-			Help: "Chains compacted into a full version (--compact-after), by result: ok, superseded (a newer version came first), failed."}, []string{"result"}),
+			Help: "Chains compacted into a full version (--compact-after), by result: ok, superseded (a version off the chain came first), failed."}, []string{"result"}),
 		compared: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_models_compared_total",
 			Help: "Models an event may have changed, compared with what etcd holds before writing: each costs in proportion to the model's state."}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_manager_write_conflicts_total",

@@ -141,8 +141,8 @@ func removeLeftovers(repo string) {
 }
 
 // maybeCompact compacts model m's live chain in the background once it
-// has CompactAfter deltas, if m's live version is its newest in the
-// repository (loader.Repo.Compact refuses otherwise).
+// has CompactAfter deltas (loader.Repo.Compact: deltas published on it
+// meanwhile are copied onto the compaction).
 func (m *Manager) maybeCompact(ms *ModelState) {
 	lv := ms.version(ms.Live)
 	if m.opts.CompactAfter <= 0 || lv == nil || lv.Info == nil || len(lv.Info.Chain)-1 < m.opts.CompactAfter {
@@ -168,7 +168,7 @@ func (m *Manager) maybeCompact(ms *ModelState) {
 		switch {
 		case errors.Is(err, loader.ErrSuperseded):
 			m.metrics.compactions.WithLabelValues("superseded").Inc()
-			slog.Info("manager: compaction not published: a newer version came first; compacting again after it goes live", "model", ms.Name, "version", ms.Live, "err", err)
+			slog.Info("manager: compaction not published: a version off the compacted chain came first", "model", ms.Name, "version", ms.Live, "err", err)
 			return
 		case err != nil:
 			m.metrics.compactions.WithLabelValues("failed").Inc()
