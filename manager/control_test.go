@@ -315,6 +315,12 @@ func TestUnwrittenCommandNotShown(t *testing.T) {
 	}
 	defer m.Close()
 	testenv.Eventually(t, 20*time.Second, func() error {
+		// In etcd, not only in the manager's view: a change may be held
+		// back for a moment while validations run.
+		resp, err := cli.Get(context.Background(), topo.DefaultCluster.ModelKey("m"))
+		if err != nil || len(resp.Kvs) == 0 || !strings.Contains(string(resp.Kvs[0].Value), `"live":2,`) {
+			return errors.New("not live in etcd yet")
+		}
 		if a := m.State().Models["m"]; a == nil || a.Live != 2 {
 			return errors.New("not live yet")
 		}

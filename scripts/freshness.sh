@@ -10,7 +10,8 @@
 # The etcd is a `cumulus dev` with an empty repository (its own cluster
 # name, so it never sees these processes). CUMULUS names the binary
 # (default: cumulus on PATH); PARTITIONS the model's partitions (default
-# 8); MANAGER_FLAGS more manager flags (e.g. "--auto-prune 5"). Logs go
+# 8); MANAGER_FLAGS more manager flags (e.g. "--auto-prune 5");
+# CONCURRENCY the rank200 callers meanwhile (default 2). Logs go
 # to WORKDIR/*.log. At the end it prints the sizes of what etcd holds for
 # the model (the manager's state and the serving map record) and the
 # repository's version count, and rolls back once through the admin API.
@@ -39,7 +40,7 @@ for port in 28100 28110; do
 done
 echo "cluster ready: manager, $shards shards, 2 routers (separate processes); model bench, $params features"
 "$C" bench freshness --addr 127.0.0.1:28101,127.0.0.1:28111 --repo "$work/models" --model bench \
-  --deltas "$deltas" --keys "$keys" 2>/dev/null | tee "$work/fresh.out" | grep -v '^version [0-9]*: ' || true
+  --deltas "$deltas" --keys "$keys" --concurrency "${CONCURRENCY:-2}" 2>/dev/null | tee "$work/fresh.out" | grep -v '^version [0-9]*: ' || true
 size() { curl -s -X POST "$etcd/v3/kv/range" -d "{\"key\": \"$(printf %s "$1" | base64 -w0)\"}" |
   python3 -c 'import base64,json,sys; kv=json.load(sys.stdin).get("kvs",[]); print(len(base64.b64decode(kv[0]["value"])) if kv else 0)'; }
 echo "etcd: manager state $(size /cumulus/fresh/manager/models/bench) bytes, serving map record $(size /cumulus/fresh/models/bench) bytes"
