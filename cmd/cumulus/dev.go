@@ -92,11 +92,16 @@ localhost, serves every model in --repo (or a generated demo model when no
 			if budget > 0 {
 				fmt.Printf("memory budget: %s per shard\n", &budget)
 			}
-			wctx, cancel := context.WithTimeout(ctx, readyTimeout)
-			err = c.WaitReady(wctx)
-			cancel()
-			if err != nil {
-				return err
+			if names, _ := (loader.Repo{Dir: repo}).Models(); len(names) == 0 {
+				// Nothing to wait for: serve what gets published.
+				fmt.Printf("no models in %s yet: publish one (cumulus model gen|import --repo %s); it is served as soon as it is valid\n", repo, repo)
+			} else {
+				wctx, cancel := context.WithTimeout(ctx, readyTimeout)
+				err = c.WaitReady(wctx)
+				cancel()
+				if err != nil {
+					return err
+				}
 			}
 			for _, m := range c.Router.Models() {
 				fmt.Printf("model: %s version %d (%s)\n", m.Name, m.Live, m.Type)
