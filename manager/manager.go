@@ -133,9 +133,10 @@ type Manager struct {
 	removed []uint64
 	// compacting holds the models being compacted (auto-compaction).
 	compacting sync.Map
-	// readOnly is why the repository could not be written when last
-	// tried ("" if it could); loop goroutine only.
-	readOnly string
+	// noPrune and noCompact are why the repository could not be written
+	// when auto-prune or compaction last tried ("" if it could), so that
+	// each is logged once; loop goroutine only.
+	noPrune, noCompact string
 	// mismatches counts, per model, the shard × version pairs reporting
 	// other content than validated; loop goroutine only.
 	mismatches map[string]int
@@ -395,6 +396,9 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 					m.apply(ctx, ShardsChanged{Shards: latest})
 				}
 				m.scan(ctx)
+				for _, ms := range m.view.Load().Models {
+					m.maybeCompact(ms) // one a restart interrupted
+				}
 			}
 		case s := <-shards:
 			latest = s
@@ -469,9 +473,15 @@ func (m *Manager) refresh(ctx context.Context) bool {
 // repository cannot be read at all, nothing changes.
 func (m *Manager) scan(ctx context.Context) {
 	view := m.view.Load()
-	ev, err := scanRepo(m.opts.Repo, func(model string, v uint64) bool {
+	ev, err := scanRepo(m.opts.Repo, func(model string, v uint64) scanMode {
 		ms := view.Models[model]
-		return ms != nil && v <= ms.Floor && ms.version(v) == nil
+		switch {
+		case ms == nil || v > ms.Floor || ms.version(v) != nil:
+			return scanFull
+		case ms.Chained[v] != "":
+			return scanPrint
+		}
+		return scanSkip
 	})
 	if err != nil {
 		slog.Error("manager: scanning repository; keeping the current state", "err", err)
@@ -600,6 +610,12 @@ func (m *Manager) changes(cur, next *State, acts []Action) change {
 			c.maps[name] = a
 		}
 	}
+	for name := range cur.Models {
+		if next.Models[name] == nil {
+			c.gone = append(c.gone, name)
+		}
+	}
+	slices.Sort(c.gone)
 	for _, a := range acts {
 		if e, ok := a.(AuditEntry); ok {
 			c.audit = append(c.audit, e)
@@ -637,10 +653,13 @@ func (m *Manager) after(cur, next *State, acts []Action) {
 					was = *x
 				}
 			}
-			if v.Damaged || v.Gone {
+			if v.Damaged || v.Gone || v.Broken != "" {
 				damaged++
 			}
 			switch {
+			case v.Broken != "" && was.Broken == "":
+				m.metrics.damaged.WithLabelValues("chain").Inc()
+				slog.Error("manager: a version's chain can no longer be loaded", "model", name, "version", v.Version, "phase", v.Phase, "reason", v.Broken)
 			case v.Damaged && !was.Damaged:
 				m.metrics.damaged.WithLabelValues("changed").Inc()
 				slog.Error("manager: a validated version's files changed in the repository", "model", name, "version", v.Version, "phase", v.Phase, "reason", v.Reason)

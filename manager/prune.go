@@ -33,10 +33,14 @@ func (m *Manager) listForPrune(c *Command) {
 }
 
 // writable tries to create a file in dir and says why it cannot ("" when
-// it can).
+// it can), the same words each time (for logging once).
 func writable(dir string) string {
 	f, err := os.CreateTemp(dir, ".cumulus-write-check-")
 	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			return dir + ": " + pe.Err.Error()
+		}
 		return err.Error()
 	}
 	f.Close()
@@ -84,12 +88,13 @@ func (m *Manager) autoPrune(ctx context.Context, ms *ModelState) {
 	c := Command{Op: OpPrune, Model: ms.Name, Keep: m.opts.AutoPrune, At: time.Now().UTC(), From: "auto-prune"}
 	m.listForPrune(&c)
 	if c.ReadOnly != "" {
-		if m.readOnly != c.ReadOnly {
+		if m.noPrune != c.ReadOnly {
 			slog.Warn("manager: cannot auto-prune: the repository is not writable", "model", ms.Name, "err", c.ReadOnly)
 		}
-		m.readOnly = c.ReadOnly
+		m.noPrune = c.ReadOnly
 		return
 	}
+	m.noPrune = ""
 	if acts, err := ms.prune(c); err != nil || len(acts) == 0 {
 		return
 	}
@@ -149,13 +154,13 @@ func (m *Manager) maybeCompact(ms *ModelState) {
 		return
 	}
 	if why := writable(filepath.Join(m.opts.Repo.Dir, ms.Name)); why != "" {
-		if m.readOnly != why {
+		if m.noCompact != why {
 			slog.Warn("manager: cannot compact: the repository is not writable; compact with 'cumulus model compact'", "model", ms.Name, "deltas", len(lv.Info.Chain)-1, "err", why)
 		}
-		m.readOnly = why
+		m.noCompact = why
 		return
 	}
-	m.readOnly = ""
+	m.noCompact = ""
 	if _, busy := m.compacting.LoadOrStore(ms.Name, true); busy {
 		return
 	}

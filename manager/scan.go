@@ -3,6 +3,7 @@ package manager
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 
@@ -14,26 +15,37 @@ import (
 // scanRepo lists every version of every model with a fingerprint of its
 // files, cheaply (directory listings and stats, no file contents but the
 // manifests). A manifest that cannot be read or is invalid is reported on
-// its version, never skipped. Versions retired says have left the
-// state are left out unread: a scan costs what is kept, not the
-// repository's history.
-func scanRepo(repo loader.Repo, retired func(model string, v uint64) bool) (Scanned, error) {
+// its version, never skipped. Versions that have left the state (mode
+// says) are only listed, with their fingerprint when a kept chain needs
+// them: a scan costs what is kept, not the repository's history.
+func scanRepo(repo loader.Repo, mode func(model string, v uint64) scanMode) (Scanned, error) {
 	names, err := repo.Models()
 	if err != nil {
 		return Scanned{}, err
 	}
-	ev := Scanned{Models: map[string][]Found{}}
+	ev := Scanned{Models: map[string][]Found{}, Listed: map[string]map[uint64]string{}}
 	for _, name := range names {
 		vs, err := repo.Versions(name)
+		if errors.Is(err, loader.ErrNotFound) {
+			continue // removed since it was listed: it left the repository
+		}
 		if err != nil {
 			return Scanned{}, err
 		}
 		found := make([]Found, 0, len(vs))
+		listed := make(map[uint64]string, len(vs))
+		ev.Listed[name] = listed
 		for _, v := range vs {
-			if retired(name, v) {
+			switch mode(name, v) {
+			case scanSkip:
+				listed[v] = ""
+				continue
+			case scanPrint:
+				listed[v] = fingerprint(repo.VersionDir(name, v))
 				continue
 			}
 			f := Found{Version: v, Files: fingerprint(repo.VersionDir(name, v))}
+			listed[v] = f.Files
 			if m, err := repo.Manifest(name, v); err != nil {
 				f.Err = err.Error()
 			} else {
@@ -45,6 +57,15 @@ func scanRepo(repo loader.Repo, retired func(model string, v uint64) bool) (Scan
 	}
 	return ev, nil
 }
+
+// scanMode is how much a scan reads of one version directory.
+type scanMode int
+
+const (
+	scanFull  scanMode = iota // fingerprint and manifest: a version in the state
+	scanPrint                 // fingerprint: a version gone from the state that a kept chain needs
+	scanSkip                  // its number: a version gone from the state
+)
 
 // fingerprint identifies a version directory's files by name, size and
 // modification time.

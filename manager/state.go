@@ -63,6 +63,10 @@ type Version struct {
 	// validation and no longer hold the validated content (shards keep
 	// serving the copies they verified; none can load it again).
 	Damaged bool `json:"damaged,omitempty"`
+	// Broken says why the version's chain can no longer be loaded: a
+	// version of it, gone from the state, was removed or changed in the
+	// repository. Like Gone, it is then no target, nor a rollback's.
+	Broken string `json:"broken,omitempty"`
 	// Info is set once the version's own files are verified.
 	Info  *topo.VersionInfo `json:"info,omitempty"`
 	Bytes int64             `json:"bytes,omitempty"` // its own files' size
@@ -90,6 +94,11 @@ type ModelState struct {
 	// scanned. Versions are numbered above the repository's high-water
 	// mark, so no new version is ever at or below it.
 	Floor uint64 `json:"floor,omitempty"`
+	// Chained holds, for versions gone from the state that a kept
+	// version's chain needs, the fingerprint of their files as validated:
+	// a scan that finds one removed or changed marks the versions whose
+	// chains need it Broken.
+	Chained map[uint64]string `json:"chained,omitempty"`
 	// Partitions is fixed by the model's first valid version; a version
 	// with another count is rejected.
 	Partitions uint32 `json:"partitions,omitempty"`
@@ -122,6 +131,7 @@ func (m *ModelState) clone() *ModelState {
 	n.Schema = ModelStateSchema // what this build writes, whoever wrote what it read
 	n.Versions = slices.Clone(m.Versions)
 	n.Replicas = slices.Clone(m.Replicas)
+	n.Chained = maps.Clone(m.Chained)
 	return &n
 }
 
@@ -170,7 +180,14 @@ type Event interface{ isEvent() }
 
 // Scanned is a listing of the whole repository: every model's versions.
 // A model or version missing from it has left the repository.
-type Scanned struct{ Models map[string][]Found }
+type Scanned struct {
+	Models map[string][]Found
+	// Listed is every version directory of each model, with its
+	// fingerprint where one was taken ("" for versions gone from the
+	// state, unless a kept chain needs them). Nil: not given (every
+	// version is in Models).
+	Listed map[string]map[uint64]string
+}
 
 // Found is one version directory as scanned.
 type Found struct {
@@ -433,6 +450,10 @@ func (s *State) scanned(ev Scanned) []Action {
 			}
 		}
 		m.Versions = kept
+		if _, listed := ev.Models[name]; !listed && len(m.Versions) == 0 && m.Live == 0 {
+			delete(s.Models, name) // its directory left, and nothing of it is served
+			continue
+		}
 		for _, vn := range slices.Sorted(maps.Keys(found)) {
 			f := found[vn]
 			v := m.version(vn)
@@ -466,8 +487,41 @@ func (s *State) scanned(ev Scanned) []Action {
 			}
 			acts = append(acts, Validate{Model: name, Version: vn})
 		}
+		if listed := ev.Listed[name]; listed != nil {
+			m.checkChains(listed)
+		}
 	}
 	return acts
+}
+
+// checkChains marks Broken the validated versions whose chain needs a
+// version gone from the state that listed (the repository, as scanned)
+// no longer holds, or holds with other files than validated; and clears
+// the mark once it is back as it was.
+func (m *ModelState) checkChains(listed map[uint64]string) {
+	for i := range m.Versions {
+		v := &m.Versions[i]
+		if !v.Phase.valid() || v.Info == nil {
+			continue
+		}
+		broken := ""
+		for _, c := range v.Info.Chain {
+			print, need := m.Chained[c]
+			if !need || m.version(c) != nil {
+				continue
+			}
+			switch got, ok := listed[c]; {
+			case !ok:
+				broken = fmt.Sprintf("version %d of its chain was removed from the repository", c)
+			case got != print:
+				broken = fmt.Sprintf("the files of version %d of its chain changed after validation", c)
+			}
+			if broken != "" {
+				break
+			}
+		}
+		v.Broken = broken
+	}
 }
 
 // checked records a validation's result, unless the files changed since
@@ -552,16 +606,19 @@ func (s *State) command(c Command) ([]Action, error) {
 			return nil, fmt.Errorf("%w: model %s version %d is %s: %s", ErrConflict, m.Name, c.Version, v.Phase, why)
 		case v.Gone && c.Version != m.Live:
 			return nil, fmt.Errorf("%w: model %s version %d was removed from the repository", ErrConflict, m.Name, c.Version)
+		case v.Broken != "" && c.Version != m.Live:
+			return nil, fmt.Errorf("%w: model %s version %d cannot be loaded: %s", ErrConflict, m.Name, c.Version, v.Broken)
 		}
 		m.Pin = c.Version
 	case OpRollback:
 		kept := m.Standby()
 		to := c.Version
 		if to == 0 {
-			if len(kept) == 0 {
-				return nil, fmt.Errorf("%w: model %s has no standby version to roll back to (live %d)", ErrConflict, m.Name, m.Live)
+			loadable := slices.DeleteFunc(slices.Clone(kept), func(v uint64) bool { x := m.version(v); return x.Gone || x.Broken != "" })
+			if len(loadable) == 0 {
+				return nil, fmt.Errorf("%w: model %s has no standby version to roll back to (live %d; standby that cannot be loaded: %s)", ErrConflict, m.Name, m.Live, list(kept))
 			}
-			to = kept[0]
+			to = loadable[0]
 		} else if !slices.Contains(kept, to) {
 			why := "it is not kept for rollback"
 			switch v := m.version(to); {
@@ -576,6 +633,10 @@ func (s *State) command(c Command) ([]Action, error) {
 			}
 			return nil, fmt.Errorf("%w: model %s version %d: %s; standby versions: %s", ErrConflict, m.Name, to, why, list(kept))
 		}
+		if v := m.version(to); v.Gone || v.Broken != "" {
+			why := cmp.Or(v.Broken, "it was removed from the repository")
+			return nil, fmt.Errorf("%w: model %s version %d cannot be loaded: %s; standby versions: %s", ErrConflict, m.Name, to, why, list(kept))
+		}
 		m.Pin = to
 	default:
 		return nil, fmt.Errorf("%w: unknown operation %q", ErrInvalid, c.Op)
@@ -585,8 +646,8 @@ func (s *State) command(c Command) ([]Action, error) {
 
 // prune decides which version directories to remove: of the versions
 // in the repository, every one outside the protected set (live, staged,
-// pinned, standby, awaiting validation, and every version their chains
-// need), keeping the c.Keep newest. A version above the floor that the
+// pinned, standby, awaiting validation, ready and newer than the live
+// one, and every version their chains need), keeping the c.Keep newest. A version above the floor that the
 // state does not list is unknown yet (just published): never removed.
 func (m *ModelState) prune(c Command) ([]Action, error) {
 	if c.ReadOnly != "" {
@@ -616,7 +677,9 @@ func (m *ModelState) prune(c Command) ([]Action, error) {
 		need(v)
 	}
 	for _, v := range m.Versions {
-		if v.Phase.pending() {
+		// Pending versions, and ready ones newer than the live one (what
+		// the model follows once unpinned), are on their way to be served.
+		if v.Phase.pending() || v.Phase == PhaseReady && v.Version > m.Live {
 			need(v.Version)
 		}
 	}
@@ -667,12 +730,16 @@ func (s *State) settle(m *ModelState, p Policy) {
 	h := s.holding(m.Name)
 	assign := Assign(m.Name, m.Partitions, trusted, p.Replicas)
 	liveServable := true // only a removed live version can stop being so (nobody can load it again)
-	if lv := m.version(m.Live); lv != nil && lv.Gone {
+	if lv := m.version(m.Live); lv != nil && (lv.Gone || lv.Broken != "") {
 		liveServable = s.servable(m, m.Live, trusted)
+		what := "removed from the repository"
+		if !lv.Gone {
+			what = lv.Broken
+		}
 		if liveServable {
-			lv.Reason = "removed from the repository; still served by the shards that hold it"
+			lv.Reason = what + "; still served by the shards that hold it"
 		} else {
-			lv.Reason = "removed from the repository and no longer held whole by the shards: the newest other valid version takes over"
+			lv.Reason = what + "; no longer held whole by the shards: the newest other valid version takes over"
 		}
 	}
 	target := m.target(liveServable)
@@ -735,6 +802,8 @@ func resolve(m *ModelState) {
 		if v.Kind == "delta" {
 			pv := m.version(v.Parent)
 			switch {
+			case pv == nil && m.Chained[v.Parent] != "":
+				// gone from the state, validated, and needed by a kept chain
 			case pv == nil && v.Parent <= m.Floor:
 				v.Phase, v.Reason, v.Info = PhaseRejected, fmt.Sprintf("parent version %d is retired (no longer kept); a delta must build on a version the manager keeps", v.Parent), nil
 				continue
@@ -765,13 +834,17 @@ func resolve(m *ModelState) {
 // over rather than leave the model down.
 func (m *ModelState) target(liveServable bool) uint64 {
 	if m.Pin != 0 {
-		if v := m.version(m.Pin); v != nil && v.Phase.valid() && !v.Gone {
+		if v := m.version(m.Pin); v != nil && v.Phase.valid() && !v.Gone && (v.Broken == "" || v.Version == m.Live && liveServable) {
 			return m.Pin
+		}
+		if v := m.version(m.Live); v != nil && v.Broken != "" && !liveServable {
+			m.Pin = 0 // the pinned live version can no longer be served: follow the newest again
+			return m.target(false)
 		}
 		return m.Live
 	}
 	for i := len(m.Versions) - 1; i >= 0; i-- {
-		if v := &m.Versions[i]; v.Phase.valid() && (!v.Gone || v.Version == m.Live && liveServable) {
+		if v := &m.Versions[i]; v.Phase.valid() && (!v.Gone && v.Broken == "" || v.Version == m.Live && liveServable) {
 			return v.Version
 		}
 	}
@@ -872,18 +945,44 @@ func (m *ModelState) forget() {
 		return false
 	}
 	kept := m.Versions[:0:0]
+	var dropped []Version
 	for _, v := range slices.Backward(m.Versions) {
 		if drop(v) {
 			m.Floor = max(m.Floor, v.Version)
+			dropped = append(dropped, v)
 			continue
 		}
 		kept = append(kept, v)
 	}
-	if len(kept) == len(m.Versions) {
-		return
+	if len(kept) != len(m.Versions) {
+		slices.Reverse(kept)
+		m.Versions = kept
 	}
-	slices.Reverse(kept)
-	m.Versions = kept
+	// Remember, by fingerprint, what kept chains need of what left.
+	need := map[uint64]bool{}
+	for _, v := range m.Versions {
+		if v.Info != nil {
+			for _, c := range v.Info.Chain {
+				need[c] = true
+			}
+		}
+	}
+	for _, v := range dropped {
+		if need[v.Version] {
+			if m.Chained == nil {
+				m.Chained = map[uint64]string{}
+			}
+			m.Chained[v.Version] = cmp.Or(v.Checked, v.Files)
+		}
+	}
+	for c := range m.Chained {
+		if !need[c] || m.version(c) != nil {
+			delete(m.Chained, c)
+		}
+	}
+	if len(m.Chained) == 0 {
+		m.Chained = nil
+	}
 }
 
 // keepReady is how many ready versions newer than the live one a model

@@ -792,3 +792,61 @@ func TestPruneKeepsWhatIsNeeded(t *testing.T) {
 		t.Fatalf("prune without write access: %v", err)
 	}
 }
+
+// TestBrokenChain: versions that left the state but that a kept chain
+// needs are remembered by fingerprint; one removed or changed in the
+// repository marks the versions whose chains need it, which then are no
+// rollout's target, nor a rollback's; the live one stays while the
+// shards hold it, and once they no longer do, a version that can still
+// be loaded takes over. Put back as it was, the mark goes.
+func TestBrokenChain(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20})
+	x.join("a")
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	for v := uint64(2); v <= 5; v++ {
+		x.parent[v] = v - 1
+	}
+	x.scan(1, 2, 3, 4, 5) // published together: 2..4 never go live
+	x.validate()
+	x.settleAll()
+	x.expect(5, 0, 1)
+	m := x.s.Models["m"]
+	if len(m.Chained) != 3 || m.version(3) != nil {
+		t.Fatalf("chained %v; versions %v", m.Chained, m.numbers())
+	}
+	scan := func(listed map[uint64]string) {
+		t.Helper()
+		x.do(Scanned{Models: map[string][]Found{"m": {
+			{Version: 1, Kind: "full", Files: "f1"}, {Version: 5, Kind: "delta", Parent: 4, Files: "f1"}}},
+			Listed: map[string]map[uint64]string{"m": listed}})
+	}
+	scan(map[uint64]string{1: "f1", 2: "f1", 4: "f1", 5: "f1"}) // 3 removed
+	if v := x.s.Models["m"].version(5); !strings.Contains(v.Broken, "version 3 of its chain was removed") || x.s.Models["m"].Live != 5 {
+		t.Fatalf("live %d, broken %q", x.s.Models["m"].Live, v.Broken)
+	}
+	if err := x.cmd(OpPin, 5); err != nil {
+		t.Fatalf("pin to the live version, still served: %v", err)
+	}
+	// The shard restarts: it holds nothing, and cannot load 5 again.
+	x.shards["a"] = topo.ShardInfo{Schema: topo.ShardInfoSchema, ID: "a"}
+	x.removed[5] = true
+	x.report()
+	x.settleAll()
+	x.expect(1, 0, 5) // 5 stays on standby, marked: no rollback goes to it
+	if x.s.Models["m"].Pin != 0 {
+		t.Fatal("the pin to a version nobody can serve any more stays")
+	}
+	scan(map[uint64]string{1: "f1", 2: "f1", 3: "changed", 4: "f1", 5: "f1"})
+	if v := x.s.Models["m"].version(5); !strings.Contains(v.Broken, "files of version 3 of its chain changed") {
+		t.Fatalf("broken %q", v.Broken)
+	}
+	if err := x.cmd(OpRollback, 5); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "cannot be loaded") {
+		t.Fatalf("rollback to a broken version: %v", err)
+	}
+	scan(map[uint64]string{1: "f1", 2: "f1", 3: "f1", 4: "f1", 5: "f1"})
+	if v := x.s.Models["m"].version(5); v.Broken != "" {
+		t.Fatalf("put back, still broken: %q", v.Broken)
+	}
+}

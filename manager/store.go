@@ -92,10 +92,13 @@ func (st *store) load(ctx context.Context) (map[string]*ModelState, error) {
 type change struct {
 	states map[string][]byte // model → ModelState JSON
 	maps   map[string][]byte // model → Assignment JSON
+	gone   []string          // models that left the state (nothing of them served)
 	audit  []AuditEntry
 }
 
-func (c *change) empty() bool { return len(c.states) == 0 && len(c.maps) == 0 && len(c.audit) == 0 }
+func (c *change) empty() bool {
+	return len(c.states) == 0 && len(c.maps) == 0 && len(c.gone) == 0 && len(c.audit) == 0
+}
 
 // maxTxnOps is etcd's default limit on operations in one transaction.
 const maxTxnOps = 128
@@ -139,6 +142,11 @@ func (st *store) commit(ctx context.Context, c change) error {
 	for _, name := range slices.Sorted(maps.Keys(c.states)) {
 		if err := put(st.modelsPrefix()+name, c.states[name]); err != nil {
 			return err
+		}
+	}
+	for _, name := range c.gone {
+		for _, key := range []string{st.cluster.ModelKey(name), st.modelsPrefix() + name} {
+			ops, sizes = append(ops, clientv3.OpDelete(key)), append(sizes, len(key))
 		}
 	}
 	seq := st.audit

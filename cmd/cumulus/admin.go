@@ -255,6 +255,10 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 				if err := json.Unmarshal(b, &r); err != nil {
 					return fmt.Errorf("admin API answered badly: %w", err)
 				}
+				if len(r.Removed) == 0 {
+					fmt.Printf("%s: nothing to remove\n", r.Model)
+					return nil
+				}
 				fmt.Printf("%s: removed %d version(s): %s\n", r.Model, len(r.Removed), joinVersions(r.Removed))
 				return nil
 			})
