@@ -494,33 +494,45 @@ func (s *State) scanned(ev Scanned) []Action {
 	return acts
 }
 
+// breakChains marks Broken the versions whose chains need damaged
+// version c (checkChains clears the mark on a scan once c is repaired).
+func (m *ModelState) breakChains(c uint64) {
+	for i := range m.Versions {
+		if v := &m.Versions[i]; v.Version != c && v.Info != nil && slices.Contains(v.Info.Chain, c) {
+			v.Broken = fmt.Sprintf("the files of version %d of its chain changed after validation", c)
+		}
+	}
+}
+
 // checkChains marks Broken the validated versions whose chain needs a
-// version gone from the state that listed (the repository, as scanned)
-// no longer holds, or holds with other files than validated; and clears
-// the mark once it is back as it was.
+// version that listed (the repository, as scanned) no longer holds, or
+// holds with other files than validated (a version in the state:
+// Damaged; one gone from it: its fingerprint in Chained); and clears the
+// mark once it is back as it was.
 func (m *ModelState) checkChains(listed map[uint64]string) {
 	for i := range m.Versions {
 		v := &m.Versions[i]
 		if !v.Phase.valid() || v.Info == nil {
 			continue
 		}
-		broken := ""
+		v.Broken = ""
 		for _, c := range v.Info.Chain {
-			print, need := m.Chained[c]
-			if !need || m.version(c) != nil {
+			if c == v.Version {
 				continue
 			}
-			switch got, ok := listed[c]; {
+			got, ok := listed[c]
+			x := m.version(c)
+			print, chained := m.Chained[c]
+			switch {
 			case !ok:
-				broken = fmt.Sprintf("version %d of its chain was removed from the repository", c)
-			case got != print:
-				broken = fmt.Sprintf("the files of version %d of its chain changed after validation", c)
+				v.Broken = fmt.Sprintf("version %d of its chain was removed from the repository", c)
+			case x != nil && x.Damaged || x == nil && chained && got != print:
+				v.Broken = fmt.Sprintf("the files of version %d of its chain changed after validation", c)
 			}
-			if broken != "" {
+			if v.Broken != "" {
 				break
 			}
 		}
-		v.Broken = broken
 	}
 }
 
@@ -536,8 +548,10 @@ func (s *State) checked(ev Checked) {
 		switch {
 		case ev.Err != "":
 			v.Reason, v.Damaged = "files changed after validation and no longer match their manifest (shards keep serving what they verified): "+ev.Err, true
+			m.breakChains(ev.Version)
 		case ev.Info == nil || v.Info == nil || !slices.Equal(ev.Info.IDs, v.Info.IDs):
 			v.Reason, v.Damaged = "the version's content was replaced after validation; shards serve and load only what was validated; publish new content as a new version", true
+			m.breakChains(ev.Version)
 		default:
 			v.Reason, v.Checked, v.Damaged = "", ev.Files, false
 		}

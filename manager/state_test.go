@@ -849,4 +849,11 @@ func TestBrokenChain(t *testing.T) {
 	if v := x.s.Models["m"].version(5); v.Broken != "" {
 		t.Fatalf("put back, still broken: %q", v.Broken)
 	}
+	// Another chain member removed: the versions built on it are marked.
+	x.do(Scanned{Models: map[string][]Found{"m": {
+		{Version: 1, Kind: "full", Files: "f1"}, {Version: 5, Kind: "delta", Parent: 4, Files: "f1"}}},
+		Listed: map[string]map[uint64]string{"m": {1: "f1", 3: "f1", 4: "f1", 5: "f1"}}})
+	if v := x.s.Models["m"].version(5); !strings.Contains(v.Broken, "version 2 of its chain was removed") {
+		t.Fatalf("broken %q", v.Broken)
+	}
 }
