@@ -41,9 +41,9 @@ done
 echo "cluster ready: manager, $shards shards, 2 routers (separate processes); model bench, $params features"
 "$C" bench freshness --addr 127.0.0.1:28101,127.0.0.1:28111 --repo "$work/models" --model bench \
   --deltas "$deltas" --keys "$keys" --concurrency "${CONCURRENCY:-2}" 2>/dev/null | tee "$work/fresh.out" | grep -v '^version [0-9]*: ' || true
-size() { curl -s -X POST "$etcd/v3/kv/range" -d "{\"key\": \"$(printf %s "$1" | base64 -w0)\"}" |
-  python3 -c 'import base64,json,sys; kv=json.load(sys.stdin).get("kvs",[]); print(len(base64.b64decode(kv[0]["value"])) if kv else 0)'; }
-echo "etcd: manager state $(size /cumulus/fresh/manager/models/bench) bytes, serving map record $(size /cumulus/fresh/models/bench) bytes"
+go build -o "$work/etcdget" "$(dirname "$0")/etcdget"
+echo "etcd, what the manager keeps for the model:"
+"$work/etcdget" "$etcd" /cumulus/fresh/manager/models/bench /cumulus/fresh/models/bench
 echo "repository: $(ls "$work/models/bench" | grep -c '^[0-9]*$') version directories"
 "$C" admin --addr 127.0.0.1:28102 models
 "$C" admin --addr 127.0.0.1:28102 rollback bench

@@ -33,6 +33,13 @@ func Start(dir string) (*Etcd, error) {
 	cfg.AdvertisePeerUrls = []url.URL{local}
 	cfg.InitialCluster = cfg.Name + "=" + local.String()
 	cfg.ListenMetricsUrls = nil
+	// Without compaction etcd keeps every revision until its 2 GiB quota,
+	// then refuses writes: a dev cluster taking a delta every few seconds
+	// (each rewrites the model's state, map record and the shards'
+	// reports) got there in about 700 deltas. Keep five minutes of
+	// history; compacted pages are reused, so the file stops growing.
+	cfg.AutoCompactionMode = "periodic"
+	cfg.AutoCompactionRetention = "5m"
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcdlocal: %w", err)
