@@ -37,7 +37,7 @@ type Spec struct {
 // ErrSuperseded is returned by the Commit of a compaction when a version
 // other than deltas on the compacted one was published meanwhile: the
 // compaction, newer, would hide it.
-var ErrSuperseded = errors.New("loader: a newer version off the compacted chain was published meanwhile")
+var ErrSuperseded = errors.New("loader: a newer version is off the compacted chain (the compaction, newer still, would hide it)")
 
 // VersionWriter writes one new version. Partition files go to a hidden
 // directory; Commit fsyncs them, writes the manifest last and renames the
