@@ -151,7 +151,14 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		}
 		delete(s.failed, pkey)
 		s.install(s.snap.Load().with(chain[0], versions, p, layers, id))
-		s.reg.Set(s.info())
+		// Report progress, at most every reportEvery: a large version's
+		// partitions, seconds apart, are each reported as they come; a
+		// delta's, loaded in a moment, in one write (reconcile reports
+		// at its end), not one each.
+		if time.Since(s.reported) >= reportEvery {
+			s.reg.Set(s.info())
+			s.reported = time.Now()
+		}
 	}
 	if len(wrong.Have) > 0 {
 		wrong.Model, wrong.Version = name, v
@@ -238,6 +245,10 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 		}
 	}
 }
+
+// reportEvery is how often a load in progress updates the shard's
+// registration.
+const reportEvery = 100 * time.Millisecond
 
 // reclaimWait bounds how long the loader waits for lookups under way
 // to leave a replaced snapshot before it frees what only that snapshot

@@ -156,6 +156,9 @@ type Shard struct {
 	applied    map[string]uint64      // model → Seq of the map record reconciled to
 	hot        hotState
 	ready      bool // health says SERVING
+	// reported is when loadVersion last reported progress; loader
+	// goroutine only.
+	reported time.Time
 	// servedWritten: the registration etcd holds (the last one written)
 	// was made while the shard served what was assigned; loader goroutine.
 	servedWritten bool

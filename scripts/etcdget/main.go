@@ -1,7 +1,7 @@
 // Command etcdget prints the size of etcd values, or with -value the
 // values themselves: what scripts measure of the records Cumulus keeps.
 //
-//	go run ./scripts/etcdget [-value] ENDPOINT KEY...
+//	go run ./scripts/etcdget [-value] [-rev] ENDPOINT KEY...
 package main
 
 import (
@@ -16,6 +16,7 @@ import (
 
 func main() {
 	value := flag.Bool("value", false, "print the values, not their sizes")
+	rev := flag.Bool("rev", false, "print etcd's revision and each key's modification revision too")
 	flag.Parse()
 	if flag.NArg() < 2 {
 		fmt.Fprintln(os.Stderr, "usage: etcdget [-value] ENDPOINT KEY...")
@@ -41,6 +42,9 @@ func main() {
 			fmt.Printf("%s\n", resp.Kvs[0].Value)
 		default:
 			fmt.Printf("%s %d bytes\n", key, len(resp.Kvs[0].Value))
+		}
+		if *rev && len(resp.Kvs) > 0 {
+			fmt.Printf("%s revision %d, modified at %d (version %d)\n", key, resp.Header.Revision, resp.Kvs[0].ModRevision, resp.Kvs[0].Version)
 		}
 	}
 }
