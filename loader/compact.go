@@ -148,14 +148,21 @@ func (r Repo) laterOnLine(name string, v uint64) ([]*codec.Manifest, error) {
 	return out, nil
 }
 
-// copyOnto publishes a copy of delta x (its files linked, not rewritten)
-// stacked on the replacement of its parent, as a version the same as x.
-// The caller holds the model's lock.
-func (r Repo) copyOnto(x *codec.Manifest) error {
-	parent := r.replacement(x.Name, x.Parent)
+// stagedCopy is a copy of a delta written but not yet published: its
+// manifest's Parent is still the original's (replaced at publication).
+type stagedCopy struct {
+	w *VersionWriter
+	m *codec.Manifest
+}
+
+// stageCopy writes a copy of delta x (its files linked, not rewritten,
+// each checked against the manifest's size) into a hidden directory, to
+// be published as a version the same as x. The caller holds the model's
+// lock.
+func (r Repo) stageCopy(x *codec.Manifest) (*stagedCopy, error) {
 	tmp, err := os.MkdirTemp(filepath.Join(r.Dir, x.Name), ".writing-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	w := &VersionWriter{repo: r, spec: Spec{Name: x.Name}, tmp: tmp}
 	for _, f := range x.Files {
@@ -163,18 +170,18 @@ func (r Repo) copyOnto(x *codec.Manifest) error {
 		if err := os.Link(src, dst); err != nil {
 			if err := copyFile(src, dst); err != nil {
 				w.Abort()
-				return err
+				return nil, err
 			}
+		}
+		if st, err := os.Stat(dst); err != nil || st.Size() != f.Size {
+			w.Abort()
+			return nil, fmt.Errorf("%s: not the size its manifest says", src)
 		}
 	}
 	m := *x
-	m.Parent, m.SameAs = parent, x.Version
-	m.Source = fmt.Sprintf("copy of version %d onto version %d (a compaction); %s", x.Version, parent, x.Source)
-	if err := w.commitLocked(&m); err != nil {
-		w.Abort()
-		return err
-	}
-	return nil
+	m.SameAs = x.Version
+	m.Source = fmt.Sprintf("copy of version %d onto a compaction; %s", x.Version, x.Source)
+	return &stagedCopy{w: w, m: &m}, nil
 }
 
 // copyFile copies src to a new file dst, synced.

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cumulus-serving/cumulus/codec"
@@ -145,6 +148,28 @@ func TestCompact(t *testing.T) {
 	}
 	if after, _ := repo.Latest("m"); after != before {
 		t.Fatalf("a superseded compaction published version %d", after)
+	}
+	// A delta on the line that cannot be copied (a file gone) fails the
+	// compaction before anything is published: it would hide the delta.
+	e1 := publishSome(t, repo, rng, 0)
+	w, err = repo.NewVersion(Spec{Name: "m", Type: codec.TypeFM, Dim: 4, Partitions: 3, Encoding: "int8", SameAs: e1.Version})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range uint32(3) {
+		if err := w.WritePartition(p, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e2 := publishSome(t, repo, rng, 0)
+	if err := os.Remove(filepath.Join(repo.VersionDir("m", e2.Version), e2.Files[1].Path)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Commit(); err == nil || !strings.Contains(err.Error(), "cannot be copied") {
+		t.Fatalf("compaction with an uncopyable delta on its line: %v", err)
+	}
+	if after, _ := repo.Latest("m"); after != e2.Version {
+		t.Fatalf("newest %d after a refused compaction, want %d", after, e2.Version)
 	}
 }
 

@@ -176,21 +176,43 @@ func (w *VersionWriter) commit(m *codec.Manifest) error {
 		return err
 	}
 	defer unlock()
-	var rebase []*codec.Manifest
+	var copies []*stagedCopy
 	switch {
 	case m.SameAs != 0:
-		if rebase, err = w.repo.laterOnLine(w.spec.Name, m.SameAs); err != nil {
+		rebase, err := w.repo.laterOnLine(w.spec.Name, m.SameAs)
+		if err != nil {
 			return err
+		}
+		// Every copy is staged before anything becomes visible: a delta
+		// that cannot be copied fails the compaction, which would
+		// otherwise hide it by being newer.
+		for _, x := range rebase {
+			c, err := w.repo.stageCopy(x)
+			if err != nil {
+				for _, c := range copies {
+					c.w.Abort()
+				}
+				return fmt.Errorf("loader: delta %d, published on the compacted chain, cannot be copied onto the compaction, which would hide it: %w", x.Version, err)
+			}
+			copies = append(copies, c)
 		}
 	case m.Parent != 0:
 		m.Parent = w.repo.replacement(w.spec.Name, m.Parent)
 	}
 	if err := w.commitLocked(m); err != nil {
+		for _, c := range copies {
+			c.w.Abort()
+		}
 		return err
 	}
-	for _, x := range rebase {
-		if err := w.repo.copyOnto(x); err != nil {
-			return fmt.Errorf("loader: version %d written; copying delta %d onto it: %w", m.Version, x.Version, err)
+	for i, c := range copies {
+		// (Only a crash from here on can leave a copied delta out.)
+		c.m.Parent = w.repo.replacement(c.m.Name, c.m.Parent)
+		if err := c.w.commitLocked(c.m); err != nil {
+			for _, c := range copies[i:] {
+				c.w.Abort()
+			}
+			return fmt.Errorf("loader: version %d written; copying delta %d onto it: %w", m.Version, c.m.SameAs, err)
 		}
 	}
 	return nil

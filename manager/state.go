@@ -2,8 +2,11 @@ package manager
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"reflect"
 	"slices"
@@ -488,7 +491,7 @@ func (s *State) scanned(ev Scanned) []Action {
 			acts = append(acts, Validate{Model: name, Version: vn})
 		}
 		if listed := ev.Listed[name]; listed != nil {
-			m.checkChains(listed)
+			acts = append(acts, m.checkChains(listed)...)
 		}
 	}
 	return acts
@@ -507,9 +510,22 @@ func (m *ModelState) breakChains(c uint64) {
 // checkChains marks Broken the validated versions whose chain needs a
 // version that listed (the repository, as scanned) no longer holds, or
 // holds with other files than validated (a version in the state:
-// Damaged; one gone from it: its fingerprint in Chained); and clears the
-// mark once it is back as it was.
-func (m *ModelState) checkChains(listed map[uint64]string) {
+// Damaged); and clears the mark once it is back as it was. A version gone
+// from the state whose fingerprint changed is validated again (a touch
+// changes a fingerprint, not the content): checked marks what it breaks,
+// or takes the new fingerprint.
+func (m *ModelState) checkChains(listed map[uint64]string) []Action {
+	var acts []Action
+	for c, kept := range m.Chained {
+		switch got := listed[c]; {
+		case got == "" || m.version(c) != nil:
+		case got != chainedPrint(kept):
+			acts = append(acts, Validate{Model: m.Name, Version: c})
+		case strings.HasSuffix(kept, brokenMark):
+			m.Chained[c] = strings.TrimSuffix(kept, brokenMark) // back as validated
+		}
+	}
+	slices.SortFunc(acts, func(a, b Action) int { return cmp.Compare(a.(Validate).Version, b.(Validate).Version) })
 	for i := range m.Versions {
 		v := &m.Versions[i]
 		if !v.Phase.valid() || v.Info == nil {
@@ -520,13 +536,12 @@ func (m *ModelState) checkChains(listed map[uint64]string) {
 			if c == v.Version {
 				continue
 			}
-			got, ok := listed[c]
+			_, ok := listed[c]
 			x := m.version(c)
-			print, chained := m.Chained[c]
 			switch {
 			case !ok:
 				v.Broken = fmt.Sprintf("version %d of its chain was removed from the repository", c)
-			case x != nil && x.Damaged || x == nil && chained && got != print:
+			case x != nil && x.Damaged || x == nil && strings.HasSuffix(m.Chained[c], brokenMark):
 				v.Broken = fmt.Sprintf("the files of version %d of its chain changed after validation", c)
 			}
 			if v.Broken != "" {
@@ -534,6 +549,46 @@ func (m *ModelState) checkChains(listed map[uint64]string) {
 			}
 		}
 	}
+	return acts
+}
+
+// A Chained entry is "FINGERPRINT IDS" — the files' fingerprint and a
+// digest of the partition identities, as validated — with brokenMark
+// appended once a validation found the files no longer hold that.
+const brokenMark = " broken"
+
+func chainedEntry(files string, ids []string) string {
+	return files + " " + idsDigest(ids)
+}
+
+func chainedPrint(entry string) string { p, _, _ := strings.Cut(entry, " "); return p }
+
+func idsDigest(ids []string) string {
+	h := sha256.New()
+	for _, id := range ids {
+		io.WriteString(h, id+"\n")
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// checkedChained records a validation of c, a version gone from the
+// state that kept chains need: the same content (by identities) under a
+// new fingerprint is taken; anything else breaks the versions built on
+// it.
+func (m *ModelState) checkedChained(ev Checked) {
+	entry := m.Chained[ev.Version]
+	_, ids, _ := strings.Cut(strings.TrimSuffix(entry, brokenMark), " ")
+	if ev.Err == "" && ev.Info != nil && idsDigest(ev.Info.IDs) == ids {
+		m.Chained[ev.Version] = ev.Files + " " + ids
+		for i := range m.Versions {
+			if v := &m.Versions[i]; v.Info != nil && slices.Contains(v.Info.Chain, ev.Version) && strings.Contains(v.Broken, fmt.Sprintf("version %d of", ev.Version)) {
+				v.Broken = ""
+			}
+		}
+		return
+	}
+	m.Chained[ev.Version] = strings.TrimSuffix(entry, brokenMark) + brokenMark
+	m.breakChains(ev.Version)
 }
 
 // checked records a validation's result, unless the files changed since
@@ -541,6 +596,10 @@ func (m *ModelState) checkChains(listed map[uint64]string) {
 func (s *State) checked(ev Checked) {
 	m := s.Models[ev.Model]
 	v := s.version(ev.Model, ev.Version)
+	if v == nil && m != nil && m.Chained[ev.Version] != "" {
+		m.checkedChained(ev)
+		return
+	}
 	if v == nil || v.Files != ev.Files {
 		return
 	}
@@ -848,12 +907,18 @@ func resolve(m *ModelState) {
 // over rather than leave the model down.
 func (m *ModelState) target(liveServable bool) uint64 {
 	if m.Pin != 0 {
-		if v := m.version(m.Pin); v != nil && v.Phase.valid() && !v.Gone && (v.Broken == "" || v.Version == m.Live && liveServable) {
+		if v := m.version(m.Pin); v != nil && v.Phase.valid() && (!v.Gone && v.Broken == "" || v.Version == m.Live && liveServable) {
 			return m.Pin
 		}
-		if v := m.version(m.Live); v != nil && v.Broken != "" && !liveServable {
-			m.Pin = 0 // the pinned live version can no longer be served: follow the newest again
-			return m.target(false)
+		if lv := m.version(m.Live); lv != nil && (lv.Gone || lv.Broken != "") && !liveServable {
+			// The live version can be served no more: the most recently
+			// live standby that can be loaded takes over, the pin staying
+			// (it applies again once its version can be loaded).
+			for _, sv := range m.Standby() {
+				if x := m.version(sv); !x.Gone && x.Broken == "" {
+					return sv
+				}
+			}
 		}
 		return m.Live
 	}
@@ -986,7 +1051,11 @@ func (m *ModelState) forget() {
 			if m.Chained == nil {
 				m.Chained = map[uint64]string{}
 			}
-			m.Chained[v.Version] = cmp.Or(v.Checked, v.Files)
+			var ids []string
+			if v.Info != nil {
+				ids = v.Info.IDs
+			}
+			m.Chained[v.Version] = chainedEntry(cmp.Or(v.Checked, v.Files), ids)
 		}
 	}
 	for c := range m.Chained {

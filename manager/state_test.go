@@ -835,17 +835,31 @@ func TestBrokenChain(t *testing.T) {
 	x.report()
 	x.settleAll()
 	x.expect(1, 0, 5) // 5 stays on standby, marked: no rollback goes to it
-	if x.s.Models["m"].Pin != 0 {
-		t.Fatal("the pin to a version nobody can serve any more stays")
+	if x.s.Models["m"].Pin != 5 {
+		t.Fatal("the pin was dropped: it applies again once 5 can be loaded")
 	}
+	// 3 touched: validated again, same content, nothing breaks.
+	scan(map[uint64]string{1: "f1", 2: "f1", 3: "touched", 4: "f1", 5: "f1"})
+	if len(x.queue) != 1 || x.queue[0].Version != 3 {
+		t.Fatalf("queued %v, want version 3 validated again", x.queue)
+	}
+	x.queue = nil
+	x.do(Checked{Model: "m", Version: 3, Files: "touched", Info: &topo.VersionInfo{Version: 3, Type: "lr", IDs: x.ids(3), Chain: x.chain(3)}})
+	if v := x.s.Models["m"].version(5); v.Broken != "" || !strings.HasPrefix(x.s.Models["m"].Chained[3], "touched ") {
+		t.Fatalf("broken %q, chained %q", v.Broken, x.s.Models["m"].Chained[3])
+	}
+	// 3 damaged: the versions built on it break.
+	x.files[3], x.broken[3] = "changed", "checksum mismatch"
 	scan(map[uint64]string{1: "f1", 2: "f1", 3: "changed", 4: "f1", 5: "f1"})
+	x.validate()
 	if v := x.s.Models["m"].version(5); !strings.Contains(v.Broken, "files of version 3 of its chain changed") {
 		t.Fatalf("broken %q", v.Broken)
 	}
+	delete(x.broken, 3)
 	if err := x.cmd(OpRollback, 5); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "cannot be loaded") {
 		t.Fatalf("rollback to a broken version: %v", err)
 	}
-	scan(map[uint64]string{1: "f1", 2: "f1", 3: "f1", 4: "f1", 5: "f1"})
+	scan(map[uint64]string{1: "f1", 2: "f1", 3: "touched", 4: "f1", 5: "f1"})
 	if v := x.s.Models["m"].version(5); v.Broken != "" {
 		t.Fatalf("put back, still broken: %q", v.Broken)
 	}

@@ -42,6 +42,7 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 			s.loadVersion(ctx, a, v, want[name][v])
 		}
 	}
+	s.reg.Set(s.info()) // what was loaded, before promotions that may take long
 	// Failures of versions the map no longer keeps on this shard will
 	// never be retried: forget them.
 	s.forget(func(f *failure) bool { _, ok := want[f.model][f.version]; return !ok })
