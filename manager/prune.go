@@ -135,9 +135,16 @@ func (m *Manager) removeVersion(dir string) error {
 }
 
 // removeLeftovers deletes what pruning left when a manager stopped
-// mid-delete.
+// mid-delete, and versions a writer left half-written (hidden
+// directories untouched for a day: no writer takes that long).
 func removeLeftovers(repo string) {
 	left, _ := filepath.Glob(filepath.Join(repo, "*", pruningPrefix+"*"))
+	half, _ := filepath.Glob(filepath.Join(repo, "*", ".writing-*"))
+	for _, dir := range half {
+		if st, err := os.Stat(dir); err == nil && st.IsDir() && time.Since(st.ModTime()) > 24*time.Hour {
+			left = append(left, dir)
+		}
+	}
 	for _, dir := range left {
 		if err := os.RemoveAll(dir); err != nil {
 			slog.Warn("manager: deleting what an interrupted prune left", "dir", dir, "err", err)
