@@ -6,8 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -119,5 +122,28 @@ func TestOlderStateRewritten(t *testing.T) {
 	}
 	if _, err := topo.Decode[ModelState]("k", b); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLeftoversRemoved: what an interrupted prune left goes at start, and
+// so does a version a writer left half-written a day ago; one being
+// written now stays.
+func TestLeftoversRemoved(t *testing.T) {
+	repo := t.TempDir()
+	old, fresh, pruned := filepath.Join(repo, "m", ".writing-old"), filepath.Join(repo, "m", ".writing-new"), filepath.Join(repo, "m", pruningPrefix+"3-x")
+	for _, d := range []string{old, fresh, pruned} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	day := time.Now().Add(-25 * time.Hour)
+	if err := os.Chtimes(old, day, day); err != nil {
+		t.Fatal(err)
+	}
+	removeLeftovers(repo)
+	for d, want := range map[string]bool{old: false, fresh: true, pruned: false} {
+		if _, err := os.Stat(d); (err == nil) != want {
+			t.Errorf("%s: exists %v, want %v", d, err == nil, want)
+		}
 	}
 }
