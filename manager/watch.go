@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"path/filepath"
+	"strings"
 
 	"github.com/fsnotify/fsnotify"
 )
@@ -45,6 +46,13 @@ func (m *Manager) watchRepo(ctx context.Context) {
 		case ev, ok := <-w.Events:
 			if !ok {
 				return
+			}
+			if strings.HasPrefix(filepath.Base(ev.Name), ".") {
+				// Never a model or a version: a writer's lock, high-water
+				// mark or unpublished directory, a prune under way, the
+				// manager's own write check (which would rescan after
+				// every commit).
+				continue
 			}
 			if ev.Has(fsnotify.Create) && filepath.Dir(ev.Name) == root {
 				watchModel(ev.Name) // a new model (a file fails harmlessly)
