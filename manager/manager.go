@@ -386,8 +386,7 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 			if !won && m.held {
 				// Deposed with decisions held back: they are not this
 				// manager's to write; show what was persisted.
-				m.view.Store(m.persisted)
-				m.held = false
+				m.unhold()
 			}
 			if won {
 				m.refresh(ctx)
@@ -534,8 +533,7 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 		if errors.Is(err, ErrTooLarge) {
 			// Nothing was written, for certain: say so, not "unconfirmed".
 			slog.Error("manager: not persisted", "event", fmt.Sprintf("%T", ev), "err", err)
-			m.view.Store(m.persisted)
-			m.held = false
+			m.unhold()
 			return err
 		}
 		if !errors.Is(err, ErrStale) || attempt == maxApply {
@@ -545,8 +543,7 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 			// view shows what etcd holds: the last state written, or a newer
 			// one if the write took effect after all.
 			slog.Error("manager: not persisted; showing what etcd holds", "event", fmt.Sprintf("%T", ev), "err", err)
-			m.view.Store(m.persisted)
-			m.held = false
+			m.unhold()
 			m.refresh(ctx)
 			return fmt.Errorf("%w: %v", ErrUnconfirmed, err)
 		}
@@ -569,6 +566,13 @@ func (m *Manager) write(ctx context.Context, next *State, acts []Action) error {
 	return nil
 }
 
+// unhold drops decisions not written (held back, or whose write failed):
+// the view is again the state last persisted. Loop goroutine only.
+func (m *Manager) unhold() {
+	m.view.Store(m.persisted)
+	m.held = false
+}
+
 // flush writes what apply held back. What a conflicting write makes
 // stale is dropped (the next scan finds versions still pending).
 func (m *Manager) flush(ctx context.Context) {
@@ -579,8 +583,7 @@ func (m *Manager) flush(ctx context.Context) {
 		if !errors.Is(err, ErrStale) {
 			slog.Error("manager: not persisted; showing what etcd holds", "err", err)
 		}
-		m.view.Store(m.persisted)
-		m.held = false
+		m.unhold()
 		m.refresh(ctx)
 	}
 }
