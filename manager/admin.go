@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/adminhttp"
 )
 
 // AdminOptions configure the admin API. Zero values mean the documented
@@ -121,33 +121,16 @@ type admin struct {
 	opts AdminOptions
 }
 
-// auth refuses a call without the right bearer token, comparing in
-// constant time; it changes nothing and is not audited (a stranger could
-// otherwise flood the audit log).
+// auth refuses a call without the right bearer token; it changes
+// nothing and is not audited (a stranger could otherwise flood the audit
+// log).
 func (a *admin) auth(h http.HandlerFunc) http.HandlerFunc {
-	want := []byte("Bearer " + a.opts.Token)
-	return func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			slog.Warn("manager: admin call refused: missing or wrong token", "from", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
-			w.Header().Set("WWW-Authenticate", `Bearer realm="cumulus-admin"`)
-			writeError(w, http.StatusUnauthorized, "missing or wrong admin token (Authorization: Bearer TOKEN)")
-			return
-		}
-		h(w, r)
-	}
+	return adminhttp.Auth("manager", a.opts.Token, h)
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.Encode(v)
-}
+func writeJSON(w http.ResponseWriter, code int, v any) { adminhttp.WriteJSON(w, code, v) }
 
-func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, map[string]string{"error": msg})
-}
+func writeError(w http.ResponseWriter, code int, msg string) { adminhttp.WriteError(w, code, msg) }
 
 // ModelSummary is one model in GET /admin/v1/models.
 type ModelSummary struct {

@@ -21,8 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/cumulus-serving/cumulus/codec"
-	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/internal/hedge"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/shard"
 )
@@ -48,6 +47,39 @@ type Options struct {
 	Dial func(addr string) (shard.Service, io.Closer, error)
 	// Registry receives the router's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
+	// Hedge is the policy against slow shards.
+	Hedge HedgeOptions
+}
+
+// HedgeOptions set how shard calls are hedged (see internal/hedge).
+// Zero values mean the documented default.
+type HedgeOptions struct {
+	// Off sends no hedges; failed calls are still asked of another replica.
+	Off bool
+	// Delay, if set, is how long a call waits before it is hedged.
+	// Default: the p95 latency of the replicas that could take it over,
+	// at least hedge.Floor.
+	Delay time.Duration
+	// Budget bounds hedges to this fraction of shard calls over Window.
+	// Default 0.05.
+	Budget float64
+	// Window is the budget's sliding window. Default 10s.
+	Window time.Duration
+	// Choice is how a replica is chosen. Default hedge.LeastLoaded.
+	Choice hedge.Choice
+}
+
+func (h *HedgeOptions) fill() error {
+	if h.Delay < 0 || h.Budget < 0 || h.Window < 0 {
+		return errors.New("router: hedge delay, budget and window must not be negative")
+	}
+	if h.Budget == 0 {
+		h.Budget = 0.05
+	}
+	if h.Window == 0 {
+		h.Window = 10 * time.Second
+	}
+	return nil
 }
 
 // Validate checks required fields and fills defaults.
@@ -72,7 +104,7 @@ func (o *Options) Validate() error {
 	if o.Dial == nil {
 		o.Dial = dialGRPC
 	}
-	return nil
+	return o.Hedge.fill()
 }
 
 func dialGRPC(addr string) (shard.Service, io.Closer, error) {
@@ -91,10 +123,13 @@ type Router struct {
 	tab      atomic.Pointer[table]
 	pool     *ants.Pool
 	rr       atomic.Uint64
+	budget   *hedge.Budget
 	cancel   context.CancelFunc
 	done     sync.WaitGroup
 	shardRPC *prometheus.HistogramVec
+	delay    *prometheus.GaugeVec
 	retries  *prometheus.CounterVec
+	hedges   struct{ sent, won, overBudget prometheus.Counter }
 }
 
 // Start begins watching etcd. It returns at once; Ready reports when
@@ -109,17 +144,27 @@ func Start(ctx context.Context, opts Options) (*Router, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	r := &Router{opts: opts, pool: pool, cancel: cancel}
+	r := &Router{opts: opts, pool: pool, cancel: cancel, budget: hedge.NewBudget(opts.Hedge.Budget, opts.Hedge.Window)}
 	r.shardRPC = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "cumulus_router_shard_call_seconds", Help: "Router→shard lookup latency by outcome.",
+		Name:    "cumulus_router_shard_call_seconds",
+		Help:    "Router→shard lookup latency by shard and outcome (ok, error, or cancelled: the request was answered or gave up first).",
 		Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
+	}, []string{"shard", "outcome"})
+	r.delay = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "cumulus_router_hedge_delay_seconds",
+		Help: "How long the latest call to each shard was to wait before it was hedged.",
+	}, []string{"shard"})
+	hedges := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cumulus_router_hedges_total",
+		Help: "Hedged shard calls: sent, won (answered first), or not sent because the hedge budget was spent (over_budget).",
 	}, []string{"outcome"})
+	r.hedges.sent, r.hedges.won, r.hedges.overBudget = hedges.WithLabelValues("sent"), hedges.WithLabelValues("won"), hedges.WithLabelValues("over_budget")
 	r.retries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "cumulus_router_retries_total",
 		Help: "Lookups asked again: of another replica of the same partitions (replica), or whole requests run again on a newer routing table (table).",
 	}, []string{"kind"})
 	if opts.Registry != nil {
-		for _, c := range []prometheus.Collector{r.shardRPC, r.retries} {
+		for _, c := range []prometheus.Collector{r.shardRPC, r.delay, hedges, r.retries} {
 			if err := opts.Registry.Register(c); err != nil {
 				cancel()
 				return nil, fmt.Errorf("router: metrics: %w", err)
@@ -187,6 +232,7 @@ func (r *Router) watch(ctx context.Context) {
 	}()
 	backends := map[string]*backend{}
 	closers := map[string]io.Closer{}
+	var slots slotAllocator
 	var shards map[string]topo.ShardInfo
 	var assigns map[string]topo.Assignment
 	var rev int64
@@ -215,7 +261,7 @@ func (r *Router) watch(ctx context.Context) {
 				slog.Error("router: dialing shard", "shard", si.ID, "addr", si.Addr, "err", err)
 				continue
 			}
-			backends[si.Addr] = &backend{id: si.ID, addr: si.Addr, svc: svc}
+			backends[si.Addr] = r.newBackend(si, svc, slots.get())
 			closers[si.Addr] = c
 		}
 		tab := buildTable(shards, assigns, backends)
@@ -223,14 +269,60 @@ func (r *Router) watch(ctx context.Context) {
 		old := r.tab.Swap(tab)
 		close(old.replaced)
 		for addr := range backends {
-			if !live[addr] {
+			if b := backends[addr]; !live[addr] {
 				leaving.close(closers[addr])
+				r.dropBackend(b, backends)
+				slots.put(b.slot)
 				delete(backends, addr)
 				delete(closers, addr)
 			}
 		}
 	}
 }
+
+// newBackend is the router's view of shard si, reached through svc.
+func (r *Router) newBackend(si topo.ShardInfo, svc shard.Service, slot int) *backend {
+	b := &backend{id: si.ID, addr: si.Addr, svc: svc, slot: slot, delay: r.delay.WithLabelValues(si.ID)}
+	b.calls.ok = r.shardRPC.WithLabelValues(si.ID, "ok")
+	b.calls.failed = r.shardRPC.WithLabelValues(si.ID, "error")
+	b.calls.cancelled = r.shardRPC.WithLabelValues(si.ID, "cancelled")
+	return b
+}
+
+// dropBackend forgets b's metrics, unless another backend (a shard that
+// moved to a new address) reports under its name.
+func (r *Router) dropBackend(b *backend, all map[string]*backend) {
+	for _, o := range all {
+		if o != b && o.id == b.id {
+			return
+		}
+	}
+	for _, o := range []string{"ok", "error", "cancelled"} {
+		r.shardRPC.DeleteLabelValues(b.id, o)
+	}
+	r.delay.DeleteLabelValues(b.id)
+}
+
+// slotAllocator numbers backends densely, reusing the numbers of those
+// gone: a request indexes its per-shard scratch by them. No table holds
+// two backends of one number: a backend's number is freed only once a
+// table without it is in place.
+type slotAllocator struct {
+	next int
+	free []int
+}
+
+func (a *slotAllocator) get() int {
+	if n := len(a.free); n > 0 {
+		s := a.free[n-1]
+		a.free = a.free[:n-1]
+		return s
+	}
+	a.next++
+	return a.next - 1
+}
+
+func (a *slotAllocator) put(s int) { a.free = append(a.free, s) }
 
 // lingering closes the connections of shards that left once the requests
 // that may still be asking them are past their deadlines: a request
@@ -327,38 +419,6 @@ func (r *Router) Ready() bool {
 	return len(t.models) > 0
 }
 
-// call is the work of one shard in one request. Its slices are reused
-// by later requests.
-type call struct {
-	b     *backend
-	parts []uint32 // partitions asked of this shard, ascending
-	rpc   rpcBuf
-	err   error
-}
-
-// rpcBuf is one lookup's reusable request scratch.
-type rpcBuf struct {
-	sections []codec.Section
-	buf      []byte // the encoded request
-}
-
-// work is a request's reusable scratch.
-type work struct {
-	ids       idIndex
-	sharedPos []int32
-	pos       []int32
-	partOf    []uint32 // per distinct id
-	start     []int32  // per partition: first index into byPart
-	byPart    []int32  // distinct ids ordered by partition
-	keys      []uint64 // byPart's ids
-	cursor    []int32  // per partition: next free index into byPart
-	vals      []float32
-	fmBuf     []float64
-	calls     []call
-}
-
-var workPool = sync.Pool{New: func() any { return new(work) }}
-
 // maxAttempts bounds how often Predict runs a request against a newer
 // routing table after shards answered that they no longer hold what the
 // table said.
@@ -401,143 +461,20 @@ func (r *Router) Predict(ctx context.Context, req *Request) (*Response, error) {
 
 // predict answers req from routing table t.
 func (r *Router) predict(ctx context.Context, t *table, req *Request) (*Response, error) {
-	mr := t.models[req.Model]
-	if mr == nil {
-		return nil, fmt.Errorf("router: %w: model %q is not served", ErrNotFound, req.Model)
+	vr, err := r.version(t, req)
+	if err != nil {
+		return nil, err
 	}
-	vr := mr.live
-	if req.Version != 0 {
-		if vr = mr.versions[req.Version]; vr == nil {
-			return nil, fmt.Errorf("router: %w: model %q version %d is not served (servable: %v)", ErrNotFound, req.Model, req.Version, r.status(t, req.Model).Versions)
-		}
+	w := getWork()
+	defer w.release()
+	w.dedup(req)
+	w.partition(vr)
+	if err := r.fanOut(ctx, vr, w); err != nil {
+		return nil, err
 	}
-	if vr == nil {
-		return nil, fmt.Errorf("router: %w: model %q has no version with every partition loaded yet", ErrUnavailable, req.Model)
-	}
-	w := workPool.Get().(*work)
-	defer workPool.Put(w)
-
-	// Dedup across the whole batch, shared features included.
-	w.ids.reset(len(req.IDs) + len(req.SharedIDs))
-	w.sharedPos = w.sharedPos[:0]
-	for _, id := range req.SharedIDs {
-		w.sharedPos = append(w.sharedPos, w.ids.index(id))
-	}
-	w.pos = w.pos[:0]
-	for _, id := range req.IDs {
-		w.pos = append(w.pos, w.ids.index(id))
-	}
-	uniq := w.ids.uniq
-
-	// Group distinct ids by partition (counting sort).
-	P := int(vr.partitions)
-	w.start = resize(w.start, P+1)
-	clear(w.start)
-	w.partOf = resize(w.partOf, len(uniq))
-	for u, id := range uniq {
-		p := partition.Of(id, vr.partitions)
-		w.partOf[u] = p
-		w.start[p+1]++
-	}
-	for p := 1; p <= P; p++ {
-		w.start[p] += w.start[p-1]
-	}
-	w.byPart = resize(w.byPart, len(uniq))
-	w.keys = resize(w.keys, len(uniq))
-	w.cursor = append(w.cursor[:0], w.start[:P]...)
-	for u, p := range w.partOf {
-		w.byPart[w.cursor[p]] = int32(u)
-		w.keys[w.cursor[p]] = uniq[u]
-		w.cursor[p]++
-	}
-
-	// One call per shard, one replica per partition, rotating replicas.
-	rot := int(r.rr.Add(1))
-	w.calls = w.calls[:0]
-	for p := 0; p < P; p++ {
-		if w.start[p] == w.start[p+1] {
-			continue
-		}
-		reps := vr.replicas[p]
-		b := reps[(rot+p)%len(reps)]
-		ci := slices.IndexFunc(w.calls, func(c call) bool { return c.b == b })
-		if ci < 0 {
-			ci = len(w.calls)
-			if ci < cap(w.calls) {
-				w.calls = w.calls[:ci+1]
-			} else {
-				w.calls = append(w.calls, call{})
-			}
-			w.calls[ci].b, w.calls[ci].parts, w.calls[ci].err = b, w.calls[ci].parts[:0], nil
-		}
-		w.calls[ci].parts = append(w.calls[ci].parts, uint32(p))
-	}
-
-	width := vr.width()
-	w.vals = resize(w.vals, len(uniq)*width)
-	clear(w.vals) // absent features score zero
-	var wg sync.WaitGroup
-	for i := range w.calls {
-		c := &w.calls[i]
-		if i == len(w.calls)-1 {
-			r.lookup(ctx, vr, w, c) // the last call runs on this goroutine
-			continue
-		}
-		wg.Add(1)
-		f := func() { defer wg.Done(); r.lookup(ctx, vr, w, c) }
-		if r.pool.Submit(f) != nil {
-			go f() // every pooled worker is busy
-		}
-	}
-	wg.Wait()
-	for i := range w.calls {
-		if err := w.calls[i].err; err != nil {
-			return nil, err
-		}
-	}
-
 	resp := &Response{Model: vr.model, Version: vr.version, Scores: make([]float32, req.Rows())}
-	switch vr.typ {
-	case codec.TypeLR:
-		scoreLR(resp.Scores, vr.bias, w.vals, req, w.sharedPos, w.pos)
-	case codec.TypeFM:
-		w.fmBuf = resize(w.fmBuf, 4*vr.dim)
-		scoreFM(resp.Scores, vr.bias, vr.dim, w.vals, req, w.sharedPos, w.pos, w.fmBuf)
-	}
+	vr.score(resp.Scores, w, req)
 	return resp, nil
-}
-
-// lookup asks one shard for its partitions' keys and scatters the values
-// into w.vals. Each call writes only its own distinct ids' slots. A shard
-// that no longer holds a partition (it has just handed it over) or is
-// going away is not the end: each of its partitions is asked once more
-// of the next replica that holds it.
-func (r *Router) lookup(ctx context.Context, vr *versionRoute, w *work, c *call) {
-	err := r.ask(ctx, vr, w, c.b, c.parts, &c.rpc)
-	if err == nil || !retryable(ctx, err) {
-		c.err = err
-		return
-	}
-	// The retry path may allocate: it is taken only while the cluster
-	// changes under the routing table.
-	alts := map[*backend][]uint32{}
-	for _, p := range c.parts {
-		reps := vr.replicas[p]
-		alt := reps[(slices.Index(reps, c.b)+1)%len(reps)]
-		if alt == c.b {
-			c.err = err // no other replica
-			return
-		}
-		alts[alt] = append(alts[alt], p)
-	}
-	r.retries.WithLabelValues("replica").Inc()
-	var rb rpcBuf
-	for b, parts := range alts {
-		if err := r.ask(ctx, vr, w, b, parts, &rb); err != nil {
-			c.err = err
-			return
-		}
-	}
 }
 
 // retryable reports whether err from one shard may be answered by
@@ -555,49 +492,6 @@ func retryable(ctx context.Context, err error) bool {
 		return true
 	}
 	return false
-}
-
-// ask makes one lookup of shard b for the keys of parts and scatters the
-// answer into w.vals.
-func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, b *backend, parts []uint32, rb *rpcBuf) error {
-	rb.sections = rb.sections[:0]
-	n := 0
-	for _, p := range parts {
-		keys := w.keys[w.start[p]:w.start[p+1]]
-		rb.sections = append(rb.sections, codec.Section{Partition: p, Keys: keys})
-		n += len(keys)
-	}
-	// Lookup is synchronous, so the buffer is free again when it returns.
-	rb.buf = codec.AppendLookupRequest(rb.buf[:0], vr.model, vr.version, rb.sections)
-	t0 := time.Now()
-	raw, err := b.svc.Lookup(ctx, rb.buf)
-	outcome := "ok"
-	defer func() { r.shardRPC.WithLabelValues(outcome).Observe(time.Since(t0).Seconds()) }()
-	if err != nil {
-		outcome = "error"
-		rb.buf = nil // the transport may still hold it after an early error
-		return shardError(ctx, b.id, err)
-	}
-	var resp codec.LookupResponse
-	width := vr.width()
-	if err := resp.Decode(raw, n, width); err != nil {
-		outcome = "error"
-		return fmt.Errorf("router: %w: shard %s answered badly: %v", ErrUnavailable, b.id, err)
-	}
-	i, k := 0, 0
-	for _, p := range parts {
-		for _, u := range w.byPart[w.start[p]:w.start[p+1]] {
-			if resp.Found(i) {
-				dst := w.vals[int(u)*width : int(u+1)*width]
-				for j := range dst {
-					dst[j] = resp.Value(k, j)
-				}
-				k++
-			}
-			i++
-		}
-	}
-	return nil
 }
 
 func resize[T any](s []T, n int) []T {

@@ -1,6 +1,10 @@
 package router
 
-import "math"
+import (
+	"math"
+
+	"github.com/cumulus-serving/cumulus/codec"
+)
 
 // Scoring. vals holds, for each distinct id u, width floats at
 // vals[u*width:]: the linear weight, then FM factors; zero for ids the
@@ -11,6 +15,18 @@ import "math"
 // the O(k·n) form of Σ_{i<j} ⟨v_i, v_j⟩ x_i x_j.
 // The shared features' sums are computed once and added to every row.
 // Accumulation is in float64. Score = σ(z).
+
+// score writes the score of each of req's rows into out, from the values
+// w holds for the request's distinct ids.
+func (vr *versionRoute) score(out []float32, w *work, req *Request) {
+	switch vr.typ {
+	case codec.TypeLR:
+		scoreLR(out, vr.bias, w.vals, req, w.sharedPos, w.pos)
+	case codec.TypeFM:
+		w.fmBuf = resize(w.fmBuf, 4*vr.dim)
+		scoreFM(out, vr.bias, vr.dim, w.vals, req, w.sharedPos, w.pos, w.fmBuf)
+	}
+}
 
 func sigmoid(z float64) float32 { return float32(1 / (1 + math.Exp(-z))) }
 

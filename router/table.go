@@ -1,16 +1,27 @@
 package router
 
 import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/hedge"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/shard"
 )
 
-// backend is one shard as the router sees it.
+// backend is one shard as the router sees it. It outlives table
+// rebuilds, and with it what the router has learned of the shard.
 type backend struct {
-	id   string
-	addr string
-	svc  shard.Service
+	id       string
+	addr     string
+	svc      shard.Service
+	slot     int          // its number, dense among live backends
+	inflight atomic.Int64 // calls outstanding
+	latency  hedge.Latency
+	delay    prometheus.Gauge
+	calls    struct{ ok, failed, cancelled prometheus.Observer }
 }
 
 // versionRoute is one complete model version: every partition has at
@@ -23,6 +34,7 @@ type versionRoute struct {
 	bias       float64
 	partitions uint32
 	replicas   [][]*backend // partition → shards holding it
+	asks       int          // replicas of all partitions: most calls a request can make
 }
 
 func (v *versionRoute) width() int { return 1 + v.dim }
@@ -84,6 +96,7 @@ func route(a topo.Assignment, v uint64, shards map[string]topo.ShardInfo, backen
 		if len(vr.replicas[p]) == 0 {
 			return nil
 		}
+		vr.asks += min(len(vr.replicas[p]), 64)
 	}
 	return vr
 }

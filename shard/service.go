@@ -102,6 +102,8 @@ func (sc *scratch) lookupLayers(ctx context.Context, layers []*Table, keys []uin
 	return i, nil
 }
 
+func (s *Shard) countFault(kind string) { s.metrics.faults.WithLabelValues(kind).Inc() }
+
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
 // Lookup implements Service on what the shard holds now. It stops, with
@@ -130,6 +132,9 @@ func (s *Shard) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 	}
 	if s.opts.BeforeLookup != nil {
 		s.opts.BeforeLookup(ctx)
+	}
+	if err := s.faults.Load().apply(ctx, s.countFault); err != nil {
+		return nil, err
 	}
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)

@@ -82,6 +82,9 @@ type Options struct {
 	// BeforeLookup, if set, is called as each admitted lookup begins (ctx is the
 	// call's) and may block: tests use it to hold a lookup under way.
 	BeforeLookup func(ctx context.Context)
+	// Faults are injected into lookups from the start (see Faults and
+	// SetFaults).
+	Faults *Faults
 }
 
 // Validate checks required fields and fills defaults.
@@ -127,6 +130,11 @@ type metrics struct {
 	loads     prometheus.Counter
 	loadFails prometheus.Counter
 	refused   prometheus.Counter
+	faults    *prometheus.CounterVec
+}
+
+func (m *metrics) all() []prometheus.Collector {
+	return []prometheus.Collector{m.keys, m.loads, m.loadFails, m.refused, m.faults}
 }
 
 // Shard is a running parameter-store process.
@@ -141,6 +149,7 @@ type Shard struct {
 	done    sync.WaitGroup
 	stop    sync.Once
 	metrics metrics
+	faults  atomic.Pointer[Faults]
 
 	// Admission of lookups: one slot each, and their request bytes.
 	slots, bytes *admit.Gate
@@ -192,9 +201,11 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		loads:     prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_partition_loads_total", Help: "Partitions loaded.", ConstLabels: label}),
 		loadFails: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_partition_load_failures_total", Help: "Partition loads refused.", ConstLabels: label}),
 		refused:   prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_lookups_refused_total", Help: "Lookups refused as overload (ResourceExhausted).", ConstLabels: label}),
+		faults:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_shard_faults_injected_total", Help: "Faults injected into lookups on purpose (--fault), by kind.", ConstLabels: label}, []string{"kind"}),
 	}
+	s.faults.Store(opts.Faults)
 	if opts.Registry != nil {
-		for _, c := range []prometheus.Collector{s.metrics.keys, s.metrics.loads, s.metrics.loadFails, s.metrics.refused} {
+		for _, c := range s.metrics.all() {
 			if err := opts.Registry.Register(c); err != nil {
 				cancel()
 				lis.Close()
@@ -257,6 +268,13 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	return s, nil
 }
 
+// SetFaults replaces the faults the shard injects into its lookups; nil
+// injects none.
+func (s *Shard) SetFaults(f *Faults) { s.faults.Store(f) }
+
+// Faults are the faults the shard injects now; nil if none.
+func (s *Shard) Faults() *Faults { return s.faults.Load() }
+
 // Addr is the address routers dial.
 func (s *Shard) Addr() string { return s.opts.AdvertiseAddr }
 
@@ -290,7 +308,7 @@ func (s *Shard) halt(crash bool) {
 		s.srv.Stop()
 		s.done.Wait()
 		if s.opts.Registry != nil { // a shard of the same ID may start again in this process
-			for _, c := range []prometheus.Collector{s.metrics.keys, s.metrics.loads, s.metrics.loadFails, s.metrics.refused} {
+			for _, c := range s.metrics.all() {
 				s.opts.Registry.Unregister(c)
 			}
 		}

@@ -49,11 +49,14 @@ func adminToken(token, file string) (string, error) {
 type adminFlags struct{ addr, token, tokenFile string }
 
 // register declares the flags; addrFlag names the address flag: the
-// servers' --admin-addr, the admin CLI's --addr.
+// servers' --admin-addr, the admin CLI's --addr; "" declares none (a
+// shard's admin calls are on its --http-addr).
 func (f *adminFlags) register(fs interface {
 	StringVar(*string, string, string, string)
 }, addrFlag string) {
-	fs.StringVar(&f.addr, addrFlag, "127.0.0.1:8002", "the manager's admin API address (also /metrics and /healthz)")
+	if addrFlag != "" {
+		fs.StringVar(&f.addr, addrFlag, "127.0.0.1:8002", "the manager's admin API address (also /metrics and /healthz)")
+	}
 	fs.StringVar(&f.token, "admin-token", "", "admin API bearer token (else --admin-token-file, else $"+adminTokenEnv+")")
 	fs.StringVar(&f.tokenFile, "admin-token-file", "", "file holding the admin API token")
 }

@@ -25,6 +25,9 @@ func shardCommand() *cobra.Command {
 	var budget byteSize
 	var drain drainFlag
 	var adm admitFlags
+	var httpAddr string
+	var admin adminFlags
+	var fault faultFlag
 	cmd := &cobra.Command{
 		Use:   "shard",
 		Short: "Run a shard server: holds the partitions the manager assigns to it",
@@ -32,9 +35,17 @@ func shardCommand() *cobra.Command {
 SERVING once it holds what the serving map assigns it. On SIGTERM or
 SIGINT it drains: NOT_SERVING, leaves etcd, answers the lookups that still
 come until a quiet second, lets those under way finish, and exits 0
-(1 if --drain-timeout cut it short).`,
+(1 if --drain-timeout cut it short).
+
+With --http-addr it serves /metrics, /healthz, /readyz (200 once it holds
+what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
+"" clears; needs the admin token).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			token, err := admin.resolve()
+			if err != nil {
+				return err
+			}
 			cli, err := etcdClient(etcd)
 			if err != nil {
 				return err
@@ -49,12 +60,23 @@ come until a quiet second, lets those under way finish, and exits 0
 			// The shard outlives the signal: Drain stops it.
 			s, err := shard.Start(context.WithoutCancel(cmd.Context()), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(),
 				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget), DataDir: dataDir,
-				MaxInflight: adm.inflight, MaxInflightBytes: int64(adm.bytes), MaxQueueTime: adm.queue})
+				MaxInflight: adm.inflight, MaxInflightBytes: int64(adm.bytes), MaxQueueTime: adm.queue, Faults: fault.f})
 			if err != nil {
 				return err
 			}
 			defer s.Close()
 			fmt.Printf("shard %s serving on %s\n", id, s.Addr())
+			if fault.f != nil {
+				fmt.Printf("injecting faults into lookups: %s\n", fault.f)
+			}
+			if httpAddr != "" {
+				h, err := serveHTTP(httpAddr, s.HTTPHandler(token, prometheus.DefaultGatherer))
+				if err != nil {
+					return err
+				}
+				defer h.Close()
+				fmt.Printf("http: http://%s\n", h.Addr())
+			}
 			ctx, cancel := drain.await(cmd.Context())
 			defer cancel()
 			return s.Drain(ctx)
@@ -69,6 +91,9 @@ come until a quiet second, lets those under way finish, and exits 0
 	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes (e.g. 8GB); partitions beyond it are served from mapped files, and a version being loaded beside the live one stays within it (default: half the machine's memory or cgroup limit; 0: no bound)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory, on disk, for the shard's own copies of partitions it serves mapped (default: cumulus-shard-ID in the temporary directory)")
 	adm.register(cmd, "lookups", "ResourceExhausted: the router asks another replica", 8)
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "HTTP address for /metrics, /healthz, /readyz and /admin/v1/fault (default: none)")
+	admin.register(cmd.Flags(), "")
+	cmd.Flags().Var(&fault, "fault", faultUsage)
 	drain.register(cmd)
 	cmd.MarkFlagRequired("id")
 	cmd.MarkFlagRequired("repo")
@@ -134,6 +159,7 @@ func routerCommand() *cobra.Command {
 	var cluster clusterFlag
 	var lim limitFlags
 	var drain drainFlag
+	var hedging hedgeFlags
 	cmd := &cobra.Command{
 		Use:   "router",
 		Short: "Run a router: KServe v2 gRPC and HTTP, fanning out to shards found in etcd",
@@ -144,14 +170,19 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 --drain-timeout cut it short).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts := lim.routerOptions(router.Options{Cluster: cluster.c, Registry: prometheus.DefaultRegisterer})
+			if err := hedging.apply(&opts); err != nil {
+				return err
+			}
 			cli, err := etcdClient(etcd)
 			if err != nil {
 				return err
 			}
 			defer cli.Close()
+			opts.Etcd = cli
 			// The router keeps its routing table and shard connections
 			// until the requests under way are done.
-			r, err := router.Start(context.WithoutCancel(cmd.Context()), lim.routerOptions(router.Options{Etcd: cli, Cluster: cluster.c, Registry: prometheus.DefaultRegisterer}))
+			r, err := router.Start(context.WithoutCancel(cmd.Context()), opts)
 			if err != nil {
 				return err
 			}
@@ -172,6 +203,7 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 	cluster.register(cmd)
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC address")
 	lim.register(cmd)
+	hedging.register(cmd)
 	drain.register(cmd)
 	return cmd
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server"
+	"github.com/cumulus-serving/cumulus/shard"
 )
 
 func devCommand() *cobra.Command {
@@ -31,6 +32,8 @@ func devCommand() *cobra.Command {
 		cluster                  clusterFlag
 		admin                    adminFlags
 		drain                    drainFlag
+		hedging                  hedgeFlags
+		fault                    faultFlag
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -63,11 +66,19 @@ localhost, serves every model in --repo (or a generated demo model when no
 			if !cmd.Flags().Changed("memory-budget") {
 				budget = byteSize(defaultBudget(shards))
 			}
+			ropts := lim.routerOptions(router.Options{})
+			if err := hedging.apply(&ropts); err != nil {
+				return err
+			}
 			reg := prometheus.NewRegistry()
 			// The cluster outlives the signal until the front has drained.
 			c, err := devcluster.Start(context.WithoutCancel(ctx), devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
 				MemoryBudget: int64(budget), Cluster: cluster.c, KeepVersions: keepVersions(policy.keepVersions), KeepDeltas: keepVersions(policy.keepDeltas), ScanInterval: policy.scan, AutoPrune: policy.autoPrune, CompactAfter: keepVersions(policy.compactAfter), Build: buildinfo.String(),
-				Router: lim.routerOptions(router.Options{})})
+				Router: ropts, Shard: func(i int, o *shard.Options) {
+					if i == 0 {
+						o.Faults = fault.f
+					}
+				}})
 			if err != nil {
 				return err
 			}
@@ -83,6 +94,9 @@ localhost, serves every model in --repo (or a generated demo model when no
 			}
 			defer adm.Close()
 			fmt.Printf("etcd: %s\n", c.EtcdAddr)
+			if fault.f != nil {
+				fmt.Printf("shard-0 injects faults into its lookups: %s\n", fault.f)
+			}
 			for _, s := range c.Shards {
 				fmt.Printf("shard: %s %s\n", s.ID(), s.Addr())
 			}
@@ -119,6 +133,8 @@ localhost, serves every model in --repo (or a generated demo model when no
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON (KServe v2), health and /metrics address")
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC (KServe v2) address")
 	lim.register(cmd)
+	hedging.register(cmd)
+	cmd.Flags().Var(&fault, "fault", "shard-0 only: "+faultUsage)
 	cmd.Flags().Var(&budget, "memory-budget", "per shard: resident table bytes (e.g. 1.5GB); partitions beyond it are served from mapped files (default: half the machine's memory or cgroup limit, shared by the shards; 0: no bound)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for etcd's data (DIR/etcd) and each shard's copies of partitions it serves mapped (DIR/shard-N); kept on exit (default: a temporary directory, removed on exit)")
 	policy.register(cmd, 2*time.Second)

@@ -378,7 +378,7 @@ func shardCallErrors(t *testing.T, httpAddr string) string {
 	b, _ := io.ReadAll(resp.Body)
 	var out []string
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, `cumulus_router_shard_call_seconds_count{outcome="error"}`) || strings.HasPrefix(line, "cumulus_router_retries_total") {
+		if strings.HasPrefix(line, `cumulus_router_shard_call_seconds_count{outcome="error"`) || strings.HasPrefix(line, "cumulus_router_retries_total") {
 			out = append(out, line)
 		}
 	}

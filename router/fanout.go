@@ -1,0 +1,481 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/hedge"
+	"github.com/cumulus-serving/cumulus/internal/partition"
+)
+
+// A request's steps, each a method below: choose the version (Router.
+// version), dedup its ids (work.dedup), group them by partition
+// (work.partition), fan out to the shards (Router.fanOut), merge each
+// partition's answer once (work.merge, run by whichever call answered
+// first) and score (versionRoute.score).
+//
+// The fan-out is hedged: a call not answered after its delay is sent to
+// other replicas of its partitions as well (internal/hedge decides which,
+// when and how many), and a call that fails is asked of another replica.
+// Calls run on pooled goroutines; the request's goroutine only plans them
+// and waits. A call fetches into its own buffer and merges what it won
+// into the request's values; one that loses (or outlives the request) is
+// cancelled with the request's context, merges nothing, and keeps the
+// request's scratch from reuse until it returns: the last of the request
+// and its calls to finish puts the scratch back in the pool.
+
+// work is a request's reusable scratch.
+type work struct {
+	ids       idIndex
+	sharedPos []int32
+	pos       []int32
+	partOf    []uint32 // per distinct id
+	start     []int32  // per partition: first index into byPart
+	byPart    []int32  // distinct ids ordered by partition
+	keys      []uint64 // byPart's ids
+	cursor    []int32  // per partition: next free index into byPart
+	vals      []float32
+	fmBuf     []float64
+
+	// Fan-out state. merged is written by calls; the rest only by the
+	// request's goroutine.
+	merged   []atomic.Bool // per partition: its values are in vals
+	asking   []int16       // per partition: calls outstanding for it
+	tried    []uint64      // per partition: bit i, replica i was asked
+	calls    []*call       // this request's calls; calls[:n] in use
+	n        int
+	byShard  []int32 // per backend slot: its call while grouping calls, else -1
+	timer    *time.Timer
+	finished chan *call // calls post here as they end; buffered, see fanOut
+
+	refs atomic.Int32 // the request, and each call still running
+}
+
+var workPool = sync.Pool{New: func() any {
+	w := &work{timer: time.NewTimer(time.Hour)}
+	w.timer.Stop()
+	return w
+}}
+
+func getWork() *work {
+	w := workPool.Get().(*work)
+	w.refs.Store(1)
+	w.n = 0
+	return w
+}
+
+// release drops one reference; the last puts w back in the pool.
+func (w *work) release() {
+	if w.refs.Add(-1) == 0 {
+		workPool.Put(w)
+	}
+}
+
+// call is one lookup of one shard for some partitions' keys. Calls are
+// reused by later requests; rpc.buf only once a call has succeeded.
+type call struct {
+	b     *backend
+	parts []uint32 // ascending
+	reps  []uint8  // per part: b's index among its replicas
+	rpc   rpcBuf
+	kind  callKind
+	at    time.Time // sent
+	hedge time.Time // when to hedge it; zero: never
+	done  bool      // seen finished by the request
+	won   int       // partitions it merged
+	err   error
+}
+
+type callKind uint8
+
+const (
+	first callKind = iota
+	hedged
+	retried
+)
+
+// rpcBuf is one lookup's reusable request scratch.
+type rpcBuf struct {
+	sections []codec.Section
+	buf      []byte // the encoded request
+}
+
+// version is the version of t's model that answers req.
+func (r *Router) version(t *table, req *Request) (*versionRoute, error) {
+	mr := t.models[req.Model]
+	if mr == nil {
+		return nil, fmt.Errorf("router: %w: model %q is not served", ErrNotFound, req.Model)
+	}
+	vr := mr.live
+	if req.Version != 0 {
+		if vr = mr.versions[req.Version]; vr == nil {
+			return nil, fmt.Errorf("router: %w: model %q version %d is not served (servable: %v)", ErrNotFound, req.Model, req.Version, r.status(t, req.Model).Versions)
+		}
+	}
+	if vr == nil {
+		return nil, fmt.Errorf("router: %w: model %q has no version with every partition loaded yet", ErrUnavailable, req.Model)
+	}
+	return vr, nil
+}
+
+// dedup numbers the distinct ids of the whole batch, shared features
+// included: pos and sharedPos map each occurrence to its number.
+func (w *work) dedup(req *Request) {
+	w.ids.reset(len(req.IDs) + len(req.SharedIDs))
+	w.sharedPos = w.sharedPos[:0]
+	for _, id := range req.SharedIDs {
+		w.sharedPos = append(w.sharedPos, w.ids.index(id))
+	}
+	w.pos = w.pos[:0]
+	for _, id := range req.IDs {
+		w.pos = append(w.pos, w.ids.index(id))
+	}
+}
+
+// partition groups the distinct ids by partition (a counting sort):
+// partition p's keys are keys[start[p]:start[p+1]], and byPart gives
+// each one's number.
+func (w *work) partition(vr *versionRoute) {
+	uniq := w.ids.uniq
+	P := int(vr.partitions)
+	w.start = resize(w.start, P+1)
+	clear(w.start)
+	w.partOf = resize(w.partOf, len(uniq))
+	for u, id := range uniq {
+		p := partition.Of(id, vr.partitions)
+		w.partOf[u] = p
+		w.start[p+1]++
+	}
+	for p := 1; p <= P; p++ {
+		w.start[p] += w.start[p-1]
+	}
+	w.byPart = resize(w.byPart, len(uniq))
+	w.keys = resize(w.keys, len(uniq))
+	w.cursor = append(w.cursor[:0], w.start[:P]...)
+	for u, p := range w.partOf {
+		w.byPart[w.cursor[p]] = int32(u)
+		w.keys[w.cursor[p]] = uniq[u]
+		w.cursor[p]++
+	}
+	w.vals = resize(w.vals, len(uniq)*vr.width())
+}
+
+// fanOut asks the shards for every partition's keys and returns once each
+// partition's values are merged into w.vals, or with the error that left
+// some partition unanswered.
+func (r *Router) fanOut(ctx context.Context, vr *versionRoute, w *work) error {
+	P := int(vr.partitions)
+	w.merged = resize(w.merged, P)
+	w.asking = resize(w.asking, P)
+	w.tried = resize(w.tried, P)
+	for p := range P {
+		w.merged[p].Store(false)
+	}
+	clear(w.asking)
+	clear(w.tried)
+	// Every call made posts to finished without blocking, even after the
+	// request has gone: each asks a replica not asked before for at least
+	// one partition, so there are at most (replicas per partition, summed)
+	// of them.
+	if limit := vr.asks; cap(w.finished) < limit {
+		w.finished = make(chan *call, limit)
+	}
+	for len(w.finished) > 0 {
+		<-w.finished
+	}
+
+	rot := int(r.rr.Add(1))
+	pending := 0
+	for p := range P {
+		if w.start[p] == w.start[p+1] {
+			w.merged[p].Store(true)
+			continue
+		}
+		pending++
+		reps := vr.replicas[p]
+		i := hedge.Pick(r.opts.Hedge.Choice, len(reps), rot+p, 0, func(i int) int64 { return reps[i].inflight.Load() })
+		w.add(vr, uint32(p), i)
+	}
+	now := time.Now()
+	r.budget.Calls(now, w.n)
+	r.send(ctx, vr, w, 0, first, now)
+
+	for pending > 0 {
+		var wake <-chan time.Time
+		if next := w.nextHedge(); !next.IsZero() {
+			w.timer.Reset(time.Until(next))
+			wake = w.timer.C
+		}
+		select {
+		case c := <-w.finished:
+			w.timer.Stop()
+			done, err := r.finished(ctx, vr, w, c)
+			if err != nil {
+				return err
+			}
+			pending -= done
+		case <-wake:
+			r.hedge(ctx, vr, w, time.Now())
+		case <-ctx.Done():
+			w.timer.Stop()
+			return ContextError(ctx, "shards")
+		}
+	}
+	return nil
+}
+
+// add puts partition p, to be asked of its replica i, into the call
+// being grouped for that shard: calls[n:] are grouped, not yet sent.
+func (w *work) add(vr *versionRoute, p uint32, i int) {
+	b := vr.replicas[p][i]
+	w.tried[p] |= 1 << i
+	w.asking[p]++
+	for len(w.byShard) <= b.slot {
+		w.byShard = append(w.byShard, -1)
+	}
+	ci := w.byShard[b.slot]
+	if ci < 0 {
+		ci = int32(w.n)
+		w.byShard[b.slot] = ci
+		if w.n == len(w.calls) {
+			w.calls = append(w.calls, new(call))
+		}
+		c := w.calls[w.n]
+		w.n++
+		c.b, c.parts, c.reps, c.done, c.won, c.err = b, c.parts[:0], c.reps[:0], false, 0, nil
+	}
+	c := w.calls[ci]
+	c.parts = append(c.parts, p)
+	c.reps = append(c.reps, uint8(i))
+}
+
+// send starts the calls grouped since calls[from:].
+func (r *Router) send(ctx context.Context, vr *versionRoute, w *work, from int, kind callKind, now time.Time) {
+	for _, c := range w.calls[from:w.n] {
+		w.byShard[c.b.slot] = -1
+		c.kind, c.at, c.hedge = kind, now, time.Time{}
+		if r.opts.Hedge.Off || kind == hedged {
+			// a hedge is not hedged again
+		} else if d := r.hedgeDelay(vr, c); d > 0 {
+			c.hedge = now.Add(d)
+			c.b.delay.Set(d.Seconds())
+		}
+		w.refs.Add(1)
+		f := func() { r.ask(ctx, vr, w, c) }
+		if r.pool.Submit(f) != nil {
+			go f() // every pooled worker is busy
+		}
+	}
+}
+
+// hedgeDelay is how long c waits before it is hedged: fixed, or the p95
+// of the replicas that could take its partitions over; 0 when none could.
+func (r *Router) hedgeDelay(vr *versionRoute, c *call) time.Duration {
+	var p95 time.Duration
+	alt := false
+	for _, p := range c.parts {
+		for _, b := range vr.replicas[p] {
+			if b != c.b {
+				alt = true
+				p95 = max(p95, b.latency.P95())
+			}
+		}
+	}
+	switch {
+	case !alt:
+		return 0
+	case r.opts.Hedge.Delay > 0:
+		return r.opts.Hedge.Delay
+	}
+	return hedge.Delay(p95)
+}
+
+// nextHedge is when the next outstanding call is due to be hedged; zero
+// if none is.
+func (w *work) nextHedge() time.Time {
+	var next time.Time
+	for _, c := range w.calls[:w.n] {
+		if !c.done && !c.hedge.IsZero() && (next.IsZero() || c.hedge.Before(next)) {
+			next = c.hedge
+		}
+	}
+	return next
+}
+
+// hedge asks other replicas for the unanswered partitions of every call
+// due to be hedged at now, within the budget.
+func (r *Router) hedge(ctx context.Context, vr *versionRoute, w *work, now time.Time) {
+	from := w.n
+	for _, c := range w.calls[:from] {
+		if c.done || c.hedge.IsZero() || c.hedge.After(now) {
+			continue
+		}
+		c.hedge = time.Time{}
+		w.reask(vr, c, false)
+	}
+	if w.n == from {
+		return
+	}
+	if !r.budget.Take(now, w.n-from) {
+		r.hedges.overBudget.Add(float64(w.n - from))
+		w.ungroup(from)
+		return
+	}
+	r.hedges.sent.Add(float64(w.n - from))
+	r.send(ctx, vr, w, from, hedged, now)
+}
+
+// reask groups c's partitions that are not answered yet for asking of
+// replicas not asked before: if c failed, those no other call is asking
+// for; if c is slow, those no other call has been sent to hedge. It
+// returns how many found no such replica.
+func (w *work) reask(vr *versionRoute, c *call, failed bool) (stranded int) {
+	busy := int16(1) // the slow call itself
+	if failed {
+		busy = 0
+	}
+	for _, p := range c.parts {
+		if w.merged[p].Load() || w.asking[p] > busy {
+			continue
+		}
+		reps := vr.replicas[p]
+		i := hedge.Pick(hedge.LeastLoaded, len(reps), int(p), w.tried[p], func(i int) int64 { return reps[i].inflight.Load() })
+		if i < 0 {
+			stranded++
+			continue
+		}
+		w.add(vr, p, i)
+	}
+	return stranded
+}
+
+// ungroup forgets the calls grouped since calls[from:], unsent.
+func (w *work) ungroup(from int) {
+	for _, c := range w.calls[from:w.n] {
+		w.byShard[c.b.slot] = -1
+		for j, p := range c.parts {
+			w.asking[p]--
+			w.tried[p] &^= 1 << c.reps[j]
+		}
+	}
+	w.n = from
+}
+
+// finished takes in a call that has ended: it returns how many partitions
+// the call answered, or the error that leaves one unanswered. A failed
+// call's partitions are asked of other replicas when the error allows
+// (retryable), whether or not the hedge budget has room: a dead replica's
+// calls are always asked again.
+func (r *Router) finished(ctx context.Context, vr *versionRoute, w *work, c *call) (int, error) {
+	c.done = true
+	for _, p := range c.parts {
+		w.asking[p]--
+	}
+	if c.err == nil {
+		if c.kind == hedged && c.won > 0 {
+			r.hedges.won.Inc()
+		}
+		return c.won, nil
+	}
+	if ctx.Err() != nil {
+		return 0, ContextError(ctx, "shards")
+	}
+	if !retryable(ctx, c.err) {
+		// It stands unless other calls are asking for all it left.
+		for _, p := range c.parts {
+			if !w.merged[p].Load() && w.asking[p] == 0 {
+				return 0, c.err
+			}
+		}
+		return 0, nil
+	}
+	from := w.n
+	if w.reask(vr, c, true) > 0 {
+		w.ungroup(from)
+		return 0, c.err
+	}
+	if w.n > from {
+		r.retries.WithLabelValues("replica").Inc()
+		r.send(ctx, vr, w, from, retried, time.Now())
+	}
+	return 0, nil
+}
+
+// ask makes call c and merges what it wins. It runs on its own goroutine
+// and holds a reference to w until it has posted c to w.finished.
+func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, c *call) {
+	defer w.release()
+	rb := &c.rpc
+	rb.sections = rb.sections[:0]
+	n := 0
+	for _, p := range c.parts {
+		keys := w.keys[w.start[p]:w.start[p+1]]
+		rb.sections = append(rb.sections, codec.Section{Partition: p, Keys: keys})
+		n += len(keys)
+	}
+	rb.buf = codec.AppendLookupRequest(rb.buf[:0], vr.model, vr.version, rb.sections)
+	b := c.b
+	b.inflight.Add(1)
+	raw, err := b.svc.Lookup(ctx, rb.buf)
+	b.inflight.Add(-1)
+	d := time.Since(c.at)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		b.calls.cancelled.Observe(d.Seconds())
+		rb.buf = nil // the transport may still hold it
+		c.err = shardError(ctx, b.id, err)
+	case err != nil:
+		b.calls.failed.Observe(d.Seconds())
+		rb.buf = nil
+		c.err = shardError(ctx, b.id, err)
+	default:
+		var resp codec.LookupResponse
+		if err := resp.Decode(raw, n, vr.width()); err != nil {
+			b.calls.failed.Observe(d.Seconds())
+			c.err = fmt.Errorf("router: %w: shard %s answered badly: %v", ErrUnavailable, b.id, err)
+			break
+		}
+		b.calls.ok.Observe(d.Seconds())
+		b.latency.Observe(d)
+		c.won = w.merge(vr, c.parts, &resp)
+	}
+	w.finished <- c
+}
+
+// merge writes resp's values for each of parts not merged before into
+// w.vals (zeros for ids the model lacks) and returns how many it merged.
+// Partitions hold disjoint ids, so calls merge concurrently.
+func (w *work) merge(vr *versionRoute, parts []uint32, resp *codec.LookupResponse) int {
+	width := vr.width()
+	won, i, k := 0, 0, 0
+	for _, p := range parts {
+		ids := w.byPart[w.start[p]:w.start[p+1]]
+		if !w.merged[p].CompareAndSwap(false, true) {
+			for range ids {
+				if resp.Found(i) {
+					k++
+				}
+				i++
+			}
+			continue
+		}
+		won++
+		for _, u := range ids {
+			dst := w.vals[int(u)*width : int(u+1)*width]
+			if resp.Found(i) {
+				for j := range dst {
+					dst[j] = resp.Value(k, j)
+				}
+				k++
+			} else {
+				clear(dst) // absent features score zero
+			}
+			i++
+		}
+	}
+	return won
+}

@@ -1,0 +1,193 @@
+package router_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
+	"github.com/cumulus-serving/cumulus/internal/reference"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/router"
+	"github.com/cumulus-serving/cumulus/shard"
+)
+
+// hedgeCluster serves an FM model from two real shards, each holding
+// every partition (replicas 2), with the router's hedging set to h.
+// Faults are injected into the shards' own lookups (shard.Faults).
+func hedgeCluster(t *testing.T, reg *prometheus.Registry, h router.HedgeOptions, timeout time.Duration) (*devcluster.Cluster, *loader.Sparse) {
+	t.Helper()
+	repoDir := t.TempDir()
+	m := randomModel(codec.TypeFM, 4, 3000, 41)
+	if _, err := (loader.Repo{Dir: repoDir}).Publish("fm", m, 8, "test"); err != nil {
+		t.Fatal(err)
+	}
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, Replicas: 2, ScanInterval: time.Hour, Registry: reg,
+		Router: router.Options{Hedge: h, DefaultTimeout: timeout}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c, m
+}
+
+func setFaults(t *testing.T, s *shard.Shard, spec string) {
+	t.Helper()
+	f, err := shard.ParseFaults(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetFaults(f)
+}
+
+// calls sums cumulus_router_shard_call_seconds' counts of outcome over
+// every shard.
+func calls(t *testing.T, reg *prometheus.Registry, outcome string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "cumulus_router_shard_call_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					n += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return n
+}
+
+// A shard that never answers costs no request while hedges may be sent:
+// each call to it is sent to the other replica after the hedge delay, the
+// hedge answers, and the scores are the model's.
+func TestHedgeAnswersForAStalledShard(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c, m := hedgeCluster(t, reg, router.HedgeOptions{Delay: 5 * time.Millisecond, Budget: 1}, 5*time.Second)
+	setFaults(t, c.Shards[0], "stall")
+	ref := reference.New(m)
+	rng := rand.New(rand.NewPCG(41, 1))
+	for i := range 40 {
+		req := randomRequest(rng, "fm", m, 30, 10, 3)
+		resp, err := c.Router.Predict(context.Background(), req)
+		if err != nil {
+			t.Fatalf("request %d with shard-0 stalled: %v", i, err)
+		}
+		checkScores(t, ref, req, resp)
+	}
+	sent, won := counter(t, reg, "cumulus_router_hedges_total", "outcome", "sent"), counter(t, reg, "cumulus_router_hedges_total", "outcome", "won")
+	if sent == 0 || won != sent {
+		t.Errorf("hedges sent %v, won %v: want some, every one won (the stalled shard never answers)", sent, won)
+	}
+	if n := calls(t, reg, "cancelled"); n == 0 {
+		t.Error("no stalled call counted as cancelled once its request was answered")
+	}
+}
+
+// Hedges stay within their budget, and with none left (or hedging off)
+// a stalled shard's calls wait out the request's deadline: the budget is
+// what keeps hedging from doubling a struggling cluster's load.
+func TestHedgeBudgetHolds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		h    router.HedgeOptions
+	}{
+		{"budget 10%", router.HedgeOptions{Delay: time.Millisecond, Budget: 0.1}},
+		{"hedging off", router.HedgeOptions{Off: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			c, m := hedgeCluster(t, reg, tc.h, 100*time.Millisecond)
+			setFaults(t, c.Shards[0], "stall")
+			rng := rand.New(rand.NewPCG(42, 1))
+			var failed int
+			for range 60 {
+				if _, err := c.Router.Predict(context.Background(), randomRequest(rng, "fm", m, 30, 10, 3)); err != nil {
+					if !errors.Is(err, router.ErrDeadlineExceeded) {
+						t.Fatalf("with shard-0 stalled: %v, want deadline exceeded or an answer", err)
+					}
+					failed++
+				}
+			}
+			sent := counter(t, reg, "cumulus_router_hedges_total", "outcome", "sent")
+			over := counter(t, reg, "cumulus_router_hedges_total", "outcome", "over_budget")
+			all := calls(t, reg, "ok") + calls(t, reg, "error") + calls(t, reg, "cancelled")
+			t.Logf("%d of 60 failed; %d shard calls, %v hedges sent, %v over budget", failed, all, sent, over)
+			if tc.h.Off {
+				if sent != 0 || over != 0 || failed == 0 {
+					t.Errorf("hedging off: %v hedges sent, %v over budget, %d failed: want none, none, some", sent, over, failed)
+				}
+				return
+			}
+			primary := float64(all) - sent
+			if sent > tc.h.Budget*primary || over == 0 || failed == 0 {
+				t.Errorf("%v hedges for %v first calls at a budget of %v, %v refused, %d requests failed: want within budget, some refused, some failed", sent, primary, tc.h.Budget, over, failed)
+			}
+		})
+	}
+}
+
+// A replica that fails is asked again elsewhere whatever the hedge
+// budget: a dead replica's calls are always retried.
+func TestRetriesSpendNoBudget(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c, m := hedgeCluster(t, reg, router.HedgeOptions{Off: true}, 5*time.Second)
+	setFaults(t, c.Shards[1], "error=unavailable")
+	ref := reference.New(m)
+	rng := rand.New(rand.NewPCG(43, 1))
+	for i := range 40 {
+		req := randomRequest(rng, "fm", m, 30, 10, 3)
+		resp, err := c.Router.Predict(context.Background(), req)
+		if err != nil {
+			t.Fatalf("request %d with shard-1 failing: %v", i, err)
+		}
+		checkScores(t, ref, req, resp)
+	}
+	if n := retries(t, reg, "replica"); n == 0 {
+		t.Error("no retry counted")
+	}
+	// A code no other replica can help with fails the request, with it.
+	setFaults(t, c.Shards[0], "error=internal")
+	setFaults(t, c.Shards[1], "error=internal")
+	if _, err := c.Router.Predict(context.Background(), randomRequest(rng, "fm", m, 30, 10, 3)); !errors.Is(err, router.ErrInternal) {
+		t.Errorf("every shard failing internally: %v, want internal", err)
+	}
+}
+
+// Calls and their hedges race to merge into the same request: whichever
+// answers a partition first writes it, once. Both shards answer late at
+// random and hedges go after 1ms, so most requests have a race; every
+// score must still be the model's (run under -race in CI).
+func TestHedgeRacesMergeOnce(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c, m := hedgeCluster(t, reg, router.HedgeOptions{Delay: time.Millisecond, Budget: 1}, 5*time.Second)
+	for _, s := range c.Shards {
+		setFaults(t, s, "delay=2ms,fraction=0.5")
+	}
+	ref := reference.New(m)
+	rng := rand.New(rand.NewPCG(44, 1))
+	for i := range 100 {
+		req := randomRequest(rng, "fm", m, 30, 10, 3)
+		resp, err := c.Router.Predict(context.Background(), req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		checkScores(t, ref, req, resp)
+	}
+	if won := counter(t, reg, "cumulus_router_hedges_total", "outcome", "won"); won == 0 {
+		t.Error("no hedge won a race")
+	}
+}

@@ -1,0 +1,86 @@
+package shard
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/cumulus-serving/cumulus/internal/adminhttp"
+)
+
+// Ready reports whether the shard holds what the serving map assigns it
+// and is not draining: its gRPC health is SERVING.
+func (s *Shard) Ready() bool {
+	r, err := s.health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+	return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING
+}
+
+// FaultBody is the body of GET and PUT /admin/v1/fault.
+type FaultBody struct {
+	Spec string `json:"spec"`
+}
+
+// HTTPHandler is the shard's HTTP surface:
+//
+//	GET /metrics           gatherer's metrics (none if nil)
+//	GET /healthz           200 while the process runs
+//	GET /readyz            200 when Ready, else 503
+//	GET /admin/v1/fault    {"spec": "SPEC"}: the faults injected now
+//	PUT /admin/v1/fault    {"spec": "SPEC"}: inject these ("" clears)
+//
+// The admin calls need "Authorization: Bearer token"; with no token they
+// are refused.
+func (s *Shard) HTTPHandler(token string, gatherer prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	if gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.Ready() {
+			http.Error(w, "not ready: does not hold everything the serving map assigns it yet, or draining", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	who := "shard " + s.opts.ID
+	mux.HandleFunc("GET /admin/v1/fault", adminhttp.Auth(who, token, func(w http.ResponseWriter, _ *http.Request) {
+		adminhttp.WriteJSON(w, http.StatusOK, FaultBody{Spec: s.Faults().String()})
+	}))
+	mux.HandleFunc("PUT /admin/v1/fault", adminhttp.Auth(who, token, func(w http.ResponseWriter, r *http.Request) {
+		var body FaultBody
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 2*maxFaultSpec))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&body); err != nil {
+			adminhttp.WriteError(w, http.StatusBadRequest, fmt.Sprintf(`body must be {"spec": "SPEC"}: %v`, err))
+			return
+		}
+		f, err := ParseFaults(body.Spec)
+		if err != nil {
+			adminhttp.WriteError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		s.SetFaults(f)
+		slog.Warn("shard: faults injected into lookups set", "shard", s.opts.ID, "spec", f.String(), "from", r.RemoteAddr)
+		adminhttp.WriteJSON(w, http.StatusOK, FaultBody{Spec: f.String()})
+	}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		if strings.HasPrefix(p, "/admin/") {
+			adminhttp.Auth(who, token, func(w http.ResponseWriter, r *http.Request) {
+				adminhttp.WriteError(w, http.StatusNotFound, fmt.Sprintf("no admin call %s %s", r.Method, p))
+			})(w, r)
+			return
+		}
+		adminhttp.WriteError(w, http.StatusNotFound, fmt.Sprintf("no such path %s %s (/metrics, /healthz, /readyz, /admin/v1/fault)", r.Method, p))
+	})
+	return mux
+}
