@@ -34,7 +34,8 @@ type LoadOptions struct {
 type Result struct {
 	Requests       int
 	Errors         int
-	Refused        int // of Errors, ResourceExhausted: refused as overload
+	Refused        int            // of Errors, ResourceExhausted: refused as overload
+	ErrorCodes     map[string]int // Errors by gRPC code
 	FirstError     error
 	Elapsed        time.Duration
 	P50, P99, P999 time.Duration
@@ -88,6 +89,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 		mu       sync.Mutex
 		lat      []time.Duration
 		errs     int
+		codesOf  = map[string]int{}
 		refused  int
 		firstErr error
 		issued   int
@@ -121,6 +123,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 					}
 					mu.Lock()
 					errs++
+					codesOf[status.Code(err).String()]++
 					if status.Code(err) == codes.ResourceExhausted {
 						refused++
 					}
@@ -139,7 +142,7 @@ func Run(ctx context.Context, o LoadOptions) Result {
 		}()
 	}
 	wg.Wait()
-	r := Result{Requests: len(lat), Errors: errs, Refused: refused, FirstError: firstErr, Elapsed: time.Since(start),
+	r := Result{Requests: len(lat), Errors: errs, ErrorCodes: codesOf, Refused: refused, FirstError: firstErr, Elapsed: time.Since(start),
 		RequestBytes: reqs.meanBytes, IDsPerRequest: reqs.ids, RetryUnavailable: o.RetryUnavailable, Retries: retries}
 	if len(lat) > 0 {
 		slices.Sort(lat)

@@ -3,13 +3,13 @@ package router
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/hedge"
 	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/internal/scratch"
 )
 
 // A request's steps, each a method below: choose the version (Router.
@@ -23,10 +23,11 @@ import (
 // when and how many), and a call that fails is asked of another replica.
 // Calls run on pooled goroutines; the request's goroutine only plans them
 // and waits. A call fetches into its own buffer and merges what it won
-// into the request's values; one that loses (or outlives the request) is
-// cancelled with the request's context, merges nothing, and keeps the
-// request's scratch from reuse until it returns: the last of the request
-// and its calls to finish puts the scratch back in the pool.
+// into the request's values; one that loses (or outlives the request's
+// attempt) is cancelled when the attempt returns (predict's context),
+// merges nothing, and keeps the request's scratch from reuse until it
+// returns: the last of the request and its calls to finish puts the
+// scratch back for reuse.
 
 // work is a request's reusable scratch.
 type work struct {
@@ -41,8 +42,8 @@ type work struct {
 	vals      []float32
 	fmBuf     []float64
 
-	// Fan-out state. merged is written by calls; the rest only by the
-	// request's goroutine.
+	// Fan-out state. merged (and the values it guards) is written by
+	// calls; the rest only by the request's goroutine.
 	merged   []atomic.Bool // per partition: its values are in vals
 	asking   []int16       // per partition: calls outstanding for it
 	tried    []uint64      // per partition: bit i, replica i was asked
@@ -53,25 +54,29 @@ type work struct {
 	finished chan *call // calls post here as they end; buffered, see fanOut
 
 	refs atomic.Int32 // the request, and each call still running
+	now  int64        // when the request was planned, for backend.load
 }
 
-var workPool = sync.Pool{New: func() any {
+// works keeps request scratch across garbage collections (see
+// internal/scratch); one grown by a request of over a million ids is let
+// go.
+var works = scratch.New(8, func() *work {
 	w := &work{timer: time.NewTimer(time.Hour)}
 	w.timer.Stop()
 	return w
-}}
+}, func(w *work) bool { return len(w.ids.slots) <= 1<<21 })
 
 func getWork() *work {
-	w := workPool.Get().(*work)
+	w := works.Get()
 	w.refs.Store(1)
 	w.n = 0
 	return w
 }
 
-// release drops one reference; the last puts w back in the pool.
+// release drops one reference; the last puts w back for reuse.
 func (w *work) release() {
 	if w.refs.Add(-1) == 0 {
-		workPool.Put(w)
+		works.Put(w)
 	}
 }
 
@@ -79,8 +84,8 @@ func (w *work) release() {
 // reused by later requests; rpc.buf only once a call has succeeded.
 type call struct {
 	b     *backend
-	parts []uint32 // ascending
-	reps  []uint8  // per part: b's index among its replicas
+	parts []uint32
+	reps  []uint8 // per part: b's index among its replicas
 	rpc   rpcBuf
 	kind  callKind
 	at    time.Time // sent
@@ -126,13 +131,13 @@ func (r *Router) version(t *table, req *Request) (*versionRoute, error) {
 // included: pos and sharedPos map each occurrence to its number.
 func (w *work) dedup(req *Request) {
 	w.ids.reset(len(req.IDs) + len(req.SharedIDs))
-	w.sharedPos = w.sharedPos[:0]
-	for _, id := range req.SharedIDs {
-		w.sharedPos = append(w.sharedPos, w.ids.index(id))
+	w.sharedPos = resize(w.sharedPos, len(req.SharedIDs))
+	for i, id := range req.SharedIDs {
+		w.sharedPos[i] = w.ids.index(id)
 	}
-	w.pos = w.pos[:0]
-	for _, id := range req.IDs {
-		w.pos = append(w.pos, w.ids.index(id))
+	w.pos = resize(w.pos, len(req.IDs))
+	for i, id := range req.IDs {
+		w.pos[i] = w.ids.index(id)
 	}
 }
 
@@ -190,6 +195,7 @@ func (r *Router) fanOut(ctx context.Context, vr *versionRoute, w *work) error {
 
 	rot := int(r.rr.Add(1))
 	pending := 0
+	w.now = time.Now().UnixNano()
 	for p := range P {
 		if w.start[p] == w.start[p+1] {
 			w.merged[p].Store(true)
@@ -197,7 +203,7 @@ func (r *Router) fanOut(ctx context.Context, vr *versionRoute, w *work) error {
 		}
 		pending++
 		reps := vr.replicas[p]
-		i := hedge.Pick(r.opts.Hedge.Choice, len(reps), rot+p, 0, func(i int) int64 { return reps[i].inflight.Load() })
+		i := hedge.Pick(r.opts.Hedge.Choice, len(reps), rot+p, 0, func(i int) int64 { return reps[i].load(w.now) })
 		w.add(vr, uint32(p), i)
 	}
 	now := time.Now()
@@ -330,25 +336,23 @@ func (r *Router) hedge(ctx context.Context, vr *versionRoute, w *work, now time.
 }
 
 // reask groups c's partitions that are not answered yet for asking of
-// replicas not asked before: if c failed, those no other call is asking
-// for; if c is slow, those no other call has been sent to hedge. It
-// returns how many found no such replica.
+// replicas not asked before. If c failed, every such partition is asked
+// again, also one another call is still asking for (that call may be a
+// straggler already hedged); it returns how many partitions no replica
+// is left to answer. If c is slow, only partitions no hedge has been
+// sent for are asked.
 func (w *work) reask(vr *versionRoute, c *call, failed bool) (stranded int) {
-	busy := int16(1) // the slow call itself
-	if failed {
-		busy = 0
-	}
 	for _, p := range c.parts {
-		if w.merged[p].Load() || w.asking[p] > busy {
+		if w.merged[p].Load() || (!failed && w.asking[p] > 1) {
 			continue
 		}
 		reps := vr.replicas[p]
-		i := hedge.Pick(hedge.LeastLoaded, len(reps), int(p), w.tried[p], func(i int) int64 { return reps[i].inflight.Load() })
-		if i < 0 {
+		i := hedge.Pick(hedge.LeastLoaded, len(reps), int(p), w.tried[p], func(i int) int64 { return reps[i].load(w.now) })
+		if i >= 0 {
+			w.add(vr, p, i)
+		} else if failed && w.asking[p] == 0 {
 			stranded++
-			continue
 		}
-		w.add(vr, p, i)
 	}
 	return stranded
 }
@@ -430,12 +434,14 @@ func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, c *call) {
 		c.err = shardError(ctx, b.id, err)
 	case err != nil:
 		b.calls.failed.Observe(d.Seconds())
+		b.failedAt.Store(time.Now().UnixNano())
 		rb.buf = nil
 		c.err = shardError(ctx, b.id, err)
 	default:
 		var resp codec.LookupResponse
 		if err := resp.Decode(raw, n, vr.width()); err != nil {
 			b.calls.failed.Observe(d.Seconds())
+			b.failedAt.Store(time.Now().UnixNano())
 			c.err = fmt.Errorf("router: %w: shard %s answered badly: %v", ErrUnavailable, b.id, err)
 			break
 		}

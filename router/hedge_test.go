@@ -12,23 +12,24 @@ import (
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
+	"github.com/cumulus-serving/cumulus/internal/hedge"
 	"github.com/cumulus-serving/cumulus/internal/reference"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/shard"
 )
 
-// hedgeCluster serves an FM model from two real shards, each holding
-// every partition (replicas 2), with the router's hedging set to h.
-// Faults are injected into the shards' own lookups (shard.Faults).
-func hedgeCluster(t *testing.T, reg *prometheus.Registry, h router.HedgeOptions, timeout time.Duration) (*devcluster.Cluster, *loader.Sparse) {
+// hedgeCluster serves an FM model from n real shards, each holding every
+// partition (replicas n), with the router's hedging set to h. Faults are
+// injected into the shards' own lookups (shard.Faults).
+func hedgeCluster(t *testing.T, reg *prometheus.Registry, n int, h router.HedgeOptions, timeout time.Duration) (*devcluster.Cluster, *loader.Sparse) {
 	t.Helper()
 	repoDir := t.TempDir()
 	m := randomModel(codec.TypeFM, 4, 3000, 41)
 	if _, err := (loader.Repo{Dir: repoDir}).Publish("fm", m, 8, "test"); err != nil {
 		t.Fatal(err)
 	}
-	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, Replicas: 2, ScanInterval: time.Hour, Registry: reg,
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: n, Replicas: n, ScanInterval: time.Hour, Registry: reg,
 		Router: router.Options{Hedge: h, DefaultTimeout: timeout}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -76,7 +77,7 @@ func calls(t *testing.T, reg *prometheus.Registry, outcome string) uint64 {
 // hedge answers, and the scores are the model's.
 func TestHedgeAnswersForAStalledShard(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	c, m := hedgeCluster(t, reg, router.HedgeOptions{Delay: 5 * time.Millisecond, Budget: 1}, 5*time.Second)
+	c, m := hedgeCluster(t, reg, 2, router.HedgeOptions{Delay: 5 * time.Millisecond, Budget: 1}, 5*time.Second)
 	setFaults(t, c.Shards[0], "stall")
 	ref := reference.New(m)
 	rng := rand.New(rand.NewPCG(41, 1))
@@ -110,7 +111,7 @@ func TestHedgeBudgetHolds(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			c, m := hedgeCluster(t, reg, tc.h, 100*time.Millisecond)
+			c, m := hedgeCluster(t, reg, 2, tc.h, 100*time.Millisecond)
 			setFaults(t, c.Shards[0], "stall")
 			rng := rand.New(rand.NewPCG(42, 1))
 			var failed int
@@ -144,7 +145,7 @@ func TestHedgeBudgetHolds(t *testing.T) {
 // budget: a dead replica's calls are always retried.
 func TestRetriesSpendNoBudget(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	c, m := hedgeCluster(t, reg, router.HedgeOptions{Off: true}, 5*time.Second)
+	c, m := hedgeCluster(t, reg, 2, router.HedgeOptions{Off: true}, 5*time.Second)
 	setFaults(t, c.Shards[1], "error=unavailable")
 	ref := reference.New(m)
 	rng := rand.New(rand.NewPCG(43, 1))
@@ -173,7 +174,7 @@ func TestRetriesSpendNoBudget(t *testing.T) {
 // score must still be the model's (run under -race in CI).
 func TestHedgeRacesMergeOnce(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	c, m := hedgeCluster(t, reg, router.HedgeOptions{Delay: time.Millisecond, Budget: 1}, 5*time.Second)
+	c, m := hedgeCluster(t, reg, 2, router.HedgeOptions{Delay: time.Millisecond, Budget: 1}, 5*time.Second)
 	for _, s := range c.Shards {
 		setFaults(t, s, "delay=2ms,fraction=0.5")
 	}
@@ -189,5 +190,68 @@ func TestHedgeRacesMergeOnce(t *testing.T) {
 	}
 	if won := counter(t, reg, "cumulus_router_hedges_total", "outcome", "won"); won == 0 {
 		t.Error("no hedge won a race")
+	}
+}
+
+// callsTo sums cumulus_router_shard_call_seconds' counts for one shard.
+func callsTo(t *testing.T, reg *prometheus.Registry, shardID string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "cumulus_router_shard_call_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "shard" && l.GetValue() == shardID {
+					n += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return n
+}
+
+// A replica that fails at once has no calls outstanding; the least
+// loaded choice must not take that for health and send it most calls.
+func TestFailingReplicaIsPassedOver(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c, m := hedgeCluster(t, reg, 3, router.HedgeOptions{Off: true}, 5*time.Second)
+	setFaults(t, c.Shards[1], "error=unavailable")
+	rng := rand.New(rand.NewPCG(45, 1))
+	const n = 300
+	for i := range n {
+		if _, err := c.Router.Predict(context.Background(), randomRequest(rng, "fm", m, 30, 10, 3)); err != nil {
+			t.Fatalf("request %d with shard-1 failing: %v", i, err)
+		}
+	}
+	if got := callsTo(t, reg, "shard-1"); got > n/10 {
+		t.Errorf("shard-1, failing every call, was asked %d times in %d requests", got, n)
+	}
+}
+
+// A hedge that fails is replaced at once, also while the straggler it
+// was sent for is still out: with one replica stalled and another
+// failing, the third answers every request.
+func TestFailedHedgeIsReplaced(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c, m := hedgeCluster(t, reg, 3, router.HedgeOptions{Delay: 2 * time.Millisecond, Budget: 1, Choice: hedge.Rotation}, 5*time.Second)
+	setFaults(t, c.Shards[0], "stall")
+	setFaults(t, c.Shards[1], "error=unavailable")
+	ref := reference.New(m)
+	rng := rand.New(rand.NewPCG(46, 1))
+	for i := range 30 {
+		req := randomRequest(rng, "fm", m, 30, 10, 3)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		resp, err := c.Router.Predict(ctx, req)
+		cancel()
+		if err != nil {
+			t.Fatalf("request %d, shard-0 stalled and shard-1 failing: %v", i, err)
+		}
+		checkScores(t, ref, req, resp)
 	}
 }

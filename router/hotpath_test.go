@@ -63,3 +63,30 @@ func TestIDIndex(t *testing.T) {
 		}
 	}
 }
+
+// The table grows while it fills: every id keeps its number through the
+// doublings, and a later small request reuses the grown table.
+func TestIDIndexGrows(t *testing.T) {
+	var x idIndex
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round, n := range []int{40, 100_000, 7} {
+		x.reset(n / 10) // far fewer expected than come
+		ids := make([]uint64, n)
+		for i := range ids {
+			ids[i] = rng.Uint64()
+		}
+		for i, id := range ids {
+			if got := x.index(id); got != int32(i) {
+				t.Fatalf("round %d: new id %d numbered %d", round, i, got)
+			}
+		}
+		for i, id := range ids {
+			if got := x.index(id); got != int32(i) {
+				t.Fatalf("round %d: id %d numbered %d the second time", round, i, got)
+			}
+		}
+		if len(x.uniq) != n || int(x.mask+1)*2/3 < n {
+			t.Fatalf("round %d: %d distinct in a table of %d", round, len(x.uniq), x.mask+1)
+		}
+	}
+}

@@ -65,7 +65,9 @@ type HedgeOptions struct {
 	Budget float64
 	// Window is the budget's sliding window. Default 10s.
 	Window time.Duration
-	// Choice is how a replica is chosen. Default hedge.LeastLoaded.
+	// Choice is how a replica is chosen for a request's first calls.
+	// Default hedge.LeastLoaded. Hedges and retries always go to the least
+	// loaded replica not yet asked.
 	Choice hedge.Choice
 }
 
@@ -465,6 +467,11 @@ func (r *Router) predict(ctx context.Context, t *table, req *Request) (*Response
 	if err != nil {
 		return nil, err
 	}
+	// The calls still out when this attempt returns (hedges that lost, or
+	// all of them when it failed) are cancelled, not left holding the
+	// shards' admission while Predict waits for a newer table.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	w := getWork()
 	defer w.release()
 	w.dedup(req)

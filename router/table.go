@@ -2,6 +2,7 @@ package router
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -19,9 +20,28 @@ type backend struct {
 	svc      shard.Service
 	slot     int          // its number, dense among live backends
 	inflight atomic.Int64 // calls outstanding
+	failedAt atomic.Int64 // when a call last failed (not cancelled), Unix ns
 	latency  hedge.Latency
 	delay    prometheus.Gauge
 	calls    struct{ ok, failed, cancelled prometheus.Observer }
+}
+
+// failedLoad is what a recent failure weighs in a replica's load: a
+// replica that fails at once has no calls outstanding, and would
+// otherwise be chosen first, failing every call it is given.
+const (
+	failedLoad   = 1 << 20
+	failedWindow = int64(time.Second)
+)
+
+// load is what choosing b weighs at now (Unix ns): its calls outstanding,
+// and failedLoad for a failure within the last failedWindow.
+func (b *backend) load(now int64) int64 {
+	l := b.inflight.Load()
+	if now-b.failedAt.Load() < failedWindow {
+		l += failedLoad
+	}
+	return l
 }
 
 // versionRoute is one complete model version: every partition has at

@@ -149,7 +149,7 @@ func (f *Faults) apply(ctx context.Context, count func(kind string)) error {
 				return status.FromContextError(ctx.Err()).Err()
 			}
 		case "error":
-			return status.Errorf(ft.code, "injected fault (%s)", f.spec)
+			return status.Errorf(ft.code, "injected fault: error=%s", codeList[ft.code-1])
 		case "stall":
 			<-ctx.Done()
 			return status.FromContextError(ctx.Err()).Err()

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -57,9 +58,13 @@ func (s *Shard) HTTPHandler(token string, gatherer prometheus.Gatherer) http.Han
 	}))
 	mux.HandleFunc("PUT /admin/v1/fault", adminhttp.Auth(who, token, func(w http.ResponseWriter, r *http.Request) {
 		var body FaultBody
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 2*maxFaultSpec))
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8*maxFaultSpec))
 		dec.DisallowUnknownFields()
-		if err := dec.Decode(&body); err != nil {
+		err := dec.Decode(&body)
+		if err == nil && dec.More() {
+			err = errors.New("more after the object")
+		}
+		if err != nil {
 			adminhttp.WriteError(w, http.StatusBadRequest, fmt.Sprintf(`body must be {"spec": "SPEC"}: %v`, err))
 			return
 		}

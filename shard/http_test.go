@@ -51,6 +51,9 @@ func TestHTTPSurface(t *testing.T) {
 	}
 	putMap(t, cli, repo, 2, 1, 0)
 	testenv.Eventually(t, 30*time.Second, func() error {
+		if _, err := lookup(s, 1, 2, []uint64{1, 2, 3}); err != nil {
+			return err
+		}
 		if code, body := call("GET", "/readyz", "", ""); code != 200 {
 			return errors.New(body)
 		}
@@ -67,7 +70,9 @@ func TestHTTPSurface(t *testing.T) {
 		{"PUT", "/admin/v1/fault", "sesame", `{"spec": "slow"}`, 400, "unknown kind"},
 		{"PUT", "/admin/v1/fault", "sesame", `{"spec": "stall", "x": 1}`, 400, "unknown field"},
 		{"PUT", "/admin/v1/fault", "sesame", `not json`, 400, "body must be"},
-		{"PUT", "/admin/v1/fault", "sesame", `{"spec": "` + strings.Repeat("stall;", 1000) + `"}`, 400, "body must be"},
+		{"PUT", "/admin/v1/fault", "sesame", `{"spec": "stall"} {"spec": ""}`, 400, "body must be"},
+		{"PUT", "/admin/v1/fault", "sesame", `{"spec": "` + strings.Repeat("stall;", 1000) + `"}`, 400, "over the limit"},
+		{"PUT", "/admin/v1/fault", "sesame", `{"spec": "` + strings.Repeat("stall;", 100_000) + `"}`, 400, "too large"},
 		{"POST", "/admin/v1/other", "sesame", ``, 404, "no admin call"},
 		{"GET", "/nothing", "", ``, 404, "no such path"},
 		{"PUT", "/admin/v1/fault", "sesame", `{"spec": "error=unavailable"}`, 200, "error=unavailable"},

@@ -3,7 +3,6 @@ package shard
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/admit"
+	scratchlist "github.com/cumulus-serving/cumulus/internal/scratch"
 )
 
 // LookupMethod is the full gRPC method name of the shard's one RPC. It
@@ -104,7 +104,9 @@ func (sc *scratch) lookupLayers(ctx context.Context, layers []*Table, keys []uin
 
 func (s *Shard) countFault(kind string) { s.metrics.faults.WithLabelValues(kind).Inc() }
 
-var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+// scratches keeps lookup scratch across garbage collections (see
+// internal/scratch).
+var scratches = scratchlist.New(8, func() *scratch { return new(scratch) }, func(sc *scratch) bool { return cap(sc.vals) <= 1<<22 })
 
 // Lookup implements Service on what the shard holds now. It stops, with
 // the context's error, between partitions and before reading a mapped
@@ -136,8 +138,8 @@ func (s *Shard) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 	if err := s.faults.Load().apply(ctx, s.countFault); err != nil {
 		return nil, err
 	}
-	sc := scratchPool.Get().(*scratch)
-	defer scratchPool.Put(sc)
+	sc := scratches.Get()
+	defer scratches.Put(sc)
 	if err := sc.req.Decode(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}

@@ -16,7 +16,9 @@ import (
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server"
+	"github.com/cumulus-serving/cumulus/shard"
 )
 
 func benchCommand() *cobra.Command {
@@ -24,8 +26,10 @@ func benchCommand() *cobra.Command {
 		workloads, addr, model, repo, typ string
 		protocols, httpAddr               string
 		params                            int64
-		shards, conns                     int
+		shards, conns, replicas           int
 		l                                 benchLoad
+		hedging                           hedgeFlags
+		fault                             faultFlag
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -52,7 +56,8 @@ errors by gRPC code, and requests the client could not send in time.
 
 With --pid, or in open loop without --addr (then the dev cluster is this
 process), it reads the process's VmRSS from /proc before the load, every
-100ms during it, and --settle after it.`,
+100ms during it, and --settle after it; in closed loop it also prints the
+process's CPU time (utime+stime) per request.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -72,8 +77,20 @@ process), it reads the process's VmRSS from /proc before the load, every
 			if addr != "" && (repo == "" || model == "") {
 				return fmt.Errorf("with --addr, give --repo and --model: bench draws its requests' ids from the model's generator settings, read from its manifest in the repository (the model must come from 'cumulus model gen')")
 			}
+			if addr != "" && (cmd.Flags().Changed("replicas") || cmd.Flags().Changed("fault") || hedgeFlagsChanged(cmd)) {
+				return fmt.Errorf("--replicas, --fault and the hedging flags set up bench's own dev cluster: not with --addr")
+			}
 			if addr == "" {
-				lb, err := startLocalBench(ctx, typ, params, devcluster.Options{Shards: shards})
+				var ropts router.Options
+				if err := hedging.apply(&ropts); err != nil {
+					return err
+				}
+				lb, err := startLocalBench(ctx, typ, params, devcluster.Options{Shards: shards, Replicas: replicas, Router: ropts,
+					Shard: func(i int, o *shard.Options) {
+						if i == 0 {
+							o.Faults = fault.f
+						}
+					}})
 				if err != nil {
 					return err
 				}
@@ -128,7 +145,7 @@ process), it reads the process's VmRSS from /proc before the load, every
 			return nil
 		},
 	}
-	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand(), benchHostileCommand(), benchFreshnessCommand())
+	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand(), benchHostileCommand(), benchFreshnessCommand(), benchTailCommand())
 	cmd.Flags().StringVar(&workloads, "workload", "all", "rank200, small, or all (comma-separated)")
 	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster)")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "router HTTP address, with --addr, for --protocol rest and rest-binary")
@@ -138,6 +155,9 @@ process), it reads the process's VmRSS from /proc before the load, every
 	cmd.Flags().StringVar(&typ, "type", codec.TypeLR, "without --addr: lr or fm")
 	cmd.Flags().Int64Var(&params, "params", 1_000_000, "without --addr: features in the generated model")
 	cmd.Flags().IntVar(&shards, "shards", 4, "without --addr: shard servers")
+	cmd.Flags().IntVar(&replicas, "replicas", 1, "without --addr: replicas per partition")
+	cmd.Flags().Var(&fault, "fault", "without --addr, shard-0 only: "+faultUsage)
+	hedging.register(cmd)
 	cmd.Flags().IntVar(&l.concurrency, "concurrency", 4, "closed loop: requests in flight")
 	cmd.Flags().IntVar(&conns, "connections", 1, "gRPC connections the calls are spread over, in turn")
 	cmd.Flags().DurationVar(&l.duration, "duration", 10*time.Second, "time per workload")
@@ -145,7 +165,7 @@ process), it reads the process's VmRSS from /proc before the load, every
 	cmd.Flags().Float64Var(&l.rate, "rate", 0, "open loop: requests offered per second (0: closed loop)")
 	cmd.Flags().DurationVar(&l.timeout, "timeout", 0, "each request's deadline (0: 2s in open loop, none in closed loop)")
 	cmd.Flags().BoolVar(&l.retry, "retry-unavailable", false, fmt.Sprintf("resend a request answered Unavailable, within its deadline, up to %d times", bench.MaxRetries))
-	cmd.Flags().IntVar(&l.pid, "pid", 0, "report this process's VmRSS before, during and after each workload (default: this process in open loop without --addr)")
+	cmd.Flags().IntVar(&l.pid, "pid", 0, "report this process's VmRSS before, during and after each workload, and in closed loop its CPU time per request (default: this process in open loop without --addr)")
 	cmd.Flags().DurationVar(&l.settle, "settle", 5*time.Second, "with memory observed: wait this long after the load before reading VmRSS again")
 	return cmd
 }
@@ -160,13 +180,16 @@ type benchLoad struct {
 }
 
 // run drives one workload and prints what it measured, with pid's memory
-// around it when one is watched.
+// and CPU time per request around it when one is watched.
 func (l benchLoad) run(ctx context.Context, client bench.Inferer, model, name string, g *bench.Generator) error {
 	var err error
+	var answered int
 	load := func() {
 		if l.rate == 0 {
-			bench.Run(ctx, bench.LoadOptions{Client: client, Model: model, Generator: g, Concurrency: l.concurrency,
-				Duration: l.duration, MaxRequests: l.maxRequests, Timeout: l.timeout, RetryUnavailable: l.retry}).Print(os.Stdout, name)
+			res := bench.Run(ctx, bench.LoadOptions{Client: client, Model: model, Generator: g, Concurrency: l.concurrency,
+				Duration: l.duration, MaxRequests: l.maxRequests, Timeout: l.timeout, RetryUnavailable: l.retry})
+			res.Print(os.Stdout, name)
+			answered = res.Requests + res.Errors
 			return
 		}
 		var res bench.OpenResult
@@ -178,8 +201,15 @@ func (l benchLoad) run(ctx context.Context, client bench.Inferer, model, name st
 	}
 	if l.pid == 0 {
 		load()
-	} else {
-		bench.WatchRSS(ctx, l.pid, 100*time.Millisecond, l.settle, load).Print(os.Stdout, name)
+		return err
+	}
+	before, cpuErr := bench.ReadCPUTicks(l.pid)
+	bench.WatchRSS(ctx, l.pid, 100*time.Millisecond, l.settle, load).Print(os.Stdout, name)
+	after, err2 := bench.ReadCPUTicks(l.pid)
+	if cpuErr == nil && err2 == nil && answered > 0 {
+		cpu := time.Duration(after-before) * bench.ClockTick()
+		fmt.Printf("%-8s cpu of pid %d: %s, %.3fms per request (utime+stime; the settle included)\n", name, l.pid, cpu.Round(time.Millisecond),
+			float64(cpu)/1e6/float64(answered))
 	}
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,7 @@ func devCommand() *cobra.Command {
 		drain                    drainFlag
 		hedging                  hedgeFlags
 		fault                    faultFlag
+		cpuProfile               string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -44,6 +46,13 @@ localhost, serves every model in --repo (or a generated demo model when no
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if cpuProfile != "" {
+				stop, err := startCPUProfile(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			if repo == "" {
 				dir, err := os.MkdirTemp("", "cumulus-demo-")
 				if err != nil {
@@ -142,5 +151,20 @@ localhost, serves every model in --repo (or a generated demo model when no
 	admin.register(cmd.Flags(), "admin-addr")
 	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "give up if models are not servable by then")
 	drain.register(cmd)
+	cmd.Flags().StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole process to this file, from start to exit (go tool pprof)")
+	cmd.Flags().MarkHidden("cpu-profile")
 	return cmd
+}
+
+// startCPUProfile profiles the process into file until stop is called.
+func startCPUProfile(file string) (stop func(), err error) {
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

@@ -27,6 +27,16 @@ func (f *hedgeFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.choice, "replica-choice", "least-loaded", "how a partition's replica is chosen: least-loaded (fewest calls outstanding) or rotation")
 }
 
+// hedgeFlagsChanged reports whether any hedging flag was given.
+func hedgeFlagsChanged(cmd *cobra.Command) bool {
+	for _, f := range []string{"hedge", "hedge-delay", "hedge-budget", "replica-choice"} {
+		if cmd.Flags().Changed(f) {
+			return true
+		}
+	}
+	return false
+}
+
 // apply sets o's hedging from the flags.
 func (f *hedgeFlags) apply(o *router.Options) error {
 	c, ok := hedge.ParseChoice(f.choice)
