@@ -53,8 +53,9 @@ type work struct {
 	timer    *time.Timer
 	finished chan *call // calls post here as they end; buffered, see fanOut
 
-	refs atomic.Int32 // the request, and each call still running
-	now  int64        // when the request was planned, for backend.load
+	refs   atomic.Int32 // the request, and each call still running
+	now    int64        // when the request was planned, for backend.load
+	firsts int          // the request's first calls
 }
 
 // works keeps request scratch across garbage collections (see
@@ -208,6 +209,7 @@ func (r *Router) fanOut(ctx context.Context, vr *versionRoute, w *work) error {
 	}
 	now := time.Now()
 	r.budget.Calls(now, w.n)
+	w.firsts = w.n
 	r.send(ctx, vr, w, 0, first, now)
 
 	for pending > 0 {
@@ -301,9 +303,19 @@ func (r *Router) hedgeDelay(vr *versionRoute, c *call) time.Duration {
 }
 
 // nextHedge is when the next outstanding call is due to be hedged; zero
-// if none is.
+// if none is, or if too many calls are outstanding for any to be a
+// straggler (hedge.Straggling): then the request waits for an answer.
 func (w *work) nextHedge() time.Time {
 	var next time.Time
+	out := 0
+	for _, c := range w.calls[:w.n] {
+		if !c.done {
+			out++
+		}
+	}
+	if !hedge.Straggling(out, w.firsts) {
+		return next
+	}
 	for _, c := range w.calls[:w.n] {
 		if !c.done && !c.hedge.IsZero() && (next.IsZero() || c.hedge.Before(next)) {
 			next = c.hedge

@@ -12,6 +12,9 @@
 //     wins. The p95 is of those replicas, not of the slow shard, whose own
 //     straggling would inflate it. It has a floor (Floor): below it, a
 //     second call costs more than the wait it saves.
+//   - Only a request's stragglers are hedged: while more than half of its
+//     calls are out, it is slow as a whole (a busy machine, a garbage
+//     collection) and hedges would add to the load that slows it.
 //   - Extra calls are bounded by a budget, a fraction of the calls made
 //     over a sliding window: when a whole cluster slows, hedging every
 //     call would double its load just when it can least take it.

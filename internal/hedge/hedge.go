@@ -60,6 +60,15 @@ func Delay(p95s ...time.Duration) time.Duration {
 	return d
 }
 
+// Straggling reports whether a request that made first calls, outstanding
+// of which are unanswered (hedges and retries included), has stragglers
+// worth hedging: at most half its calls (rounded up) are still out. A
+// request whose calls are all late at once is slowed by something every
+// replica shares — a busy machine, a long garbage collection — and a
+// hedge would only add to it; one whose other calls have answered is
+// waiting on a slow shard.
+func Straggling(outstanding, first int) bool { return 2*outstanding <= first+1 }
+
 // Choice is how a replica is chosen among a partition's.
 type Choice int
 

@@ -149,3 +149,17 @@ func TestBudget(t *testing.T) {
 		t.Fatal("a zero budget allows nothing but nothing")
 	}
 }
+
+func TestStraggling(t *testing.T) {
+	for _, c := range []struct {
+		out, first int
+		want       bool
+	}{
+		{1, 1, true}, {1, 2, true}, {2, 2, false}, {2, 4, true}, {3, 4, false}, {2, 3, true}, {3, 3, false}, {4, 8, true}, {5, 8, false},
+		{0, 4, true},
+	} {
+		if got := Straggling(c.out, c.first); got != c.want {
+			t.Errorf("Straggling(%d out of %d) = %v, want %v", c.out, c.first, got, c.want)
+		}
+	}
+}
