@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -45,13 +46,17 @@ func decodeU64(b []byte) []uint64 {
 }
 
 func benchmarkPredict(b *testing.B, typ, workload string) {
+	benchmarkPredictShards(b, typ, workload, 4)
+}
+
+func benchmarkPredictShards(b *testing.B, typ, workload string, shards int) {
 	dir := b.TempDir()
 	const params = 1_000_000
 	m, err := loader.Repo{Dir: dir}.Generate(loader.GenSpec{Name: "bench", Type: typ, Params: params, Seed: 3})
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := devclustertest.Start(b, devcluster.Options{Repo: dir, Shards: 4, ScanInterval: time.Hour})
+	c := devclustertest.Start(b, devcluster.Options{Repo: dir, Shards: shards, ScanInterval: time.Hour})
 	req := benchRequest(bench.Workloads[workload], *m.Generator, params)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -67,3 +72,11 @@ func benchmarkPredict(b *testing.B, typ, workload string) {
 func BenchmarkPredictLRRank200(b *testing.B) { benchmarkPredict(b, codec.TypeLR, "rank200") }
 func BenchmarkPredictLRSmall(b *testing.B)   { benchmarkPredict(b, codec.TypeLR, "small") }
 func BenchmarkPredictFMRank200(b *testing.B) { benchmarkPredict(b, codec.TypeFM, "rank200") }
+
+// Router.Predict with 1, 2, 4 and 8 shards (8 partitions): what a request
+// costs per shard it calls.
+func BenchmarkPredictLRRank200Shards(b *testing.B) {
+	for _, n := range []int{1, 2, 4, 8} {
+		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) { benchmarkPredictShards(b, codec.TypeLR, "rank200", n) })
+	}
+}

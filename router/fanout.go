@@ -94,7 +94,17 @@ type call struct {
 	done  bool      // seen finished by the request
 	won   int       // partitions it merged
 	err   error
+
+	// What run, made once per call, needs: the goroutine running it gets
+	// no closure allocated per request.
+	run func()
+	w   *work
+	r   *Router
+	ctx context.Context
+	vr  *versionRoute
 }
+
+func (c *call) do() { c.r.ask(c.ctx, c.vr, c.w, c) }
 
 type callKind uint8
 
@@ -250,7 +260,9 @@ func (w *work) add(vr *versionRoute, p uint32, i int) {
 		ci = int32(w.n)
 		w.byShard[b.slot] = ci
 		if w.n == len(w.calls) {
-			w.calls = append(w.calls, new(call))
+			c := &call{w: w}
+			c.run = c.do
+			w.calls = append(w.calls, c)
 		}
 		c := w.calls[w.n]
 		w.n++
@@ -273,9 +285,9 @@ func (r *Router) send(ctx context.Context, vr *versionRoute, w *work, from int, 
 			c.b.delay.Set(d.Seconds())
 		}
 		w.refs.Add(1)
-		f := func() { r.ask(ctx, vr, w, c) }
-		if r.pool.Submit(f) != nil {
-			go f() // every pooled worker is busy
+		c.r, c.ctx, c.vr = r, ctx, vr
+		if r.pool.Submit(c.run) != nil {
+			go c.run() // every pooled worker is busy
 		}
 	}
 }

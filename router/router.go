@@ -111,11 +111,12 @@ func (o *Options) Validate() error {
 
 func dialGRPC(addr string) (shard.Service, io.Closer, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)),
+		grpc.WithInitialWindowSize(shard.StreamWindow), grpc.WithInitialConnWindowSize(4*shard.StreamWindow))
 	if err != nil {
 		return nil, nil, err
 	}
-	return shard.NewClient(conn), conn, nil
+	return shard.NewMuxClient(conn), conn, nil
 }
 
 // Router answers predict calls by fanning out to shards. It is safe for

@@ -36,6 +36,7 @@ func (s *Shard) Drain(ctx context.Context) error {
 	}
 	err := s.quiesce(ctx)
 	if err == nil {
+		close(s.quiet) // routers' lookup streams end once idle; GracefulStop waits for them
 		stopped := make(chan struct{})
 		go func() { s.srv.GracefulStop(); close(stopped) }()
 		select {

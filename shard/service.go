@@ -221,6 +221,15 @@ var serviceDesc = grpc.ServiceDesc{
 			return &f, nil
 		},
 	}},
+	Streams: []grpc.StreamDesc{{
+		StreamName: "LookupStream", ServerStreams: true, ClientStreams: true,
+		Handler: func(srv any, stream grpc.ServerStream) error {
+			if s, ok := srv.(interface{ serveStream(grpc.ServerStream) error }); ok {
+				return s.serveStream(stream)
+			}
+			return status.Error(codes.Unimplemented, "this server answers lookups one call at a time (Lookup)")
+		},
+	}},
 	Metadata: "cumulus/shard",
 }
 

@@ -148,6 +148,7 @@ type Shard struct {
 	cancel  context.CancelFunc
 	done    sync.WaitGroup
 	stop    sync.Once
+	quiet   chan struct{} // closed once a drain has seen no lookup for DrainQuiet: lookup streams end
 	metrics metrics
 	faults  atomic.Pointer[Faults]
 
@@ -195,6 +196,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		mismatched: map[string]topo.Loaded{},
 		slots:      admit.NewGate(int64(opts.MaxInflight), opts.MaxQueueTime), bytes: admit.NewGate(opts.MaxInflightBytes, opts.MaxQueueTime)}
 	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})
+	s.quiet = make(chan struct{})
 	label := prometheus.Labels{"shard": opts.ID}
 	s.metrics = metrics{
 		keys:      prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_lookup_keys_total", Help: "Keys looked up.", ConstLabels: label}),
@@ -213,7 +215,11 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 			}
 		}
 	}
-	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(opts.MaxRequestBytes))
+	// Fixed flow-control windows, large enough for a lookup's answer,
+	// turn off gRPC's bandwidth probing: a ping and a window update per
+	// few messages on a router's lookup stream otherwise.
+	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
+		grpc.InitialWindowSize(StreamWindow), grpc.InitialConnWindowSize(4*StreamWindow))
 	RegisterService(s.srv, s)
 	// Not ready until it serves what the map assigns it (setReady).
 	s.health = health.NewServer()
@@ -267,6 +273,10 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	}()
 	return s, nil
 }
+
+// StreamWindow is the HTTP/2 flow-control window of a lookup stream,
+// at the shard and the router: fixed, not probed.
+const StreamWindow = 16 << 20
 
 // SetFaults replaces the faults the shard injects into its lookups; nil
 // injects none.
