@@ -179,14 +179,15 @@ type muxStream struct {
 	mu     sync.Mutex
 	calls  map[uint64]*muxCall
 	next   uint64
-	err    error // why it broke; nil while it serves
+	err    error       // why it broke; nil while it serves
+	in     codec.Frame // read's
 }
 
 // muxCall is one lookup waiting for its reply. Its buffers are reused by
 // later calls.
 type muxCall struct {
 	done   chan struct{} // one send per reply
-	msg    []byte        // the call message sent
+	msg    codec.Frame   // the call message sent
 	resp   []byte        // the reply's body, in its own message
 	code   codes.Code
 	broken bool // no reply: the stream broke
@@ -223,11 +224,12 @@ func (c *MuxClient) stream() (*muxStream, error) {
 func (st *muxStream) read() {
 	var err error
 	for {
-		var msg codec.Frame
-		if err = st.stream.RecvMsg(&msg); err != nil {
+		// Each message is a new slice (the codec keeps what gRPC hands
+		// it); only the variable is reused.
+		if err = st.stream.RecvMsg(&st.in); err != nil {
 			break
 		}
-		id, code, body, perr := codec.ParseMuxReply(msg)
+		id, code, body, perr := codec.ParseMuxReply(st.in)
 		if perr != nil {
 			err = status.Errorf(codes.Internal, "lookup stream: %v", perr)
 			break
@@ -282,9 +284,8 @@ func (c *MuxClient) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 		deadline = d.UnixNano()
 	}
 	call.msg = codec.AppendMuxCall(call.msg[:0], codec.MuxLookup, id, deadline, req)
-	msg := codec.Frame(call.msg)
 	st.sendMu.Lock()
-	err = st.stream.SendMsg(&msg)
+	err = st.stream.SendMsg(&call.msg)
 	st.sendMu.Unlock()
 	if err != nil {
 		// The stream broke (read fails the calls it holds); the transport
