@@ -11,11 +11,12 @@ import (
 // stream set-up, about 150 allocations on the two sides together). Each
 // message is one of:
 //
-//	call   (router → shard): kind u8 | id u64 | deadline i64 | body
+//	call   (router → shard): kind u8 | id u64 | timeout i64 | body
 //	reply  (shard → router): id u64 | code u8 | body
 //
 // little-endian. A call's kind is MuxLookup, with a lookup request as its
-// body and its deadline in Unix nanoseconds (0: none but the stream's),
+// body and the time it has left in nanoseconds (0: no deadline but the
+// stream's; relative, so the two ends' clocks need not agree),
 // or MuxCancel, with no body: the router gave up on call id. A reply's
 // code is a gRPC status code: 0 with a lookup response as its body,
 // otherwise the error's message.
@@ -37,28 +38,28 @@ const (
 var ErrMux = errors.New("codec: malformed lookup stream message")
 
 // AppendMuxCall appends a call message to dst.
-func AppendMuxCall(dst []byte, kind byte, id uint64, deadline int64, body []byte) []byte {
+func AppendMuxCall(dst []byte, kind byte, id uint64, timeout int64, body []byte) []byte {
 	dst = append(dst, kind)
 	dst = binary.LittleEndian.AppendUint64(dst, id)
-	dst = binary.LittleEndian.AppendUint64(dst, uint64(deadline))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(timeout))
 	return append(dst, body...)
 }
 
 // ParseMuxCall reads a call message; body aliases b.
-func ParseMuxCall(b []byte) (kind byte, id uint64, deadline int64, body []byte, err error) {
+func ParseMuxCall(b []byte) (kind byte, id uint64, timeout int64, body []byte, err error) {
 	if len(b) < muxCallHeader {
 		return 0, 0, 0, nil, ErrMux
 	}
-	kind, id, deadline, body = b[0], binary.LittleEndian.Uint64(b[1:]), int64(binary.LittleEndian.Uint64(b[9:])), b[muxCallHeader:]
+	kind, id, timeout, body = b[0], binary.LittleEndian.Uint64(b[1:]), int64(binary.LittleEndian.Uint64(b[9:])), b[muxCallHeader:]
 	switch {
 	case kind != MuxLookup && kind != MuxCancel:
 		return 0, 0, 0, nil, ErrMux
 	case kind == MuxCancel && len(body) != 0:
 		return 0, 0, 0, nil, ErrMux
-	case deadline < 0:
+	case timeout < 0:
 		return 0, 0, 0, nil, ErrMux
 	}
-	return kind, id, deadline, body, nil
+	return kind, id, timeout, body, nil
 }
 
 // AppendMuxReply appends a reply message to dst.

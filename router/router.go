@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/internal/hedge"
@@ -112,7 +113,11 @@ func (o *Options) Validate() error {
 func dialGRPC(addr string) (shard.Service, io.Closer, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)),
-		grpc.WithInitialWindowSize(shard.StreamWindow), grpc.WithInitialConnWindowSize(4*shard.StreamWindow))
+		grpc.WithInitialWindowSize(shard.StreamWindow), grpc.WithInitialConnWindowSize(4*shard.StreamWindow),
+		// A shard that stops answering (a stopped process, a partition)
+		// is found out within seconds: its lookup stream breaks and its
+		// calls are asked elsewhere.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: shard.KeepaliveTime, Timeout: 5 * time.Second}))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -3,13 +3,13 @@ package shard
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/codec"
@@ -20,15 +20,25 @@ import (
 // every lookup over it.
 const LookupStreamMethod = "/cumulus.shard.v1.Shard/LookupStream"
 
-// maxStreamCalls bounds the lookups one stream may have under way at a
-// shard; past it a lookup is refused at once (ResourceExhausted) rather
-// than given a goroutine to wait for admission in.
-const maxStreamCalls = 4096
+const (
+	// maxStreamCalls bounds the lookups one stream may have at a shard,
+	// from their arrival until their replies are queued: past it the
+	// shard stops reading the stream until one has been answered, and
+	// gRPC's flow control holds the sender back.
+	maxStreamCalls = 4096
+	// streamQueue is how many messages wait for a stream's one writer,
+	// at either end.
+	streamQueue = 256
+)
 
 // serveStream answers the lookups of one multiplexed stream, each on its
-// own goroutine, replies in the order they finish. A malformed message
-// ends the stream (InvalidArgument). Once the shard has drained
-// (quiesce), the stream ends when no lookup of its is under way.
+// own goroutine, and replies through one writer in the order they
+// finish. A malformed message ends the stream (InvalidArgument). Once a
+// drain has gone quiet (Shard.quiet) nothing more is read from the
+// stream, and it ends when none of its lookups is under way: the router
+// fails what it sent since with Unavailable and asks another replica. A peer that stops reading its replies holds the writer, and so
+// the lookups; only the end of the stream (or the server's) frees them:
+// a drain then runs into its timeout.
 func (s *Shard) serveStream(stream grpc.ServerStream) error {
 	ctx := stream.Context()
 	type received struct {
@@ -50,18 +60,45 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 			}
 		}
 	}()
+	out := make(chan codec.Frame, streamQueue)
+	stop, written := make(chan struct{}), make(chan struct{})
+	go func() { // the writer: SendMsg is not safe for concurrent use
+		defer close(written)
+		var sent codec.Frame
+		send := func(m codec.Frame) bool { sent = m; return stream.SendMsg(&sent) == nil }
+		for {
+			select {
+			case m := <-out:
+				if !send(m) {
+					return
+				}
+			case <-stop: // what is queued still goes
+				for {
+					select {
+					case m := <-out:
+						if !send(m) {
+							return
+						}
+					default:
+						return
+					}
+				}
+			}
+		}
+	}()
 	var (
-		sendMu  sync.Mutex
 		mu      sync.Mutex
 		calls   = map[uint64]context.CancelFunc{}
 		running sync.WaitGroup
-		ended   = make(chan struct{}, maxStreamCalls)
+		ended   = make(chan struct{}, 1) // a lookup's reply was queued
+		done    = make(chan struct{})    // the handler is returning
 	)
-	reply := func(id uint64, code codes.Code, body []byte) {
+	queue := func(id uint64, code codes.Code, body []byte) {
 		msg := codec.Frame(codec.AppendMuxReply(make([]byte, 0, 9+len(body)), id, uint8(code), body))
-		sendMu.Lock()
-		stream.SendMsg(&msg) // an error ends the stream, which ends RecvMsg
-		sendMu.Unlock()
+		select {
+		case out <- msg:
+		case <-done:
+		}
 	}
 	defer func() {
 		mu.Lock()
@@ -69,28 +106,36 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 			cancel()
 		}
 		mu.Unlock()
+		close(done)
 		running.Wait()
+		close(stop)
+		<-written
 	}()
+	underWay := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(calls)
+	}
+	quiet := s.quiet
 	for {
-		var r received
-		select {
-		case r = <-in:
-		case <-ended:
-			continue
-		case <-s.quiet:
-			mu.Lock()
-			idle := len(calls) == 0
-			mu.Unlock()
-			if idle {
-				return nil
-			}
-			select { // wait for a lookup to end, then look again
-			case r = <-in:
+		if n := underWay(); n >= maxStreamCalls || (quiet == nil && n > 0) {
+			// At the bound, or drained with lookups still under way: wait
+			// for one to be answered before reading on.
+			select {
 			case <-ended:
 				continue
 			case <-ctx.Done():
 				return nil
 			}
+		} else if quiet == nil {
+			return nil // drained, and idle
+		}
+		var r received
+		select {
+		case r = <-in:
+		case <-quiet:
+			quiet = nil
+			continue
 		case <-ctx.Done():
 			return nil
 		}
@@ -100,7 +145,7 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 			}
 			return r.err
 		}
-		kind, id, deadline, body, err := codec.ParseMuxCall(r.msg)
+		kind, id, timeout, body, err := codec.ParseMuxCall(r.msg)
 		if err != nil {
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -112,18 +157,16 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 			mu.Unlock()
 			continue
 		}
-		if _, dup := calls[id]; dup || len(calls) >= maxStreamCalls {
+		if _, dup := calls[id]; dup {
 			mu.Unlock()
-			if dup {
-				return status.Errorf(codes.InvalidArgument, "lookup stream: call %d is already under way", id)
-			}
-			reply(id, codes.ResourceExhausted, []byte(fmt.Sprintf("shard %s: %d lookups under way on one stream", s.opts.ID, maxStreamCalls)))
-			continue
+			return status.Errorf(codes.InvalidArgument, "lookup stream: call %d is already under way", id)
 		}
+		// The deadline is the caller's time left, from now on this
+		// shard's clock: the two clocks need not agree.
 		var cctx context.Context
 		var cancel context.CancelFunc
-		if deadline > 0 {
-			cctx, cancel = context.WithDeadline(ctx, time.Unix(0, deadline))
+		if timeout > 0 {
+			cctx, cancel = context.WithTimeout(ctx, time.Duration(timeout))
 		} else {
 			cctx, cancel = context.WithCancel(ctx)
 		}
@@ -134,19 +177,19 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 			defer running.Done()
 			resp, err := s.Lookup(cctx, body)
 			cancel()
-			mu.Lock()
-			delete(calls, id)
-			mu.Unlock()
 			if err != nil {
 				st := status.Convert(err)
 				m := st.Message()
 				if len(m) > codec.MaxMuxMessage {
 					m = m[:codec.MaxMuxMessage]
 				}
-				reply(id, st.Code(), []byte(m))
+				queue(id, st.Code(), []byte(m))
 			} else {
-				reply(id, codes.OK, resp)
+				queue(id, codes.OK, resp)
 			}
+			mu.Lock()
+			delete(calls, id)
+			mu.Unlock()
 			select {
 			case ended <- struct{}{}:
 			default:
@@ -159,23 +202,27 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 // connection: one stream carries every lookup, opened on first use and
 // again after it breaks. Safe for concurrent use.
 type MuxClient struct {
-	conn *grpc.ClientConn
-	mu   sync.Mutex
-	cur  *muxStream
+	conn    *grpc.ClientConn
+	mu      sync.Mutex
+	cur     *muxStream
+	opening chan struct{} // closed when the stream being opened is, or failed to
+	openErr error
 }
 
 // NewMuxClient wraps a connection to a shard.
 func NewMuxClient(conn *grpc.ClientConn) *MuxClient { return &MuxClient{conn: conn} }
 
 // String names the peer, for errors and logs.
-func (c *MuxClient) String() string { return fmt.Sprintf("shard at %s", c.conn.Target()) }
+func (c *MuxClient) String() string { return "shard at " + c.conn.Target() }
 
 var streamDesc = grpc.StreamDesc{StreamName: "LookupStream", ServerStreams: true, ClientStreams: true}
 
 type muxStream struct {
 	stream grpc.ClientStream
+	ctx    context.Context
 	cancel context.CancelFunc
-	sendMu sync.Mutex
+	out    chan codec.Frame // messages for write
+	sent   codec.Frame      // write's: the message being sent
 	mu     sync.Mutex
 	calls  map[uint64]*muxCall
 	next   uint64
@@ -187,7 +234,7 @@ type muxStream struct {
 // later calls.
 type muxCall struct {
 	done   chan struct{} // one send per reply
-	msg    codec.Frame   // the call message sent
+	msg    codec.Frame   // the call message
 	resp   []byte        // the reply's body, in its own message
 	code   codes.Code
 	broken bool // no reply: the stream broke
@@ -196,58 +243,83 @@ type muxCall struct {
 var muxCalls = sync.Pool{New: func() any { return &muxCall{done: make(chan struct{}, 1)} }}
 
 // stream is the stream to send on, opened if there is none or it broke.
-func (c *MuxClient) stream() (*muxStream, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if st := c.cur; st != nil {
-		st.mu.Lock()
-		broken := st.err != nil
-		st.mu.Unlock()
-		if !broken {
+// Opening waits for the connection, but each caller only until its ctx
+// ends.
+func (c *MuxClient) stream(ctx context.Context) (*muxStream, error) {
+	for {
+		c.mu.Lock()
+		if st := c.cur; st != nil && st.alive() {
+			c.mu.Unlock()
 			return st, nil
 		}
+		if c.opening == nil {
+			c.opening = make(chan struct{})
+			go c.open(c.opening)
+		}
+		opening := c.opening
+		c.mu.Unlock()
+		select {
+		case <-opening:
+			c.mu.Lock()
+			st, err := c.cur, c.openErr
+			c.mu.Unlock()
+			if st == nil || !st.alive() {
+				if err == nil {
+					err = status.Error(codes.Unavailable, "lookup stream ended as it opened")
+				}
+				return nil, err
+			}
+			return st, nil
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cs, err := c.conn.NewStream(ctx, &streamDesc, LookupStreamMethod, grpc.CallContentSubtype(codec.GRPCCodecName))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	st := &muxStream{stream: cs, cancel: cancel, calls: map[uint64]*muxCall{}}
-	c.cur = st
-	go st.read()
-	return st, nil
 }
 
-// read delivers replies to their calls until the stream breaks; then it
-// fails every call still waiting.
-func (st *muxStream) read() {
-	var err error
-	for {
-		// Each message is a new slice (the codec keeps what gRPC hands
-		// it); only the variable is reused.
-		if err = st.stream.RecvMsg(&st.in); err != nil {
-			break
+// open opens a stream in the background and closes done.
+func (c *MuxClient) open(done chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cs, err := c.conn.NewStream(ctx, &streamDesc, LookupStreamMethod, grpc.CallContentSubtype(codec.GRPCCodecName))
+	var st *muxStream
+	if err != nil {
+		cancel()
+		if c.conn.GetState() == connectivity.Shutdown {
+			err = status.Error(codes.Canceled, "the connection to the shard is closed")
 		}
-		id, code, body, perr := codec.ParseMuxReply(st.in)
-		if perr != nil {
-			err = status.Errorf(codes.Internal, "lookup stream: %v", perr)
-			break
-		}
-		st.mu.Lock()
-		call := st.calls[id]
-		delete(st.calls, id)
-		st.mu.Unlock()
-		if call != nil { // else: given up on
-			call.code, call.resp, call.broken = codes.Code(code), body, false
-			call.done <- struct{}{}
-		}
+		err = status.Convert(err).Err()
+	} else {
+		st = &muxStream{stream: cs, ctx: ctx, cancel: cancel, out: make(chan codec.Frame, streamQueue), calls: map[uint64]*muxCall{}}
+		go st.read()
+		go st.write()
 	}
-	if errors.Is(err, io.EOF) {
-		err = status.Error(codes.Unavailable, "lookup stream ended by the shard")
+	c.mu.Lock()
+	if st != nil {
+		c.cur = st
 	}
+	c.openErr, c.opening = err, nil
+	c.mu.Unlock()
+	close(done)
+}
+
+func (st *muxStream) alive() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.err == nil
+}
+
+// fail breaks the stream with err (the first reason stands) and fails
+// every call waiting on it.
+func (st *muxStream) fail(err error) {
 	st.cancel()
 	st.mu.Lock()
+	if st.err != nil {
+		st.mu.Unlock()
+		return
+	}
+	if s, ok := status.FromError(err); !ok || s.Code() == codes.Unknown {
+		// io.EOF and the like: the shard (or the connection) went away.
+		err = status.Errorf(codes.Unavailable, "lookup stream broke: %v", err)
+	}
 	st.err = err
 	calls := st.calls
 	st.calls = nil
@@ -258,12 +330,57 @@ func (st *muxStream) read() {
 	}
 }
 
+// read delivers replies to their calls until the stream breaks.
+func (st *muxStream) read() {
+	for {
+		// Each message is a new slice (the codec keeps what gRPC hands
+		// it); only the variable is reused.
+		if err := st.stream.RecvMsg(&st.in); err != nil {
+			st.fail(err)
+			return
+		}
+		id, code, body, err := codec.ParseMuxReply(st.in)
+		if err != nil {
+			st.fail(status.Errorf(codes.Internal, "lookup stream: %v", err))
+			return
+		}
+		st.mu.Lock()
+		call := st.calls[id]
+		delete(st.calls, id)
+		st.mu.Unlock()
+		if call != nil { // else: given up on
+			call.code, call.resp, call.broken = codes.Code(code), body, false
+			call.done <- struct{}{}
+		}
+	}
+}
+
+// write sends what callers queue, one message at a time, until the
+// stream breaks: a caller waits for room in the queue, not for the
+// stream, and gives up when its context ends.
+func (st *muxStream) write() {
+	for {
+		select {
+		case st.sent = <-st.out:
+			// SendMsg encodes the message before it returns (the bytes go
+			// on to the transport, which is why a caller drops a message
+			// it gave up on rather than reuse it).
+			if err := st.stream.SendMsg(&st.sent); err != nil {
+				st.fail(err)
+				return
+			}
+		case <-st.ctx.Done():
+			return
+		}
+	}
+}
+
 // Lookup implements Service. The returned bytes are the caller's.
 func (c *MuxClient) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	st, err := c.stream()
+	st, err := c.stream(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -273,26 +390,25 @@ func (c *MuxClient) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 		err := st.err
 		st.mu.Unlock()
 		muxCalls.Put(call)
-		return nil, status.Convert(err).Err()
+		return nil, err
 	}
 	st.next++
 	id := st.next
 	st.calls[id] = call
 	st.mu.Unlock()
-	var deadline int64
+	var timeout int64
 	if d, ok := ctx.Deadline(); ok {
-		deadline = d.UnixNano()
+		timeout = max(int64(time.Until(d)), 1)
 	}
-	call.msg = codec.AppendMuxCall(call.msg[:0], codec.MuxLookup, id, deadline, req)
-	st.sendMu.Lock()
-	err = st.stream.SendMsg(&call.msg)
-	st.sendMu.Unlock()
-	if err != nil {
-		// The stream broke (read fails the calls it holds); the transport
-		// may still hold msg.
-		st.forget(id)
-		call.msg = nil
-		return nil, status.Convert(err).Err()
+	call.msg = codec.AppendMuxCall(call.msg[:0], codec.MuxLookup, id, timeout, req)
+	select {
+	case st.out <- call.msg:
+	case <-st.ctx.Done(): // broke: fail has taken the call, or will
+	case <-ctx.Done():
+		if st.forget(id) {
+			muxCalls.Put(call) // never queued
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
 	}
 	select {
 	case <-call.done:
@@ -303,12 +419,13 @@ func (c *MuxClient) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 			<-call.done
 			return c.finish(st, call)
 		}
-		// Tell the shard to stop; the call message may still be queued.
+		// Tell the shard to stop, if the queue has room (else the call's
+		// own deadline stops it). The writer may still hold call.msg.
 		call.msg = nil
-		cancel := codec.Frame(codec.AppendMuxCall(nil, codec.MuxCancel, id, 0, nil))
-		st.sendMu.Lock()
-		st.stream.SendMsg(&cancel)
-		st.sendMu.Unlock()
+		select {
+		case st.out <- codec.AppendMuxCall(nil, codec.MuxCancel, id, 0, nil):
+		default:
+		}
 		muxCalls.Put(call)
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
@@ -336,7 +453,7 @@ func (c *MuxClient) finish(st *muxStream, call *muxCall) ([]byte, error) {
 		err := st.err
 		st.mu.Unlock()
 		call.msg = nil // the transport may still hold it
-		return nil, status.Convert(err).Err()
+		return nil, err
 	case call.code == codes.OK:
 		return resp, nil
 	}

@@ -3,6 +3,8 @@ package shard
 import (
 	"context"
 	"errors"
+	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -129,4 +131,161 @@ func mustFaults(t *testing.T, spec string) *Faults {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// A stream to a shard that stops, or a connection that never becomes
+// one, fails its calls with codes the router retries elsewhere, and every
+// call returns by its deadline.
+func TestLookupStreamFailures(t *testing.T) {
+	s, _, _ := servingShard(t)
+	req := codec.AppendLookupRequest(nil, "m", 1, sectionsOf([]uint64{1, 2, 3}, 2))
+	testenv.Eventually(t, 30*time.Second, func() error { _, err := s.Lookup(context.Background(), req); return err })
+	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := NewMuxClient(conn)
+	if _, err := c.Lookup(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 400)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 100 {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				_, err := c.Lookup(ctx, req)
+				cancel()
+				errs <- err
+			}
+		}()
+	}
+	s.Close()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if code := status.Code(err); err != nil && code != codes.Unavailable && code != codes.Canceled && code != codes.DeadlineExceeded {
+			t.Errorf("a lookup as the shard stopped: %v, want Unavailable (retried elsewhere)", err)
+		}
+	}
+
+	// A peer that takes the connection and never speaks HTTP/2.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	mute, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mute.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := NewMuxClient(mute).Lookup(ctx, req); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("a peer that never answers: %v, want DeadlineExceeded", err)
+	}
+}
+
+// A shard that reads no more (here a server whose handler never reads)
+// holds the stream's sender back once flow control runs out; the calls
+// still return by their deadlines.
+func TestLookupStreamSenderHeldBack(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	srv.RegisterService(&grpc.ServiceDesc{ServiceName: "cumulus.shard.v1.Shard", HandlerType: (*any)(nil),
+		Streams: []grpc.StreamDesc{{StreamName: "LookupStream", ServerStreams: true, ClientStreams: true,
+			Handler: func(_ any, st grpc.ServerStream) error { <-st.Context().Done(); return nil }}}}, struct{}{})
+	go srv.Serve(lis)
+	defer srv.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := NewMuxClient(conn)
+	big := make([]byte, 1<<20)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 4 {
+				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+				_, err := c.Lookup(ctx, big)
+				cancel()
+				if status.Code(err) != codes.DeadlineExceeded {
+					t.Errorf("a lookup to a shard that reads nothing: %v, want DeadlineExceeded", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// A client that sends lookups and reads no replies gets at most
+// maxStreamCalls of them under way at the shard: past it the shard reads
+// no more of its stream.
+func TestLookupStreamBoundsAPeerThatDoesNotRead(t *testing.T) {
+	s, _, _ := servingShard(t)
+	req := codec.AppendLookupRequest(nil, "m", 1, sectionsOf([]uint64{1, 2, 3}, 2))
+	testenv.Eventually(t, 30*time.Second, func() error { _, err := s.Lookup(context.Background(), req); return err })
+	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := conn.NewStream(ctx, &streamDesc, LookupStreamMethod, grpc.CallContentSubtype(codec.GRPCCodecName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	sent := make(chan int)
+	go func() {
+		n := 0
+		for i := range 3 * maxStreamCalls {
+			msg := codec.Frame(codec.AppendMuxCall(nil, codec.MuxLookup, uint64(i+1), 0, req))
+			if st.SendMsg(&msg) != nil {
+				break
+			}
+			n++
+		}
+		sent <- n
+	}()
+	// Sending stalls once the shard has stopped reading and flow control
+	// has run out; until then, count goroutines as they peak.
+	peak := 0
+	for done := false; !done; {
+		select {
+		case <-sent:
+			done = true
+		case <-time.After(200 * time.Millisecond):
+			if n := runtime.NumGoroutine(); n > peak {
+				peak = n
+			} else {
+				done = true // no longer growing: held back
+			}
+		}
+	}
+	if grown := peak - before; grown > maxStreamCalls+streamQueue+64 {
+		t.Errorf("%d goroutines more with a peer reading no replies, bound %d", grown, maxStreamCalls)
+	}
+	cancel()
 }

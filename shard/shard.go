@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/admit"
@@ -219,7 +220,8 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	// turn off gRPC's bandwidth probing: a ping and a window update per
 	// few messages on a router's lookup stream otherwise.
 	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
-		grpc.InitialWindowSize(StreamWindow), grpc.InitialConnWindowSize(4*StreamWindow))
+		grpc.InitialWindowSize(StreamWindow), grpc.InitialConnWindowSize(4*StreamWindow),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true}))
 	RegisterService(s.srv, s)
 	// Not ready until it serves what the map assigns it (setReady).
 	s.health = health.NewServer()
@@ -273,6 +275,10 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	}()
 	return s, nil
 }
+
+// KeepaliveTime is how often a router pings a shard's connection; the
+// shard accepts pings twice as often.
+const KeepaliveTime = 10 * time.Second
 
 // StreamWindow is the HTTP/2 flow-control window of a lookup stream,
 // at the shard and the router: fixed, not probed.
