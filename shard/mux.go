@@ -93,13 +93,6 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 		ended   = make(chan struct{}, 1) // a lookup's reply was queued
 		done    = make(chan struct{})    // the handler is returning
 	)
-	queue := func(id uint64, code codes.Code, body []byte) {
-		msg := codec.Frame(codec.AppendMuxReply(make([]byte, 0, 9+len(body)), id, uint8(code), body))
-		select {
-		case out <- msg:
-		case <-done:
-		}
-	}
 	defer func() {
 		mu.Lock()
 		for _, cancel := range calls {
@@ -175,7 +168,8 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 		running.Add(1)
 		go func() {
 			defer running.Done()
-			resp, err := s.Lookup(cctx, body)
+			var header [16]byte
+			reply, err := s.lookup(cctx, body, codec.AppendMuxReply(header[:0], id, 0, nil))
 			cancel()
 			if err != nil {
 				st := status.Convert(err)
@@ -183,9 +177,11 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 				if len(m) > codec.MaxMuxMessage {
 					m = m[:codec.MaxMuxMessage]
 				}
-				queue(id, st.Code(), []byte(m))
-			} else {
-				queue(id, codes.OK, resp)
+				reply = codec.AppendMuxReply(nil, id, uint8(st.Code()), []byte(m))
+			}
+			select {
+			case out <- reply:
+			case <-done:
 			}
 			mu.Lock()
 			delete(calls, id)

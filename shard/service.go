@@ -112,6 +112,12 @@ var scratches = scratchlist.New(8, func() *scratch { return new(scratch) }, func
 // the context's error, between partitions and before reading a mapped
 // (cold) layer once the caller has given up.
 func (s *Shard) Lookup(ctx context.Context, req []byte) ([]byte, error) {
+	return s.lookup(ctx, req, nil)
+}
+
+// lookup is Lookup, its response appended to prefix (a lookup stream's
+// reply header): the response is built once, where it is sent from.
+func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) {
 	s.begun.Add(1)
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
@@ -198,7 +204,8 @@ func (s *Shard) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 		}
 	}
 	s.metrics.keys.Add(float64(n))
-	return codec.AppendLookupResponse(make([]byte, 0, 16+n/8+4*len(sc.vals)), n, w, sc.found, sc.vals), nil
+	dst := append(make([]byte, 0, len(prefix)+16+n/8+4*len(sc.vals)), prefix...)
+	return codec.AppendLookupResponse(dst, n, w, sc.found, sc.vals), nil
 }
 
 // serviceDesc registers a Service on a gRPC server without protobuf: the
