@@ -406,6 +406,7 @@ func (r *Router) finished(ctx context.Context, vr *versionRoute, w *work, c *cal
 	if c.err == nil {
 		if c.kind == hedged && c.won > 0 {
 			r.hedges.won.Inc()
+			r.budget.Won(time.Now(), 1)
 		}
 		return c.won, nil
 	}

@@ -17,7 +17,10 @@
 //     collection) and hedges would add to the load that slows it.
 //   - Extra calls are bounded by a budget, a fraction of the calls made
 //     over a sliding window: when a whole cluster slows, hedging every
-//     call would double its load just when it can least take it.
+//     call would double its load just when it can least take it. The
+//     fraction shrinks while fewer than half the hedges win: with no slow
+//     shard, a call past the p95 is usually about to answer, and its
+//     hedge is pure cost.
 //   - A replica is chosen by the fewest calls outstanding, rotation
 //     breaking ties: a slow replica collects outstanding calls and is
 //     passed over until it catches up.

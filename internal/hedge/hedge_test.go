@@ -105,47 +105,57 @@ func TestParseChoice(t *testing.T) {
 	}
 }
 
+// take takes n extra calls from b and, if it may, counts them as won:
+// the budget's ratio alone.
+func take(b *Budget, now time.Time, n int) bool {
+	if !b.Take(now, n) {
+		return false
+	}
+	b.Won(now, n)
+	return true
+}
+
 func TestBudget(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	b := NewBudget(0.05, 10*time.Second)
-	if b.Take(t0, 1) {
+	if take(b, t0, 1) {
 		t.Fatal("an extra call allowed before any call")
 	}
 	b.Calls(t0, 100)
 	for i := range 5 {
-		if !b.Take(t0.Add(time.Duration(i)*time.Second), 1) {
+		if !take(b, t0.Add(time.Duration(i)*time.Second), 1) {
 			t.Fatalf("extra call %d of 5 refused after 100 calls", i+1)
 		}
 	}
-	if b.Take(t0.Add(5*time.Second), 1) {
+	if take(b, t0.Add(5*time.Second), 1) {
 		t.Fatal("a sixth extra call allowed after 100 calls at 5%")
 	}
 	// More calls make room.
 	b.Calls(t0.Add(9*time.Second), 20)
-	if !b.Take(t0.Add(9*time.Second), 1) {
+	if !take(b, t0.Add(9*time.Second), 1) {
 		t.Fatal("extra call refused after 120 calls and 5 extras")
 	}
-	if b.Take(t0.Add(9*time.Second), 1) {
+	if take(b, t0.Add(9*time.Second), 1) {
 		t.Fatal("extra call allowed past 5% of 120")
 	}
 	// The window slides: at t0+10s the first slot (100 calls, 1 extra)
 	// has left; 20 calls and 5 extras remain, over budget.
-	if b.Take(t0.Add(10*time.Second), 1) {
+	if take(b, t0.Add(10*time.Second), 1) {
 		t.Fatal("extra call allowed after the 100 calls left the window")
 	}
 	// Long after, everything has left.
 	later := t0.Add(time.Hour)
 	b.Calls(later, 20)
-	if !b.Take(later, 1) || b.Take(later, 1) {
+	if !take(b, later, 1) || take(b, later, 1) {
 		t.Fatal("a fresh window of 20 calls should allow exactly one extra")
 	}
 	// Several at once count as several.
 	b2 := NewBudget(0.1, time.Second)
 	b2.Calls(t0, 30)
-	if b2.Take(t0, 4) || !b2.Take(t0, 3) {
+	if take(b2, t0, 4) || !take(b2, t0, 3) {
 		t.Fatal("of 30 calls at 10%, 4 extras at once must be refused and 3 allowed")
 	}
-	if !NewBudget(0, time.Second).Take(t0, 0) || NewBudget(0, time.Second).Take(t0, 1) {
+	if !take(NewBudget(0, time.Second), t0, 0) || take(NewBudget(0, time.Second), t0, 1) {
 		t.Fatal("a zero budget allows nothing but nothing")
 	}
 }
@@ -161,5 +171,40 @@ func TestStraggling(t *testing.T) {
 		if got := Straggling(c.out, c.first); got != c.want {
 			t.Errorf("Straggling(%d out of %d) = %v, want %v", c.out, c.first, got, c.want)
 		}
+	}
+}
+
+// Hedges that seldom win shrink the budget; hedges that win keep it.
+func TestBudgetFollowsWins(t *testing.T) {
+	t0 := time.Unix(2000, 0)
+	spend := func(b *Budget, winEvery int) int {
+		sent := 0
+		for i := range 1000 {
+			now := t0.Add(time.Duration(i) * time.Millisecond)
+			b.Calls(now, 10)
+			if b.Take(now, 1) {
+				sent++
+				if winEvery > 0 && sent%winEvery == 0 {
+					b.Won(now, 1)
+				}
+			}
+		}
+		return sent
+	}
+	// 10,000 calls at 5%: 500 extra calls if they all win.
+	if got := spend(NewBudget(0.05, 10*time.Second), 1); got != 500 {
+		t.Errorf("every hedge winning: %d sent, want 500", got)
+	}
+	if got := spend(NewBudget(0.05, 10*time.Second), 2); got < 490 || got > 500 {
+		t.Errorf("half the hedges winning: %d sent, want about 500", got)
+	}
+	// A quarter winning: about half the budget.
+	if got := spend(NewBudget(0.05, 10*time.Second), 4); got < 230 || got > 270 {
+		t.Errorf("a quarter of the hedges winning: %d sent, want about 250", got)
+	}
+	// None winning: a trickle (about the square root of the calls it would
+	// allow), enough to notice when they start to win.
+	if got := spend(NewBudget(0.05, 10*time.Second), 0); got > 40 {
+		t.Errorf("no hedge winning: %d sent, want few", got)
 	}
 }
