@@ -124,6 +124,20 @@ func TestLookupStream(t *testing.T) {
 	}
 }
 
+// streamShard is a serving shard answering req, and a connection to it.
+func streamShard(t *testing.T) (*Shard, *grpc.ClientConn, []byte) {
+	t.Helper()
+	s, _, _ := servingShard(t)
+	req := codec.AppendLookupRequest(nil, "m", 1, sectionsOf([]uint64{1, 2, 3}, 2))
+	testenv.Eventually(t, 30*time.Second, func() error { _, err := s.Lookup(context.Background(), req); return err })
+	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return s, conn, req
+}
+
 func mustFaults(t *testing.T, spec string) *Faults {
 	t.Helper()
 	f, err := ParseFaults(spec)
@@ -137,14 +151,7 @@ func mustFaults(t *testing.T, spec string) *Faults {
 // one, fails its calls with codes the router retries elsewhere, and every
 // call returns by its deadline.
 func TestLookupStreamFailures(t *testing.T) {
-	s, _, _ := servingShard(t)
-	req := codec.AppendLookupRequest(nil, "m", 1, sectionsOf([]uint64{1, 2, 3}, 2))
-	testenv.Eventually(t, 30*time.Second, func() error { _, err := s.Lookup(context.Background(), req); return err })
-	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	s, conn, req := streamShard(t)
 	c := NewMuxClient(conn)
 	if _, err := c.Lookup(context.Background(), req); err != nil {
 		t.Fatal(err)
@@ -242,14 +249,7 @@ func TestLookupStreamSenderHeldBack(t *testing.T) {
 // maxStreamCalls of them under way at the shard: past it the shard reads
 // no more of its stream.
 func TestLookupStreamBoundsAPeerThatDoesNotRead(t *testing.T) {
-	s, _, _ := servingShard(t)
-	req := codec.AppendLookupRequest(nil, "m", 1, sectionsOf([]uint64{1, 2, 3}, 2))
-	testenv.Eventually(t, 30*time.Second, func() error { _, err := s.Lookup(context.Background(), req); return err })
-	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	_, conn, req := streamShard(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	st, err := conn.NewStream(ctx, &streamDesc, LookupStreamMethod, grpc.CallContentSubtype(codec.GRPCCodecName))
