@@ -52,7 +52,8 @@ turn and --rounds times:
 and then once, hedged, with shard-0's process killed (SIGKILL) a third
 of the way into the run. Each row gives QPS, p50, p99, p99.9, the extra
 shard calls the router made (hedges and retries, as a share of the first
-calls, from its metrics) and errors by gRPC code; then the median of each
+calls, from its metrics), the hedges its budget held back and errors by
+gRPC code; then the median of each
 scenario over the rounds and the ratios the targets are stated in.
 
 The fault is set and cleared through each shard's PUT /admin/v1/fault.`,
@@ -99,9 +100,10 @@ type tailRouter struct {
 
 // tailRow is one scenario's run.
 type tailRow struct {
-	name  string
-	res   bench.Result
-	extra float64 // extra shard calls per first call
+	name       string
+	res        bench.Result
+	extra      float64 // extra shard calls per first call
+	overBudget float64 // hedges not sent: the budget was spent
 }
 
 func runTail(ctx context.Context, o tailOptions) error {
@@ -212,18 +214,19 @@ func runTail(ctx context.Context, o tailOptions) error {
 		if first := after.first - before.first; first > 0 {
 			row.extra = (after.extra - before.extra) / first
 		}
+		row.overBudget = after.overBudget - before.overBudget
 		return row, ctx.Err()
 	}
 	setFault := func(spec string) error { return putFault(shards[0].http, token, spec) }
 
 	var rows []tailRow
-	const row = "%-24s %9s %7s %9s %9s %9s %12s  %s\n"
+	const row = "%-24s %9s %7s %9s %9s %9s %12s %12s  %s\n"
 	header := func() {
-		fmt.Printf(row, "scenario", "requests", "qps", "p50", "p99", "p99.9", "extra calls", "errors")
+		fmt.Printf(row, "scenario", "requests", "qps", "p50", "p99", "p99.9", "extra calls", "over budget", "errors")
 	}
 	print := func(r tailRow) {
 		fmt.Printf(row, r.name, fmt.Sprint(r.res.Requests), fmt.Sprintf("%.0f", r.res.QPS()), ms(r.res.P50), ms(r.res.P99), ms(r.res.P999),
-			fmt.Sprintf("%.2f%%", 100*r.extra), errorsByCode(r.res))
+			fmt.Sprintf("%.2f%%", 100*r.extra), fmt.Sprint(r.overBudget), errorsByCode(r.res))
 	}
 	header()
 	scenarios := []struct {
@@ -346,6 +349,7 @@ func medianRow(rows []tailRow, name string) tailRow {
 	out.res.P99 = d(func(r bench.Result) time.Duration { return r.P99 })
 	out.res.P999 = d(func(r bench.Result) time.Duration { return r.P999 })
 	out.extra = mid(func(r tailRow) float64 { return r.extra })
+	out.overBudget = mid(func(r tailRow) float64 { return r.overBudget })
 	for _, r := range runs {
 		out.res.Errors += r.res.Errors
 		for c, n := range r.res.ErrorCodes {
@@ -355,13 +359,14 @@ func medianRow(rows []tailRow, name string) tailRow {
 	return out
 }
 
-// callCounts are a router's shard calls so far: first calls, and extra
-// ones (hedges and retries on another replica).
-type callCounts struct{ first, extra float64 }
+// callCounts are a router's shard calls so far: first calls, extra ones
+// (hedges and retries on another replica), and hedges the budget held
+// back.
+type callCounts struct{ first, extra, overBudget float64 }
 
 func routerCalls(reg *prometheus.Registry) callCounts {
 	mfs, _ := reg.Gather()
-	var all, extra float64
+	var all, extra, over float64
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
 			label := func(name string) string {
@@ -376,8 +381,11 @@ func routerCalls(reg *prometheus.Registry) callCounts {
 			case "cumulus_router_shard_call_seconds":
 				all += float64(m.GetHistogram().GetSampleCount())
 			case "cumulus_router_hedges_total":
-				if label("outcome") == "sent" {
+				switch label("outcome") {
+				case "sent":
 					extra += m.GetCounter().GetValue()
+				case "over_budget":
+					over += m.GetCounter().GetValue()
 				}
 			case "cumulus_router_retries_total":
 				if label("kind") == "replica" {
@@ -386,7 +394,7 @@ func routerCalls(reg *prometheus.Registry) callCounts {
 			}
 		}
 	}
-	return callCounts{first: all - extra, extra: extra}
+	return callCounts{first: all - extra, extra: extra, overBudget: over}
 }
 
 // startTailShard starts a shard process and reads its HTTP address from
