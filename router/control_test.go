@@ -180,15 +180,28 @@ func TestOperateModels(t *testing.T) {
 	serves(3)
 
 	// Version 4 arrives damaged: rejected, the reason shown, 3 serving.
-	m4, err := repo.Publish("lr", v4, parts, "v4")
-	if err != nil {
+	// It is damaged before it appears: written and corrupted in a scratch
+	// repository numbered alike, then renamed in whole, as publishing
+	// does (the manager watches the repository, and would otherwise
+	// validate it before the damage).
+	scratch := loader.Repo{Dir: t.TempDir()}
+	for range 3 {
+		if _, err := scratch.Publish("lr", randomModel(codec.TypeLR, 0, 10, 7), parts, "numbering"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m4, err := scratch.Publish("lr", v4, parts, "v4")
+	if err != nil || m4.Version != 4 {
+		t.Fatalf("scratch version 4: %+v %v", m4, err)
+	}
+	good, _ := os.ReadFile(filepath.Join(scratch.VersionDir("lr", 4), m4.Files[1].Path))
+	bad := bytes.Clone(good)
+	bad[len(bad)/2] ^= 0x40
+	os.WriteFile(filepath.Join(scratch.VersionDir("lr", 4), m4.Files[1].Path), bad, 0o644)
+	if err := os.Rename(scratch.VersionDir("lr", 4), repo.VersionDir("lr", 4)); err != nil {
 		t.Fatal(err)
 	}
 	f := filepath.Join(repo.VersionDir("lr", 4), m4.Files[1].Path)
-	good, _ := os.ReadFile(f)
-	bad := bytes.Clone(good)
-	bad[len(bad)/2] ^= 0x40
-	os.WriteFile(f, bad, 0o644)
 	c.Manager.Rescan()
 	testenv.Eventually(t, 20*time.Second, func() error {
 		if phase, why := phaseOf(api.model("lr"), 4); phase != manager.PhaseRejected || !strings.Contains(why, "part-00001.bin") {
