@@ -206,7 +206,8 @@ func (r *Router) fanOut(ctx context.Context, vr *versionRoute, w *work) error {
 
 	rot := int(r.rr.Add(1))
 	pending := 0
-	w.now = time.Now().UnixNano()
+	now := time.Now()
+	w.now = now.UnixNano()
 	for p := range P {
 		if w.start[p] == w.start[p+1] {
 			w.merged[p].Store(true)
@@ -217,7 +218,6 @@ func (r *Router) fanOut(ctx context.Context, vr *versionRoute, w *work) error {
 		i := hedge.Pick(r.opts.Hedge.Choice, len(reps), rot+p, 0, func(i int) int64 { return reps[i].load(w.now) })
 		w.add(vr, uint32(p), i)
 	}
-	now := time.Now()
 	r.budget.Calls(now, w.n)
 	w.firsts = w.n
 	r.send(ctx, vr, w, 0, first, now)
@@ -452,27 +452,25 @@ func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, c *call) {
 	raw, err := b.svc.Lookup(ctx, rb.buf)
 	b.inflight.Add(-1)
 	d := time.Since(c.at)
-	switch {
-	case err != nil && ctx.Err() != nil:
-		b.calls.cancelled.Observe(d.Seconds())
+	var resp codec.LookupResponse
+	failed := err != nil && ctx.Err() == nil // else cancelled: the request went on without it
+	if err != nil {
 		rb.buf = nil // the transport may still hold it
 		c.err = shardError(ctx, b.id, err)
-	case err != nil:
-		b.calls.failed.Observe(d.Seconds())
-		b.failedAt.Store(time.Now().UnixNano())
-		rb.buf = nil
-		c.err = shardError(ctx, b.id, err)
-	default:
-		var resp codec.LookupResponse
-		if err := resp.Decode(raw, n, vr.width()); err != nil {
-			b.calls.failed.Observe(d.Seconds())
-			b.failedAt.Store(time.Now().UnixNano())
-			c.err = fmt.Errorf("router: %w: shard %s answered badly: %v", ErrUnavailable, b.id, err)
-			break
-		}
+	} else if err := resp.Decode(raw, n, vr.width()); err != nil {
+		c.err = fmt.Errorf("router: %w: shard %s answered badly: %v", ErrUnavailable, b.id, err)
+		failed = true
+	}
+	switch {
+	case c.err == nil:
 		b.calls.ok.Observe(d.Seconds())
 		b.latency.Observe(d)
 		c.won = w.merge(vr, c.parts, &resp)
+	case failed:
+		b.calls.failed.Observe(d.Seconds())
+		b.failedAt.Store(time.Now().UnixNano())
+	default:
+		b.calls.cancelled.Observe(d.Seconds())
 	}
 	w.finished <- c
 }
