@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -51,10 +50,7 @@ func (o *AdminOptions) Validate() error {
 }
 
 // AdminServer serves the admin API, /metrics and /healthz.
-type AdminServer struct {
-	srv *http.Server
-	lis net.Listener
-}
+type AdminServer = adminhttp.Server
 
 // maxAdminBody bounds an admin request's body.
 const maxAdminBody = 64 << 10
@@ -76,10 +72,6 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	lis, err := net.Listen("tcp", opts.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("manager: admin API: %w", err)
-	}
 	a := &admin{m: m, opts: opts}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
@@ -100,20 +92,11 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such path %s (the admin API is under /admin/v1/)", r.URL.Path))
 	})
-	s := &AdminServer{lis: lis, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: opts.CommandTimeout + 10*time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}}
-	go s.srv.Serve(lis)
+	s, err := adminhttp.Serve(opts.Addr, mux, opts.CommandTimeout+10*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("manager: admin API: %w", err)
+	}
 	return s, nil
-}
-
-// Addr is the address the admin API listens on.
-func (s *AdminServer) Addr() string { return s.lis.Addr().String() }
-
-// Close stops serving, waiting up to 5 seconds for calls under way.
-func (s *AdminServer) Close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	s.srv.Shutdown(ctx)
 }
 
 type admin struct {

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/cumulus-serving/cumulus/internal/adminhttp"
 	"github.com/cumulus-serving/cumulus/internal/admit"
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -70,7 +71,7 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 				fmt.Printf("injecting faults into lookups: %s\n", fault.f)
 			}
 			if httpAddr != "" {
-				h, err := serveHTTP(httpAddr, s.HTTPHandler(token, prometheus.DefaultGatherer))
+				h, err := adminhttp.Serve(httpAddr, s.HTTPHandler(token, prometheus.DefaultGatherer), 30*time.Second)
 				if err != nil {
 					return err
 				}

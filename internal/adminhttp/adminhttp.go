@@ -1,13 +1,16 @@
 // Package adminhttp is what every Cumulus admin API shares: the bearer
-// token check and JSON answers. The manager's admin API and a shard's
+// token check, JSON answers and the server. The manager's admin API and a shard's
 // HTTP surface use it.
 package adminhttp
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"net/http"
+	"time"
 )
 
 // Auth refuses a call without "Authorization: Bearer token", comparing
@@ -39,4 +42,34 @@ func WriteJSON(w http.ResponseWriter, code int, v any) {
 // WriteError answers {"error": msg} with status code.
 func WriteError(w http.ResponseWriter, code int, msg string) {
 	WriteJSON(w, code, map[string]string{"error": msg})
+}
+
+// Server is an admin HTTP surface served in the background, with bounds
+// on how long a client may take to send and to read.
+type Server struct {
+	srv *http.Server
+	lis net.Listener
+}
+
+// Serve listens on addr and serves h; a response may take up to
+// writeTimeout to be written.
+func Serve(addr string, h http.Handler, writeTimeout time.Duration) (*Server, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{lis: lis, srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: writeTimeout, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}}
+	go s.srv.Serve(lis)
+	return s, nil
+}
+
+// Addr is the address it listens on.
+func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// Close stops serving, waiting up to 5 seconds for calls under way.
+func (s *Server) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.srv.Shutdown(ctx)
 }
