@@ -39,6 +39,23 @@ func hedgeCluster(t *testing.T, reg *prometheus.Registry, n int, h router.HedgeO
 	return c, m
 }
 
+// predictRight sends n random requests, each within timeout, and wants
+// every one answered with the model's scores; what says what is wrong.
+func predictRight(t *testing.T, c *devcluster.Cluster, m *loader.Sparse, rng *rand.Rand, n int, timeout time.Duration, what string) {
+	t.Helper()
+	ref := reference.New(m)
+	for i := range n {
+		req := randomRequest(rng, "fm", m, 30, 10, 3)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		resp, err := c.Router.Predict(ctx, req)
+		cancel()
+		if err != nil {
+			t.Fatalf("request %d, %s: %v", i, what, err)
+		}
+		checkScores(t, ref, req, resp)
+	}
+}
+
 func setFaults(t *testing.T, s *shard.Shard, spec string) {
 	t.Helper()
 	f, err := shard.ParseFaults(spec)
@@ -79,16 +96,8 @@ func TestHedgeAnswersForAStalledShard(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c, m := hedgeCluster(t, reg, 2, router.HedgeOptions{Delay: 5 * time.Millisecond, Budget: 1}, 5*time.Second)
 	setFaults(t, c.Shards[0], "stall")
-	ref := reference.New(m)
 	rng := rand.New(rand.NewPCG(41, 1))
-	for i := range 40 {
-		req := randomRequest(rng, "fm", m, 30, 10, 3)
-		resp, err := c.Router.Predict(context.Background(), req)
-		if err != nil {
-			t.Fatalf("request %d with shard-0 stalled: %v", i, err)
-		}
-		checkScores(t, ref, req, resp)
-	}
+	predictRight(t, c, m, rng, 40, time.Minute, "shard-0 stalled")
 	sent, won := counter(t, reg, "cumulus_router_hedges_total", "outcome", "sent"), counter(t, reg, "cumulus_router_hedges_total", "outcome", "won")
 	if sent == 0 || won != sent {
 		t.Errorf("hedges sent %v, won %v: want some, every one won (the stalled shard never answers)", sent, won)
@@ -147,16 +156,8 @@ func TestRetriesSpendNoBudget(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c, m := hedgeCluster(t, reg, 2, router.HedgeOptions{Off: true}, 5*time.Second)
 	setFaults(t, c.Shards[1], "error=unavailable")
-	ref := reference.New(m)
 	rng := rand.New(rand.NewPCG(43, 1))
-	for i := range 40 {
-		req := randomRequest(rng, "fm", m, 30, 10, 3)
-		resp, err := c.Router.Predict(context.Background(), req)
-		if err != nil {
-			t.Fatalf("request %d with shard-1 failing: %v", i, err)
-		}
-		checkScores(t, ref, req, resp)
-	}
+	predictRight(t, c, m, rng, 40, time.Minute, "shard-1 failing")
 	if n := retries(t, reg, "replica"); n == 0 {
 		t.Error("no retry counted")
 	}
@@ -178,16 +179,8 @@ func TestHedgeRacesMergeOnce(t *testing.T) {
 	for _, s := range c.Shards {
 		setFaults(t, s, "delay=2ms,fraction=0.5")
 	}
-	ref := reference.New(m)
 	rng := rand.New(rand.NewPCG(44, 1))
-	for i := range 100 {
-		req := randomRequest(rng, "fm", m, 30, 10, 3)
-		resp, err := c.Router.Predict(context.Background(), req)
-		if err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
-		checkScores(t, ref, req, resp)
-	}
+	predictRight(t, c, m, rng, 100, time.Minute, "both shards late at random")
 	if won := counter(t, reg, "cumulus_router_hedges_total", "outcome", "won"); won == 0 {
 		t.Error("no hedge won a race")
 	}
@@ -219,16 +212,6 @@ func TestFailedHedgeIsReplaced(t *testing.T) {
 	c, m := hedgeCluster(t, reg, 3, router.HedgeOptions{Delay: 2 * time.Millisecond, Budget: 1, Choice: hedge.Rotation}, 5*time.Second)
 	setFaults(t, c.Shards[0], "stall")
 	setFaults(t, c.Shards[1], "error=unavailable")
-	ref := reference.New(m)
 	rng := rand.New(rand.NewPCG(46, 1))
-	for i := range 30 {
-		req := randomRequest(rng, "fm", m, 30, 10, 3)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		resp, err := c.Router.Predict(ctx, req)
-		cancel()
-		if err != nil {
-			t.Fatalf("request %d, shard-0 stalled and shard-1 failing: %v", i, err)
-		}
-		checkScores(t, ref, req, resp)
-	}
+	predictRight(t, c, m, rng, 30, time.Second, "shard-0 stalled and shard-1 failing")
 }
