@@ -64,25 +64,19 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 	stop, written := make(chan struct{}), make(chan struct{})
 	go func() { // the writer: SendMsg is not safe for concurrent use
 		defer close(written)
-		var sent codec.Frame
-		send := func(m codec.Frame) bool { sent = m; return stream.SendMsg(&sent) == nil }
+		var m codec.Frame
 		for {
 			select {
-			case m := <-out:
-				if !send(m) {
+			case m = <-out:
+			case <-stop: // what is queued still goes
+				select {
+				case m = <-out:
+				default:
 					return
 				}
-			case <-stop: // what is queued still goes
-				for {
-					select {
-					case m := <-out:
-						if !send(m) {
-							return
-						}
-					default:
-						return
-					}
-				}
+			}
+			if stream.SendMsg(&m) != nil {
+				return
 			}
 		}
 	}()
