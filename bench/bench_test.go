@@ -14,6 +14,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/server"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
@@ -41,7 +42,7 @@ func TestWorkloadShapes(t *testing.T) {
 
 // Run completes exactly the requests it is asked for, all answered.
 func TestRunAgainstDevCluster(t *testing.T) {
-	f := startFront(t, codec.TypeLR)
+	f := startFront(t, model.LR)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	g, _ := bench.NewGenerator(bench.Workloads["rank200"], *f.m.Generator, f.m.Params, 3)
@@ -69,7 +70,7 @@ type front struct {
 func startFront(t *testing.T, typ string) front {
 	t.Helper()
 	dir := t.TempDir()
-	m, err := loader.Repo{Dir: dir}.Generate(loader.GenSpec{Name: "b", Type: typ, Params: 10000, Partitions: 4, Seed: 2})
+	m, err := loader.Repo{Dir: dir}.Generate(loader.GenSpec{Name: "b", Shape: model.Shape{Type: typ}, Params: 10000, Partitions: 4, Seed: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

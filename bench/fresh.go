@@ -72,12 +72,12 @@ func Freshness(ctx context.Context, o FreshOptions, progress io.Writer) ([]Fresh
 		if err != nil {
 			return out, err
 		}
-		up := &loader.Sparse{Type: pm.Type, Dim: pm.Dim}
+		up := &loader.Sparse{Shape: pm.Shape}
 		seen := map[uint64]bool{probeKey: true}
 		w := float32(i+1) / 64 // distinct per delta, exact in float32
 		up.Keys = append(up.Keys, probeKey)
 		up.Values = append(up.Values, w)
-		up.Values = append(up.Values, make([]float32, pm.Dim)...)
+		up.Values = append(up.Values, make([]float32, pm.Width()-1)...)
 		for len(up.Keys) < o.Keys {
 			k := rng.Uint64N(o.KeySpace)
 			if seen[k] {

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/cumulus-serving/cumulus/bench"
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // TestDeltasServedUnderLoad: deltas published while requests flow are
@@ -15,7 +15,7 @@ import (
 // hourly), served with exactly the scores they make, and no request
 // fails meanwhile. How soon is measured by 'cumulus bench freshness'.
 func TestDeltasServedUnderLoad(t *testing.T) {
-	f := startFront(t, codec.TypeFM)
+	f := startFront(t, model.FM)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	g, _ := bench.NewGenerator(bench.Workloads["small"], *f.m.Generator, f.m.Params, 3)

@@ -14,10 +14,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cumulus-serving/cumulus/bench"
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
@@ -131,7 +131,7 @@ func TestBigGRPC(t *testing.T) {
 // them. No timing is checked.
 func TestHostileAgainstDevCluster(t *testing.T) {
 	dir := t.TempDir()
-	m, err := loader.Repo{Dir: dir}.Generate(loader.GenSpec{Name: "h", Type: codec.TypeLR, Params: 10000, Partitions: 4, Seed: 2})
+	m, err := loader.Repo{Dir: dir}.Generate(loader.GenSpec{Name: "h", Shape: model.Shape{Type: model.LR}, Params: 10000, Partitions: 4, Seed: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/server"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
@@ -27,7 +28,7 @@ import (
 // request is accounted for once, and the answers are OK.
 func TestOpenLoopAgainstDevCluster(t *testing.T) {
 	dir := t.TempDir()
-	m, err := loader.Repo{Dir: dir}.Generate(loader.GenSpec{Name: "b", Type: codec.TypeLR, Params: 10000, Partitions: 4, Seed: 2})
+	m, err := loader.Repo{Dir: dir}.Generate(loader.GenSpec{Name: "b", Shape: model.Shape{Type: model.LR}, Params: 10000, Partitions: 4, Seed: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cumulus-serving/cumulus/bench"
-	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
@@ -42,7 +42,7 @@ func (f front) clients(t *testing.T) map[string]bench.Inferer {
 // version over gRPC, REST JSON and REST binary; prepared or not, with a
 // deadline (sent as the timeout parameter) or without.
 func TestProtocolsAgree(t *testing.T) {
-	f := startFront(t, codec.TypeFM)
+	f := startFront(t, model.FM)
 	clients := f.clients(t)
 	for _, w := range []string{"rank200", "small"} {
 		g, _ := bench.NewGenerator(bench.Workloads[w], *f.m.Generator, f.m.Params, 5)
@@ -92,7 +92,7 @@ func TestProtocolsAgree(t *testing.T) {
 
 // An error keeps its code whichever protocol carries it.
 func TestProtocolErrorCodes(t *testing.T) {
-	f := startFront(t, codec.TypeLR)
+	f := startFront(t, model.LR)
 	clients := f.clients(t)
 	g, _ := bench.NewGenerator(bench.Workloads["small"], *f.m.Generator, f.m.Params, 6)
 	base := g.Request("b")
@@ -123,7 +123,7 @@ func TestProtocolErrorCodes(t *testing.T) {
 // A closed-loop run over REST completes its requests, and reports the
 // size of the bodies it sends.
 func TestRunOverREST(t *testing.T) {
-	f := startFront(t, codec.TypeLR)
+	f := startFront(t, model.LR)
 	clients := f.clients(t)
 	bytes := map[string]int{}
 	for _, p := range []string{"grpc", "rest", "rest-binary"} {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
@@ -36,6 +37,22 @@ type Generator struct {
 	w    Workload
 	gen  codec.GenInfo
 	zipf *rand.Zipf
+	// fields, when positive, is the model's field count: requests carry
+	// each feature's field, by model.FieldOf.
+	fields int
+}
+
+// ForModel draws ids from generated model m (its generator settings and
+// feature count), with the fields it needs when it is field-aware.
+func ForModel(w Workload, m *codec.Manifest, seed uint64) (*Generator, error) {
+	if m.Generator == nil {
+		return nil, fmt.Errorf("bench: model %s was not made by 'cumulus model gen': no id generator to draw traffic from", m.Name)
+	}
+	g, err := NewGenerator(w, *m.Generator, m.Params, seed)
+	if err == nil && m.FieldAware() {
+		g.fields = m.Fields
+	}
+	return g, err
 }
 
 // NewGenerator draws ids from a model generated with gen and params
@@ -70,14 +87,29 @@ func (g *Generator) Request(model string) *kservepb.ModelInferRequest {
 	}
 	add("ids", "UINT64", RawUint64(ids), len(ids))
 	add("row_splits", "INT64", RawUint64(splits), len(splits))
+	if g.fields > 0 {
+		add("fields", "INT32", g.rawFields(ids), len(ids))
+	}
 	if w.Shared > 0 {
 		shared := make([]uint64, w.Shared)
 		for i := range shared {
 			shared[i] = g.id()
 		}
 		add("shared_ids", "UINT64", RawUint64(shared), len(shared))
+		if g.fields > 0 {
+			add("shared_fields", "INT32", g.rawFields(shared), len(shared))
+		}
 	}
 	return req
+}
+
+// rawFields is ids' fields (model.FieldOf) as raw INT32 contents.
+func (g *Generator) rawFields(ids []uint64) []byte {
+	b := make([]byte, 4*len(ids))
+	for i, id := range ids {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(model.FieldOf(id, g.fields)))
+	}
+	return b
 }
 
 // RawUint64 and RawFloat32 encode tensors as KServe raw contents:

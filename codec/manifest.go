@@ -12,16 +12,11 @@ import (
 	"strings"
 
 	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // ManifestName is the manifest's file name inside a version directory.
 const ManifestName = "manifest.json"
-
-// Model types.
-const (
-	TypeLR = "lr" // score = σ(bias + Σ w_i x_i); one value per key
-	TypeFM = "fm" // adds ½ Σ_f [(Σ v_if x_i)² − Σ v_if² x_i²]; 1+dim values per key
-)
 
 // Version kinds.
 const (
@@ -40,10 +35,11 @@ type Manifest struct {
 	// SameAs: this version serves exactly what version SameAs serves (a
 	// compaction of its chain, or a delta copied onto one). A delta
 	// published later on SameAs is stacked on this version instead.
-	SameAs     uint64   `json:"same_as,omitempty"`
-	Type       string   `json:"type"`               // lr or fm
-	Dim        int      `json:"dim"`                // FM factor dimension; 0 for LR
-	Encoding   string   `json:"encoding,omitempty"` // FM factors: fp32 (default), fp16 or int8
+	SameAs uint64 `json:"same_as,omitempty"`
+	// The model's type and its parameters (type, dim, fields, …): see
+	// package model.
+	model.Shape
+	Encoding   string   `json:"encoding,omitempty"` // factors: fp32 (default), fp16 or int8
 	Bias       float64  `json:"bias"`               // global bias term
 	Partitions uint32   `json:"partitions"`
 	Hash       string   `json:"hash"` // partition function; see internal/partition
@@ -70,9 +66,6 @@ type File struct {
 	Size      int64  `json:"size"`
 	SHA256    string `json:"sha256"`
 }
-
-// Width is the number of float32 values stored per key.
-func (m *Manifest) Width() int { return 1 + m.Dim }
 
 // Enc is the manifest's factor encoding.
 func (m *Manifest) Enc() Encoding { return Encodings[m.Encoding] }
@@ -130,12 +123,6 @@ func (m *Manifest) ValidateHeader() error {
 		return fmt.Errorf("codec: manifest: kind %q is neither full nor delta", m.Kind)
 	case m.Kind == KindDelta && (m.Parent == 0 || m.Parent >= m.Version):
 		return fmt.Errorf("codec: manifest: delta version %d needs a parent version below it", m.Version)
-	case m.Type == TypeLR && m.Dim != 0:
-		return fmt.Errorf("codec: manifest: lr model with dim %d", m.Dim)
-	case m.Type == TypeFM && (m.Dim < 1 || m.Dim > 1024):
-		return fmt.Errorf("codec: manifest: fm dim %d outside 1..1024", m.Dim)
-	case m.Type != TypeLR && m.Type != TypeFM:
-		return fmt.Errorf("codec: manifest: unknown model type %q", m.Type)
 	case m.Partitions == 0 || m.Partitions > 1<<16:
 		return fmt.Errorf("codec: manifest: partition count %d outside 1..65536", m.Partitions)
 	case m.Hash != partition.HashName:
@@ -144,6 +131,9 @@ func (m *Manifest) ValidateHeader() error {
 		return fmt.Errorf("codec: manifest: unknown encoding %q (fp32, fp16 or int8)", m.Encoding)
 	case math.IsNaN(m.Bias) || math.IsInf(m.Bias, 0):
 		return fmt.Errorf("codec: manifest: bias %v is not finite", m.Bias)
+	}
+	if err := m.Shape.Validate(); err != nil {
+		return fmt.Errorf("codec: manifest: %w", err)
 	}
 	return nil
 }

@@ -7,13 +7,14 @@ import (
 	"testing"
 
 	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 func validManifest() Manifest {
 	size := PartitionFileSize(10, 1, EncFP32, DefaultBlockSize)
 	sha := strings.Repeat("ab", 32)
 	return Manifest{
-		Format: 1, Name: "ctr", Version: 3, Kind: KindFull, Type: TypeLR,
+		Format: 1, Name: "ctr", Version: 3, Kind: KindFull, Shape: model.Shape{Type: model.LR},
 		Partitions: 2, Hash: partition.HashName, Params: 20,
 		Files: []File{
 			{Partition: 0, Path: "part-00000.bin", Keys: 10, Size: size, SHA256: sha},
@@ -38,7 +39,7 @@ func TestManifestValidate(t *testing.T) {
 		"kind":          {func(m *Manifest) { m.Kind = "partial" }, `kind "partial"`},
 		"delta parent":  {func(m *Manifest) { m.Kind = KindDelta }, "needs a parent version below it"},
 		"type":          {func(m *Manifest) { m.Type = "dnn" }, `unknown model type "dnn"`},
-		"lr dim":        {func(m *Manifest) { m.Dim = 4 }, "lr model with dim 4"},
+		"lr dim":        {func(m *Manifest) { m.Dim = 4 }, "an lr model takes no dim (it has 4)"},
 		"hash":          {func(m *Manifest) { m.Hash = "crc32" }, `unknown partition hash "crc32"`},
 		"file count":    {func(m *Manifest) { m.Files = m.Files[:1] }, "1 files for 2 partitions"},
 		"file order":    {func(m *Manifest) { m.Files[0].Partition = 1 }, "file 0 is for partition 1"},

@@ -46,7 +46,7 @@ func (r Repo) Compact(name string, v uint64) (*codec.Manifest, error) {
 	if r2 := r.replacement(name, v); r2 != v {
 		return nil, fmt.Errorf("%w: version %d is already replaced by version %d", ErrSuperseded, v, r2)
 	}
-	w, err := r.NewVersion(Spec{Name: name, Type: top.Type, Dim: top.Dim, Bias: top.Bias, Partitions: top.Partitions, Encoding: top.Encoding,
+	w, err := r.NewVersion(Spec{Name: name, Shape: top.Shape, Bias: top.Bias, Partitions: top.Partitions, Encoding: top.Encoding,
 		Source: fmt.Sprintf("cumulus model compact: version %d (%d deltas on version %d)", v, len(chain)-1, base.Version), SameAs: v})
 	if err != nil {
 		return nil, err

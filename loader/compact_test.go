@@ -11,6 +11,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // TestCompact: a chain of int8-quantized FM deltas (upserts and deletes)
@@ -20,7 +21,7 @@ import (
 // full version racing it makes it publish nothing.
 func TestCompact(t *testing.T) {
 	repo := Repo{Dir: t.TempDir()}
-	base, err := repo.Generate(GenSpec{Name: "m", Type: codec.TypeFM, Dim: 4, Params: 5000, Partitions: 3, Encoding: "int8", Seed: 3, Dense: true})
+	base, err := repo.Generate(GenSpec{Name: "m", Shape: model.Shape{Type: model.FM, Dim: 4}, Params: 5000, Partitions: 3, Encoding: "int8", Seed: 3, Dense: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +83,7 @@ func TestCompact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := repo.NewVersion(Spec{Name: "m", Type: codec.TypeFM, Dim: 4, Bias: d1.Bias, Partitions: 3, Encoding: "int8", SameAs: d1.Version})
+	w, err := repo.NewVersion(Spec{Name: "m", Shape: model.Shape{Type: model.FM, Dim: 4}, Bias: d1.Bias, Partitions: 3, Encoding: "int8", SameAs: d1.Version})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +131,7 @@ func TestCompact(t *testing.T) {
 			t.Fatalf("key %d: % x through the copy, % x through the original", k, b, a)
 		}
 	}
-	w, err = repo.NewVersion(Spec{Name: "m", Type: codec.TypeFM, Dim: 4, Partitions: 3, Encoding: "int8", SameAs: d3.Version})
+	w, err = repo.NewVersion(Spec{Name: "m", Shape: model.Shape{Type: model.FM, Dim: 4}, Partitions: 3, Encoding: "int8", SameAs: d3.Version})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +140,7 @@ func TestCompact(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := repo.Publish("m", &Sparse{Type: codec.TypeFM, Dim: 4, Keys: []uint64{1}, Values: []float32{1, 0, 0, 0, 0}}, 3, ""); err != nil {
+	if _, err := repo.Publish("m", &Sparse{Shape: model.Shape{Type: model.FM, Dim: 4}, Keys: []uint64{1}, Values: []float32{1, 0, 0, 0, 0}}, 3, ""); err != nil {
 		t.Fatal(err)
 	}
 	before, _ := repo.Latest("m")
@@ -152,7 +153,7 @@ func TestCompact(t *testing.T) {
 	// A delta on the line that cannot be copied (a file gone) fails the
 	// compaction before anything is published: it would hide the delta.
 	e1 := publishSome(t, repo, rng, 0)
-	w, err = repo.NewVersion(Spec{Name: "m", Type: codec.TypeFM, Dim: 4, Partitions: 3, Encoding: "int8", SameAs: e1.Version})
+	w, err = repo.NewVersion(Spec{Name: "m", Shape: model.Shape{Type: model.FM, Dim: 4}, Partitions: 3, Encoding: "int8", SameAs: e1.Version})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +178,7 @@ func TestCompact(t *testing.T) {
 // (0: the newest).
 func publishSome(t *testing.T, repo Repo, rng *rand.Rand, parent uint64) *codec.Manifest {
 	t.Helper()
-	up := &Sparse{Type: codec.TypeFM, Dim: 4}
+	up := &Sparse{Shape: model.Shape{Type: model.FM, Dim: 4}}
 	seen := map[uint64]bool{}
 	var dels []uint64
 	for range 300 {

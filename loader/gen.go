@@ -8,18 +8,18 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // GenSpec describes a synthetic model.
 type GenSpec struct {
-	Name       string
-	Type       string // codec.TypeLR or codec.TypeFM
-	Dim        int    // FM factors; default 8 for FM
-	Params     int64  // number of features
-	Partitions uint32 // default 8
-	Encoding   string // FM factors: fp32 (default), fp16 or int8
-	Seed       uint64
-	Dense      bool // ids 0..Params-1 instead of hashed 64-bit ids
+	Name        string
+	model.Shape        // unset fields get model.Shape.GenDefaults
+	Params      int64  // number of features
+	Partitions  uint32 // default 8
+	Encoding    string // FM factors: fp32 (default), fp16 or int8
+	Seed        uint64
+	Dense       bool // ids 0..Params-1 instead of hashed 64-bit ids
 	// Progress, if set, is called with the number of features written
 	// since the last call. It is called from several goroutines.
 	Progress func(n int64)
@@ -55,9 +55,7 @@ func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
 	if spec.Partitions == 0 {
 		spec.Partitions = 8
 	}
-	if spec.Type == codec.TypeFM && spec.Dim == 0 {
-		spec.Dim = 8
-	}
+	spec.GenDefaults()
 	if spec.Params <= 0 {
 		return nil, fmt.Errorf("loader: gen: params must be positive")
 	}
@@ -66,14 +64,14 @@ func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
 		gi.IDs = "dense"
 	}
 	w, err := r.NewVersion(Spec{
-		Name: spec.Name, Type: spec.Type, Dim: spec.Dim, Bias: -1.5, Partitions: spec.Partitions, Encoding: spec.Encoding,
-		Source:    fmt.Sprintf("cumulus model gen --type %s --params %d --dim %d --seed %d --ids %s", spec.Type, spec.Params, spec.Dim, spec.Seed, gi.IDs),
+		Name: spec.Name, Shape: spec.Shape, Bias: -1.5, Partitions: spec.Partitions, Encoding: spec.Encoding,
+		Source:    fmt.Sprintf("cumulus model gen --type %s --params %d --seed %d --ids %s (%s)", spec.Type, spec.Params, spec.Seed, gi.IDs, spec.Shape),
 		Generator: &gi,
 	})
 	if err != nil {
 		return nil, err
 	}
-	width := 1 + spec.Dim
+	width := spec.Width()
 	expect := spec.Params/int64(spec.Partitions) + spec.Params/int64(spec.Partitions)/16 + 16
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))

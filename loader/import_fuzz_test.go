@@ -12,6 +12,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // The importers read files users hand in. Whatever the bytes, an
@@ -35,6 +36,10 @@ func FuzzParseTSV(f *testing.F) {
 		"1001\t0.5\t0.01\t-0.02\t0.03\t-0.04\r\n1002\t-0.5\t1e-3\t2e-3\t3e-3\t4e-3 # last\r\n"))
 	f.Add([]byte("type lr\n"))
 	f.Add([]byte("type fm\ndim 1024\n"))
+	f.Add([]byte("type ffm\nfields 2\ndim 2\nbias 0.1\n7 0.5 0.1 0.2 0.3 0.4\n"))
+	f.Add([]byte("type ffm\nfields 3\ndim 1\nmax_row_features 9\n1 0 1 2 3\n"))
+	f.Add([]byte("type ffm\ndim 2\n1 0 1 2\n"))
+	f.Add([]byte("type ffm\nfields 2\nfields 3\ndim 1\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		before := heapAllocs()
 		s, err := ParseTSV(bytes.NewReader(b))
@@ -165,7 +170,7 @@ func checkRefusal(t *testing.T, s *Sparse, err error, prefix string, lines int, 
 // no duplicate id, every number finite.
 func checkStorable(t *testing.T, s *Sparse) {
 	t.Helper()
-	m := codec.Manifest{Format: 1, Name: "m", Version: 1, Kind: codec.KindFull, Type: s.Type, Dim: s.Dim, Bias: s.Bias,
+	m := codec.Manifest{Format: 1, Name: "m", Version: 1, Kind: codec.KindFull, Shape: s.Shape, Bias: s.Bias,
 		Partitions: 1, Hash: partition.HashName}
 	if err := m.ValidateHeader(); err != nil {
 		t.Fatalf("accepted a model no version can hold: %v", err)
@@ -204,10 +209,10 @@ func readTSVText(b []byte) tsvText {
 // checkTSVModel checks an accepted model against its text.
 func checkTSVModel(t *testing.T, s *Sparse, text tsvText) {
 	t.Helper()
-	dim, _ := strconv.Atoi(text.headers["dim"])
+	num := func(h string) int { n, _ := strconv.Atoi(text.headers[h]); return n }
 	bias, _ := strconv.ParseFloat(text.headers["bias"], 64)
-	if s.Type != text.headers["type"] || s.Dim != dim || s.Bias != bias {
-		t.Fatalf("type %s dim %d bias %v; the headers say %q", s.Type, s.Dim, s.Bias, text.headers)
+	if s.Type != text.headers["type"] || s.Dim != num("dim") || s.Fields != num("fields") || s.MaxRowFeatures != num("max_row_features") || s.Bias != bias {
+		t.Fatalf("%s bias %v; the headers say %q", s.Shape, s.Bias, text.headers)
 	}
 	if len(s.Keys) != len(text.features) || len(s.Values) != len(s.Keys)*s.Width() {
 		t.Fatalf("%d features, %d values of width %d from %d feature lines", len(s.Keys), len(s.Values), s.Width(), len(text.features))
@@ -232,8 +237,10 @@ func checkTSVModel(t *testing.T, s *Sparse, text tsvText) {
 func writeTSV(s *Sparse) []byte {
 	var b bytes.Buffer
 	b.WriteString("type " + s.Type + "\n")
-	if s.Dim != 0 {
-		b.WriteString("dim " + strconv.Itoa(s.Dim) + "\n")
+	for h, n := range map[string]int{"dim": s.Dim, "fields": s.Fields, "max_row_features": s.MaxRowFeatures} {
+		if n != 0 {
+			b.WriteString(h + " " + strconv.Itoa(n) + "\n")
+		}
 	}
 	if s.HasBias {
 		b.WriteString("bias " + strconv.FormatFloat(s.Bias, 'g', -1, 64) + "\n")
@@ -286,7 +293,7 @@ func readLIBLINEARText(b []byte) liblinearText {
 // returns the other label.
 func checkLIBLINEARModel(t *testing.T, s *Sparse, text liblinearText, positive string) (other string) {
 	t.Helper()
-	if s.Type != codec.TypeLR || s.Dim != 0 {
+	if s.Type != model.LR || s.Dim != 0 {
 		t.Fatalf("a LIBLINEAR model imported as %s dim %d", s.Type, s.Dim)
 	}
 	if solver := text.headers["solver_type"]; len(solver) != 1 || !liblinearLR[solver[0]] {

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // LIBLINEAR solvers whose models give probabilities (`predict -b 1`).
@@ -51,7 +51,7 @@ func ImportLIBLINEAR(r io.Reader, positiveLabel string) (*Sparse, error) {
 	if h.bias >= 0 {
 		n++
 	}
-	m := &Sparse{Type: codec.TypeLR}
+	m := &Sparse{Shape: model.Shape{Type: model.LR}}
 	for i := 0; i < n; i++ {
 		if !sc.Scan() {
 			if err := sc.Err(); err != nil {

@@ -16,10 +16,11 @@ import (
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/partition"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 func smallFM() *Sparse {
-	s := &Sparse{Type: codec.TypeFM, Dim: 2, Bias: 0.25}
+	s := &Sparse{Shape: model.Shape{Type: model.FM, Dim: 2}, Bias: 0.25}
 	for i := uint64(0); i < 100; i++ {
 		s.Keys = append(s.Keys, i*1000003)
 		s.Values = append(s.Values, float32(i)/100, float32(i)/200, -float32(i)/300)
@@ -80,7 +81,7 @@ func TestPublishAndRead(t *testing.T) {
 // their own version number.
 func TestPublishAtomic(t *testing.T) {
 	repo := Repo{Dir: t.TempDir()}
-	w, err := repo.NewVersion(Spec{Name: "m", Type: codec.TypeLR, Partitions: 1})
+	w, err := repo.NewVersion(Spec{Name: "m", Shape: model.Shape{Type: model.LR}, Partitions: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func TestPublishAtomic(t *testing.T) {
 
 // tinyLR is a one-feature model, quick to publish.
 func tinyLR(id uint64) *Sparse {
-	return &Sparse{Type: codec.TypeLR, Keys: []uint64{id}, Values: []float32{1}}
+	return &Sparse{Shape: model.Shape{Type: model.LR}, Keys: []uint64{id}, Values: []float32{1}}
 }
 
 // readHighWater returns the content of a model's high-water file.
@@ -319,10 +320,10 @@ func TestPublishRefusesBadModels(t *testing.T) {
 		s    *Sparse
 		says string
 	}{
-		"duplicate": {&Sparse{Type: codec.TypeLR, Keys: []uint64{5, 5}, Values: []float32{1, 2}}, "feature id 5 appears twice"},
-		"nan":       {&Sparse{Type: codec.TypeLR, Keys: []uint64{5}, Values: []float32{float32(math.NaN())}}, "feature id 5 has a non-finite value"},
-		"inf bias":  {&Sparse{Type: codec.TypeLR, Bias: math.Inf(1), Keys: []uint64{5}, Values: []float32{1}}, "bias +Inf is not finite"},
-		"width":     {&Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{1}}, "1 values for 1 keys of width 3"},
+		"duplicate": {&Sparse{Shape: model.Shape{Type: model.LR}, Keys: []uint64{5, 5}, Values: []float32{1, 2}}, "feature id 5 appears twice"},
+		"nan":       {&Sparse{Shape: model.Shape{Type: model.LR}, Keys: []uint64{5}, Values: []float32{float32(math.NaN())}}, "feature id 5 has a non-finite value"},
+		"inf bias":  {&Sparse{Shape: model.Shape{Type: model.LR}, Bias: math.Inf(1), Keys: []uint64{5}, Values: []float32{1}}, "bias +Inf is not finite"},
+		"width":     {&Sparse{Shape: model.Shape{Type: model.FM, Dim: 2}, Keys: []uint64{5}, Values: []float32{1}}, "1 values for 1 keys of width 3"},
 	}
 	for name, c := range cases {
 		if _, err := repo.Publish("m", c.s, 1, ""); err == nil || !strings.Contains(err.Error(), c.says) {
@@ -338,7 +339,7 @@ func TestGenerate(t *testing.T) {
 	repo := Repo{Dir: t.TempDir()}
 	var progress int64
 	var mu sync.Mutex
-	m, err := repo.Generate(GenSpec{Name: "g", Type: codec.TypeFM, Dim: 4, Params: 200000, Partitions: 3, Seed: 7,
+	m, err := repo.Generate(GenSpec{Name: "g", Shape: model.Shape{Type: model.FM, Dim: 4}, Params: 200000, Partitions: 3, Seed: 7,
 		Progress: func(n int64) { mu.Lock(); progress += n; mu.Unlock() }})
 	if err != nil {
 		t.Fatal(err)
@@ -384,7 +385,7 @@ var tsvRejects = map[string]struct{ text, says string }{
 	"unknown":       {"type lr\ncolor red\n", "unknown header \"color\""},
 	"negative id":   {"type lr\n-1 0.5\n", "feature id \"-1\" is not an integer"},
 	"overflow f32":  {"type lr\n1 1e39\n", "parsing \"1e39\""},
-	"unknown type":  {"type dnn\n", "type \"dnn\" is not lr or fm"},
+	"unknown type":  {"type svm\n", "type \"svm\" is not one of ffm, fm, lr"},
 	"huge dim":      {"type fm\ndim 100000\n", "dim 100000 outside 1..1024"},
 	"empty":         {"", "no \"type\" header"},
 	"bias not num":  {"type lr\nbias x\n", "parsing \"x\""},
@@ -406,7 +407,7 @@ func TestParseTSV(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Type != codec.TypeFM || s.Dim != 2 || s.Bias != -0.5 || len(s.Keys) != 2 || s.Keys[1] != math.MaxUint64 || s.Values[5] != 3 {
+	if s.Type != model.FM || s.Dim != 2 || s.Bias != -0.5 || len(s.Keys) != 2 || s.Keys[1] != math.MaxUint64 || s.Values[5] != 3 {
 		t.Fatalf("parsed %+v", s)
 	}
 	for name, c := range tsvRejects {
@@ -633,16 +634,16 @@ func TestPublishDelta(t *testing.T) {
 		d    Delta
 		says string
 	}{
-		"shape":          {Delta{Upserts: &Sparse{Type: codec.TypeLR, Keys: []uint64{1}, Values: []float32{1}}}, "delta is lr dim 0; m version 2 is fm dim 2"},
-		"change+delete":  {Delta{Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{1, 2, 3}}, Deletes: []uint64{5}}, "both changes and deletes feature 5"},
-		"non-finite":     {Delta{Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5}, Values: []float32{float32(math.NaN()), 0, 0}}}, "non-finite value"},
-		"duplicate keys": {Delta{Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Keys: []uint64{5, 5}, Values: make([]float32, 6)}}, "feature id 5 appears twice"},
+		"shape":          {Delta{Upserts: &Sparse{Shape: model.Shape{Type: model.LR}, Keys: []uint64{1}, Values: []float32{1}}}, "delta is lr; m version 2 is fm dim 2"},
+		"change+delete":  {Delta{Upserts: &Sparse{Shape: model.Shape{Type: model.FM, Dim: 2}, Keys: []uint64{5}, Values: []float32{1, 2, 3}}, Deletes: []uint64{5}}, "both changes and deletes feature 5"},
+		"non-finite":     {Delta{Upserts: &Sparse{Shape: model.Shape{Type: model.FM, Dim: 2}, Keys: []uint64{5}, Values: []float32{float32(math.NaN()), 0, 0}}}, "non-finite value"},
+		"duplicate keys": {Delta{Upserts: &Sparse{Shape: model.Shape{Type: model.FM, Dim: 2}, Keys: []uint64{5, 5}, Values: make([]float32, 6)}}, "feature id 5 appears twice"},
 	}
 	two := -1.0
 	refusals["two biases"] = struct {
 		d    Delta
 		says string
-	}{Delta{Upserts: &Sparse{Type: codec.TypeFM, Dim: 2, Bias: 0.5, HasBias: true}, Bias: &two}, "names two biases"}
+	}{Delta{Upserts: &Sparse{Shape: model.Shape{Type: model.FM, Dim: 2}, Bias: 0.5, HasBias: true}, Bias: &two}, "names two biases"}
 	for name, c := range refusals {
 		if _, err := repo.PublishDelta("m", c.d); err == nil || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)

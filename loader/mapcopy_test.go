@@ -12,11 +12,12 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/tablemem"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // lrModel is an LR model of n features.
 func lrModel(n int, scale float32) *Sparse {
-	s := &Sparse{Type: codec.TypeLR}
+	s := &Sparse{Shape: model.Shape{Type: model.LR}}
 	for k := uint64(1); k <= uint64(n); k++ {
 		s.Keys = append(s.Keys, k*0x9e3779b97f4a7c15)
 		s.Values = append(s.Values, scale*float32(k))

@@ -10,13 +10,13 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // Sparse is a whole model in memory, as importers produce it. Values
-// holds 1+Dim floats per key: the linear weight, then the FM factors.
+// holds Width floats per key: the linear weight, then the factors.
 type Sparse struct {
-	Type   string
-	Dim    int
+	model.Shape
 	Bias   float64
 	Keys   []uint64
 	Values []float32
@@ -24,9 +24,6 @@ type Sparse struct {
 	// that a delta's upserts can carry a new bias (PublishDelta).
 	HasBias bool
 }
-
-// Width is the number of values per key.
-func (s *Sparse) Width() int { return 1 + s.Dim }
 
 // check refuses duplicate keys and non-finite numbers.
 func (s *Sparse) check() error {
@@ -63,7 +60,7 @@ func (r Repo) PublishEncoded(name string, s *Sparse, partitions uint32, encoding
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	return r.publish(Spec{Name: name, Type: s.Type, Dim: s.Dim, Bias: s.Bias, Partitions: partitions, Encoding: encoding, Source: source},
+	return r.publish(Spec{Name: name, Shape: s.Shape, Bias: s.Bias, Partitions: partitions, Encoding: encoding, Source: source},
 		s.Keys, s.Values)
 }
 
@@ -126,10 +123,10 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 	}
 	up := d.Upserts
 	if up == nil {
-		up = &Sparse{Type: parent.Type, Dim: parent.Dim}
+		up = &Sparse{Shape: parent.Shape}
 	}
-	if up.Type != parent.Type || up.Dim != parent.Dim {
-		return nil, fmt.Errorf("loader: delta is %s dim %d; %s version %d is %s dim %d", up.Type, up.Dim, name, latest, parent.Type, parent.Dim)
+	if up.Shape != parent.Shape {
+		return nil, fmt.Errorf("loader: delta is %s; %s version %d is %s", up.Shape, name, latest, parent.Shape)
 	}
 	if err := up.check(); err != nil {
 		return nil, err
@@ -147,7 +144,7 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 		in[k] = true
 		keys = append(keys, k)
 		values = append(values, codec.Tombstone)
-		values = append(values, make([]float32, parent.Dim)...)
+		values = append(values, make([]float32, parent.Width()-1)...)
 	}
 	bias := parent.Bias
 	switch {
@@ -158,7 +155,7 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 	case up.HasBias:
 		bias = up.Bias
 	}
-	return r.publish(Spec{Name: name, Type: parent.Type, Dim: parent.Dim, Bias: bias, Partitions: parent.Partitions,
+	return r.publish(Spec{Name: name, Shape: parent.Shape, Bias: bias, Partitions: parent.Partitions,
 		Encoding: parent.Encoding, Parent: latest, Source: d.Source}, keys, values)
 }
 
@@ -168,7 +165,7 @@ func (r Repo) publish(spec Spec, keys []uint64, values []float32) (*codec.Manife
 	if err != nil {
 		return nil, err
 	}
-	width := 1 + spec.Dim
+	width := spec.Width()
 	pk := make([][]uint64, spec.Partitions)
 	pv := make([][]float32, spec.Partitions)
 	for i, k := range keys {

@@ -13,16 +13,16 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // Spec is what a writer needs to know about a new version.
 type Spec struct {
-	Name       string
-	Type       string  // codec.TypeLR or codec.TypeFM
-	Dim        int     // FM factors
+	Name string
+	model.Shape
 	Bias       float64 // global bias
 	Partitions uint32
-	Encoding   string // FM factors: "" or fp32, fp16, int8
+	Encoding   string // factors: "" or fp32, fp16, int8
 	Parent     uint64 // for a delta: the version it applies to; 0 for a full version
 	Source     string // recorded in the manifest
 	Generator  *codec.GenInfo
@@ -52,7 +52,7 @@ type VersionWriter struct {
 
 // NewVersion starts writing a new version of spec.Name.
 func (r Repo) NewVersion(spec Spec) (*VersionWriter, error) {
-	m := codec.Manifest{Format: 1, Name: spec.Name, Version: 1, Kind: codec.KindFull, Type: spec.Type, Dim: spec.Dim,
+	m := codec.Manifest{Format: 1, Name: spec.Name, Version: 1, Kind: codec.KindFull, Shape: spec.Shape,
 		Encoding: spec.Encoding, Bias: spec.Bias, Partitions: spec.Partitions, Hash: partition.HashName}
 	if err := m.ValidateHeader(); err != nil {
 		return nil, fmt.Errorf("loader: new version: %w", err)
@@ -99,7 +99,7 @@ func (w *VersionWriter) WritePartition(p uint32, keys []uint64, values []float32
 	name := partFileName(p)
 	var sum codec.FileSum
 	err := writeSynced(filepath.Join(w.tmp, name), func(f io.Writer) (err error) {
-		sum, err = codec.WritePartition(f, p, 1+w.spec.Dim, codec.Encodings[w.spec.Encoding], keys, values)
+		sum, err = codec.WritePartition(f, p, w.spec.Width(), codec.Encodings[w.spec.Encoding], keys, values)
 		return err
 	})
 	if err != nil {
@@ -121,13 +121,13 @@ func (w *VersionWriter) WriteRecords(p uint32, records []byte) error {
 	var sum codec.FileSum
 	enc := codec.Encodings[w.spec.Encoding]
 	err := writeSynced(filepath.Join(w.tmp, name), func(f io.Writer) (err error) {
-		sum, err = codec.WriteRecords(f, p, 1+w.spec.Dim, enc, records)
+		sum, err = codec.WriteRecords(f, p, w.spec.Width(), enc, records)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	w.files[p] = codec.File{Partition: p, Path: name, Keys: int64(len(records) / codec.RecordSize(1+w.spec.Dim, enc)), Size: sum.Size, SHA256: sum.SHA256}
+	w.files[p] = codec.File{Partition: p, Path: name, Keys: int64(len(records) / codec.RecordSize(w.spec.Width(), enc)), Size: sum.Size, SHA256: sum.SHA256}
 	w.done[p] = true
 	return nil
 }
@@ -156,7 +156,7 @@ func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 	if w.spec.Parent != 0 {
 		kind = codec.KindDelta
 	}
-	m := &codec.Manifest{Format: 1, Name: w.spec.Name, Kind: kind, Parent: w.spec.Parent, SameAs: w.spec.SameAs, Type: w.spec.Type, Dim: w.spec.Dim, Encoding: w.spec.Encoding,
+	m := &codec.Manifest{Format: 1, Name: w.spec.Name, Kind: kind, Parent: w.spec.Parent, SameAs: w.spec.SameAs, Shape: w.spec.Shape, Encoding: w.spec.Encoding,
 		Bias: w.spec.Bias, Partitions: w.spec.Partitions, Hash: partition.HashName, Params: params, Files: w.files,
 		Source: w.spec.Source, Generator: w.spec.Generator, Created: time.Now().UTC().Format(time.RFC3339)}
 	if err := w.commit(m); err != nil {

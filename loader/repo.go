@@ -288,7 +288,7 @@ func (r Repo) Chain(name string, version uint64) ([]*codec.Manifest, error) {
 		}
 		if len(chain) > 0 {
 			top := chain[0]
-			if m.Type != top.Type || m.Dim != top.Dim || m.Enc() != top.Enc() || m.Partitions != top.Partitions || m.Hash != top.Hash {
+			if m.Shape != top.Shape || m.Enc() != top.Enc() || m.Partitions != top.Partitions || m.Hash != top.Hash {
 				return nil, fmt.Errorf("loader: %s version %d does not match the shape of its parent %d", name, chain[len(chain)-1].Version, v)
 			}
 		}

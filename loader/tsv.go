@@ -9,16 +9,17 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // ParseTSV reads Cumulus's text model format (docs/model-format.md):
 //
 //	# comment
-//	type  fm        (lr or fm)
-//	dim   4         (fm only: factors per feature)
+//	type  fm        (lr, fm or ffm: see package model)
+//	dim   4         (fm, ffm: factors per feature, per field for ffm)
+//	fields 20       (ffm: the field count)
 //	bias  -1.25
-//	17    0.5   0.1 0.2 0.3 0.4    (feature id, weight, then dim factors)
+//	17    0.5   0.1 0.2 0.3 0.4    (feature id, weight, then the factors)
 //
 // Fields are separated by tabs or spaces. Header lines come before the
 // first feature line. A line's first field decides its kind: a decimal
@@ -27,8 +28,9 @@ import (
 func ParseTSV(r io.Reader) (*Sparse, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<16), 1<<24)
-	m := &Sparse{Type: codec.TypeLR}
-	typeLine, dimLine, inBody := 0, 0, false
+	m := &Sparse{Shape: model.Shape{Type: model.LR}}
+	headerLine := map[string]int{} // header → its line
+	inBody := false
 	seen := map[uint64]int{} // feature id → its line
 	line := 0
 	for sc.Scan() {
@@ -53,26 +55,19 @@ func ParseTSV(r io.Reader) (*Sparse, error) {
 			if len(f) != 2 {
 				return nil, fmt.Errorf("loader: tsv: line %d: header %q wants one value", line, f[0])
 			}
-			var err error
-			switch f[0] {
-			case "type":
-				if f[1] != codec.TypeLR && f[1] != codec.TypeFM {
-					return nil, fmt.Errorf("loader: tsv: line %d: type %q is not lr or fm", line, f[1])
-				}
-				m.Type, typeLine = f[1], line
-			case "dim":
-				m.Dim, err = strconv.Atoi(f[1])
-				if err == nil && (m.Dim < 1 || m.Dim > 1024) {
-					err = fmt.Errorf("dim %d outside 1..1024", m.Dim)
-				}
-				dimLine = line
-			case "bias":
-				m.HasBias = true
+			if first, dup := headerLine[f[0]]; dup {
+				return nil, fmt.Errorf("loader: tsv: line %d: header %q given twice (first on line %d)", line, f[0], first)
+			}
+			headerLine[f[0]] = line
+			ok, err := m.SetHeader(f[0], f[1])
+			if !ok && f[0] == "bias" {
+				ok, m.HasBias = true, true
 				m.Bias, err = strconv.ParseFloat(f[1], 64)
 				if err == nil && (math.IsNaN(m.Bias) || math.IsInf(m.Bias, 0)) {
 					err = fmt.Errorf("bias %v is not finite", m.Bias)
 				}
-			default:
+			}
+			if !ok {
 				return nil, fmt.Errorf("loader: tsv: line %d: unknown header %q", line, f[0])
 			}
 			if err != nil {
@@ -82,10 +77,10 @@ func ParseTSV(r io.Reader) (*Sparse, error) {
 		}
 		if !inBody {
 			inBody = true
-			if typeLine == 0 {
+			if headerLine["type"] == 0 {
 				return nil, fmt.Errorf("loader: tsv: line %d: no \"type\" header before the first feature", line)
 			}
-			if err := tsvShape(m, typeLine, dimLine); err != nil {
+			if err := tsvShape(m, headerLine); err != nil {
 				return nil, err
 			}
 		}
@@ -114,22 +109,29 @@ func ParseTSV(r io.Reader) (*Sparse, error) {
 		}
 		return nil, fmt.Errorf("loader: tsv: line %d: %w", line+1, err)
 	}
-	if typeLine == 0 {
+	if headerLine["type"] == 0 {
 		return nil, fmt.Errorf("loader: tsv: no \"type\" header")
 	}
-	if err := tsvShape(m, typeLine, dimLine); err != nil {
+	if err := tsvShape(m, headerLine); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-// tsvShape checks that the headers agree: lr takes no dim, fm needs one.
-func tsvShape(m *Sparse, typeLine, dimLine int) error {
-	switch {
-	case m.Type == codec.TypeLR && m.Dim != 0:
-		return fmt.Errorf("loader: tsv: line %d: an lr model takes no dim", dimLine)
-	case m.Type == codec.TypeFM && m.Dim == 0:
-		return fmt.Errorf("loader: tsv: line %d: an fm model needs a \"dim\" header", typeLine)
+// tsvShape checks that the headers describe a valid shape (model.Shape.
+// Validate), naming the line of the header at fault: the type's, for a
+// header the type needs and the file lacks.
+func tsvShape(m *Sparse, headerLine map[string]int) error {
+	err := m.Shape.Validate()
+	if err == nil {
+		return nil
 	}
-	return nil
+	var se *model.Error
+	line := headerLine["type"]
+	if errors.As(err, &se) && headerLine[se.Header] != 0 {
+		line = headerLine[se.Header]
+	} else if errors.As(err, &se) {
+		return fmt.Errorf("loader: tsv: line %d: an %s model needs a %q header (%v)", line, m.Type, se.Header, err)
+	}
+	return fmt.Errorf("loader: tsv: line %d: %w", line, err)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // fakeShards registers shards that hold at once whatever the serving map
@@ -83,7 +84,7 @@ func repoWith(t *testing.T, n int) loader.Repo {
 }
 
 func lrModel(scale float32) *loader.Sparse {
-	m := &loader.Sparse{Type: codec.TypeLR}
+	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
 	for k := uint64(1); k <= 100; k++ {
 		m.Keys = append(m.Keys, k)
 		m.Values = append(m.Values, scale*float32(k))
@@ -469,7 +470,7 @@ func TestManyDeltas(t *testing.T) {
 	}
 	largest := [2]int{}
 	for i := 1; i <= n; i++ {
-		up := &loader.Sparse{Type: codec.TypeLR, Keys: []uint64{uint64(1000 + i)}, Values: []float32{float32(i)}}
+		up := &loader.Sparse{Shape: model.Shape{Type: model.LR}, Keys: []uint64{uint64(1000 + i)}, Values: []float32{float32(i)}}
 		d, err := repo.PublishDelta("m", loader.Delta{Upserts: up})
 		if err != nil {
 			t.Fatal(err)

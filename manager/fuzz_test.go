@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // FuzzShardReports: whatever a shard reports, Decide neither panics nor
@@ -21,8 +22,8 @@ func FuzzShardReports(f *testing.F) {
 	f.Fuzz(func(t *testing.T, report []byte) {
 		s := &State{Models: map[string]*ModelState{"m": {Schema: 1, Name: "m", Partitions: 2, Live: 1, Seq: 1,
 			Replicas: [][]string{{"s0"}, {"s0"}},
-			Versions: []Version{{Version: 1, Kind: "full", Phase: PhaseLive, Info: &topo.VersionInfo{Version: 1, Type: "lr", IDs: []string{"i0", "i1"}}},
-				{Version: 2, Kind: "full", Phase: PhaseReady, Info: &topo.VersionInfo{Version: 2, Type: "lr", IDs: []string{"j0", "j1"}}}}}}}
+			Versions: []Version{{Version: 1, Kind: "full", Phase: PhaseLive, Info: &topo.VersionInfo{Version: 1, Shape: model.Shape{Type: "lr"}, IDs: []string{"i0", "i1"}}},
+				{Version: 2, Kind: "full", Phase: PhaseReady, Info: &topo.VersionInfo{Version: 2, Shape: model.Shape{Type: "lr"}, IDs: []string{"j0", "j1"}}}}}}}
 		shards := topo.DecodeAll[topo.ShardInfo](map[string][]byte{topo.DefaultCluster.ShardKey("s0"): report}, topo.DefaultCluster.ShardsPrefix())
 		next, _, _ := Decide(s, ShardsChanged{Shards: shards}, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20})
 		m := next.Models["m"]

@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // TestPublishesAtOnce: a router watching the assignments must see the
@@ -22,7 +22,7 @@ func TestPublishesAtOnce(t *testing.T) {
 	repo := loader.Repo{Dir: t.TempDir()}
 	const models = 6
 	for i := range models {
-		m := &loader.Sparse{Type: codec.TypeLR, Keys: []uint64{1, 2, 3}, Values: []float32{0.1, 0.2, 0.3}}
+		m := &loader.Sparse{Shape: model.Shape{Type: model.LR}, Keys: []uint64{1, 2, 3}, Values: []float32{0.1, 0.2, 0.3}}
 		if _, err := repo.Publish(fmt.Sprintf("m%d", i), m, 2, "test"); err != nil {
 			t.Fatal(err)
 		}

@@ -102,7 +102,7 @@ func validate(repo loader.Repo, v Validate) Checked {
 	// The manifests are valid (Repo.Chain parses them): their type is one
 	// routers score.
 	m := chain[0]
-	out.Info = &topo.VersionInfo{Version: m.Version, Type: m.Type, Dim: m.Dim, Bias: m.Bias, Encoding: m.Encoding,
+	out.Info = &topo.VersionInfo{Version: m.Version, Shape: m.Shape, Bias: m.Bias, Encoding: m.Encoding,
 		Hash: m.Hash, IDs: codec.Identities(chain), Chain: codec.ChainVersions(chain)}
 	for _, f := range m.Files {
 		out.Bytes += f.Size

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // sim replays events through Decide the way the manager does, with
@@ -122,7 +123,7 @@ func (x *sim) validate() {
 		if why := x.broken[v.Version]; why != "" {
 			ev.Err = why
 		} else {
-			ev.Info = &topo.VersionInfo{Version: v.Version, Type: "lr", IDs: x.ids(v.Version), Chain: x.chain(v.Version)}
+			ev.Info = &topo.VersionInfo{Version: v.Version, Shape: model.Shape{Type: "lr"}, IDs: x.ids(v.Version), Chain: x.chain(v.Version)}
 		}
 		x.do(ev)
 	}
@@ -603,7 +604,7 @@ func TestDecideFilesChangedAfterValidation(t *testing.T) {
 		t.Fatalf("changed files: queue %v, reason %q", x.queue, x.s.Models["m"].version(1).Reason)
 	}
 	x.queue = nil
-	x.do(Checked{Model: "m", Version: 1, Files: "touched", Info: &topo.VersionInfo{Version: 1, Type: "lr", IDs: ids}})
+	x.do(Checked{Model: "m", Version: 1, Files: "touched", Info: &topo.VersionInfo{Version: 1, Shape: model.Shape{Type: "lr"}, IDs: ids}})
 	if v := x.s.Models["m"].version(1); v.Reason != "" || v.Phase != PhaseLive {
 		t.Fatalf("same content checked again: %+v", v)
 	}
@@ -704,11 +705,11 @@ func TestEventsTouchTheirModelOnly(t *testing.T) {
 	p := Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20}
 	s, _, _ = Decide(s, Scanned{Models: found}, p)
 	for name := range found {
-		s, _, _ = Decide(s, Checked{Model: name, Version: 1, Files: "f", Info: &topo.VersionInfo{Version: 1, Type: "lr", IDs: []string{"x"}, Chain: []uint64{1}}}, p)
+		s, _, _ = Decide(s, Checked{Model: name, Version: 1, Files: "f", Info: &topo.VersionInfo{Version: 1, Shape: model.Shape{Type: "lr"}, IDs: []string{"x"}, Chain: []uint64{1}}}, p)
 	}
 	for _, ev := range []Event{
 		Started{Model: "m7", Version: 2},
-		Checked{Model: "m7", Version: 2, Files: "f", Info: &topo.VersionInfo{Version: 2, Type: "lr", IDs: []string{"y"}, Chain: []uint64{2}}},
+		Checked{Model: "m7", Version: 2, Files: "f", Info: &topo.VersionInfo{Version: 2, Shape: model.Shape{Type: "lr"}, IDs: []string{"y"}, Chain: []uint64{2}}},
 		Command{Op: OpPin, Model: "m7", Version: 1},
 		Command{Op: OpUnpin, Model: "nope"},
 	} {
@@ -844,7 +845,7 @@ func TestBrokenChain(t *testing.T) {
 		t.Fatalf("queued %v, want version 3 validated again", x.queue)
 	}
 	x.queue = nil
-	x.do(Checked{Model: "m", Version: 3, Files: "touched", Info: &topo.VersionInfo{Version: 3, Type: "lr", IDs: x.ids(3), Chain: x.chain(3)}})
+	x.do(Checked{Model: "m", Version: 3, Files: "touched", Info: &topo.VersionInfo{Version: 3, Shape: model.Shape{Type: "lr"}, IDs: x.ids(3), Chain: x.chain(3)}})
 	if v := x.s.Models["m"].version(5); v.Broken != "" || !strings.HasPrefix(x.s.Models["m"].Chained[3], "touched ") {
 		t.Fatalf("broken %q, chained %q", v.Broken, x.s.Models["m"].Chained[3])
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
 )
 
@@ -52,7 +53,7 @@ func benchmarkPredict(b *testing.B, typ, workload string) {
 func benchmarkPredictShards(b *testing.B, typ, workload string, shards int) {
 	dir := b.TempDir()
 	const params = 1_000_000
-	m, err := loader.Repo{Dir: dir}.Generate(loader.GenSpec{Name: "bench", Type: typ, Params: params, Seed: 3})
+	m, err := loader.Repo{Dir: dir}.Generate(loader.GenSpec{Name: "bench", Shape: model.Shape{Type: typ}, Params: params, Seed: 3})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -69,14 +70,14 @@ func benchmarkPredictShards(b *testing.B, typ, workload string, shards int) {
 }
 
 // Router.Predict over real shard sockets, one request at a time.
-func BenchmarkPredictLRRank200(b *testing.B) { benchmarkPredict(b, codec.TypeLR, "rank200") }
-func BenchmarkPredictLRSmall(b *testing.B)   { benchmarkPredict(b, codec.TypeLR, "small") }
-func BenchmarkPredictFMRank200(b *testing.B) { benchmarkPredict(b, codec.TypeFM, "rank200") }
+func BenchmarkPredictLRRank200(b *testing.B) { benchmarkPredict(b, model.LR, "rank200") }
+func BenchmarkPredictLRSmall(b *testing.B)   { benchmarkPredict(b, model.LR, "small") }
+func BenchmarkPredictFMRank200(b *testing.B) { benchmarkPredict(b, model.FM, "rank200") }
 
 // Router.Predict with 1, 2, 4 and 8 shards (8 partitions): what a request
 // costs per shard it calls.
 func BenchmarkPredictLRRank200Shards(b *testing.B) {
 	for _, n := range []int{1, 2, 4, 8} {
-		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) { benchmarkPredictShards(b, codec.TypeLR, "rank200", n) })
+		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) { benchmarkPredictShards(b, model.LR, "rank200", n) })
 	}
 }

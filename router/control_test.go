@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/internal/reference"
@@ -28,6 +27,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/shard"
 )
@@ -111,8 +111,8 @@ func TestOperateModels(t *testing.T) {
 	repoDir, rogueDir := t.TempDir(), t.TempDir()
 	repo := loader.Repo{Dir: repoDir}
 	const parts = 6
-	v1, v2, v4 := randomModel(codec.TypeLR, 0, 3000, 31), randomModel(codec.TypeLR, 0, 3000, 32), randomModel(codec.TypeLR, 0, 3000, 34)
-	changed := &loader.Sparse{Type: codec.TypeLR, Keys: slices.Clone(v2.Keys[:200]), Values: make([]float32, 200)}
+	v1, v2, v4 := randomModel(model.LR, 0, 3000, 31), randomModel(model.LR, 0, 3000, 32), randomModel(model.LR, 0, 3000, 34)
+	changed := &loader.Sparse{Shape: model.Shape{Type: model.LR}, Keys: slices.Clone(v2.Keys[:200]), Values: make([]float32, 200)}
 	for i := range changed.Values {
 		changed.Values[i] = float32(i%7) - 3
 	}
@@ -125,7 +125,7 @@ func TestOperateModels(t *testing.T) {
 	// The rogue repository holds other parameters under the same name
 	// and version numbers.
 	for i := range 4 {
-		if _, err := (loader.Repo{Dir: rogueDir}).Publish("lr", randomModel(codec.TypeLR, 0, 3000, uint64(90+i)), parts, "rogue"); err != nil {
+		if _, err := (loader.Repo{Dir: rogueDir}).Publish("lr", randomModel(model.LR, 0, 3000, uint64(90+i)), parts, "rogue"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -186,7 +186,7 @@ func TestOperateModels(t *testing.T) {
 	// validate it before the damage).
 	scratch := loader.Repo{Dir: t.TempDir()}
 	for range 3 {
-		if _, err := scratch.Publish("lr", randomModel(codec.TypeLR, 0, 10, 7), parts, "numbering"); err != nil {
+		if _, err := scratch.Publish("lr", randomModel(model.LR, 0, 10, 7), parts, "numbering"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -324,7 +324,7 @@ func TestOperateModels(t *testing.T) {
 func TestRestartMidRolloutNeverServesStaged(t *testing.T) {
 	repoDir := t.TempDir()
 	repo := loader.Repo{Dir: repoDir}
-	v1, v2 := randomModel(codec.TypeLR, 0, 2000, 41), randomModel(codec.TypeLR, 0, 2000, 42)
+	v1, v2 := randomModel(model.LR, 0, 2000, 41), randomModel(model.LR, 0, 2000, 42)
 	if _, err := repo.Publish("lr", v1, 4, "v1"); err != nil {
 		t.Fatal(err)
 	}

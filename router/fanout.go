@@ -10,10 +10,12 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/hedge"
 	"github.com/cumulus-serving/cumulus/internal/partition"
 	"github.com/cumulus-serving/cumulus/internal/scratch"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // A request's steps, each a method below: choose the version (Router.
-// version), dedup its ids (work.dedup), group them by partition
+// version), check what the version requires of it (versionRoute.check),
+// dedup its ids (work.dedup), group them by partition
 // (work.partition), fan out to the shards (Router.fanOut), merge each
 // partition's answer once (work.merge, run by whichever call answered
 // first) and score (versionRoute.score).
@@ -40,7 +42,8 @@ type work struct {
 	keys      []uint64 // byPart's ids
 	cursor    []int32  // per partition: next free index into byPart
 	vals      []float32
-	fmBuf     []float64
+	batch     model.Batch   // the request as its scorer sees it
+	scratch   model.Scratch // the scorer's
 
 	// Fan-out state. merged (and the values it guards) is written by
 	// calls; the rest only by the request's goroutine.

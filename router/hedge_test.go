@@ -9,12 +9,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/internal/hedge"
 	"github.com/cumulus-serving/cumulus/internal/reference"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/shard"
 )
@@ -25,7 +25,7 @@ import (
 func hedgeCluster(t *testing.T, reg *prometheus.Registry, n int, h router.HedgeOptions, timeout time.Duration) (*devcluster.Cluster, *loader.Sparse) {
 	t.Helper()
 	repoDir := t.TempDir()
-	m := randomModel(codec.TypeFM, 4, 3000, 41)
+	m := randomModel(model.FM, 4, 3000, 41)
 	if _, err := (loader.Repo{Dir: repoDir}).Publish("fm", m, 8, "test"); err != nil {
 		t.Fatal(err)
 	}

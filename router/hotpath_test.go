@@ -3,10 +3,12 @@ package router
 import (
 	"math/rand/v2"
 	"testing"
+
+	"github.com/cumulus-serving/cumulus/model"
 )
 
-// The router's own per-request work — dedup and scoring — allocates
-// nothing once its pooled buffers have grown.
+// The router's own per-request work — its checks, dedup and scoring —
+// allocates nothing once its pooled buffers have grown, for every type.
 func TestHotPathAllocs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	req := &Request{Model: "m", RowSplits: []int64{0}}
@@ -14,36 +16,37 @@ func TestHotPathAllocs(t *testing.T) {
 		for range 100 {
 			req.IDs = append(req.IDs, rng.Uint64N(5000))
 			req.Values = append(req.Values, 1)
+			req.Fields = append(req.Fields, rng.Int32N(20))
 		}
 		req.RowSplits = append(req.RowSplits, int64(len(req.IDs)))
 	}
 	for range 400 {
 		req.SharedIDs = append(req.SharedIDs, rng.Uint64N(5000))
+		req.SharedFields = append(req.SharedFields, rng.Int32N(20))
 	}
-	const dim = 8
-	var x idIndex
-	var sharedPos, pos []int32
-	vals := make([]float32, 10000*(1+dim))
-	out := make([]float32, req.Rows())
-	buf := make([]float64, 4*dim)
-	run := func() {
-		x.reset(len(req.IDs) + len(req.SharedIDs))
-		sharedPos, pos = sharedPos[:0], pos[:0]
-		for _, id := range req.SharedIDs {
-			sharedPos = append(sharedPos, x.index(id))
+	for _, shape := range []model.Shape{{Type: model.LR}, {Type: model.FM, Dim: 8}, {Type: model.FFM, Dim: 4, Fields: 20}} {
+		scorer, err := shape.Scorer(0.1)
+		if err != nil {
+			t.Fatal(err)
 		}
-		for _, id := range req.IDs {
-			pos = append(pos, x.index(id))
+		vr := &versionRoute{model: "m", shape: shape, scorer: scorer}
+		w := &work{}
+		out := make([]float32, req.Rows())
+		run := func() {
+			if err := vr.check(w, req); err != nil {
+				t.Fatal(err)
+			}
+			w.dedup(req)
+			w.vals = resize(w.vals, len(w.ids.uniq)*shape.Width())
+			vr.score(out, w)
 		}
-		scoreFM(out, 0.1, dim, vals, req, sharedPos, pos, buf)
-		scoreLR(out, 0.1, vals, req, sharedPos, pos)
-	}
-	run()
-	if n := testing.AllocsPerRun(20, run); n != 0 {
-		t.Errorf("dedup + scoring allocated %.1f times per request, want 0", n)
-	}
-	if len(x.uniq) > 5000 {
-		t.Errorf("%d distinct ids from a 5000-id space", len(x.uniq))
+		run()
+		if n := testing.AllocsPerRun(20, run); n != 0 {
+			t.Errorf("%s: check, dedup and scoring allocated %.1f times per request, want 0", shape, n)
+		}
+		if len(w.ids.uniq) > 5000 {
+			t.Errorf("%d distinct ids from a 5000-id space", len(w.ids.uniq))
+		}
 	}
 }
 

@@ -18,6 +18,10 @@ type Request struct {
 	RowSplits    []int64
 	SharedIDs    []uint64
 	SharedValues []float32
+	// Fields and SharedFields give each feature's field, for field-aware
+	// types (which require them); other types ignore them.
+	Fields       []int32
+	SharedFields []int32
 }
 
 // Rows is the batch size.
@@ -75,6 +79,10 @@ func (r *Request) Validate(l Limits) error {
 		return invalid("%d values for %d ids", len(r.Values), len(r.IDs))
 	case r.SharedValues != nil && len(r.SharedValues) != len(r.SharedIDs):
 		return invalid("%d shared values for %d shared ids", len(r.SharedValues), len(r.SharedIDs))
+	case r.Fields != nil && len(r.Fields) != len(r.IDs):
+		return invalid("%d fields for %d ids", len(r.Fields), len(r.IDs))
+	case r.SharedFields != nil && len(r.SharedFields) != len(r.SharedIDs):
+		return invalid("%d shared fields for %d shared ids", len(r.SharedFields), len(r.SharedIDs))
 	case r.RowSplits[0] != 0:
 		return invalid("row_splits must start at 0, starts at %d", r.RowSplits[0])
 	case r.RowSplits[len(r.RowSplits)-1] != int64(len(r.IDs)):

@@ -24,6 +24,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/internal/hedge"
 	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/shard"
 )
 
@@ -374,12 +375,11 @@ func (r *Router) Revision() int64 { return r.tab.Load().rev }
 
 // ModelStatus describes one model as served now.
 type ModelStatus struct {
-	Name     string
-	Ready    bool
-	Live     uint64   // version answering unpinned requests; 0 if none
-	Versions []uint64 // every servable version, ascending
-	Type     string
-	Dim      int
+	Name        string
+	Ready       bool
+	Live        uint64   // version answering unpinned requests; 0 if none
+	Versions    []uint64 // every servable version, ascending
+	model.Shape          // the live version's
 }
 
 // Models lists every assigned model.
@@ -410,7 +410,7 @@ func (r *Router) status(t *table, name string) ModelStatus {
 	}
 	slices.Sort(s.Versions)
 	if mr.live != nil {
-		s.Ready, s.Live, s.Type, s.Dim = true, mr.live.version, mr.live.typ, mr.live.dim
+		s.Ready, s.Live, s.Shape = true, mr.live.version, mr.live.shape
 	}
 	return s
 }
@@ -480,13 +480,16 @@ func (r *Router) predict(ctx context.Context, t *table, req *Request) (*Response
 	defer cancel()
 	w := getWork()
 	defer w.release()
+	if err := vr.check(w, req); err != nil {
+		return nil, err
+	}
 	w.dedup(req)
 	w.partition(vr)
 	if err := r.fanOut(ctx, vr, w); err != nil {
 		return nil, err
 	}
 	resp := &Response{Model: vr.model, Version: vr.version, Scores: make([]float32, req.Rows())}
-	vr.score(resp.Scores, w, req)
+	vr.score(resp.Scores, w)
 	return resp, nil
 }
 

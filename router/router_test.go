@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/shard"
 )
@@ -26,23 +28,29 @@ import (
 // randomModel has ids 0..n-1 scaled by a large odd number (so they spread
 // over 64 bits), plus id 0 and the maximum id.
 func randomModel(typ string, dim, n int, seed uint64) *loader.Sparse {
+	return randomShaped(model.Shape{Type: typ, Dim: dim}, n, seed)
+}
+
+// randomShaped is randomModel of any shape.
+func randomShaped(s model.Shape, n int, seed uint64) *loader.Sparse {
 	rng := rand.New(rand.NewPCG(seed, 1))
-	m := &loader.Sparse{Type: typ, Dim: dim, Bias: rng.Float64() - 0.5}
+	m := &loader.Sparse{Shape: s, Bias: rng.Float64() - 0.5}
 	for i := range n {
 		m.Keys = append(m.Keys, uint64(i)*0x9e3779b97f4a7c15)
-		for range 1 + dim {
+		for range s.Width() {
 			m.Values = append(m.Values, float32(rng.NormFloat64()*0.3))
 		}
 	}
 	m.Keys = append(m.Keys, math.MaxUint64)
-	for range 1 + dim {
+	for range s.Width() {
 		m.Values = append(m.Values, 0.25)
 	}
 	return m
 }
 
 // randomRequest draws rows from the model's ids, some absent ids and
-// duplicates, with shared features.
+// duplicates, with shared features; and random fields for a field-aware
+// model.
 func randomRequest(rng *rand.Rand, name string, m *loader.Sparse, rows, perRow, shared int) *router.Request {
 	pick := func() uint64 {
 		switch rng.IntN(10) {
@@ -54,18 +62,24 @@ func randomRequest(rng *rand.Rand, name string, m *loader.Sparse, rows, perRow, 
 			return m.Keys[rng.IntN(len(m.Keys))]
 		}
 	}
+	F := int32(max(m.Fields, 1))
 	req := &router.Request{Model: name, RowSplits: []int64{0}}
 	for range shared {
 		req.SharedIDs = append(req.SharedIDs, pick())
 		req.SharedValues = append(req.SharedValues, rng.Float32()*2)
+		req.SharedFields = append(req.SharedFields, rng.Int32N(F))
 	}
 	for range rows {
 		k := rng.IntN(perRow + 1)
 		for range k {
 			req.IDs = append(req.IDs, pick())
 			req.Values = append(req.Values, rng.Float32()*2-1)
+			req.Fields = append(req.Fields, rng.Int32N(F))
 		}
 		req.RowSplits = append(req.RowSplits, int64(len(req.IDs)))
+	}
+	if !m.FieldAware() && rng.IntN(2) == 0 {
+		req.Fields, req.SharedFields = nil, nil // optional for other types
 	}
 	return req
 }
@@ -82,25 +96,30 @@ func scoresMatch(ref *reference.Model, req *router.Request, resp *router.Respons
 	if len(resp.Scores) != req.Rows() {
 		return fmt.Errorf("%d scores for %d rows", len(resp.Scores), req.Rows())
 	}
+	field := func(fs []int32, i int) int32 {
+		if fs == nil {
+			return 0
+		}
+		return fs[i]
+	}
 	for r := range req.Rows() {
-		var ids []uint64
-		var xs []float64
+		var row model.Row
 		for i, id := range req.SharedIDs {
 			x := 1.0
 			if req.SharedValues != nil {
 				x = float64(req.SharedValues[i])
 			}
-			ids, xs = append(ids, id), append(xs, x)
+			row.IDs, row.Xs, row.Fields = append(row.IDs, id), append(row.Xs, x), append(row.Fields, field(req.SharedFields, i))
 		}
 		for i := req.RowSplits[r]; i < req.RowSplits[r+1]; i++ {
 			x := 1.0
 			if req.Values != nil {
 				x = float64(req.Values[i])
 			}
-			ids, xs = append(ids, req.IDs[i]), append(xs, x)
+			row.IDs, row.Xs, row.Fields = append(row.IDs, req.IDs[i]), append(row.Xs, x), append(row.Fields, field(req.Fields, int(i)))
 		}
 		// Written as "not within" so a NaN score fails.
-		if want := ref.Score(ids, xs); !(math.Abs(float64(resp.Scores[r])-want) <= 1e-5) {
+		if want := ref.ScoreRow(row); !(math.Abs(float64(resp.Scores[r])-want) <= 1e-5) {
 			return fmt.Errorf("row %d: score %.7f, reference %.7f", r, resp.Scores[r], want)
 		}
 	}
@@ -110,12 +129,16 @@ func scoresMatch(ref *reference.Model, req *router.Request, resp *router.Respons
 func TestPredictMatchesReference(t *testing.T) {
 	repoDir := t.TempDir()
 	repo := loader.Repo{Dir: repoDir}
-	lr := randomModel(codec.TypeLR, 0, 5000, 1)
-	fm := randomModel(codec.TypeFM, 6, 3000, 2)
+	lr := randomModel(model.LR, 0, 5000, 1)
+	fm := randomModel(model.FM, 6, 3000, 2)
+	ffm := randomShaped(model.Shape{Type: model.FFM, Dim: 3, Fields: 5}, 3000, 3)
 	if _, err := repo.Publish("lr", lr, 5, "test"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := repo.Publish("fm", fm, 7, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.Publish("ffm", ffm, 4, "test"); err != nil {
 		t.Fatal(err)
 	}
 	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 3, Replicas: 2, ScanInterval: time.Hour})
@@ -124,7 +147,7 @@ func TestPredictMatchesReference(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		m    *loader.Sparse
-	}{{"lr", lr}, {"fm", fm}} {
+	}{{"lr", lr}, {"fm", fm}, {"ffm", ffm}} {
 		ref := reference.New(tc.m)
 		for _, shape := range [][3]int{{1, 1, 0}, {200, 50, 40}, {17, 3, 0}, {50, 0, 5}} {
 			req := randomRequest(rng, tc.name, tc.m, shape[0], shape[1], shape[2])
@@ -160,10 +183,25 @@ func TestPredictMatchesReference(t *testing.T) {
 	if !errors.Is(err, router.ErrInvalidArgument) {
 		t.Errorf("bad row_splits: %v", err)
 	}
+	// A field-aware version needs fields, within its field count.
+	for _, bad := range []struct {
+		req  router.Request
+		want string
+	}{
+		{router.Request{IDs: []uint64{1, 2}}, `missing input "fields"`},
+		{router.Request{IDs: []uint64{1, 2}, Fields: []int32{0, 5}}, "fields[1] = 5 is outside 0..4"},
+		{router.Request{IDs: []uint64{1, 2}, Fields: []int32{0, 1}, SharedIDs: []uint64{3}}, `missing input "shared_fields"`},
+	} {
+		bad.req.Model, bad.req.RowSplits = "ffm", []int64{0, 2}
+		_, err = c.Router.Predict(ctx, &bad.req)
+		if !errors.Is(err, router.ErrInvalidArgument) || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("ffm %+v: %v, want invalid argument saying %q", bad.req, err, bad.want)
+		}
+	}
 
 	// A new version rolls out; then losing a shard leaves a replica of
 	// every partition, and answers stay right.
-	lr2 := randomModel(codec.TypeLR, 0, 5000, 3)
+	lr2 := randomModel(model.LR, 0, 5000, 3)
 	if _, err := repo.Publish("lr", lr2, 5, "test"); err != nil {
 		t.Fatal(err)
 	}
@@ -237,25 +275,26 @@ func TestValidate(t *testing.T) {
 func TestQuantizedScores(t *testing.T) {
 	repoDir := t.TempDir()
 	repo := loader.Repo{Dir: repoDir}
-	fm := randomModel(codec.TypeFM, 16, 4000, 8)
-	for _, enc := range []string{"fp32", "fp16", "int8"} {
-		if _, err := repo.PublishEncoded("fm-"+enc, fm, 4, enc, "test"); err != nil {
-			t.Fatal(err)
+	models := map[string]*loader.Sparse{
+		"fm":  randomModel(model.FM, 16, 4000, 8),
+		"ffm": randomShaped(model.Shape{Type: model.FFM, Fields: 4, Dim: 4}, 4000, 9),
+	}
+	for name, m := range models {
+		for _, enc := range []string{"fp32", "fp16", "int8"} {
+			if _, err := repo.PublishEncoded(name+"-"+enc, m, 4, enc, "test"); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour})
-	ref := reference.New(fm)
 	rng := rand.New(rand.NewPCG(4, 4))
 	// The bound of each row follows from the encodings' documented
 	// per-factor error (docs/model-format.md): fp16 within 2^-11 of a
 	// factor's magnitude, int8 within max|v|/254 of its record's largest
-	// factor, fp32 exact. A pairwise term <v_i, v_j> x_i x_j then moves by
-	// at most Σ_f (|v_if| e_jf + |v_jf| e_if + e_if e_jf) |x_i x_j|, and
-	// σ by at most a quarter of what its argument moves.
-	factors := map[uint64][]float32{}
-	for i, k := range fm.Keys {
-		factors[k] = fm.Values[i*17+1 : (i+1)*17]
-	}
+	// factor, fp32 exact. A pairwise term <a, b> x_i x_j (FM: a = v_i,
+	// b = v_j; FFM: a = v_{i,f_j}, b = v_{j,f_i}) then moves by at most
+	// Σ_f (|a_f| e(b)_f + |b_f| e(a)_f + e(a)_f e(b)_f) |x_i x_j|, and σ by
+	// at most a quarter of what its argument moves.
 	errOf := func(enc string, v []float32) []float64 {
 		e := make([]float64, len(v))
 		big := 0.0
@@ -272,58 +311,87 @@ func TestQuantizedScores(t *testing.T) {
 		}
 		return e
 	}
-	rowBound := func(enc string, ids []uint64, xs []float64) float64 {
-		dz := 0.0
-		for i := range ids {
-			vi := factors[ids[i]]
-			if vi == nil {
-				continue
+	for _, name := range []string{"fm", "ffm"} {
+		m := models[name]
+		ref := reference.New(m)
+		w := m.Width()
+		factors := map[uint64][]float32{}
+		for i, k := range m.Keys {
+			factors[k] = m.Values[i*w+1 : (i+1)*w]
+		}
+		// seg is the factors of v (or of its errors) a pair with a
+		// feature of field g uses.
+		seg := func(v []float64, g int32) []float64 {
+			if !m.FieldAware() {
+				return v
 			}
-			ei := errOf(enc, vi)
-			for j := i + 1; j < len(ids); j++ {
-				vj := factors[ids[j]]
-				if vj == nil {
+			return v[int(g)*m.Dim : int(g+1)*m.Dim]
+		}
+		rowBound := func(enc string, row model.Row) float64 {
+			dz := 0.0
+			for i := range row.IDs {
+				vi := factors[row.IDs[i]]
+				if vi == nil {
 					continue
 				}
-				ej := errOf(enc, vj)
-				term := 0.0
-				for f := range vi {
-					term += math.Abs(float64(vi[f]))*ej[f] + math.Abs(float64(vj[f]))*ei[f] + ei[f]*ej[f]
+				ai, ei := f64s(vi), errOf(enc, vi)
+				for j := i + 1; j < len(row.IDs); j++ {
+					vj := factors[row.IDs[j]]
+					if vj == nil {
+						continue
+					}
+					aj, ej := f64s(vj), errOf(enc, vj)
+					a, ea := seg(ai, row.Fields[j]), seg(ei, row.Fields[j])
+					b, eb := seg(aj, row.Fields[i]), seg(ej, row.Fields[i])
+					term := 0.0
+					for f := range a {
+						term += math.Abs(a[f])*eb[f] + math.Abs(b[f])*ea[f] + ea[f]*eb[f]
+					}
+					dz += term * math.Abs(row.Xs[i]*row.Xs[j])
 				}
-				dz += term * math.Abs(xs[i]*xs[j])
 			}
+			return dz/4 + 1e-5 // float32 scores and sums
 		}
-		return dz/4 + 1e-5 // float32 scores and sums
-	}
-	for _, enc := range []string{"fp32", "fp16", "int8"} {
-		worst, sum, n := 0.0, 0.0, 0
-		for range 5 {
-			req := randomRequest(rng, "fm-"+enc, fm, 200, 40, 20)
-			resp, err := c.Router.Predict(context.Background(), req)
-			if err != nil {
-				t.Fatal(err)
+		for _, enc := range []string{"fp32", "fp16", "int8"} {
+			worst, sum, n := 0.0, 0.0, 0
+			for range 5 {
+				req := randomRequest(rng, name+"-"+enc, m, 200, 40, 20)
+				if !m.FieldAware() {
+					req.Fields, req.SharedFields = make([]int32, len(req.IDs)), make([]int32, len(req.SharedIDs))
+				}
+				resp, err := c.Router.Predict(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for r := range req.Rows() {
+					var row model.Row
+					for i, id := range req.SharedIDs {
+						row.IDs, row.Xs, row.Fields = append(row.IDs, id), append(row.Xs, float64(req.SharedValues[i])), append(row.Fields, req.SharedFields[i])
+					}
+					for i := req.RowSplits[r]; i < req.RowSplits[r+1]; i++ {
+						row.IDs, row.Xs, row.Fields = append(row.IDs, req.IDs[i]), append(row.Xs, float64(req.Values[i])), append(row.Fields, req.Fields[i])
+					}
+					d := math.Abs(float64(resp.Scores[r]) - ref.ScoreRow(row))
+					if math.IsNaN(d) {
+						t.Fatalf("%s %s: row %d scored NaN", name, enc, r)
+					}
+					if b := rowBound(enc, row); d > b {
+						t.Errorf("%s %s: row %d: |Δp| %.3g over its bound %.3g", name, enc, r, d, b)
+					}
+					worst, sum, n = math.Max(worst, d), sum+d, n+1
+				}
 			}
-			for r := range req.Rows() {
-				var ids []uint64
-				var xs []float64
-				for i, id := range req.SharedIDs {
-					ids, xs = append(ids, id), append(xs, float64(req.SharedValues[i]))
-				}
-				for i := req.RowSplits[r]; i < req.RowSplits[r+1]; i++ {
-					ids, xs = append(ids, req.IDs[i]), append(xs, float64(req.Values[i]))
-				}
-				d := math.Abs(float64(resp.Scores[r]) - ref.Score(ids, xs))
-				if math.IsNaN(d) {
-					t.Fatalf("%s: row %d scored NaN", enc, r)
-				}
-				if b := rowBound(enc, ids, xs); d > b {
-					t.Errorf("%s: row %d: |Δp| %.3g over its bound %.3g", enc, r, d, b)
-				}
-				worst, sum, n = math.Max(worst, d), sum+d, n+1
-			}
+			t.Logf("%s %s factors: max |Δp| = %.2g, mean |Δp| = %.2g over %d rows (%s, 60 features a row)", name, enc, worst, sum/float64(n), n, m.Shape)
 		}
-		t.Logf("%s factors: max |Δp| = %.2g, mean |Δp| = %.2g over %d rows (dim 16, 60 features a row)", enc, worst, sum/float64(n), n)
 	}
+}
+
+func f64s(v []float32) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
 }
 
 // TestRolloutNeverFails holds one shard back while it loads version 2:
@@ -332,7 +400,7 @@ func TestQuantizedScores(t *testing.T) {
 func TestRolloutNeverFails(t *testing.T) {
 	repoDir := t.TempDir()
 	repo := loader.Repo{Dir: repoDir}
-	v1, v2 := randomModel(codec.TypeLR, 0, 3000, 11), randomModel(codec.TypeLR, 0, 3000, 12)
+	v1, v2 := randomModel(model.LR, 0, 3000, 11), randomModel(model.LR, 0, 3000, 12)
 	if _, err := repo.Publish("lr", v1, 6, "v1"); err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +496,7 @@ func applyDelta(m *loader.Sparse, d loader.Delta) *loader.Sparse {
 	for _, k := range d.Deletes {
 		delete(vals, k)
 	}
-	out := &loader.Sparse{Type: m.Type, Dim: m.Dim, Bias: m.Bias}
+	out := &loader.Sparse{Shape: m.Shape, Bias: m.Bias}
 	if d.Bias != nil {
 		out.Bias = *d.Bias
 	}
@@ -442,21 +510,21 @@ func applyDelta(m *loader.Sparse, d loader.Delta) *loader.Sparse {
 func TestDeltaVersions(t *testing.T) {
 	repoDir := t.TempDir()
 	repo := loader.Repo{Dir: repoDir}
-	v1 := randomModel(codec.TypeFM, 4, 2000, 21)
+	v1 := randomModel(model.FM, 4, 2000, 21)
 	if _, err := repo.Publish("fm", v1, 5, "v1"); err != nil {
 		t.Fatal(err)
 	}
 	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 3, Replicas: 2, ScanInterval: time.Hour})
 	rng := rand.New(rand.NewPCG(6, 6))
 	// Requests draw from v1's ids plus ids the deltas add.
-	added := &loader.Sparse{Type: codec.TypeFM, Dim: 4}
+	added := &loader.Sparse{Shape: model.Shape{Type: model.FM, Dim: 4}}
 	for i := range 300 {
 		added.Keys = append(added.Keys, uint64(1_000_000+i))
 		for range 5 {
 			added.Values = append(added.Values, float32(rng.NormFloat64()*0.3))
 		}
 	}
-	pool := &loader.Sparse{Type: codec.TypeFM, Dim: 4, Keys: append(slices.Clone(v1.Keys), added.Keys...)}
+	pool := &loader.Sparse{Shape: model.Shape{Type: model.FM, Dim: 4}, Keys: append(slices.Clone(v1.Keys), added.Keys...)}
 	serves := func(version uint64, want *loader.Sparse) {
 		t.Helper()
 		c.Manager.Rescan()
@@ -475,14 +543,14 @@ func TestDeltaVersions(t *testing.T) {
 		})
 	}
 	// v2: change 100 features, add 300, delete 200, new bias.
-	changed := &loader.Sparse{Type: codec.TypeFM, Dim: 4}
+	changed := &loader.Sparse{Shape: model.Shape{Type: model.FM, Dim: 4}}
 	for i := range 100 {
 		changed.Keys = append(changed.Keys, v1.Keys[i])
 		for range 5 {
 			changed.Values = append(changed.Values, float32(rng.NormFloat64()))
 		}
 	}
-	up := &loader.Sparse{Type: codec.TypeFM, Dim: 4, Keys: append(slices.Clone(changed.Keys), added.Keys...),
+	up := &loader.Sparse{Shape: model.Shape{Type: model.FM, Dim: 4}, Keys: append(slices.Clone(changed.Keys), added.Keys...),
 		Values: append(slices.Clone(changed.Values), added.Values...)}
 	bias := 0.75
 	d2 := loader.Delta{Upserts: up, Deletes: slices.Clone(v1.Keys[500:700]), Bias: &bias}
@@ -494,7 +562,7 @@ func TestDeltaVersions(t *testing.T) {
 	serves(2, want2)
 
 	// v3 on v2: delete what v2 added, bring back what v2 deleted.
-	back := &loader.Sparse{Type: codec.TypeFM, Dim: 4, Keys: slices.Clone(v1.Keys[500:600]), Values: slices.Clone(v1.Values[500*5 : 600*5])}
+	back := &loader.Sparse{Shape: model.Shape{Type: model.FM, Dim: 4}, Keys: slices.Clone(v1.Keys[500:600]), Values: slices.Clone(v1.Values[500*5 : 600*5])}
 	d3 := loader.Delta{Upserts: back, Deletes: slices.Clone(added.Keys[:150])}
 	if _, err := repo.PublishDelta("fm", d3); err != nil {
 		t.Fatal(err)
@@ -502,7 +570,7 @@ func TestDeltaVersions(t *testing.T) {
 	serves(3, applyDelta(want2, d3))
 
 	// A full version replaces the whole chain.
-	v4 := randomModel(codec.TypeFM, 4, 2000, 22)
+	v4 := randomModel(model.FM, 4, 2000, 22)
 	if _, err := repo.Publish("fm", v4, 5, "v4"); err != nil {
 		t.Fatal(err)
 	}

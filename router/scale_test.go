@@ -18,13 +18,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/internal/reference"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/shard"
 )
@@ -118,7 +118,7 @@ func assignment(t *testing.T, c *devcluster.Cluster, model string) topo.Assignme
 // the handover.
 func TestScaleOutNeverFails(t *testing.T) {
 	repoDir := t.TempDir()
-	m := randomModel(codec.TypeLR, 0, 4000, 21)
+	m := randomModel(model.LR, 0, 4000, 21)
 	if _, err := (loader.Repo{Dir: repoDir}).Publish("lr", m, 8, "test"); err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func (f *faulty) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 // partition each, reached through faulty wrappers: fault(i) is shard i's.
 func faultyCluster(t *testing.T, reg *prometheus.Registry) (c *devcluster.Cluster, m *loader.Sparse, fault func(i int) *faulty) {
 	repoDir := t.TempDir()
-	m = randomModel(codec.TypeFM, 4, 3000, 31)
+	m = randomModel(model.FM, 4, 3000, 31)
 	if _, err := (loader.Repo{Dir: repoDir}).Publish("fm", m, 6, "test"); err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +362,7 @@ func TestShardErrorsKeepTheirCodes(t *testing.T) {
 // is asked again of another replica.
 func TestShardLeavingFinishesCallsUnderWay(t *testing.T) {
 	repoDir := t.TempDir()
-	m := randomModel(codec.TypeFM, 4, 3000, 34)
+	m := randomModel(model.FM, 4, 3000, 34)
 	if _, err := (loader.Repo{Dir: repoDir}).Publish("fm", m, 6, "test"); err != nil {
 		t.Fatal(err)
 	}

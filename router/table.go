@@ -6,9 +6,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/hedge"
 	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/shard"
 )
 
@@ -49,15 +49,14 @@ func (b *backend) load(now int64) int64 {
 type versionRoute struct {
 	model      string
 	version    uint64
-	typ        string
-	dim        int
-	bias       float64
+	shape      model.Shape
+	scorer     model.Scorer // built once per routing table
 	partitions uint32
 	replicas   [][]*backend // partition → shards holding it
 	asks       int          // replicas of all partitions: most calls a request can make
 }
 
-func (v *versionRoute) width() int { return 1 + v.dim }
+func (v *versionRoute) width() int { return v.shape.Width() }
 
 // modelRoute is everything servable of one assigned model.
 type modelRoute struct {
@@ -101,10 +100,14 @@ func buildTable(shards map[string]topo.ShardInfo, assigns map[string]topo.Assign
 // replicas, or nil when some partition has none.
 func route(a topo.Assignment, v uint64, shards map[string]topo.ShardInfo, backends map[string]*backend) *versionRoute {
 	info := a.Info(v)
-	if v == 0 || info == nil || info.Dim < 0 || (info.Type != codec.TypeLR && info.Type != codec.TypeFM) {
+	if v == 0 || info == nil {
 		return nil
 	}
-	vr := &versionRoute{model: a.Model, version: v, typ: info.Type, dim: info.Dim, bias: info.Bias,
+	scorer, err := info.Shape.Scorer(info.Bias)
+	if err != nil {
+		return nil // a type or shape this build cannot score
+	}
+	vr := &versionRoute{model: a.Model, version: v, shape: info.Shape, scorer: scorer,
 		partitions: a.Partitions, replicas: make([][]*backend, a.Partitions)}
 	for p, ids := range a.Replicas {
 		for _, id := range ids {

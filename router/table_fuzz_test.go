@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // FuzzBuildTable: whatever a serving map record and a shard's report
@@ -14,8 +15,8 @@ import (
 func FuzzBuildTable(f *testing.F) {
 	good := topo.Assignment{Schema: 1, Model: "m", Seq: 3, Live: 2, Standby: []uint64{1}, Partitions: 2,
 		Replicas: [][]string{{"s0"}, {"s0", "s1"}},
-		Versions: []topo.VersionInfo{{Version: 2, Type: "lr", IDs: []string{"a", "b"}, Chain: []uint64{2}},
-			{Version: 1, Type: "fm", Dim: 4, IDs: []string{"c", "d"}, Chain: []uint64{1}}}}
+		Versions: []topo.VersionInfo{{Version: 2, Shape: model.Shape{Type: "lr"}, IDs: []string{"a", "b"}, Chain: []uint64{2}},
+			{Version: 1, Shape: model.Shape{Type: "fm", Dim: 4}, IDs: []string{"c", "d"}, Chain: []uint64{1}}}}
 	shard := topo.ShardInfo{Schema: 1, ID: "s0", Addr: "x:1", Applied: map[string]uint64{"m": 3},
 		Loaded: []topo.Loaded{{Model: "m", Version: 2, Have: []uint32{0, 1}, IDs: []string{"a", "b"}}}}
 	a, _ := json.Marshal(good)

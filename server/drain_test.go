@@ -15,11 +15,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 	"github.com/cumulus-serving/cumulus/shard"
 )
@@ -29,7 +29,7 @@ import (
 // done.
 func TestDrainFinishesRequestsUnderWay(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: "lr", Type: codec.TypeLR, Params: 1000, Partitions: 2, Seed: 1, Dense: true}); err != nil {
+	if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: "lr", Shape: model.Shape{Type: model.LR}, Params: 1000, Partitions: 2, Seed: 1, Dense: true}); err != nil {
 		t.Fatal(err)
 	}
 	// Shards hold lookups while hold is set, until release.

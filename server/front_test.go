@@ -27,6 +27,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/bench"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
@@ -180,7 +181,7 @@ func (g *gate) Predict(ctx context.Context, req *router.Request) (*router.Respon
 func (g *gate) Ready() bool     { return true }
 func (g *gate) Revision() int64 { return 1 }
 func (g *gate) Model(name string) (router.ModelStatus, bool) {
-	return router.ModelStatus{Name: name, Ready: true, Live: 3, Versions: []uint64{3}, Type: "lr"}, name == "m"
+	return router.ModelStatus{Name: name, Ready: true, Live: 3, Versions: []uint64{3}, Shape: model.Shape{Type: model.LR}}, name == "m"
 }
 
 func startGated(t *testing.T, o server.Options) (*server.Server, *gate, kservepb.GRPCInferenceServiceClient) {

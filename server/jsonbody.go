@@ -58,12 +58,13 @@ func (b *inferBody) binaryOutput() bool {
 
 // bodyLimits bound what a body may carry, checked while decoding.
 type bodyLimits struct {
-	maxIDs  int // ids plus shared ids; also bounds values and shared values
+	maxIDs  int // ids plus shared ids; also bounds values and fields, and their shared ones
 	maxRows int // row_splits has at most maxRows+1 elements
 }
 
-// total is the most elements all inputs may carry together.
-func (l bodyLimits) total() int { return 2*l.maxIDs + l.maxRows + 1 }
+// total is the most elements all inputs may carry together: ids, values
+// and fields (each with its shared counterpart), and row_splits.
+func (l bodyLimits) total() int { return 3*l.maxIDs + l.maxRows + 1 }
 
 // elementCap is the most elements input name may carry.
 func (l bodyLimits) elementCap(name string) int {
@@ -78,8 +79,8 @@ func (l bodyLimits) elementCap(name string) int {
 type jsonDecoder struct {
 	dec *jsontext.Decoder
 	lim bodyLimits
-	// elements counts every element decoded so far: at most 2*maxIDs +
-	// maxRows + 1 over all inputs, so repeating an input cannot multiply
+	// elements counts every element decoded so far: at most total() over
+	// all inputs, so repeating an input cannot multiply
 	// the work before the repetition is refused.
 	elements int
 }

@@ -122,11 +122,12 @@ func TestDecodeStopsAtTheLimit(t *testing.T) {
 	}
 	// Inputs are bounded in all, each within its own cap; a repeated
 	// one is refused as it ends, before the next is read.
-	three := `{"inputs":[{"name":"ids","datatype":"INT64","data":[1,2,3,4,5,6,7,8,9]},` +
+	four := `{"inputs":[{"name":"ids","datatype":"INT64","data":[1,2,3,4,5,6,7,8,9]},` +
 		`{"name":"values","datatype":"FP32","data":[1,2,3,4,5,6,7,8,9]},` +
+		`{"name":"fields","datatype":"INT32","data":[1,2,3,4,5,6,7,8,9]},` +
 		`{"name":"shared_ids","datatype":"INT64","data":[1,2,3,4,5,6,7,8,9]}]}`
-	if _, err := decodeString(three); err == nil || !strings.Contains(err.Error(), "more than 24 elements in all") {
-		t.Errorf("27 elements over three inputs: %v", err)
+	if _, err := decodeString(four); err == nil || !strings.Contains(err.Error(), "more than 34 elements in all") {
+		t.Errorf("36 elements over four inputs: %v", err)
 	}
 	var many strings.Builder
 	many.WriteString(`{"inputs":[`)

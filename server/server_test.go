@@ -17,10 +17,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/bench"
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
@@ -29,7 +29,7 @@ import (
 func start(t *testing.T) (*server.Server, kservepb.GRPCInferenceServiceClient) {
 	t.Helper()
 	dir := t.TempDir()
-	if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: "fm", Type: codec.TypeFM, Dim: 4, Params: 20000, Partitions: 4, Seed: 5, Dense: true}); err != nil {
+	if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: "fm", Shape: model.Shape{Type: model.FM, Dim: 4}, Params: 20000, Partitions: 4, Seed: 5, Dense: true}); err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/bench"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
@@ -34,7 +35,7 @@ func (instant) Predict(_ context.Context, req *router.Request) (*router.Response
 func (instant) Ready() bool     { return true }
 func (instant) Revision() int64 { return 1 }
 func (instant) Model(name string) (router.ModelStatus, bool) {
-	return router.ModelStatus{Name: name, Ready: true, Live: 3, Versions: []uint64{3}, Type: "lr"}, name == "m"
+	return router.ModelStatus{Name: name, Ready: true, Live: 3, Versions: []uint64{3}, Shape: model.Shape{Type: model.LR}}, name == "m"
 }
 
 // slowSenders starts o's slow senders from 127.0.0.2 against s and stops

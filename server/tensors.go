@@ -17,13 +17,19 @@ import (
 //	row_splits    INT64 or INT32 [batch+1] row r is ids[row_splits[r]:row_splits[r+1]]
 //	shared_ids    INT64 or UINT64 [m]     optional; features of every row
 //	shared_values FP32 [m]                optional
+//	fields        INT32 or INT64 [nnz]    each feature's field: field-aware
+//	shared_fields INT32 or INT64 [m]      types require them, others ignore them
 //	→ scores      FP32 [batch]            probability per row
+//
+// model.Shape.Inputs lists what each type takes.
 const (
 	inIDs          = "ids"
 	inValues       = "values"
 	inRowSplits    = "row_splits"
 	inSharedIDs    = "shared_ids"
 	inSharedValues = "shared_values"
+	inFields       = "fields"
+	inSharedFields = "shared_fields"
 	outScores      = "scores"
 )
 
@@ -183,10 +189,10 @@ func (t *tensor) checkCount() error {
 // knownInput refuses an input name outside the tensor contract.
 func knownInput(name string) error {
 	switch name {
-	case inIDs, inSharedIDs, inRowSplits, inValues, inSharedValues:
+	case inIDs, inSharedIDs, inRowSplits, inValues, inSharedValues, inFields, inSharedFields:
 		return nil
 	}
-	return badInput("unknown input %q (inputs are ids, values, row_splits, shared_ids, shared_values)", name)
+	return badInput("unknown input %q (inputs are ids, values, row_splits, shared_ids, shared_values, fields, shared_fields)", name)
 }
 
 // buildRequest turns decoded inputs into a router request.
@@ -215,7 +221,7 @@ func buildRequest(model, version string, inputs []tensor) (*router.Request, erro
 		if err := t.checkCount(); err != nil {
 			return nil, err
 		}
-		wantInt := t.name == inIDs || t.name == inSharedIDs || t.name == inRowSplits
+		wantInt := t.name != inValues && t.name != inSharedValues
 		if wantInt != t.isInt {
 			want := "FP32"
 			if wantInt {
@@ -237,6 +243,16 @@ func buildRequest(model, version string, inputs []tensor) (*router.Request, erro
 			req.Values = t.floats
 		case inSharedValues:
 			req.SharedValues = t.floats
+		case inFields, inSharedFields:
+			f, err := fieldNumbers(t)
+			if err != nil {
+				return nil, err
+			}
+			if t.name == inFields {
+				req.Fields = f
+			} else {
+				req.SharedFields = f
+			}
 		}
 	}
 	if !seen[inRowSplits] {
@@ -248,5 +264,26 @@ func buildRequest(model, version string, inputs []tensor) (*router.Request, erro
 	if seen[inSharedValues] && !seen[inSharedIDs] {
 		return nil, badInput("shared_values without shared_ids")
 	}
+	if seen[inSharedFields] && !seen[inSharedIDs] {
+		return nil, badInput("shared_fields without shared_ids")
+	}
 	return req, nil
+}
+
+// fieldNumbers is a fields input as int32s, refusing a field that is not
+// one: negative, or past 2^31-1. (The version's field count is checked
+// once the version is chosen.)
+func fieldNumbers(t *tensor) ([]int32, error) {
+	out := make([]int32, len(t.ints))
+	for i, x := range t.ints {
+		f := int64(x)
+		if t.datatype == "UINT64" || f < 0 || f > math.MaxInt32 {
+			if t.datatype == "UINT64" {
+				return nil, badInput("input %q has datatype UINT64, want INT32 or INT64", t.name)
+			}
+			return nil, badInput("%s[%d] = %d is not a field number", t.name, i, f)
+		}
+		out[i] = int32(f)
+	}
+	return out, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // TestMappedSurvivesRepositoryChanges: a partition served mapped comes
@@ -71,7 +72,7 @@ func serveDamagedRepo(t *testing.T, dataDir string, damage func(path string, siz
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	const spread = 0x9e3779b97f4a7c15 // odd: k*spread is a bijection
-	model := &loader.Sparse{Type: codec.TypeLR}
+	model := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
 	want := map[uint64]float32{}
 	for k := uint64(1); k <= 200000; k++ {
 		model.Keys = append(model.Keys, k*spread)

@@ -180,8 +180,8 @@ func matchesMap(chain []*codec.Manifest, got []uint64, a topo.Assignment, info *
 		return fmt.Errorf("shard: manifest has %d partitions, the serving map %d", m.Partitions, a.Partitions)
 	case !slices.Equal(got, info.Chain):
 		return fmt.Errorf("shard: the repository's chain %v differs from the serving map's %v", got, info.Chain)
-	case m.Type != info.Type || m.Dim != info.Dim || m.Hash != info.Hash:
-		return fmt.Errorf("shard: manifest describes %s dim %d (hash %s), the serving map %s dim %d (hash %s)", m.Type, m.Dim, m.Hash, info.Type, info.Dim, info.Hash)
+	case m.Shape != info.Shape || m.Hash != info.Hash:
+		return fmt.Errorf("shard: manifest describes %s (hash %s), the serving map %s (hash %s)", m.Shape, m.Hash, info.Shape, info.Hash)
 	}
 	return nil
 }

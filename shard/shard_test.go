@@ -23,10 +23,11 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 func testModel(scale float32) *loader.Sparse {
-	s := &loader.Sparse{Type: codec.TypeLR}
+	s := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
 	for _, k := range []uint64{0, 1, 2, 77, 1 << 40, math.MaxUint64} {
 		s.Keys = append(s.Keys, k)
 		s.Values = append(s.Values, scale*float32(k%1000+1))
@@ -62,7 +63,7 @@ func mapOf(t *testing.T, repo loader.Repo, parts uint32, live, staged uint64, st
 		if err != nil {
 			t.Fatal(err)
 		}
-		a.Versions = append(a.Versions, topo.VersionInfo{Version: v, Type: chain[0].Type, Dim: chain[0].Dim, Bias: chain[0].Bias,
+		a.Versions = append(a.Versions, topo.VersionInfo{Version: v, Shape: model.Shape{Type: chain[0].Type, Dim: chain[0].Dim}, Bias: chain[0].Bias,
 			Hash: chain[0].Hash, IDs: codec.Identities(chain), Chain: codec.ChainVersions(chain)})
 	}
 	b, _ := json.Marshal(a)
@@ -230,7 +231,7 @@ type budgetShard struct {
 const budgetSpread uint64 = 0x9e3779b97f4a7c15 // odd: k*spread is a bijection
 
 func budgetModel(scale float32) *loader.Sparse {
-	s := &loader.Sparse{Type: codec.TypeLR}
+	s := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
 	for k := uint64(1); k <= 300000; k++ {
 		s.Keys = append(s.Keys, k*budgetSpread)
 		s.Values = append(s.Values, scale*float32(k%97))
@@ -374,7 +375,7 @@ func TestStagedMappedWhole(t *testing.T) {
 func TestHotTier(t *testing.T) {
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
-	m := &loader.Sparse{Type: codec.TypeLR}
+	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
 	for k := uint64(1); k <= 400000; k++ {
 		m.Keys = append(m.Keys, k)
 		m.Values = append(m.Values, float32(k%1000))
@@ -470,7 +471,7 @@ func TestStandbyGivesWay(t *testing.T) {
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	model := func(scale float32) *loader.Sparse {
-		s := &loader.Sparse{Type: codec.TypeLR}
+		s := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
 		for k := uint64(1); k <= 200000; k++ {
 			s.Keys = append(s.Keys, k*0x9e3779b97f4a7c15)
 			s.Values = append(s.Values, scale*float32(k%89))
@@ -554,7 +555,7 @@ func TestReclaimWaitsForReaders(t *testing.T) {
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	big := func(scale float32) *loader.Sparse {
-		s := &loader.Sparse{Type: codec.TypeLR}
+		s := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
 		for k := uint64(1); k <= 300000; k++ { // partitions over 2 MiB: huge-page memory, freed explicitly
 			s.Keys = append(s.Keys, k)
 			s.Values = append(s.Values, scale*float32(k%101))

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 func buildTable(t testing.TB, keys []uint64, width int, e codec.Encoding, values []float32) *Table {
@@ -146,7 +147,7 @@ func TestFindWeights(t *testing.T) {
 
 func TestFindColdMatchesFind(t *testing.T) {
 	repo := loader.Repo{Dir: t.TempDir()}
-	m := &loader.Sparse{Type: codec.TypeLR}
+	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
 	for k := uint64(0); k < 200000; k++ {
 		m.Keys = append(m.Keys, k*k+k)
 		m.Values = append(m.Values, float32(k))

@@ -23,13 +23,14 @@ import (
 
 func benchCommand() *cobra.Command {
 	var (
-		workloads, addr, model, repo, typ string
-		protocols, httpAddr               string
-		params                            int64
-		shards, conns, replicas           int
-		l                                 benchLoad
-		hedging                           hedgeFlags
-		fault                             faultFlag
+		workloads, addr, modelName, repo string
+		shape                            shapeFlags
+		protocols, httpAddr              string
+		params                           int64
+		shards, conns, replicas          int
+		l                                benchLoad
+		hedging                          hedgeFlags
+		fault                            faultFlag
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -74,7 +75,7 @@ process's CPU time (utime+stime) per request.`,
 			if l.pid == 0 && addr == "" && l.rate > 0 {
 				l.pid = os.Getpid()
 			}
-			if addr != "" && (repo == "" || model == "") {
+			if addr != "" && (repo == "" || modelName == "") {
 				return fmt.Errorf("with --addr, give --repo and --model: bench draws its requests' ids from the model's generator settings, read from its manifest in the repository (the model must come from 'cumulus model gen')")
 			}
 			if addr != "" && (cmd.Flags().Changed("replicas") || cmd.Flags().Changed("fault") || hedgeFlagsChanged(cmd)) {
@@ -85,7 +86,7 @@ process's CPU time (utime+stime) per request.`,
 				if err := hedging.apply(&ropts); err != nil {
 					return err
 				}
-				lb, err := startLocalBench(ctx, typ, params, devcluster.Options{Shards: shards, Replicas: replicas, Router: ropts,
+				lb, err := startLocalBench(ctx, shape, params, devcluster.Options{Shards: shards, Replicas: replicas, Router: ropts,
 					Shard: func(i int, o *shard.Options) {
 						if i == 0 {
 							o.Faults = fault.f
@@ -95,11 +96,11 @@ process's CPU time (utime+stime) per request.`,
 					return err
 				}
 				defer lb.close()
-				repo, model = lb.repo, lb.model
+				repo, modelName = lb.repo, lb.model
 				addr, httpAddr = lb.srv.GRPCAddr(), lb.srv.HTTPAddr()
 				fmt.Printf("dev cluster: %d shards, router at %s (gRPC), %s (HTTP)\n", shards, addr, httpAddr)
 			}
-			m, err := generatedModel(repo, model)
+			m, err := generatedModel(repo, modelName)
 			if err != nil {
 				return err
 			}
@@ -114,10 +115,10 @@ process's CPU time (utime+stime) per request.`,
 			}
 			if l.rate > 0 {
 				fmt.Printf("model %s v%d: %s, %d features, %d partitions; open loop at %g/s, evenly spaced, %s per workload and protocol (%s)\n",
-					m.Name, m.Version, m.Type, m.Params, m.Partitions, l.rate, l.duration, strings.Join(protos, ", "))
+					m.Name, m.Version, m.Shape, m.Params, m.Partitions, l.rate, l.duration, strings.Join(protos, ", "))
 			} else {
 				fmt.Printf("model %s v%d: %s, %d features, %d partitions; concurrency %d, %s per workload and protocol (%s)\n",
-					m.Name, m.Version, m.Type, m.Params, m.Partitions, l.concurrency, l.duration, strings.Join(protos, ", "))
+					m.Name, m.Version, m.Shape, m.Params, m.Partitions, l.concurrency, l.duration, strings.Join(protos, ", "))
 			}
 			if l.pid == os.Getpid() {
 				fmt.Printf("rss of pid %d: this process, the dev cluster and the load generator together\n", l.pid)
@@ -129,7 +130,7 @@ process's CPU time (utime+stime) per request.`,
 				}
 				for _, p := range protos {
 					// The same seed for every protocol: the same requests.
-					g, err := bench.NewGenerator(w, *m.Generator, m.Params, 42)
+					g, err := bench.ForModel(w, m, 42)
 					if err != nil {
 						return err
 					}
@@ -137,7 +138,7 @@ process's CPU time (utime+stime) per request.`,
 					if len(protos) > 1 {
 						label = name + "/" + p
 					}
-					if err := l.run(ctx, clients[p], model, label, g); err != nil {
+					if err := l.run(ctx, clients[p], modelName, label, g); err != nil {
 						return err
 					}
 				}
@@ -150,9 +151,9 @@ process's CPU time (utime+stime) per request.`,
 	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster)")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "router HTTP address, with --addr, for --protocol rest and rest-binary")
 	cmd.Flags().StringVar(&protocols, "protocol", "grpc", "grpc, rest (JSON), rest-binary (binary tensor extension), or several comma-separated")
-	cmd.Flags().StringVar(&model, "model", "", "model name, with --addr")
+	cmd.Flags().StringVar(&modelName, "model", "", "model name, with --addr")
 	cmd.Flags().StringVar(&repo, "repo", "", "repository holding --model, with --addr")
-	cmd.Flags().StringVar(&typ, "type", codec.TypeLR, "without --addr: lr or fm")
+	shape.register(cmd, "without --addr: ")
 	cmd.Flags().Int64Var(&params, "params", 1_000_000, "without --addr: features in the generated model")
 	cmd.Flags().IntVar(&shards, "shards", 4, "without --addr: shard servers")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "without --addr: replicas per partition")
@@ -302,17 +303,21 @@ type localBench struct {
 	close       func()
 }
 
-// startLocalBench generates a model of typ with params features in a
+// startLocalBench generates a model of the shape flags give with params features in a
 // temporary repository and serves it with a dev cluster of o (its Repo
 // set here); close stops both and removes the repository.
-func startLocalBench(ctx context.Context, typ string, params int64, o devcluster.Options) (*localBench, error) {
+func startLocalBench(ctx context.Context, flags shapeFlags, params int64, o devcluster.Options) (*localBench, error) {
+	shape, err := flags.shape()
+	if err != nil {
+		return nil, err
+	}
 	dir, err := os.MkdirTemp("", "cumulus-bench-")
 	if err != nil {
 		return nil, err
 	}
 	lb := &localBench{repo: dir, model: "bench"}
-	fmt.Printf("generating %s model %q: %d features\n", typ, lb.model, params)
-	if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: lb.model, Type: typ, Params: params, Seed: 7}); err != nil {
+	fmt.Printf("generating %s model %q: %d features\n", shape, lb.model, params)
+	if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: lb.model, Shape: shape, Params: params, Seed: 7}); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}

@@ -12,19 +12,19 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cumulus-serving/cumulus/bench"
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 func benchFreshnessCommand() *cobra.Command {
 	var (
-		addrs, repo, model string
-		params             int64
-		shards             int
-		scan               time.Duration
-		o                  bench.FreshOptions
-		load               bench.LoadOptions
+		addrs, repo, modelName string
+		params                 int64
+		shards                 int
+		scan                   time.Duration
+		o                      bench.FreshOptions
+		load                   bench.LoadOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "freshness",
@@ -46,19 +46,19 @@ Target (issue 13): every delta of 1,000,000 keys served within 1s.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			if addrs != "" && (repo == "" || model == "") {
+			if addrs != "" && (repo == "" || modelName == "") {
 				return fmt.Errorf("with --addr, give --repo and --model")
 			}
 			if addrs == "" {
-				lb, err := startLocalBench(ctx, codec.TypeLR, params, devcluster.Options{Shards: shards, ScanInterval: scan})
+				lb, err := startLocalBench(ctx, shapeFlags{model.Shape{Type: model.LR}}, params, devcluster.Options{Shards: shards, ScanInterval: scan})
 				if err != nil {
 					return err
 				}
 				defer lb.close()
-				repo, model, addrs = lb.repo, lb.model, lb.srv.GRPCAddr()
+				repo, modelName, addrs = lb.repo, lb.model, lb.srv.GRPCAddr()
 				fmt.Printf("dev cluster in this process: %d shards, scan every %s, router at %s\n", shards, scan, addrs)
 			}
-			m, err := generatedModel(repo, model)
+			m, err := generatedModel(repo, modelName)
 			if err != nil {
 				return err
 			}
@@ -70,16 +70,16 @@ Target (issue 13): every delta of 1,000,000 keys served within 1s.`,
 				defer conn.Close()
 				o.Routers = append(o.Routers, kserveClient(conn))
 			}
-			o.Repo, o.Model, o.KeySpace = loader.Repo{Dir: repo}, model, uint64(m.Params)
+			o.Repo, o.Model, o.KeySpace = loader.Repo{Dir: repo}, modelName, uint64(m.Params)
 			var loaded chan bench.Result
 			if load.Concurrency > 0 {
-				g, err := bench.NewGenerator(bench.Workloads["rank200"], *m.Generator, m.Params, 42)
+				g, err := bench.ForModel(bench.Workloads["rank200"], m, 42)
 				if err != nil {
 					return err
 				}
 				lctx, stop := context.WithCancel(ctx)
 				defer stop()
-				load.Client, load.Model, load.Generator, load.Duration = o.Routers[0], model, g, 24*time.Hour
+				load.Client, load.Model, load.Generator, load.Duration = o.Routers[0], modelName, g, 24*time.Hour
 				loaded = make(chan bench.Result, 1)
 				go func() { loaded <- bench.Run(lctx, load) }()
 				defer func() {
@@ -88,7 +88,7 @@ Target (issue 13): every delta of 1,000,000 keys served within 1s.`,
 					r.Print(os.Stdout, "load")
 				}()
 			}
-			fmt.Printf("publishing %d deltas of %d keys to %s in %s; %d router(s)\n", o.Deltas, o.Keys, model, repo, len(o.Routers))
+			fmt.Printf("publishing %d deltas of %d keys to %s in %s; %d router(s)\n", o.Deltas, o.Keys, modelName, repo, len(o.Routers))
 			fs, err := bench.Freshness(ctx, o, os.Stdout)
 			s := bench.SummarizeFresh(fs)
 			fmt.Printf("served by every router: %d of %d within 1s; median %s, p90 %s, slowest %s\n",
@@ -98,7 +98,7 @@ Target (issue 13): every delta of 1,000,000 keys served within 1s.`,
 	}
 	cmd.Flags().StringVar(&addrs, "addr", "", "routers' gRPC addresses, comma-separated (default: a dev cluster in this process)")
 	cmd.Flags().StringVar(&repo, "repo", "", "with --addr: the repository the cluster serves")
-	cmd.Flags().StringVar(&model, "model", "", "with --addr: a model made by 'cumulus model gen'")
+	cmd.Flags().StringVar(&modelName, "model", "", "with --addr: a model made by 'cumulus model gen'")
 	cmd.Flags().Int64Var(&params, "params", 10_000_000, "without --addr: features of the generated model")
 	cmd.Flags().IntVar(&shards, "shards", 4, "without --addr: shard servers")
 	cmd.Flags().DurationVar(&scan, "scan-interval", 2*time.Second, "without --addr: the manager's full scan interval (it also watches the repository)")

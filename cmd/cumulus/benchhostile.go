@@ -18,13 +18,14 @@ import (
 
 func benchHostileCommand() *cobra.Command {
 	var (
-		addr, httpAddr, model, repo, typ string
-		params                           int64
-		shards, pid                      int
-		sizes                            bench.HostileSizes
-		o                                bench.HostileOptions
-		load                             bench.LoadOptions
-		slow                             bench.SlowOptions
+		addr, httpAddr, modelName, repo string
+		shape                           shapeFlags
+		params                          int64
+		shards, pid                     int
+		sizes                           bench.HostileSizes
+		o                               bench.HostileOptions
+		load                            bench.LoadOptions
+		slow                            bench.SlowOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "hostile",
@@ -71,28 +72,28 @@ client's.`,
 			if slow.Protocol != "" && slow.Protocol != "grpc" && slow.Protocol != "http" {
 				return fmt.Errorf("--slow %q: give grpc or http", slow.Protocol)
 			}
-			if addr != "" && (httpAddr == "" || pid == 0 || repo == "" || model == "") {
+			if addr != "" && (httpAddr == "" || pid == 0 || repo == "" || modelName == "") {
 				return fmt.Errorf("with --addr, give --http-addr, --pid (the router's process), --repo and --model")
 			}
 			if addr == "" {
 				if httpAddr != "" || pid != 0 {
 					return fmt.Errorf("--http-addr and --pid go with --addr")
 				}
-				lb, err := startLocalBench(ctx, typ, params, devcluster.Options{Shards: shards, ScanInterval: time.Hour})
+				lb, err := startLocalBench(ctx, shape, params, devcluster.Options{Shards: shards, ScanInterval: time.Hour})
 				if err != nil {
 					return err
 				}
 				defer lb.close()
-				repo, model = lb.repo, lb.model
+				repo, modelName = lb.repo, lb.model
 				addr, httpAddr, pid = lb.srv.GRPCAddr(), lb.srv.HTTPAddr(), os.Getpid()
 				fmt.Printf("dev cluster in this process: %d shards, router at %s (gRPC), %s (HTTP)\n", shards, addr, httpAddr)
 			}
-			m, err := generatedModel(repo, model)
+			m, err := generatedModel(repo, modelName)
 			if err != nil {
 				return err
 			}
 			if slow.Protocol != "" {
-				slow.Addr, slow.Model = addr, model
+				slow.Addr, slow.Model = addr, modelName
 				if slow.Protocol == "http" {
 					slow.Addr = httpAddr
 				}
@@ -104,10 +105,10 @@ client's.`,
 			}
 			defer conn.Close()
 			o.PID = pid
-			o.Target = bench.HostileTarget{HTTPAddr: httpAddr, Conn: conn, Model: model,
+			o.Target = bench.HostileTarget{HTTPAddr: httpAddr, Conn: conn, Model: modelName,
 				HTTP: &http.Client{Transport: &http.Transport{}}}
 			t0 := time.Now()
-			inputs := bench.HostileInputs(model, sizes)
+			inputs := bench.HostileInputs(modelName, sizes)
 			fmt.Printf("built %d hostile inputs in %s\n", len(inputs), time.Since(t0).Round(time.Millisecond))
 			if pid == os.Getpid() {
 				fmt.Printf("pid %d is this process: CPU and RSS are the dev cluster's, the router's and this client's together\n", pid)
@@ -122,16 +123,16 @@ client's.`,
 				return ctx.Err()
 			}
 
-			load.Model, load.Client = model, kserveClient(conn)
+			load.Model, load.Client = modelName, kserveClient(conn)
 			return goodBeside(ctx, load, o.Target, inputs, m)
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster in this process)")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "with --addr: the router's HTTP address")
 	cmd.Flags().IntVar(&pid, "pid", 0, "with --addr: the router's process, whose CPU time and VmRSS are read from /proc")
-	cmd.Flags().StringVar(&model, "model", "", "with --addr: model name")
+	cmd.Flags().StringVar(&modelName, "model", "", "with --addr: model name")
 	cmd.Flags().StringVar(&repo, "repo", "", "with --addr: repository holding --model")
-	cmd.Flags().StringVar(&typ, "type", codec.TypeLR, "without --addr: lr or fm")
+	shape.register(cmd, "without --addr: ")
 	cmd.Flags().Int64Var(&params, "params", 1_000_000, "without --addr: features in the generated model")
 	cmd.Flags().IntVar(&shards, "shards", 4, "without --addr: shard servers")
 	cmd.Flags().IntVar(&o.Repeat, "repeat", 5, "sends of each hostile input, one after another")
@@ -159,7 +160,7 @@ func slowBeside(ctx context.Context, grpcAddr string, load bench.LoadOptions, sl
 	defer conn.Close()
 	load.Model, load.Client = m.Name, kserveClient(conn)
 	gen := func() (*bench.Generator, error) {
-		return bench.NewGenerator(bench.Workloads["rank200"], *m.Generator, m.Params, 42)
+		return bench.ForModel(bench.Workloads["rank200"], m, 42)
 	}
 	warm := load
 	warm.MaxRequests = 200
@@ -233,7 +234,7 @@ func slowBeside(ctx context.Context, grpcAddr string, load bench.LoadOptions, sl
 // and prints both and the ratio of their p99s.
 func goodBeside(ctx context.Context, load bench.LoadOptions, t bench.HostileTarget, inputs []bench.Hostile, m *codec.Manifest) error {
 	gen := func() (*bench.Generator, error) {
-		return bench.NewGenerator(bench.Workloads["rank200"], *m.Generator, m.Params, 42)
+		return bench.ForModel(bench.Workloads["rank200"], m, 42)
 	}
 	fmt.Printf("\ngood traffic beside them: rank200 closed loop, concurrency %d, %s alone then %s beside (after 200 requests of warm-up)\n",
 		load.Concurrency, load.Duration, load.Duration)

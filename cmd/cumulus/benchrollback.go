@@ -18,6 +18,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 func benchRollbackCommand() *cobra.Command {
@@ -50,7 +51,7 @@ from the new version, failed requests and latency around it.`,
 			fmt.Printf("generating 3 versions of lr model \"bench\": %d features each\n", params)
 			var gen *codec.GenInfo
 			for seed := range uint64(3) {
-				m, err := repo.Generate(loader.GenSpec{Name: "bench", Type: codec.TypeLR, Params: params, Seed: 7 + seed})
+				m, err := repo.Generate(loader.GenSpec{Name: "bench", Shape: model.Shape{Type: model.LR}, Params: params, Seed: 7 + seed})
 				if err != nil {
 					return err
 				}

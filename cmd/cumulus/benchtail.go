@@ -25,7 +25,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cumulus-serving/cumulus/bench"
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
 	"github.com/cumulus-serving/cumulus/internal/hedge"
 	"github.com/cumulus-serving/cumulus/loader"
@@ -61,7 +60,7 @@ The fault is set and cleared through each shard's PUT /admin/v1/fault.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runTail(cmd.Context(), o) },
 	}
 	cmd.Flags().IntVar(&o.shards, "shards", 4, "shard processes")
-	cmd.Flags().StringVar(&o.typ, "type", codec.TypeLR, "model type: lr or fm")
+	o.shape.register(cmd, "")
 	cmd.Flags().Int64Var(&o.params, "params", 1_000_000, "features in the generated model")
 	cmd.Flags().StringVar(&o.fault, "fault", "delay=50ms,fraction=0.01", "what the straggler, shard-0, injects (see 'cumulus shard --fault')")
 	cmd.Flags().IntVar(&o.rounds, "rounds", 1, "times the four scenarios without a kill are run, alternating")
@@ -76,7 +75,8 @@ The fault is set and cleared through each shard's PUT /admin/v1/fault.`,
 
 type tailOptions struct {
 	shards, rounds, requests, concurrency int
-	typ, fault, choice                    string
+	fault, choice                         string
+	shape                                 shapeFlags
 	params                                int64
 	killAfter, hedgeDelay                 time.Duration
 	hedgeBudget                           float64
@@ -127,8 +127,12 @@ func runTail(ctx context.Context, o tailOptions) error {
 	}
 	defer os.RemoveAll(dir)
 	repo := filepath.Join(dir, "repo")
-	fmt.Printf("generating %s model: %d features\n", o.typ, o.params)
-	m, err := (loader.Repo{Dir: repo}).Generate(loader.GenSpec{Name: "bench", Type: o.typ, Params: o.params, Seed: 7})
+	shape, err := o.shape.shape()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("generating %s model: %d features\n", shape, o.params)
+	m, err := (loader.Repo{Dir: repo}).Generate(loader.GenSpec{Name: "bench", Shape: shape, Params: o.params, Seed: 7})
 	if err != nil {
 		return err
 	}
@@ -198,7 +202,7 @@ func runTail(ctx context.Context, o tailOptions) error {
 		o.shards, m.Partitions, o.concurrency, o.requests, o.fault)
 
 	run := func(name string, hedged bool, during func()) (tailRow, error) {
-		g, err := bench.NewGenerator(bench.Workloads["rank200"], *m.Generator, m.Params, 42)
+		g, err := bench.ForModel(bench.Workloads["rank200"], m, 42)
 		if err != nil {
 			return tailRow{}, err
 		}

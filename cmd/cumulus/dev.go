@@ -11,11 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
+	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server"
 	"github.com/cumulus-serving/cumulus/shard"
@@ -60,7 +60,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 				}
 				defer os.RemoveAll(dir)
 				fmt.Println("no --repo given: generating the demo model (LR, 1,000,000 features, ids 0..999999)")
-				if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: "demo", Type: codec.TypeLR, Params: 1_000_000, Partitions: 8, Seed: 1, Dense: true}); err != nil {
+				if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: "demo", Shape: model.Shape{Type: model.LR}, Params: 1_000_000, Partitions: 8, Seed: 1, Dense: true}); err != nil {
 					return err
 				}
 				repo = dir

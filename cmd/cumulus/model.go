@@ -11,7 +11,6 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/loader"
 )
 
@@ -50,7 +49,7 @@ func modelImportCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("published %s version %d: %s, %d features, %d partitions\n", m.Name, m.Version, m.Type, m.Params, m.Partitions)
+			fmt.Printf("published %s version %d: %s, %d features, %d partitions\n", m.Name, m.Version, m.Shape, m.Params, m.Partitions)
 			return nil
 		},
 	}
@@ -68,6 +67,7 @@ func modelImportCommand() *cobra.Command {
 
 func modelGenCommand() *cobra.Command {
 	var spec loader.GenSpec
+	var shape shapeFlags
 	var repo, ids string
 	cmd := &cobra.Command{
 		Use:   "gen",
@@ -80,6 +80,13 @@ func modelGenCommand() *cobra.Command {
 				spec.Dense = true
 			default:
 				return fmt.Errorf("--ids %q: want hashed or dense", ids)
+			}
+			var err error
+			if spec.Shape, err = shape.shape(); err != nil {
+				return err
+			}
+			if spec.Width() == 1 {
+				spec.Encoding = "" // no factors to encode
 			}
 			bar := progressbar.NewOptions64(spec.Params, progressbar.OptionSetDescription("features"),
 				progressbar.OptionSetWriter(os.Stderr), progressbar.OptionShowCount(), progressbar.OptionThrottle(100_000_000),
@@ -95,27 +102,20 @@ func modelGenCommand() *cobra.Command {
 			for _, f := range m.Files {
 				size += f.Size
 			}
-			fmt.Printf("published %s version %d: %s, %d features, %d partitions, %d bytes\n", m.Name, m.Version, m.Type, m.Params, m.Partitions, size)
+			fmt.Printf("published %s version %d: %s, %d features, %d partitions, %d bytes\n", m.Name, m.Version, m.Shape, m.Params, m.Partitions, size)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&spec.Name, "name", "", "model name (required)")
-	cmd.Flags().StringVar(&spec.Type, "type", "lr", "lr or fm")
+	shape.register(cmd, "")
 	cmd.Flags().Int64Var(&spec.Params, "params", 1_000_000, "number of features")
-	cmd.Flags().IntVar(&spec.Dim, "dim", 8, "fm: factors per feature")
 	cmd.Flags().Uint32Var(&spec.Partitions, "partitions", 8, "number of partitions")
 	cmd.Flags().Uint64Var(&spec.Seed, "seed", 1, "random seed")
-	cmd.Flags().StringVar(&spec.Encoding, "encoding", "fp32", "fm: factor storage, fp32, fp16 or int8")
+	cmd.Flags().StringVar(&spec.Encoding, "encoding", "fp32", "factor storage (fm, ffm): fp32, fp16 or int8")
 	cmd.Flags().StringVar(&ids, "ids", "hashed", "hashed (64-bit ids, as hashed features are) or dense (0..params-1)")
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
 	cmd.MarkFlagRequired("name")
 	cmd.MarkFlagRequired("repo")
-	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
-		if spec.Type == codec.TypeLR {
-			spec.Dim, spec.Encoding = 0, ""
-		}
-		return nil
-	}
 	return cmd
 }
 

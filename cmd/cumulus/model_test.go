@@ -11,14 +11,28 @@ import (
 func TestModelCommands(t *testing.T) {
 	repo := t.TempDir()
 	out, err := cumulus("model", "gen", "--name", "g", "--type", "fm", "--dim", "3", "--params", "5000", "--partitions", "3", "--repo", repo).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "published g version 1: fm, 5000 features, 3 partitions") {
+	if err != nil || !strings.Contains(string(out), "published g version 1: fm dim 3, 5000 features, 3 partitions") {
 		t.Fatalf("gen: %v\n%s", err, out)
+	}
+	out, err = cumulus("model", "gen", "--name", "f", "--type", "ffm", "--fields", "4", "--dim", "2", "--encoding", "int8", "--params", "3000", "--partitions", "2", "--repo", repo).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "published f version 1: ffm fields 4 dim 2, 3000 features, 2 partitions") {
+		t.Fatalf("gen ffm: %v\n%s", err, out)
+	}
+	out, err = cumulus("model", "gen", "--name", "x", "--type", "lr", "--fields", "4", "--repo", repo).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "an lr model takes no fields") {
+		t.Fatalf("gen lr with fields: %v\n%s", err, out)
 	}
 	tsv := filepath.Join(t.TempDir(), "m.tsv")
 	os.WriteFile(tsv, []byte("type fm\ndim 2\nbias 0.5\n1 0.1 0.2 0.3\n2 -0.1 0.2 -0.3\n"), 0o644)
 	out, err = cumulus("model", "import", "--format", "tsv", "--name", "t", "--repo", repo, tsv).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "published t version 1: fm, 2 features") {
+	if err != nil || !strings.Contains(string(out), "published t version 1: fm dim 2, 2 features") {
 		t.Fatalf("tsv import: %v\n%s", err, out)
+	}
+	ffm := filepath.Join(t.TempDir(), "ffm.tsv")
+	os.WriteFile(ffm, []byte("type ffm\nfields 2\ndim 2\nbias 0.1\n7 0.5 0.1 0.2 0.3 0.4\n"), 0o644)
+	out, err = cumulus("model", "import", "--format", "tsv", "--name", "tf", "--repo", repo, ffm).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "published tf version 1: ffm fields 2 dim 2, 1 features") {
+		t.Fatalf("ffm tsv import: %v\n%s", err, out)
 	}
 	os.WriteFile(tsv, []byte("type fm\ndim 2\n1 0.1 0.2\n"), 0o644)
 	out, err = cumulus("model", "import", "--format", "tsv", "--name", "t", "--repo", repo, tsv).CombinedOutput()

@@ -8,17 +8,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // Shard N keeps its copies of mapped partitions in DataDir/shard-N, next
 // to etcd's DataDir/etcd.
 func TestShardDataDirs(t *testing.T) {
 	repo := loader.Repo{Dir: t.TempDir()}
-	m := &loader.Sparse{Type: codec.TypeLR}
+	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
 	for k := uint64(1); k <= 1000; k++ {
 		m.Keys = append(m.Keys, k)
 		m.Values = append(m.Values, float32(k))

@@ -1,53 +1,41 @@
-// Package reference scores requests the slow, obvious way: a map of
-// weights and the pairwise FM sum Σ_{i<j} ⟨v_i, v_j⟩ x_i x_j, in float64.
-// Tests compare the serving path against it; it shares no code with the
-// router's scorer.
+// Package reference holds a whole model in a map and scores rows with
+// model's reference scorer (pairwise sums as the formulas are written,
+// in float64). Tests compare the serving path against it; it shares no
+// code with the router's scorers.
 package reference
 
 import (
-	"math"
-
-	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // Model is a model held for reference scoring.
 type Model struct {
-	m    *loader.Sparse
 	vecs map[uint64][]float32
+	ref  *model.Reference
 }
 
 // New indexes a model.
 func New(m *loader.Sparse) *Model {
-	r := &Model{m: m, vecs: map[uint64][]float32{}}
+	r := &Model{vecs: map[uint64][]float32{}}
+	w := m.Width()
 	for i, k := range m.Keys {
-		r.vecs[k] = m.Values[i*m.Width() : (i+1)*m.Width()]
+		r.vecs[k] = m.Values[i*w : (i+1)*w]
 	}
+	ref, err := m.Shape.Reference(m.Bias, func(id uint64) []float32 { return r.vecs[id] })
+	if err != nil {
+		panic("reference: " + err.Error()) // tests build valid models
+	}
+	r.ref = ref
 	return r
 }
 
-// Score is the probability for one row of features (ids, xs).
+// Score is the probability for one row of features (ids, xs), all of
+// field 0.
 func (r *Model) Score(ids []uint64, xs []float64) float64 {
-	z := r.m.Bias
-	for i, id := range ids {
-		if v, ok := r.vecs[id]; ok {
-			z += float64(v[0]) * xs[i]
-		}
-	}
-	if r.m.Type == codec.TypeFM {
-		for i := range ids {
-			for j := i + 1; j < len(ids); j++ {
-				vi, vj := r.vecs[ids[i]], r.vecs[ids[j]]
-				if vi == nil || vj == nil {
-					continue
-				}
-				dot := 0.0
-				for f := 1; f < len(vi); f++ {
-					dot += float64(vi[f]) * float64(vj[f])
-				}
-				z += dot * xs[i] * xs[j]
-			}
-		}
-	}
-	return 1 / (1 + math.Exp(-z))
+	return r.ref.Score(model.Row{IDs: ids, Xs: xs, Fields: make([]int32, len(ids))})
 }
+
+// ScoreRow is the probability for one row: its own and the shared
+// features, with their values and fields.
+func (r *Model) ScoreRow(row model.Row) float64 { return r.ref.Score(row) }

@@ -27,6 +27,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // Schema is the newest record layout this build reads.
@@ -174,9 +176,11 @@ type Assignment struct {
 // VersionInfo is what routers need to score one version and what
 // everyone checks shards' reports against.
 type VersionInfo struct {
-	Version  uint64  `json:"version"`
-	Type     string  `json:"type"`
-	Dim      int     `json:"dim"`
+	Version uint64 `json:"version"`
+	// The type and its parameters; new types' fields are added without a
+	// schema change: a reader that does not know them does not know the
+	// type either, and serves none of the version.
+	model.Shape
 	Bias     float64 `json:"bias"`
 	Encoding string  `json:"encoding,omitempty"`
 	// Hash is the partition function's name (internal/partition).

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // A serving map record lists every kept version's identities and chain:
@@ -21,9 +23,8 @@ import (
 
 // versionInfoJSON is VersionInfo as stored.
 type versionInfoJSON struct {
-	Version  uint64  `json:"version"`
-	Type     string  `json:"type"`
-	Dim      int     `json:"dim"`
+	Version uint64 `json:"version"`
+	model.Shape
 	Bias     float64 `json:"bias"`
 	Encoding string  `json:"encoding,omitempty"`
 	Hash     string  `json:"hash"`
@@ -49,7 +50,7 @@ const MaxPartitions = 1 << 20
 
 // MarshalJSON writes the compact form.
 func (v VersionInfo) MarshalJSON() ([]byte, error) {
-	j := versionInfoJSON{Version: v.Version, Type: v.Type, Dim: v.Dim, Bias: v.Bias, Encoding: v.Encoding, Hash: v.Hash,
+	j := versionInfoJSON{Version: v.Version, Shape: v.Shape, Bias: v.Bias, Encoding: v.Encoding, Hash: v.Hash,
 		Runs: runs(v.Chain)}
 	if raw, ok := digests(v.IDs); ok {
 		j.Digests = base64.RawStdEncoding.EncodeToString(raw)
@@ -66,7 +67,7 @@ func (v *VersionInfo) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
-	*v = VersionInfo{Version: j.Version, Type: j.Type, Dim: j.Dim, Bias: j.Bias, Encoding: j.Encoding, Hash: j.Hash}
+	*v = VersionInfo{Version: j.Version, Shape: j.Shape, Bias: j.Bias, Encoding: j.Encoding, Hash: j.Hash}
 	switch {
 	case j.IDs != nil && j.Digests != "":
 		return errors.New("version info has both ids and digests")

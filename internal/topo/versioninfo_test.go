@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 func digestIDs(n int) []string {
@@ -29,9 +31,9 @@ func TestVersionInfoForms(t *testing.T) {
 	}
 	chain = append(chain, 650, 640, 639, 1)
 	for _, in := range []VersionInfo{
-		{Version: 900, Type: "fm", Dim: 8, Bias: 0.5, Hash: "h", IDs: digestIDs(64), Chain: chain},
-		{Version: 3, Type: "lr", IDs: []string{"a", "b"}, Chain: []uint64{3}},
-		{Version: 4, Type: "lr", IDs: append(digestIDs(1), strings.ToUpper(digestIDs(1)[0])), Chain: []uint64{4, 2}},
+		{Version: 900, Shape: model.Shape{Type: "fm", Dim: 8}, Bias: 0.5, Hash: "h", IDs: digestIDs(64), Chain: chain},
+		{Version: 3, Shape: model.Shape{Type: "lr"}, IDs: []string{"a", "b"}, Chain: []uint64{3}},
+		{Version: 4, Shape: model.Shape{Type: "lr"}, IDs: append(digestIDs(1), strings.ToUpper(digestIDs(1)[0])), Chain: []uint64{4, 2}},
 	} {
 		b, err := json.Marshal(in)
 		if err != nil {
