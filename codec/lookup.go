@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"unsafe"
 )
 
 // Lookup request, router → shard. Integers are unsigned LEB128 varints
@@ -185,15 +186,44 @@ func (r *LookupRequest) Decode(b []byte) error {
 // bits (LSB first, 64 per word); values holds w floats per found key in
 // key order.
 func AppendLookupResponse(dst []byte, n, w int, found []uint64, values []float32) []byte {
+	return AppendLookupResponseRaw(dst, n, w, found, AppendFloat32s(nil, values))
+}
+
+// AppendLookupResponseRaw is AppendLookupResponse with the values already
+// encoded, little-endian float32s as a record stores fp32 values: a shard
+// copies them from its records.
+func AppendLookupResponseRaw(dst []byte, n, w int, found []uint64, values []byte) []byte {
+	dst, at := StartLookupResponse(dst, n, w)
+	dst = append(dst, values...)
+	FinishLookupResponse(dst, at, n, found)
+	return dst
+}
+
+// StartLookupResponse appends a response's header and room for its
+// bitmap, and returns where the bitmap is: the caller appends the values
+// (little-endian float32s, w per found key) and then fills the bitmap
+// with FinishLookupResponse. A shard writes values straight from its
+// records into the response this way.
+func StartLookupResponse(dst []byte, n, w int) (out []byte, bitmapAt int) {
 	dst = append(dst, magicResponse, wireVersion)
 	dst = binary.AppendUvarint(dst, uint64(n))
 	dst = binary.AppendUvarint(dst, uint64(w))
-	nb := (n + 7) / 8
-	for i := 0; i < nb; i++ {
-		dst = append(dst, byte(found[i/8]>>(8*(i%8))))
+	at := len(dst)
+	return append(dst, make([]byte, (n+7)/8)...), at
+}
+
+// FinishLookupResponse writes found, a bitmap of n bits (LSB first, 64
+// per word), at b[bitmapAt:].
+func FinishLookupResponse(b []byte, bitmapAt, n int, found []uint64) {
+	for i := range (n + 7) / 8 {
+		b[bitmapAt+i] = byte(found[i/8] >> (8 * (i % 8)))
 	}
-	for _, v := range values {
-		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
+}
+
+// AppendFloat32s appends v as little-endian float32s.
+func AppendFloat32s(dst []byte, v []float32) []byte {
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(x))
 	}
 	return dst
 }
@@ -212,6 +242,24 @@ func (r *LookupResponse) Found(i int) bool { return r.Bitmap[i>>3]>>(i&7)&1 == 1
 func (r *LookupResponse) Value(k, j int) float32 {
 	return math.Float32frombits(binary.LittleEndian.Uint32(r.Values[4*(k*r.Width+j):]))
 }
+
+// Record writes the k-th found key's Width values into dst.
+func (r *LookupResponse) Record(k int, dst []float32) {
+	src := r.Values[4*k*r.Width : 4*(k+1)*r.Width]
+	if littleEndian {
+		// The wire's order is the machine's: one copy, bytes to bytes
+		// (no alignment assumed).
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(dst))), len(src)), src)
+		return
+	}
+	for j := range dst[:r.Width] {
+		dst[j] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*j:]))
+	}
+}
+
+// littleEndian reports whether this machine stores numbers as the wire
+// does.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // Decode parses b, checking it answers exactly n keys of width w.
 func (r *LookupResponse) Decode(b []byte, n, w int) error {

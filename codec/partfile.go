@@ -305,6 +305,31 @@ func EncodeRecord(rec []byte, h uint64, vals []float32, e Encoding) {
 	}
 }
 
+// AppendRecordValues appends a record's width values as little-endian
+// float32s (what a lookup response carries): fp32 records' bytes as they
+// are, others decoded.
+func AppendRecordValues(dst []byte, rec []byte, width int, e Encoding) []byte {
+	if e == EncFP32 {
+		return append(dst, rec[8:8+4*width]...)
+	}
+	dst = append(dst, rec[8:12]...) // the weight, always fp32
+	switch e {
+	case EncFP16:
+		for j := range width - 1 {
+			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(float16.Frombits(binary.LittleEndian.Uint16(rec[12+2*j:])).Float32()))
+		}
+	case EncInt8:
+		if width == 1 {
+			return dst
+		}
+		scale := math.Float32frombits(binary.LittleEndian.Uint32(rec[12:]))
+		for j := range width - 1 {
+			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(float32(int8(rec[16+j]))*scale))
+		}
+	}
+	return dst
+}
+
 // DecodeRecord writes a record's width values into dst.
 func DecodeRecord(dst []float32, rec []byte, e Encoding) {
 	dst[0] = math.Float32frombits(binary.LittleEndian.Uint32(rec[8:]))

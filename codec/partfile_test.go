@@ -235,3 +235,35 @@ func FuzzVerifyStream(f *testing.F) {
 		}
 	})
 }
+
+// TestRecordValuesOnTheWire: what a shard sends for a record
+// (AppendRecordValues) and what a router reads back (Record) are the
+// values DecodeRecord gives, for every encoding.
+func TestRecordValuesOnTheWire(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	for _, e := range []Encoding{EncFP32, EncFP16, EncInt8} {
+		for _, width := range []int{1, 2, 9, 81} {
+			rec := make([]byte, RecordSize(width, e))
+			vals := make([]float32, width)
+			for j := range vals {
+				vals[j] = float32(rng.NormFloat64())
+			}
+			EncodeRecord(rec, 42, vals, e)
+			want := make([]float32, width)
+			DecodeRecord(want, rec, e)
+			wire := AppendRecordValues([]byte{0xee}, rec, width, e)[1:]
+			resp := AppendLookupResponseRaw(nil, 2, width, []uint64{0b10}, wire)
+			var r LookupResponse
+			if err := r.Decode(resp, 2, width); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]float32, width)
+			r.Record(0, got)
+			for j := range want {
+				if math.Float32bits(got[j]) != math.Float32bits(want[j]) || r.Value(0, j) != want[j] {
+					t.Fatalf("%s width %d value %d: %v on the wire, %v decoded", e, width, j, got[j], want[j])
+				}
+			}
+		}
+	}
+}

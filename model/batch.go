@@ -41,11 +41,13 @@ func (s Shape) Scorer(bias float64) (Scorer, error) {
 // once grown.
 type Scratch struct {
 	f64   []float64
+	f32   []float32
 	flags []bool
 	i32   []int32
 }
 
 func (s *Scratch) float64s(n int) []float64 { s.f64 = grow(s.f64, n); return s.f64 }
+func (s *Scratch) float32s(n int) []float32 { s.f32 = grow(s.f32, n); return s.f32 }
 func (s *Scratch) bools(n int) []bool       { s.flags = grow(s.flags, n); return s.flags }
 func (s *Scratch) int32s(n int) []int32     { s.i32 = grow(s.i32, n); return s.i32 }
 
@@ -57,6 +59,13 @@ func grow[T any](b []T, n int) []T {
 }
 
 func sigmoid(z float64) float32 { return float32(1 / (1 + math.Exp(-z))) }
+
+func x32(vs []float32, i int) float32 {
+	if vs == nil {
+		return 1
+	}
+	return vs[i]
+}
 
 func xval(vs []float32, i int) float64 {
 	if vs == nil {

@@ -1,5 +1,7 @@
 package model
 
+import "github.com/cumulus-serving/cumulus/internal/vec"
+
 // ffm is a field-aware factorization machine: each feature i has a field
 // f_i and, per field g, a latent vector v_{i,g} of dim factors, stored
 // after the weight field by field (field 0's dim values first):
@@ -41,27 +43,29 @@ func (ffm) scorer(s Shape, bias float64) Scorer {
 	return ffmScorer{bias: bias, k: s.Dim, F: s.Fields}
 }
 
-// ffmScorer computes the pair sum through per-field sums, in float64.
-// For a set of features, let S[f][g] = Σ_{i: f_i=f} v_{i,g} x_i (a dim
-// vector). Then
+// ffmScorer computes the pair sum through per-field sums. For a set of
+// features, let S[f][g] = Σ_{i: f_i=f} v_{i,g} x_i (a dim vector). Then
 //
 //	Σ_{i<j} ⟨v_{i,f_j}, v_{j,f_i}⟩ x_i x_j = ½ (Σ_{f,g} ⟨S[f][g], S[g][f]⟩ − Σ_i |v_{i,f_i}|² x_i²)
 //
-// The shared features' sums A and pair sum are computed once per
-// request. Each row sums its own features into B, over the fields it
-// has (P); its pairs with the shared features are Σ_{f∈P, g} ⟨B[f][g],
-// A[g][f]⟩. A row costs fields·dim per feature plus |P|·(fields + |P|)·
-// dim, whatever the number of shared features.
+// The shared features' sums A and their pair sum are computed once per
+// request, and A transposed (T[f][g] = A[g][f]). Each row sums its own
+// features into B, over the fields it has (P); its pairs with the shared
+// features are Σ_{f∈P} ⟨B[f], T[f]⟩, one dot product of fields·dim per
+// field. A row costs fields·dim per feature (one vec.Axpy) plus |P|·
+// (fields + |P|)·dim, whatever the number of shared features. Sums are
+// float32 (as a trainer's forward pass), each row's terms added in
+// float64.
 type ffmScorer struct {
 	bias float64
 	k, F int
 }
 
-// fieldSums is one set of per-field sums: sums[f*F*k + g*k:][:k] is
-// S[f][g]; rows lists the fields f whose S[f] is in use (the others are
-// stale), in first-seen order.
+// fieldSums is one set of per-field sums: sums[f*F*k:][:F*k] is S[f],
+// S[f][g] at offset g*k; rows lists the fields f whose S[f] is in use
+// (the others are stale), in first-seen order.
 type fieldSums struct {
-	sums []float64
+	sums []float32
 	used []bool
 	rows []int32
 	diag float64 // Σ_i |v_{i,f_i}|² x_i²
@@ -76,35 +80,40 @@ func (fs *fieldSums) reset() {
 }
 
 // add adds feature v (a record) with field f and value x.
-func (fs *fieldSums) add(v []float32, f int32, x float64, k, F int) {
-	row := fs.sums[int(f)*F*k : int(f+1)*F*k]
+func (fs *fieldSums) add(v []float32, f int32, x float32, k, F int) {
+	n := F * k
+	row := fs.sums[int(f)*n : int(f+1)*n]
 	if !fs.used[f] {
 		fs.used[f] = true
 		fs.rows = append(fs.rows, f)
 		clear(row)
 	}
-	fs.lin += float64(v[0]) * x
-	for j, vj := range v[1 : 1+F*k] {
-		row[j] += float64(vj) * x
+	fs.lin += float64(v[0]) * float64(x)
+	vec.Axpy(row, x, v[1:1+n])
+	var sq float32
+	for _, o := range v[1+int(f)*k : 1+int(f+1)*k] {
+		sq += o * o
 	}
-	own := v[1+int(f)*k : 1+int(f+1)*k]
-	sq := 0.0
-	for _, vj := range own {
-		sq += float64(vj) * float64(vj)
-	}
-	fs.diag += sq * x * x
+	fs.diag += float64(sq) * float64(x) * float64(x)
 }
 
-// cross is Σ_{f∈a.rows, g∈b.rows} ⟨a.S[f][g], b.S[g][f]⟩.
-func cross(a, b *fieldSums, k, F int) float64 {
+// pairs is Σ_{f,g∈fs.rows} ⟨S[f][g], S[g][f]⟩: each unordered pair of
+// fields once (the sum is symmetric), inline (dim is short: a call per
+// product would cost more than the product).
+func (fs *fieldSums) pairs(k, F int) float64 {
 	z := 0.0
-	for _, f := range a.rows {
-		for _, g := range b.rows {
-			x := a.sums[(int(f)*F+int(g))*k:][:k]
-			y := b.sums[(int(g)*F+int(f))*k:][:k]
+	for a, f := range fs.rows {
+		for _, g := range fs.rows[a:] {
+			x := fs.sums[(int(f)*F+int(g))*k:][:k]
+			y := fs.sums[(int(g)*F+int(f))*k:][:k]
+			var d float32
 			for j := range x {
-				z += x[j] * y[j]
+				d += x[j] * y[j]
 			}
+			if f != g {
+				d *= 2
+			}
+			z += float64(d)
 		}
 	}
 	return z
@@ -112,25 +121,37 @@ func cross(a, b *fieldSums, k, F int) float64 {
 
 func (m ffmScorer) Score(out []float32, b *Batch, s *Scratch) {
 	k, F, w := m.k, m.F, 1+m.F*m.k
-	buf := s.float64s(2 * F * F * k)
+	n := F * k
+	buf := s.float32s(3 * F * n)
 	var sh, row fieldSums
-	sh.sums, row.sums = buf[:F*F*k], buf[F*F*k:]
+	sh.sums, row.sums = buf[:F*n], buf[F*n:2*F*n]
+	tr := buf[2*F*n:] // T, zero where the shared features have no field
 	used := s.bools(2 * F)
 	sh.used, row.used = used[:F], used[F:]
 	clear(used)
 	rows := s.int32s(2 * F)
 	sh.rows, row.rows = rows[:0:F], rows[F:F:2*F]
 	for i, u := range b.SharedPos {
-		sh.add(b.Vals[int(u)*w:int(u+1)*w], b.SharedFields[i], xval(b.SharedValues, i), k, F)
+		sh.add(b.Vals[int(u)*w:int(u+1)*w], b.SharedFields[i], x32(b.SharedValues, i), k, F)
 	}
-	shared := m.bias + sh.lin + 0.5*(cross(&sh, &sh, k, F)-sh.diag)
+	clear(tr)
+	for _, g := range sh.rows {
+		for f := range F {
+			copy(tr[(f*F+int(g))*k:][:k], sh.sums[(int(g)*F+f)*k:][:k])
+		}
+	}
+	shared := m.bias + sh.lin + 0.5*(sh.pairs(k, F)-sh.diag)
 	for r := range out {
 		row.reset()
 		for i := b.RowSplits[r]; i < b.RowSplits[r+1]; i++ {
 			u := int(b.Pos[i])
-			row.add(b.Vals[u*w:(u+1)*w], b.Fields[i], xval(b.Values, int(i)), k, F)
+			row.add(b.Vals[u*w:(u+1)*w], b.Fields[i], x32(b.Values, int(i)), k, F)
 		}
-		z := shared + row.lin + cross(&row, &sh, k, F) + 0.5*(cross(&row, &row, k, F)-row.diag)
+		cross := 0.0
+		for _, f := range row.rows {
+			cross += float64(vec.Dot(row.sums[int(f)*n:][:n], tr[int(f)*n:][:n]))
+		}
+		z := shared + row.lin + cross + 0.5*(row.pairs(k, F)-row.diag)
 		out[r] = sigmoid(z)
 	}
 }

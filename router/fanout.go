@@ -499,9 +499,7 @@ func (w *work) merge(vr *versionRoute, parts []uint32, resp *codec.LookupRespons
 		for _, u := range ids {
 			dst := w.vals[int(u)*width : int(u+1)*width]
 			if resp.Found(i) {
-				for j := range dst {
-					dst[j] = resp.Value(k, j)
-				}
+				resp.Record(k, dst)
 				k++
 			} else {
 				clear(dst) // absent features score zero

@@ -2,7 +2,9 @@ package shard
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -37,7 +39,7 @@ type scratch struct {
 	pkeys   []uint64
 	ws      []float32
 	found   []uint64
-	vals    []float32
+	vals    []byte // found keys' values, as the response carries them
 }
 
 // lookupLayers answers keys from a partition's stack — deltas newest
@@ -88,14 +90,13 @@ func (sc *scratch) lookupLayers(ctx context.Context, layers []*Table, keys []uin
 	}
 	for j := range keys {
 		if li := sc.layer[j]; li >= 0 {
-			at := len(sc.vals)
-			sc.vals = resize(sc.vals, at+w)
-			layers[li].Decode(int(sc.idx[j]), sc.vals[at:])
-			if codec.IsTombstone(sc.vals[at]) {
-				sc.vals = sc.vals[:at]
-			} else {
-				sc.found[i>>6] |= 1 << (i & 63)
+			t, r := layers[li], int(sc.idx[j])
+			if codec.IsTombstone(t.Weight(r)) {
+				i++
+				continue
 			}
+			sc.vals = t.AppendValues(sc.vals, r)
+			sc.found[i>>6] |= 1 << (i & 63)
 		}
 		i++
 	}
@@ -106,7 +107,7 @@ func (s *Shard) countFault(kind string) { s.metrics.faults.WithLabelValues(kind)
 
 // scratches keeps lookup scratch across garbage collections (see
 // internal/scratch).
-var scratches = scratchlist.New(8, func() *scratch { return new(scratch) }, func(sc *scratch) bool { return cap(sc.vals) <= 1<<22 })
+var scratches = scratchlist.New(8, func() *scratch { return new(scratch) }, func(sc *scratch) bool { return cap(sc.vals) <= 1<<24 })
 
 // Lookup implements Service on what the shard holds now. It stops, with
 // the context's error, between partitions and before reading a mapped
@@ -161,7 +162,12 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 	for range (n + 63) / 64 {
 		sc.found = append(sc.found, 0)
 	}
-	sc.vals = sc.vals[:0]
+	// Values go straight into the response, after its header and bitmap,
+	// room made for every key found (up to 4 MiB: keys not found must not
+	// cost memory up front).
+	var at int
+	sc.vals, at = codec.StartLookupResponse(append(make([]byte, 0, len(prefix)+16+(n+7)/8+min(4*n*w, 4<<20)), prefix...), n, w)
+	defer func() { sc.vals = nil }() // the response is the caller's
 	i := 0
 	for _, sec := range sc.req.Sections {
 		if err := ctx.Err(); err != nil {
@@ -186,7 +192,7 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 			for j, r := range sc.idx {
 				if r >= 0 {
 					sc.found[i>>6] |= 1 << (i & 63)
-					sc.vals = append(sc.vals, sc.ws[j])
+					sc.vals = binary.LittleEndian.AppendUint32(sc.vals, math.Float32bits(sc.ws[j]))
 				}
 				i++
 			}
@@ -196,16 +202,14 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 		for _, r := range sc.idx {
 			if r >= 0 {
 				sc.found[i>>6] |= 1 << (i & 63)
-				n := len(sc.vals)
-				sc.vals = resize(sc.vals, n+w)
-				t.Decode(int(r), sc.vals[n:])
+				sc.vals = t.AppendValues(sc.vals, int(r))
 			}
 			i++
 		}
 	}
 	s.metrics.keys.Add(float64(n))
-	dst := append(make([]byte, 0, len(prefix)+16+n/8+4*len(sc.vals)), prefix...)
-	return codec.AppendLookupResponse(dst, n, w, sc.found, sc.vals), nil
+	codec.FinishLookupResponse(sc.vals, at, n, sc.found)
+	return sc.vals, nil
 }
 
 // serviceDesc registers a Service on a gRPC server without protobuf: the
@@ -286,7 +290,7 @@ func StackWeights(layers []*Table, keys []uint64, w []float32, found []bool, s *
 		found[j] = sc.found[j>>6]>>(j&63)&1 == 1
 		w[j] = 0
 		if found[j] {
-			w[j] = sc.vals[k]
+			w[j] = math.Float32frombits(binary.LittleEndian.Uint32(sc.vals[4*k:]))
 			k++
 		}
 	}

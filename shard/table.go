@@ -152,6 +152,17 @@ func (t *Table) Decode(i int, dst []float32) {
 	codec.DecodeRecord(dst, t.rec[i*t.rs:(i+1)*t.rs], t.enc)
 }
 
+// AppendValues appends record i's Width values to dst as little-endian
+// float32s (codec.AppendRecordValues).
+func (t *Table) AppendValues(dst []byte, i int) []byte {
+	return codec.AppendRecordValues(dst, t.rec[i*t.rs:(i+1)*t.rs], t.width, t.enc)
+}
+
+// Weight is record i's linear weight.
+func (t *Table) Weight(i int) float32 {
+	return math.Float32frombits(binary.LittleEndian.Uint32(t.rec[i*t.rs+8:]))
+}
+
 // Len is the number of keys.
 func (t *Table) Len() int { return t.n }
 
