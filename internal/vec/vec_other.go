@@ -2,7 +2,18 @@
 
 package vec
 
-const useAVX = false
+const (
+	useAVX    = false
+	useAVX512 = false
+)
 
 func axpyAVX(y, x *float32, a float32, n int) { panic("vec: no assembly kernels on this platform") }
 func dotAVX(x, y *float32, n int) float32     { panic("vec: no assembly kernels on this platform") }
+
+func tile12x32(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k int) {
+	panic("vec: no assembly kernels on this platform")
+}
+
+func tile6x16(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k int) {
+	panic("vec: no assembly kernels on this platform")
+}
