@@ -385,7 +385,7 @@ var tsvRejects = map[string]struct{ text, says string }{
 	"unknown":       {"type lr\ncolor red\n", "unknown header \"color\""},
 	"negative id":   {"type lr\n-1 0.5\n", "feature id \"-1\" is not an integer"},
 	"overflow f32":  {"type lr\n1 1e39\n", "parsing \"1e39\""},
-	"unknown type":  {"type svm\n", "type \"svm\" is not one of ffm, fm, lr"},
+	"unknown type":  {"type svm\n", "type \"svm\" is not one of dnn, ffm, fm, lr"},
 	"huge dim":      {"type fm\ndim 100000\n", "dim 100000 outside 1..1024"},
 	"empty":         {"", "no \"type\" header"},
 	"bias not num":  {"type lr\nbias x\n", "parsing \"x\""},

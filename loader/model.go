@@ -23,6 +23,9 @@ type Sparse struct {
 	// HasBias says the source named the bias (a TSV's bias header), so
 	// that a delta's upserts can carry a new bias (PublishDelta).
 	HasBias bool
+	// Dense is the dense part of a type that has one (model.Shape.
+	// HasDense).
+	Dense *model.Dense
 }
 
 // check refuses duplicate keys and non-finite numbers.

@@ -15,6 +15,7 @@ type Batch struct {
 	SharedValues []float32 // per shared feature; nil: all 1
 	Fields       []int32   // per feature; field-aware types only
 	SharedFields []int32   // per shared feature; field-aware types only
+	Dense        []float32 // rows × DenseInputs continuous features (DNN)
 	Pos          []int32
 	SharedPos    []int32
 	Vals         []float32
@@ -28,12 +29,28 @@ type Scorer interface {
 	Score(out []float32, b *Batch, s *Scratch)
 }
 
-// Scorer is the scorer of a version of shape s and global bias.
-func (s Shape) Scorer(bias float64) (Scorer, error) {
-	if err := s.Validate(); err != nil {
+// Scorer is the scorer of a version of shape s, global bias and, for a
+// type with one (HasDense), dense part d, which must chain from the
+// shape's inputs to one output.
+func (s Shape) Scorer(bias float64, d *Dense) (Scorer, error) {
+	if err := s.checkDense(d); err != nil {
 		return nil, err
 	}
-	return s.kind().scorer(s, bias), nil
+	return s.kind().scorer(s, bias, d)
+}
+
+// checkDense validates s, and d against it.
+func (s Shape) checkDense(d *Dense) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	if !s.HasDense() {
+		return nil
+	}
+	if err := d.Check(s.DenseIn()); err != nil {
+		return fmt.Errorf("%s: %w", s, err)
+	}
+	return nil
 }
 
 // Scratch is a scorer's reusable memory; its zero value is ready. Kept
@@ -78,9 +95,20 @@ func xval(vs []float32, i int) float64 {
 // beyond the tensor contract (which the front and router.Request check):
 // a field-aware type needs fields for every feature, and shared_fields
 // exactly when there are shared features, each in 0..Fields-1; an FFM
-// row has at most RowLimit own features. Types that are not field-aware
-// ignore fields. Errors wrap ErrInvalid and name the input.
+// row has at most RowLimit own features; a DNN with dense inputs needs
+// them for every row. Types that are not field-aware ignore fields, and
+// types without dense inputs ignore dense. Errors wrap ErrInvalid and
+// name the input.
 func (s Shape) CheckRequest(b *Batch, features, shared int) error {
+	if s.DenseInputs > 0 {
+		rows := max(len(b.RowSplits)-1, 0)
+		switch {
+		case b.Dense == nil:
+			return fmt.Errorf("%w: missing input \"dense\" (FP32 [%d, %d]): this %s version takes %d continuous features per row", ErrInvalid, rows, s.DenseInputs, s.Type, s.DenseInputs)
+		case len(b.Dense) != rows*s.DenseInputs:
+			return fmt.Errorf("%w: input \"dense\" has %d elements; this %s version takes %d per row, %d for %d rows", ErrInvalid, len(b.Dense), s.Type, s.DenseInputs, rows*s.DenseInputs, rows)
+		}
+	}
 	if !s.FieldAware() {
 		return nil
 	}
@@ -138,16 +166,20 @@ func (s Shape) Inputs() []Input {
 	if s.FieldAware() {
 		in = append(in, Input{"fields", "INT32", []int64{-1}, true}, Input{"shared_fields", "INT32", []int64{-1}, false})
 	}
+	if s.DenseInputs > 0 {
+		in = append(in, Input{"dense", "FP32", []int64{-1, int64(s.DenseInputs)}, true})
+	}
 	return in
 }
 
 // Row is one row for the reference scorer: its features, the row's own
 // and the shared ones alike, with their values and (field-aware types)
-// fields.
+// fields; and its continuous features (DNN).
 type Row struct {
 	IDs    []uint64
 	Xs     []float64
 	Fields []int32
+	Dense  []float32
 }
 
 // Reference scores rows the slow, obvious way (pairwise sums as the
@@ -157,13 +189,14 @@ type Reference struct {
 	z func(Row) float64
 }
 
-// Reference is the reference scorer of a version of shape s and bias,
-// whose records vec returns (nil for an id the model lacks).
-func (s Shape) Reference(bias float64, vec func(id uint64) []float32) (*Reference, error) {
-	if err := s.Validate(); err != nil {
+// Reference is the reference scorer of a version of shape s, bias and
+// dense part d (for a type with one), whose records vec returns (nil for
+// an id the model lacks).
+func (s Shape) Reference(bias float64, vec func(id uint64) []float32, d *Dense) (*Reference, error) {
+	if err := s.checkDense(d); err != nil {
 		return nil, err
 	}
-	return &Reference{z: s.kind().reference(s, bias, vec)}, nil
+	return &Reference{z: s.kind().reference(s, bias, vec, d)}, nil
 }
 
 // Score is the probability of row.

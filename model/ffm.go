@@ -39,8 +39,8 @@ func (ffm) genDefaults(s *Shape) {
 	}
 }
 
-func (ffm) scorer(s Shape, bias float64) Scorer {
-	return ffmScorer{bias: bias, k: s.Dim, F: s.Fields}
+func (ffm) scorer(s Shape, bias float64, _ *Dense) (Scorer, error) {
+	return ffmScorer{bias: bias, k: s.Dim, F: s.Fields}, nil
 }
 
 // ffmScorer computes the pair sum through per-field sums. For a set of
@@ -157,10 +157,10 @@ func (m ffmScorer) Score(out []float32, b *Batch, s *Scratch) {
 }
 
 // reference is the pairwise sum, as written.
-func (ffm) reference(s Shape, bias float64, vec func(uint64) []float32) func(Row) float64 {
+func (ffm) reference(s Shape, bias float64, vec func(uint64) []float32, _ *Dense) func(Row) float64 {
 	k := s.Dim
 	return func(row Row) float64 {
-		z := lr{}.reference(Shape{}, bias, vec)(row)
+		z := lr{}.reference(Shape{}, bias, vec, nil)(row)
 		for i := range row.IDs {
 			for j := i + 1; j < len(row.IDs); j++ {
 				vi, vj := vec(row.IDs[i]), vec(row.IDs[j])

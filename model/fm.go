@@ -14,7 +14,9 @@ func (fm) genDefaults(s *Shape) {
 		s.Dim = 8
 	}
 }
-func (fm) scorer(s Shape, bias float64) Scorer { return fmScorer{bias: bias, dim: s.Dim} }
+func (fm) scorer(s Shape, bias float64, _ *Dense) (Scorer, error) {
+	return fmScorer{bias: bias, dim: s.Dim}, nil
+}
 
 type fmScorer struct {
 	bias float64
@@ -63,9 +65,9 @@ func (m fmScorer) Score(out []float32, b *Batch, s *Scratch) {
 }
 
 // reference is the pairwise sum, as written.
-func (fm) reference(_ Shape, bias float64, vec func(uint64) []float32) func(Row) float64 {
+func (fm) reference(_ Shape, bias float64, vec func(uint64) []float32, _ *Dense) func(Row) float64 {
 	return func(row Row) float64 {
-		z := lr{}.reference(Shape{}, bias, vec)(row)
+		z := lr{}.reference(Shape{}, bias, vec, nil)(row)
 		for i := range row.IDs {
 			for j := i + 1; j < len(row.IDs); j++ {
 				vi, vj := vec(row.IDs[i]), vec(row.IDs[j])

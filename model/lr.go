@@ -3,12 +3,12 @@ package model
 // lr is logistic regression: z = bias + Σ w_i x_i, one value per key.
 type lr struct{}
 
-func (lr) check(Shape) error                   { return nil }
-func (lr) takes() []string                     { return nil }
-func (lr) width(Shape) int                     { return 1 }
-func (lr) fieldAware() bool                    { return false }
-func (lr) genDefaults(*Shape)                  {}
-func (lr) scorer(_ Shape, bias float64) Scorer { return lrScorer{bias} }
+func (lr) check(Shape) error                                      { return nil }
+func (lr) takes() []string                                        { return nil }
+func (lr) width(Shape) int                                        { return 1 }
+func (lr) fieldAware() bool                                       { return false }
+func (lr) genDefaults(*Shape)                                     {}
+func (lr) scorer(_ Shape, bias float64, _ *Dense) (Scorer, error) { return lrScorer{bias}, nil }
 
 type lrScorer struct{ bias float64 }
 
@@ -26,7 +26,7 @@ func (l lrScorer) Score(out []float32, b *Batch, _ *Scratch) {
 	}
 }
 
-func (lr) reference(_ Shape, bias float64, vec func(uint64) []float32) func(Row) float64 {
+func (lr) reference(_ Shape, bias float64, vec func(uint64) []float32, _ *Dense) func(Row) float64 {
 	return func(row Row) float64 {
 		z := bias
 		for i, id := range row.IDs {

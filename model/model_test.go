@@ -14,10 +14,32 @@ type randModel struct {
 	shape Shape
 	bias  float64
 	recs  map[uint64][]float32
+	dense *Dense
 }
 
-func newRandModel(rng *rand.Rand, s Shape, held int) *randModel {
+// randDense is a dense part from in inputs through hidden layers to one
+// output.
+func randDense(rng *rand.Rand, in int, hidden ...int) *Dense {
+	d := &Dense{}
+	for _, out := range append(hidden, 1) {
+		l := Layer{In: in, Out: out, W: make([]float32, in*out), B: make([]float32, out)}
+		for i := range l.W {
+			l.W[i] = float32(rng.NormFloat64() / math.Sqrt(float64(in)))
+		}
+		for i := range l.B {
+			l.B[i] = float32(rng.NormFloat64() * 0.1)
+		}
+		d.Layers = append(d.Layers, l)
+		in = out
+	}
+	return d
+}
+
+func newRandModel(rng *rand.Rand, s Shape, held int, hidden ...int) *randModel {
 	m := &randModel{shape: s, bias: rng.Float64() - 0.5, recs: map[uint64][]float32{}}
+	if s.HasDense() {
+		m.dense = randDense(rng, s.DenseIn(), hidden...)
+	}
 	for id := range uint64(held) {
 		v := make([]float32, s.Width())
 		for j := range v {
@@ -63,6 +85,9 @@ func (m *randModel) request(rng *rand.Rand, rows, perRow, shared, idSpace int, w
 		}
 	}
 	rq.b.RowSplits = []int64{0}
+	for range rows * m.shape.DenseInputs {
+		rq.b.Dense = append(rq.b.Dense, float32(rng.NormFloat64()))
+	}
 	for range rows {
 		for range rng.IntN(perRow + 1) {
 			id := uint64(rng.IntN(idSpace))
@@ -97,26 +122,38 @@ func (rq *randReq) row(r int) Row {
 		row.Xs = append(row.Xs, x(rq.b.SharedValues, i))
 		row.Fields = append(row.Fields, rq.b.SharedFields[i])
 	}
+	if D := len(rq.b.Dense) / max(len(rq.b.RowSplits)-1, 1); len(rq.b.Dense) > 0 {
+		row.Dense = rq.b.Dense[r*D : (r+1)*D]
+	}
 	return row
 }
 
 func TestScorersMatchReference(t *testing.T) {
-	shapes := []Shape{
-		{Type: LR},
-		{Type: FM, Dim: 4},
-		{Type: FFM, Dim: 3, Fields: 5},
-		{Type: FFM, Dim: 1, Fields: 1},
-		{Type: FFM, Dim: 8, Fields: 20},
+	shapes := []struct {
+		s      Shape
+		hidden []int
+	}{
+		{Shape{Type: LR}, nil},
+		{Shape{Type: FM, Dim: 4}, nil},
+		{Shape{Type: FFM, Dim: 3, Fields: 5}, nil},
+		{Shape{Type: FFM, Dim: 1, Fields: 1}, nil},
+		{Shape{Type: FFM, Dim: 8, Fields: 20}, nil},
+		{Shape{Type: DNN, Dim: 4, Fields: 3, Pooling: "sum"}, []int{16}},
+		{Shape{Type: DNN, Dim: 4, Fields: 3, Pooling: "mean"}, []int{16}},
+		{Shape{Type: DNN, Dim: 8, Fields: 6, Pooling: "sum", DenseInputs: 5}, []int{64, 32}},
+		{Shape{Type: DNN, Dim: 3, Fields: 7, Pooling: "mean", DenseInputs: 2}, []int{37, 5}},
+		{Shape{Type: DNN, Dim: 2, Fields: 2, Pooling: "sum"}, nil}, // one layer: in → 1
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, s := range shapes {
+	for _, c := range shapes {
+		s := c.s
 		t.Run(s.String(), func(t *testing.T) {
-			m := newRandModel(rng, s, 300)
-			sc, err := s.Scorer(m.bias)
+			m := newRandModel(rng, s, 300, c.hidden...)
+			sc, err := s.Scorer(m.bias, m.dense)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ref, err := s.Reference(m.bias, m.vec)
+			ref, err := s.Reference(m.bias, m.vec, m.dense)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -143,9 +180,9 @@ func TestScorersMatchReference(t *testing.T) {
 
 func TestScoreAllocationFree(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	for _, s := range []Shape{{Type: LR}, {Type: FM, Dim: 8}, {Type: FFM, Dim: 4, Fields: 20}} {
-		m := newRandModel(rng, s, 1000)
-		sc, _ := s.Scorer(m.bias)
+	for _, s := range []Shape{{Type: LR}, {Type: FM, Dim: 8}, {Type: FFM, Dim: 4, Fields: 20}, {Type: DNN, Dim: 16, Fields: 20, Pooling: "mean", DenseInputs: 3}} {
+		m := newRandModel(rng, s, 1000, 256, 128)
+		sc, _ := s.Scorer(m.bias, m.dense)
 		rq := m.request(rng, 200, 100, 400, 2000, true)
 		out := make([]float32, 200)
 		var scratch Scratch

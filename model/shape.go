@@ -5,7 +5,7 @@
 // generator's defaults. It sits below codec, so manifest validation uses
 // it; grep finds the type names here and in the importers only.
 //
-// A type is one file: lr.go, fm.go, ffm.go. Each implements kind.
+// A type is one file: lr.go, fm.go, ffm.go, dnn.go. Each implements kind.
 package model
 
 import (
@@ -22,6 +22,7 @@ const (
 	LR  = "lr"  // σ(bias + Σ w_i x_i); one value per key
 	FM  = "fm"  // adds Σ_{i<j} ⟨v_i, v_j⟩ x_i x_j; 1+dim values per key
 	FFM = "ffm" // adds Σ_{i<j} ⟨v_{i,f_j}, v_{j,f_i}⟩ x_i x_j; 1+fields·dim values per key
+	DNN = "dnn" // embedding + MLP: pooled embeddings per field through dense layers; 1+dim values per key
 )
 
 // Limits of a shape. A record has at most MaxWidth values; an FFM
@@ -55,6 +56,12 @@ type Shape struct {
 	// MaxRowFeatures bounds an FFM request's own features per row (shared
 	// ones excepted); 0 means DefaultMaxRowFeatures.
 	MaxRowFeatures int `json:"max_row_features,omitempty"`
+	// Pooling is how a DNN pools a field's embeddings: "sum", or "mean"
+	// over the features present.
+	Pooling string `json:"pooling,omitempty"`
+	// DenseInputs is the number D of continuous features a DNN takes per
+	// row (input "dense", FP32 [rows, D]), after the pooled fields.
+	DenseInputs int `json:"dense_inputs,omitempty"`
 }
 
 // kind is one model type.
@@ -67,13 +74,15 @@ type kind interface {
 	width(s Shape) int
 	// fieldAware types require fields and shared_fields.
 	fieldAware() bool
-	scorer(s Shape, bias float64) Scorer
-	reference(s Shape, bias float64, vec func(id uint64) []float32) func(Row) float64
+	// scorer is the type's scorer; d is the version's dense part (nil
+	// for types without one).
+	scorer(s Shape, bias float64, d *Dense) (Scorer, error)
+	reference(s Shape, bias float64, vec func(id uint64) []float32, d *Dense) func(Row) float64
 	// genDefaults fills the generator's defaults for unset fields.
 	genDefaults(s *Shape)
 }
 
-var kinds = map[string]kind{LR: lr{}, FM: fm{}, FFM: ffm{}}
+var kinds = map[string]kind{LR: lr{}, FM: fm{}, FFM: ffm{}, DNN: dnn{}}
 
 // Types lists the type names, sorted.
 func Types() []string {
@@ -88,8 +97,8 @@ func Types() []string {
 func (s Shape) kind() kind { return kinds[s.Type] }
 
 // Error is a shape refused for one field, named by its text-format
-// header ("type", "dim", "fields", "max_row_features"), so an importer
-// can point at the line that set it.
+// header ("type", "dim", "fields", "max_row_features", "pooling",
+// "dense"), so an importer can point at the line that set it.
 type Error struct {
 	Header string
 	Msg    string
@@ -101,17 +110,20 @@ func shapeErr(header, format string, args ...any) error {
 	return &Error{Header: header, Msg: fmt.Sprintf(format, args...)}
 }
 
-// headers are the optional shape fields, by text-format header name.
-var headers = []string{"dim", "fields", "max_row_features"}
+// headers are the optional numeric shape fields, by text-format header
+// name ("dense" is DenseInputs); "pooling" is the one text field.
+var headers = []string{"dim", "fields", "max_row_features", "dense"}
 
-func (s Shape) field(header string) int {
+func (s *Shape) field(header string) *int {
 	switch header {
 	case "dim":
-		return s.Dim
+		return &s.Dim
 	case "fields":
-		return s.Fields
+		return &s.Fields
 	case "max_row_features":
-		return s.MaxRowFeatures
+		return &s.MaxRowFeatures
+	case "dense":
+		return &s.DenseInputs
 	}
 	panic("model: unknown header " + header)
 }
@@ -124,9 +136,12 @@ func (s Shape) Validate() error {
 		return shapeErr("type", "unknown model type %q (%s)", s.Type, strings.Join(Types(), ", "))
 	}
 	for _, h := range headers {
-		if v := s.field(h); v != 0 && !slices.Contains(k.takes(), h) {
+		if v := *s.field(h); v != 0 && !slices.Contains(k.takes(), h) {
 			return shapeErr(h, "an %s model takes no %s (it has %d)", s.Type, h, v)
 		}
+	}
+	if s.Pooling != "" && !slices.Contains(k.takes(), "pooling") {
+		return shapeErr("pooling", "an %s model takes no pooling (it has %q)", s.Type, s.Pooling)
 	}
 	return k.check(s)
 }
@@ -146,6 +161,9 @@ func (s Shape) FieldAware() bool {
 	return k != nil && k.fieldAware()
 }
 
+// HasDense reports whether versions of the type carry a dense part.
+func (s Shape) HasDense() bool { return s.Type == DNN }
+
 // RowLimit is the most own features a row may have; 0 for no limit.
 func (s Shape) RowLimit() int {
 	if s.Type != FFM {
@@ -157,28 +175,42 @@ func (s Shape) RowLimit() int {
 	return s.MaxRowFeatures
 }
 
-// String describes the shape compactly: "fm dim 8", "ffm fields 20 dim 4".
+// String describes the shape compactly: "fm dim 8", "ffm fields 20 dim
+// 4", "dnn fields 20 dim 16 pooling sum".
 func (s Shape) String() string {
 	var b strings.Builder
 	b.WriteString(s.Type)
 	for _, h := range []string{"fields", "dim", "max_row_features"} {
-		if v := s.field(h); v != 0 {
+		if v := *s.field(h); v != 0 {
 			fmt.Fprintf(&b, " %s %d", h, v)
 		}
+	}
+	if s.Pooling != "" {
+		fmt.Fprintf(&b, " pooling %s", s.Pooling)
+	}
+	if s.DenseInputs != 0 {
+		fmt.Fprintf(&b, " dense %d", s.DenseInputs)
 	}
 	return b.String()
 }
 
 // SetHeader sets the shape field a text-format header names ("type",
-// "dim", "fields", "max_row_features"); ok is false for any other
-// header. A value that is not a positive integer (or, for type, a known
-// type) is an error.
+// "dim", "fields", "max_row_features", "pooling", "dense"); ok is false
+// for any other header. A value that is not a positive integer (or, for
+// type, a known type; for pooling, sum or mean) is an error.
 func (s *Shape) SetHeader(header, value string) (ok bool, err error) {
-	if header == "type" {
+	switch header {
+	case "type":
 		if kinds[value] == nil {
 			return true, fmt.Errorf("type %q is not one of %s", value, strings.Join(Types(), ", "))
 		}
 		s.Type = value
+		return true, nil
+	case "pooling":
+		if value != "sum" && value != "mean" {
+			return true, fmt.Errorf("pooling %q is not sum or mean", value)
+		}
+		s.Pooling = value
 		return true, nil
 	}
 	if !slices.Contains(headers, header) {
@@ -188,19 +220,13 @@ func (s *Shape) SetHeader(header, value string) (ok bool, err error) {
 	if err != nil || n < 1 {
 		return true, fmt.Errorf("%s %q is not a positive integer", header, value)
 	}
-	switch header {
-	case "dim":
-		s.Dim = n
-	case "fields":
-		s.Fields = n
-	case "max_row_features":
-		s.MaxRowFeatures = n
-	}
+	*s.field(header) = n
 	return true, nil
 }
 
 // GenDefaults fills what the generator picks when its flags leave a
-// field unset: FM dim 8; FFM dim 4 over 8 fields.
+// field unset: FM dim 8; FFM dim 4 over 8 fields; DNN dim 16 over 8
+// fields, sum pooling.
 func (s *Shape) GenDefaults() {
 	if k := s.kind(); k != nil {
 		k.genDefaults(s)

@@ -25,7 +25,7 @@ func TestHotPathAllocs(t *testing.T) {
 		req.SharedFields = append(req.SharedFields, rng.Int32N(20))
 	}
 	for _, shape := range []model.Shape{{Type: model.LR}, {Type: model.FM, Dim: 8}, {Type: model.FFM, Dim: 4, Fields: 20}} {
-		scorer, err := shape.Scorer(0.1)
+		scorer, err := shape.Scorer(0.1, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

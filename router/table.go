@@ -103,9 +103,9 @@ func route(a topo.Assignment, v uint64, shards map[string]topo.ShardInfo, backen
 	if v == 0 || info == nil {
 		return nil
 	}
-	scorer, err := info.Shape.Scorer(info.Bias)
+	scorer, err := info.Shape.Scorer(info.Bias, nil)
 	if err != nil {
-		return nil // a type or shape this build cannot score
+		return nil // a type or shape this build cannot score, or a dense part it does not hold
 	}
 	vr := &versionRoute{model: a.Model, version: v, shape: info.Shape, scorer: scorer,
 		partitions: a.Partitions, replicas: make([][]*backend, a.Partitions)}

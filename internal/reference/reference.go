@@ -22,7 +22,7 @@ func New(m *loader.Sparse) *Model {
 	for i, k := range m.Keys {
 		r.vecs[k] = m.Values[i*w : (i+1)*w]
 	}
-	ref, err := m.Shape.Reference(m.Bias, func(id uint64) []float32 { return r.vecs[id] })
+	ref, err := m.Shape.Reference(m.Bias, func(id uint64) []float32 { return r.vecs[id] }, m.Dense)
 	if err != nil {
 		panic("reference: " + err.Error()) // tests build valid models
 	}

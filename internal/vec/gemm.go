@@ -36,12 +36,25 @@ func Gemm(y []float32, ldy int, x []float32, ldx int, w []float32, ldw int, rows
 				tile6x16(&x[r*ldx], ldx, &w[c], ldw, &y[r*ldy+c], ldy, k)
 			}
 			if c < cols {
-				gemmGo(y[r*ldy+c:], ldy, x[r*ldx:], ldx, w[c:], ldw, 6, cols-c, k)
+				gemmAxpy(y[r*ldy+c:], ldy, x[r*ldx:], ldx, w[c:], ldw, 6, cols-c, k)
 			}
 		}
 	}
 	if r < rows {
-		gemmGo(y[r*ldy:], ldy, x[r*ldx:], ldx, w, ldw, rows-r, cols, k)
+		gemmAxpy(y[r*ldy:], ldy, x[r*ldx:], ldx, w, ldw, rows-r, cols, k)
+	}
+}
+
+// gemmAxpy is Gemm one row of w at a time, with Axpy: for the rows and
+// columns the block kernels leave.
+func gemmAxpy(y []float32, ldy int, x []float32, ldx int, w []float32, ldw int, rows, cols, k int) {
+	for r := range rows {
+		yr := y[r*ldy : r*ldy+cols]
+		for i := range k {
+			if a := x[r*ldx+i]; a != 0 {
+				Axpy(yr, a, w[i*ldw:i*ldw+cols])
+			}
+		}
 	}
 }
 

@@ -50,3 +50,23 @@ func dotGo(x, y []float32) float32 {
 	}
 	return s
 }
+
+// Relu sets every negative element of v to zero.
+func Relu(v []float32) {
+	if len(v) == 0 {
+		return
+	}
+	if useAVX {
+		reluAVX(&v[0], len(v))
+		return
+	}
+	reluGo(v)
+}
+
+func reluGo(v []float32) {
+	for i, x := range v {
+		if x < 0 {
+			v[i] = 0
+		}
+	}
+}

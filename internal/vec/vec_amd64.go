@@ -23,3 +23,6 @@ func tile12x32(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k 
 
 //go:noescape
 func tile6x16(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k int)
+
+//go:noescape
+func reluAVX(v *float32, n int)

@@ -351,3 +351,47 @@ tile512loop:
 	VMOVUPS Z23, 64(AX)
 	VZEROUPPER
 	RET
+
+// func reluAVX(v *float32, n int): max(v, 0), branch-free (a branch per
+// element would be mispredicted half the time).
+TEXT ·reluAVX(SB), NOSPLIT, $0-16
+	MOVQ   v+0(FP), DI
+	MOVQ   n+8(FP), CX
+	VXORPS Y0, Y0, Y0
+
+relu32:
+	CMPQ    CX, $32
+	JL      relu8
+	VMAXPS  (DI), Y0, Y1
+	VMAXPS  32(DI), Y0, Y2
+	VMAXPS  64(DI), Y0, Y3
+	VMAXPS  96(DI), Y0, Y4
+	VMOVUPS Y1, (DI)
+	VMOVUPS Y2, 32(DI)
+	VMOVUPS Y3, 64(DI)
+	VMOVUPS Y4, 96(DI)
+	ADDQ    $128, DI
+	SUBQ    $32, CX
+	JMP     relu32
+
+relu8:
+	CMPQ    CX, $8
+	JL      relu1
+	VMAXPS  (DI), Y0, Y1
+	VMOVUPS Y1, (DI)
+	ADDQ    $32, DI
+	SUBQ    $8, CX
+	JMP     relu8
+
+relu1:
+	CMPQ   CX, $0
+	JE     reludone
+	VMAXSS (DI), X0, X1
+	VMOVSS X1, (DI)
+	ADDQ   $4, DI
+	DECQ   CX
+	JMP    relu1
+
+reludone:
+	VZEROUPPER
+	RET

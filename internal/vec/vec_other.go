@@ -17,3 +17,5 @@ func tile12x32(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k 
 func tile6x16(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k int) {
 	panic("vec: no assembly kernels on this platform")
 }
+
+func reluAVX(v *float32, n int) { panic("vec: no assembly kernels on this platform") }

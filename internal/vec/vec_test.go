@@ -36,6 +36,18 @@ func TestKernelsMatchGo(t *testing.T) {
 			}
 		}
 	}
+	for n := range 80 {
+		v := randSlice(rng, n)
+		v = append(v, float32(math.Copysign(0, -1)), float32(math.Inf(-1)))
+		want := append([]float32(nil), v...)
+		reluGo(want)
+		Relu(v)
+		for i := range v {
+			if v[i] != want[i] || v[i] < 0 {
+				t.Fatalf("relu n=%d: [%d] = %v, want %v", n, i, v[i], want[i])
+			}
+		}
+	}
 	if !useAVX {
 		t.Log("no AVX2+FMA here: the Go kernels were compared with themselves")
 	}
