@@ -40,6 +40,10 @@ type Generator struct {
 	// fields, when positive, is the model's field count: requests carry
 	// each feature's field, by model.FieldOf.
 	fields int
+	// denseInputs, when positive, is the continuous features per row the
+	// model takes: requests carry them (input dense).
+	denseInputs int
+	rng         *rand.Rand
 }
 
 // ForModel draws ids from generated model m (its generator settings and
@@ -51,6 +55,10 @@ func ForModel(w Workload, m *codec.Manifest, seed uint64) (*Generator, error) {
 	g, err := NewGenerator(w, *m.Generator, m.Params, seed)
 	if err == nil && m.FieldAware() {
 		g.fields = m.Fields
+	}
+	if err == nil {
+		g.denseInputs = m.DenseInputs
+		g.rng = rand.New(rand.NewPCG(seed, 0xde45e))
 	}
 	return g, err
 }
@@ -89,6 +97,14 @@ func (g *Generator) Request(model string) *kservepb.ModelInferRequest {
 	add("row_splits", "INT64", RawUint64(splits), len(splits))
 	if g.fields > 0 {
 		add("fields", "INT32", g.rawFields(ids), len(ids))
+	}
+	if g.denseInputs > 0 {
+		dense := make([]float32, w.Rows*g.denseInputs)
+		for i := range dense {
+			dense[i] = float32(g.rng.NormFloat64())
+		}
+		add("dense", "FP32", RawFloat32(dense), len(dense))
+		req.Inputs[len(req.Inputs)-1].Shape = []int64{int64(w.Rows), int64(g.denseInputs)}
 	}
 	if w.Shared > 0 {
 		shared := make([]uint64, w.Shared)

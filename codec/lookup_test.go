@@ -250,3 +250,23 @@ func BenchmarkLookupRequest(b *testing.B) {
 		})
 	}
 }
+
+// FuzzParseExtraRequest: a request is refused, or decodes to what
+// encodes back to the same bytes.
+func FuzzParseExtraRequest(f *testing.F) {
+	f.Add(AppendExtraRequest(nil, "ctr", 7, RoleDense))
+	f.Add(AppendExtraRequest(nil, "", 0, ""))
+	f.Add([]byte{magicExtra, wireVersion, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		model, version, role, err := ParseExtraRequest(b)
+		if err != nil {
+			return
+		}
+		if len(model) > 128 || len(role) > 32 {
+			t.Fatalf("accepted a name of %d bytes, a role of %d", len(model), len(role))
+		}
+		if again := AppendExtraRequest(nil, model, version, role); string(again) != string(b) {
+			t.Fatalf("%q decodes to (%q, %d, %q), which encodes to %q", b, model, version, role, again)
+		}
+	})
+}

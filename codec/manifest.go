@@ -39,15 +39,19 @@ type Manifest struct {
 	// The model's type and its parameters (type, dim, fields, …): see
 	// package model.
 	model.Shape
-	Encoding   string   `json:"encoding,omitempty"` // factors: fp32 (default), fp16 or int8
-	Bias       float64  `json:"bias"`               // global bias term
-	Partitions uint32   `json:"partitions"`
-	Hash       string   `json:"hash"` // partition function; see internal/partition
-	Params     int64    `json:"params"`
-	Files      []File   `json:"files"`
-	Source     string   `json:"source,omitempty"` // free text: importer, generator flags
-	Generator  *GenInfo `json:"generator,omitempty"`
-	Created    string   `json:"created,omitempty"`
+	Encoding   string  `json:"encoding,omitempty"` // factors: fp32 (default), fp16 or int8
+	Bias       float64 `json:"bias"`               // global bias term
+	Partitions uint32  `json:"partitions"`
+	Hash       string  `json:"hash"` // partition function; see internal/partition
+	Params     int64   `json:"params"`
+	Files      []File  `json:"files"`
+	// Extras are the version's other files, one per role. A delta
+	// inherits its parent's unless it lists one of the same role
+	// (ChainExtra).
+	Extras    []Extra  `json:"extras,omitempty"`
+	Source    string   `json:"source,omitempty"` // free text: importer, generator flags
+	Generator *GenInfo `json:"generator,omitempty"`
+	Created   string   `json:"created,omitempty"`
 }
 
 // GenInfo describes a synthetic model's ids, so load generators can send
@@ -65,6 +69,40 @@ type File struct {
 	Keys      int64  `json:"keys"`
 	Size      int64  `json:"size"`
 	SHA256    string `json:"sha256"`
+}
+
+// Extra is a file of a version besides its partitions.
+type Extra struct {
+	Role   string `json:"role"` // RoleDense
+	Path   string `json:"path"` // relative to the version directory
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// RoleDense is the role of a version's dense part: its MLP layers, in
+// the safetensors format (model.ReadSafetensors).
+const RoleDense = "dense"
+
+// Extra is m's own extra file of role, if it lists one.
+func (m *Manifest) Extra(role string) (Extra, bool) {
+	for _, e := range m.Extras {
+		if e.Role == role {
+			return e, true
+		}
+	}
+	return Extra{}, false
+}
+
+// ChainExtra is the extra file of role that the version whose chain
+// (newest first) is given uses: the newest link's that lists one, with
+// that link's manifest; ok is false if none does.
+func ChainExtra(chain []*Manifest, role string) (from *Manifest, e Extra, ok bool) {
+	for _, m := range chain {
+		if e, ok := m.Extra(role); ok {
+			return m, e, true
+		}
+	}
+	return nil, Extra{}, false
 }
 
 // Enc is the manifest's factor encoding.
@@ -92,7 +130,7 @@ func (m *Manifest) Validate() error {
 		if f.Partition != uint32(i) {
 			return fmt.Errorf("codec: manifest: file %d is for partition %d; files must be in partition order", i, f.Partition)
 		}
-		if f.Path == "" || path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || f.Path == ".." || strings.HasPrefix(f.Path, "../") {
+		if !localPath(f.Path) {
 			return fmt.Errorf("codec: manifest: file path %q must be relative and inside the version directory", f.Path)
 		}
 		if len(f.SHA256) != 64 {
@@ -106,7 +144,46 @@ func (m *Manifest) Validate() error {
 	if total != m.Params {
 		return fmt.Errorf("codec: manifest: files hold %d keys, params says %d", total, m.Params)
 	}
+	return m.validateExtras()
+}
+
+// validateExtras checks the extra files: known roles, once each, paths
+// inside the version directory and apart from the partitions', and a
+// dense part exactly for a type with one (a full version's own; a
+// delta may inherit its parent's).
+func (m *Manifest) validateExtras() error {
+	paths := map[string]bool{}
+	for _, f := range m.Files {
+		paths[f.Path] = true
+	}
+	roles := map[string]bool{}
+	for _, e := range m.Extras {
+		switch {
+		case e.Role != RoleDense:
+			return fmt.Errorf("codec: manifest: extra file %q has unknown role %q", e.Path, e.Role)
+		case roles[e.Role]:
+			return fmt.Errorf("codec: manifest: two extra files of role %q", e.Role)
+		case !localPath(e.Path) || paths[e.Path]:
+			return fmt.Errorf("codec: manifest: extra file path %q must be relative, inside the version directory, and no other file's", e.Path)
+		case len(e.SHA256) != 64:
+			return fmt.Errorf("codec: manifest: extra file %s has no SHA-256", e.Path)
+		case e.Size <= 0 || e.Size > model.MaxDenseBytes:
+			return fmt.Errorf("codec: manifest: extra file %s size %d outside 1..%d", e.Path, e.Size, model.MaxDenseBytes)
+		case e.Role == RoleDense && !m.HasDense():
+			return fmt.Errorf("codec: manifest: an %s model takes no dense part", m.Type)
+		}
+		roles[e.Role], paths[e.Path] = true, true
+	}
+	if m.HasDense() && m.Kind == KindFull && !roles[RoleDense] {
+		return fmt.Errorf("codec: manifest: a full %s version needs its dense part (an extra file of role %q)", m.Type, RoleDense)
+	}
 	return nil
+}
+
+// localPath reports whether p is a clean relative path inside its
+// directory.
+func localPath(p string) bool {
+	return p != "" && !path.IsAbs(p) && path.Clean(p) == p && p != ".." && !strings.HasPrefix(p, "../")
 }
 
 // ValidateHeader checks every field but the file list and totals: what a

@@ -28,6 +28,22 @@ func TestManifestValidate(t *testing.T) {
 	if err := m.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	sha := strings.Repeat("cd", 32)
+	dense := Extra{Role: RoleDense, Path: "dense.safetensors", Size: 100, SHA256: sha}
+	dnn := model.Shape{Type: model.DNN, Dim: 4, Fields: 2, Pooling: "sum"}
+	// A dnn version with its dense part is valid; a delta may inherit it.
+	m = validManifest()
+	m.Shape, m.Extras = dnn, []Extra{dense}
+	dnnFiles := []File{{Partition: 0, Path: "part-00000.bin", Keys: 10, Size: PartitionFileSize(10, 5, EncFP32, DefaultBlockSize), SHA256: sha},
+		{Partition: 1, Path: "part-00001.bin", Keys: 10, Size: PartitionFileSize(10, 5, EncFP32, DefaultBlockSize), SHA256: sha}}
+	m.Files = dnnFiles
+	if err := m.Validate(); err != nil {
+		t.Fatalf("dnn with dense: %v", err)
+	}
+	m.Kind, m.Parent, m.Extras = KindDelta, 2, nil
+	if err := m.Validate(); err != nil {
+		t.Fatalf("dnn delta inheriting its dense part: %v", err)
+	}
 	// Each case must be refused for its own reason: the error names it.
 	cases := map[string]struct {
 		mutate func(m *Manifest)
@@ -38,7 +54,7 @@ func TestManifestValidate(t *testing.T) {
 		"version":       {func(m *Manifest) { m.Version = 0 }, "version must be ≥ 1"},
 		"kind":          {func(m *Manifest) { m.Kind = "partial" }, `kind "partial"`},
 		"delta parent":  {func(m *Manifest) { m.Kind = KindDelta }, "needs a parent version below it"},
-		"type":          {func(m *Manifest) { m.Type = "dnn" }, `unknown model type "dnn"`},
+		"type":          {func(m *Manifest) { m.Type = "svm" }, `unknown model type "svm"`},
 		"lr dim":        {func(m *Manifest) { m.Dim = 4 }, "an lr model takes no dim (it has 4)"},
 		"hash":          {func(m *Manifest) { m.Hash = "crc32" }, `unknown partition hash "crc32"`},
 		"file count":    {func(m *Manifest) { m.Files = m.Files[:1] }, "1 files for 2 partitions"},
@@ -50,6 +66,16 @@ func TestManifestValidate(t *testing.T) {
 		"params":        {func(m *Manifest) { m.Params = 21 }, "params says 21"},
 		"no partitions": {func(m *Manifest) { m.Partitions = 0; m.Files = nil }, "partition count 0"},
 		"encoding":      {func(m *Manifest) { m.Encoding = "bf16" }, `unknown encoding "bf16"`},
+		"lr dense":      {func(m *Manifest) { m.Extras = []Extra{dense} }, "an lr model takes no dense part"},
+		"extra role":    {func(m *Manifest) { m.Extras = []Extra{{Role: "weights", Path: "w", Size: 1, SHA256: sha}} }, `unknown role "weights"`},
+		"extra path":    {func(m *Manifest) { m.Extras = []Extra{{Role: RoleDense, Path: "part-00000.bin", Size: 1, SHA256: sha}} }, "no other file's"},
+		"extra escape":  {func(m *Manifest) { m.Extras = []Extra{{Role: RoleDense, Path: "../d", Size: 1, SHA256: sha}} }, "no other file's"},
+		"extra size":    {func(m *Manifest) { m.Extras = []Extra{{Role: RoleDense, Path: "d", Size: 0, SHA256: sha}} }, "size 0 outside"},
+		"two dense": {func(m *Manifest) {
+			m.Shape, m.Files = dnn, dnnFiles
+			m.Extras = []Extra{dense, dense}
+		}, "two extra files"},
+		"dnn no dense": {func(m *Manifest) { m.Shape, m.Files = dnn, dnnFiles }, "a full dnn version needs its dense part"},
 	}
 	for name, c := range cases {
 		m := validManifest()

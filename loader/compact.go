@@ -66,6 +66,18 @@ func (r Repo) Compact(name string, v uint64) (*codec.Manifest, error) {
 		w.Abort()
 		return nil, err
 	}
+	// The compaction is a full version: it holds the extra files the
+	// chain uses.
+	for _, m := range chain {
+		for _, e := range m.Extras {
+			if from, _, _ := codec.ChainExtra(chain, e.Role); from == m {
+				if err := w.copyExtra(m, e); err != nil {
+					w.Abort()
+					return nil, err
+				}
+			}
+		}
+	}
 	return w.Commit()
 }
 
@@ -165,17 +177,17 @@ func (r Repo) stageCopy(x *codec.Manifest) (*stagedCopy, error) {
 		return nil, err
 	}
 	w := &VersionWriter{repo: r, spec: Spec{Name: x.Name}, tmp: tmp}
+	paths := map[string]int64{}
 	for _, f := range x.Files {
-		src, dst := filepath.Join(r.VersionDir(x.Name, x.Version), f.Path), filepath.Join(tmp, f.Path)
-		if err := os.Link(src, dst); err != nil {
-			if err := copyFile(src, dst); err != nil {
-				w.Abort()
-				return nil, err
-			}
-		}
-		if st, err := os.Stat(dst); err != nil || st.Size() != f.Size {
+		paths[f.Path] = f.Size
+	}
+	for _, e := range x.Extras {
+		paths[e.Path] = e.Size
+	}
+	for p, size := range paths {
+		if err := linkOrCopy(filepath.Join(r.VersionDir(x.Name, x.Version), p), filepath.Join(tmp, p), size); err != nil {
 			w.Abort()
-			return nil, fmt.Errorf("%s: not the size its manifest says", src)
+			return nil, err
 		}
 	}
 	m := *x

@@ -2,7 +2,9 @@ package loader
 
 import (
 	"fmt"
+	"math"
 	"runtime"
+	"slices"
 
 	"golang.org/x/sync/errgroup"
 
@@ -17,9 +19,12 @@ type GenSpec struct {
 	model.Shape        // unset fields get model.Shape.GenDefaults
 	Params      int64  // number of features
 	Partitions  uint32 // default 8
-	Encoding    string // FM factors: fp32 (default), fp16 or int8
+	Encoding    string // factors: fp32 (default), fp16 or int8
 	Seed        uint64
 	Dense       bool // ids 0..Params-1 instead of hashed 64-bit ids
+	// Layers are the hidden layers' widths of a type with a dense part
+	// (model.Shape.HasDense); default 256, 128.
+	Layers []int
 	// Progress, if set, is called with the number of features written
 	// since the last call. It is called from several goroutines.
 	Progress func(n int64)
@@ -47,6 +52,26 @@ func genValue(seed, id uint64, j int, scale float32) float32 {
 	return (float32(u>>40)/float32(1<<24)*2 - 1) * scale
 }
 
+// GenDense is a generated dense part: in inputs through hidden layers to
+// one output, weights uniform in ±1/√(inputs) (PyTorch's nn.Linear
+// initialisation), drawn from seed.
+func GenDense(seed uint64, in int, hidden []int) *model.Dense {
+	d := &model.Dense{}
+	for n, out := range append(slices.Clone(hidden), 1) {
+		l := model.Layer{In: in, Out: out, W: make([]float32, in*out), B: make([]float32, out)}
+		scale := float32(1 / math.Sqrt(float64(in)))
+		for i := range l.W {
+			l.W[i] = genValue(seed^0xde45e, uint64(n)<<40|uint64(i), 1, scale)
+		}
+		for i := range l.B {
+			l.B[i] = genValue(seed^0xb1a5, uint64(n)<<40|uint64(i), 2, scale)
+		}
+		d.Layers = append(d.Layers, l)
+		in = out
+	}
+	return d
+}
+
 // Generate writes a synthetic model as the next version of spec.Name.
 // Each partition is produced by one pass over all ranks, keeping only its
 // own ids, so memory stays at one partition per worker however large the
@@ -70,6 +95,15 @@ func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	if spec.HasDense() {
+		if len(spec.Layers) == 0 {
+			spec.Layers = []int{256, 128}
+		}
+		if err := w.WriteDense(GenDense(spec.Seed, spec.DenseIn(), spec.Layers)); err != nil {
+			w.Abort()
+			return nil, err
+		}
 	}
 	width := spec.Width()
 	expect := spec.Params/int64(spec.Partitions) + spec.Params/int64(spec.Partitions)/16 + 16

@@ -63,8 +63,11 @@ func (r Repo) PublishEncoded(name string, s *Sparse, partitions uint32, encoding
 	if err := s.check(); err != nil {
 		return nil, err
 	}
+	if s.HasDense() && s.Dense == nil {
+		return nil, fmt.Errorf("loader: a %s model needs its dense part", s.Type)
+	}
 	return r.publish(Spec{Name: name, Shape: s.Shape, Bias: s.Bias, Partitions: partitions, Encoding: encoding, Source: source},
-		s.Keys, s.Values)
+		s.Keys, s.Values, s.Dense)
 }
 
 // Delta is an increment to a version of a model.
@@ -72,6 +75,9 @@ type Delta struct {
 	Upserts *Sparse  // features added or changed (and the new bias, if it names one); may be nil
 	Deletes []uint64 // features removed
 	Bias    *float64 // the new bias; nil keeps the upserts' (if named) or the parent's
+	// Dense replaces the dense part (model types with one); nil keeps the
+	// parent's.
+	Dense *model.Dense
 	// Parent is the version to build on; 0: the newest that passes the
 	// local checks (DeltaParent).
 	Parent uint64
@@ -158,15 +164,25 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 	case up.HasBias:
 		bias = up.Bias
 	}
+	if d.Dense != nil && !parent.HasDense() {
+		return nil, fmt.Errorf("loader: an %s model takes no dense part", parent.Type)
+	}
 	return r.publish(Spec{Name: name, Shape: parent.Shape, Bias: bias, Partitions: parent.Partitions,
-		Encoding: parent.Encoding, Parent: latest, Source: d.Source}, keys, values)
+		Encoding: parent.Encoding, Parent: latest, Source: d.Source}, keys, values, d.Dense)
 }
 
-// publish splits keys by partition and writes them as a new version.
-func (r Repo) publish(spec Spec, keys []uint64, values []float32) (*codec.Manifest, error) {
+// publish splits keys by partition and writes them, and dense (if not
+// nil), as a new version.
+func (r Repo) publish(spec Spec, keys []uint64, values []float32, dense *model.Dense) (*codec.Manifest, error) {
 	w, err := r.NewVersion(spec)
 	if err != nil {
 		return nil, err
+	}
+	if dense != nil {
+		if err := w.WriteDense(dense); err != nil {
+			w.Abort()
+			return nil, err
+		}
 	}
 	width := spec.Width()
 	pk := make([][]uint64, spec.Partitions)

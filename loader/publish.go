@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -43,11 +45,12 @@ var ErrSuperseded = errors.New("loader: a newer version is off the compacted cha
 // directory; Commit fsyncs them, writes the manifest last and renames the
 // directory into place, so readers see all of a version or none of it.
 type VersionWriter struct {
-	repo  Repo
-	spec  Spec
-	tmp   string
-	files []codec.File
-	done  []bool
+	repo   Repo
+	spec   Spec
+	tmp    string
+	files  []codec.File
+	done   []bool
+	extras []codec.Extra
 }
 
 // NewVersion starts writing a new version of spec.Name.
@@ -156,9 +159,10 @@ func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 	if w.spec.Parent != 0 {
 		kind = codec.KindDelta
 	}
+	slices.SortFunc(w.extras, func(a, b codec.Extra) int { return strings.Compare(a.Role, b.Role) })
 	m := &codec.Manifest{Format: 1, Name: w.spec.Name, Kind: kind, Parent: w.spec.Parent, SameAs: w.spec.SameAs, Shape: w.spec.Shape, Encoding: w.spec.Encoding,
 		Bias: w.spec.Bias, Partitions: w.spec.Partitions, Hash: partition.HashName, Params: params, Files: w.files,
-		Source: w.spec.Source, Generator: w.spec.Generator, Created: time.Now().UTC().Format(time.RFC3339)}
+		Source: w.spec.Source, Generator: w.spec.Generator, Created: time.Now().UTC().Format(time.RFC3339), Extras: w.extras}
 	if err := w.commit(m); err != nil {
 		w.Abort()
 		return nil, err

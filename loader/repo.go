@@ -225,6 +225,11 @@ func (r Repo) Verify(m *codec.Manifest) error {
 			errs = append(errs, err)
 		}
 	}
+	for _, e := range m.Extras {
+		if err := r.verifyExtra(m, e); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	switch len(errs) {
 	case 0:
 		return nil

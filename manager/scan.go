@@ -102,8 +102,9 @@ func validate(repo loader.Repo, v Validate) Checked {
 	// The manifests are valid (Repo.Chain parses them): their type is one
 	// routers score.
 	m := chain[0]
+	_, dense, _ := codec.ChainExtra(chain, codec.RoleDense)
 	out.Info = &topo.VersionInfo{Version: m.Version, Shape: m.Shape, Bias: m.Bias, Encoding: m.Encoding,
-		Hash: m.Hash, IDs: codec.Identities(chain), Chain: codec.ChainVersions(chain)}
+		Hash: m.Hash, IDs: codec.Identities(chain), Chain: codec.ChainVersions(chain), Dense: dense.SHA256}
 	for _, f := range m.Files {
 		out.Bytes += f.Size
 	}

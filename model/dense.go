@@ -1,6 +1,7 @@
 package model
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 )
@@ -59,6 +60,16 @@ func (d *Dense) Check(in int) error {
 		return fmt.Errorf("the last dense layer has %d outputs, want 1", in)
 	}
 	return nil
+}
+
+// ReadDense reads a dense part's file (safetensors) and checks that its
+// layers fit shape s.
+func (s Shape) ReadDense(b []byte) (*Dense, error) {
+	d, err := ReadSafetensors(bytes.NewReader(b))
+	if err == nil {
+		err = d.Check(s.DenseIn())
+	}
+	return d, err
 }
 
 // MultiplyAdds is the multiply-adds the layers cost per row.

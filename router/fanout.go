@@ -135,6 +135,9 @@ func (r *Router) version(t *table, req *Request) (*versionRoute, error) {
 			return nil, fmt.Errorf("router: %w: model %q version %d is not served (servable: %v)", ErrNotFound, req.Model, req.Version, r.status(t, req.Model).Versions)
 		}
 	}
+	if vr == nil && mr.why != "" {
+		return nil, fmt.Errorf("router: %w: %s", ErrUnavailable, mr.why)
+	}
 	if vr == nil {
 		return nil, fmt.Errorf("router: %w: model %q has no version with every partition loaded yet", ErrUnavailable, req.Model)
 	}

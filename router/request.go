@@ -22,6 +22,11 @@ type Request struct {
 	// types (which require them); other types ignore them.
 	Fields       []int32
 	SharedFields []int32
+	// Dense holds each row's continuous features, row after row, for a
+	// type that takes them; others ignore it. DenseShape is its shape as
+	// sent: [rows, D].
+	Dense      []float32
+	DenseShape [2]int64
 }
 
 // Rows is the batch size.
@@ -98,6 +103,12 @@ func (r *Request) Validate(l Limits) error {
 	}
 	if i := nonFinite(r.SharedValues); i >= 0 {
 		return invalid("shared value %d is %v; values must be finite", i, r.SharedValues[i])
+	}
+	if r.Dense != nil && r.DenseShape[0] != int64(r.Rows()) {
+		return invalid("dense has shape %v for %d rows; it is [batch, D]", r.DenseShape, r.Rows())
+	}
+	if i := nonFinite(r.Dense); i >= 0 {
+		return invalid("dense value %d is %v; values must be finite", i, r.Dense[i])
 	}
 	return nil
 }

@@ -252,12 +252,18 @@ func (r *Router) watch(ctx context.Context) {
 		}
 		leaving.closeAll()
 	}()
+	dense := newDenseCache()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case ev := <-events:
 			shards, assigns, rev = ev.shards, ev.assigns, ev.rev
+		case res := <-dense.results:
+			dense.done(res)
+		case <-retry.C:
 		}
 		live := map[string]bool{}
 		for _, si := range shards {
@@ -273,7 +279,10 @@ func (r *Router) watch(ctx context.Context) {
 			backends[si.Addr] = r.newBackend(si, svc, slots.get())
 			closers[si.Addr] = c
 		}
-		tab := buildTable(shards, assigns, backends)
+		if next := dense.update(ctx, r, shards, assigns, backends); !next.IsZero() {
+			retry.Reset(time.Until(next))
+		}
+		tab := buildTable(shards, assigns, backends, dense)
 		tab.rev = rev
 		old := r.tab.Swap(tab)
 		close(old.replaced)

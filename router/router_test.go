@@ -118,6 +118,9 @@ func scoresMatch(ref *reference.Model, req *router.Request, resp *router.Respons
 			}
 			row.IDs, row.Xs, row.Fields = append(row.IDs, req.IDs[i]), append(row.Xs, x), append(row.Fields, field(req.Fields, int(i)))
 		}
+		if D := int(req.DenseShape[1]); req.Dense != nil {
+			row.Dense = req.Dense[r*D : (r+1)*D]
+		}
 		// Written as "not within" so a NaN score fails.
 		if want := ref.ScoreRow(row); !(math.Abs(float64(resp.Scores[r])-want) <= 1e-5) {
 			return fmt.Errorf("row %d: score %.7f, reference %.7f", r, resp.Scores[r], want)

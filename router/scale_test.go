@@ -209,6 +209,10 @@ func (f *faulty) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 	return f.svc.Lookup(ctx, req)
 }
 
+func (f *faulty) Extra(ctx context.Context, model string, version uint64, role string) ([]byte, error) {
+	return f.svc.Extra(ctx, model, version, role)
+}
+
 // faultyCluster serves an FM model from two shards holding every
 // partition each, reached through faulty wrappers: fault(i) is shard i's.
 func faultyCluster(t *testing.T, reg *prometheus.Registry) (c *devcluster.Cluster, m *loader.Sparse, fault func(i int) *faulty) {

@@ -7,7 +7,7 @@ import "github.com/cumulus-serving/cumulus/model"
 // w.batch with req's inputs for score.
 func (vr *versionRoute) check(w *work, req *Request) error {
 	w.batch = model.Batch{RowSplits: req.RowSplits, Values: req.Values, SharedValues: req.SharedValues,
-		Fields: req.Fields, SharedFields: req.SharedFields}
+		Fields: req.Fields, SharedFields: req.SharedFields, Dense: req.Dense}
 	if err := vr.shape.CheckRequest(&w.batch, len(req.IDs), len(req.SharedIDs)); err != nil {
 		return invalid("model %q version %d: %v", vr.model, vr.version, err)
 	}

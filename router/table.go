@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -63,6 +64,7 @@ type modelRoute struct {
 	name     string
 	live     *versionRoute            // nil: no complete version yet
 	versions map[uint64]*versionRoute // every complete version
+	why      string                   // why live is nil, when the map names one
 }
 
 // table is an immutable routing snapshot; requests read it through an
@@ -81,31 +83,46 @@ type table struct {
 // from another repository, or a stale report, gets no traffic. A version
 // some partition of which has no such replica is not servable: requests
 // for it fail at once rather than go elsewhere.
-func buildTable(shards map[string]topo.ShardInfo, assigns map[string]topo.Assignment, backends map[string]*backend) *table {
+//
+// A version of a type with a dense part is routed only once the router
+// holds it (dense, by SHA-256; see dense.go).
+func buildTable(shards map[string]topo.ShardInfo, assigns map[string]topo.Assignment, backends map[string]*backend, dense *denseCache) *table {
 	t := &table{models: map[string]*modelRoute{}, replaced: make(chan struct{})}
+	held := dense.held()
 	for name, a := range assigns {
 		mr := &modelRoute{name: name, versions: map[uint64]*versionRoute{}}
 		t.models[name] = mr
 		for _, v := range append([]uint64{a.Live}, a.Standby...) {
-			if vr := route(a, v, shards, backends); vr != nil {
+			if vr := route(a, v, shards, backends, held); vr != nil {
 				mr.versions[v] = vr
 			}
 		}
 		mr.live = mr.versions[a.Live]
+		if info := a.Info(a.Live); mr.live == nil && info != nil && info.Dense != "" && held[info.Dense] == nil {
+			mr.why = fmt.Sprintf("model %q version %d cannot be scored yet: %s", name, a.Live, dense.reason(info.Dense))
+		}
 	}
 	return t
 }
 
 // route is version v of a's model with every partition's trusted
-// replicas, or nil when some partition has none.
-func route(a topo.Assignment, v uint64, shards map[string]topo.ShardInfo, backends map[string]*backend) *versionRoute {
+// replicas, or nil when some partition has none, or the router cannot
+// score it (a type this build does not know, a dense part it does not
+// hold).
+func route(a topo.Assignment, v uint64, shards map[string]topo.ShardInfo, backends map[string]*backend, dense map[string]*model.Dense) *versionRoute {
 	info := a.Info(v)
 	if v == 0 || info == nil {
 		return nil
 	}
-	scorer, err := info.Shape.Scorer(info.Bias, nil)
+	var d *model.Dense
+	if info.Dense != "" {
+		if d = dense[info.Dense]; d == nil {
+			return nil
+		}
+	}
+	scorer, err := info.Shape.Scorer(info.Bias, d)
 	if err != nil {
-		return nil // a type or shape this build cannot score, or a dense part it does not hold
+		return nil
 	}
 	vr := &versionRoute{model: a.Model, version: v, shape: info.Shape, scorer: scorer,
 		partitions: a.Partitions, replicas: make([][]*backend, a.Partitions)}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests use
-# (LIBLINEAR and Redis from Debian, grpcurl and staticcheck from the Go
-# module proxy), checks formatting and lints, then runs every Go test.
+# (LIBLINEAR, Redis and PyTorch from Debian, grpcurl and staticcheck from
+# the Go module proxy), checks formatting and lints, then runs every Go
+# test.
 # CUMULUS_REQUIRE_TOOLS=1 makes tests that need those tools fail, rather
 # than skip, when a tool is missing.
 set -euo pipefail
@@ -10,6 +11,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v liblinear-train >/dev/null || need_apt+=(liblinear-tools)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null || need_apt+=(python3-torch python3-numpy)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (Debian)"
   export DEBIAN_FRONTEND=noninteractive

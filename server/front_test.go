@@ -491,7 +491,7 @@ func TestRankAndNegativeLimits(t *testing.T) {
 	}
 	for _, data := range []string{`[[5, 6]]`, `[5, 6]`} {
 		body := `{"inputs":[{"name":"ids","datatype":"INT64","shape":[1,2],"data":` + data + `},{"name":"row_splits","datatype":"INT64","shape":[2],"data":[0,2]}]}`
-		if code, msg := postTo(t, s, "/v2/models/m/infer", body); code != 400 || !strings.Contains(msg, `input \"ids\" has shape [1 2]: every input is 1-D`) {
+		if code, msg := postTo(t, s, "/v2/models/m/infer", body); code != 400 || !strings.Contains(msg, `input \"ids\" has shape [1 2]: every input but dense is 1-D`) {
 			t.Errorf("ids [1 2] over REST, data %s: %d %s", data, code, msg)
 		}
 	}

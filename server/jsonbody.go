@@ -58,13 +58,13 @@ func (b *inferBody) binaryOutput() bool {
 
 // bodyLimits bound what a body may carry, checked while decoding.
 type bodyLimits struct {
-	maxIDs  int // ids plus shared ids; also bounds values and fields, and their shared ones
+	maxIDs  int // ids plus shared ids; also bounds values and fields, and their shared ones, and dense
 	maxRows int // row_splits has at most maxRows+1 elements
 }
 
 // total is the most elements all inputs may carry together: ids, values
-// and fields (each with its shared counterpart), and row_splits.
-func (l bodyLimits) total() int { return 3*l.maxIDs + l.maxRows + 1 }
+// and fields (each with its shared counterpart), dense, and row_splits.
+func (l bodyLimits) total() int { return 4*l.maxIDs + l.maxRows + 1 }
 
 // elementCap is the most elements input name may carry.
 func (l bodyLimits) elementCap(name string) int {

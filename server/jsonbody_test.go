@@ -125,9 +125,10 @@ func TestDecodeStopsAtTheLimit(t *testing.T) {
 	four := `{"inputs":[{"name":"ids","datatype":"INT64","data":[1,2,3,4,5,6,7,8,9]},` +
 		`{"name":"values","datatype":"FP32","data":[1,2,3,4,5,6,7,8,9]},` +
 		`{"name":"fields","datatype":"INT32","data":[1,2,3,4,5,6,7,8,9]},` +
+		`{"name":"shared_fields","datatype":"INT32","data":[1,2,3,4,5,6,7,8,9]},` +
 		`{"name":"shared_ids","datatype":"INT64","data":[1,2,3,4,5,6,7,8,9]}]}`
-	if _, err := decodeString(four); err == nil || !strings.Contains(err.Error(), "more than 34 elements in all") {
-		t.Errorf("36 elements over four inputs: %v", err)
+	if _, err := decodeString(four); err == nil || !strings.Contains(err.Error(), "more than 44 elements in all") {
+		t.Errorf("45 elements over five inputs: %v", err)
 	}
 	var many strings.Builder
 	many.WriteString(`{"inputs":[`)

@@ -219,22 +219,23 @@ func Start(opts Options) (*Server, error) {
 
 // grpcRecvLimit is the largest gRPC message a request within o.Limits
 // can need: every id (shared ones too) as a 10-byte varint with a 4-byte
-// value and a 2-byte field (fields are below model.MaxFields), every row
-// split as a varint, and 64 KiB for names, shapes and framing; or
+// value, a 2-byte field (fields are below model.MaxFields) and a 4-byte
+// continuous feature (dense has at most as many elements as ids), every
+// row split as a varint, and 64 KiB for names, shapes and framing; or
 // MaxRequestBytes if smaller. A larger message is refused from its
 // length prefix, before it is read.
 func grpcRecvLimit(o Options) int {
-	need := int64(o.Limits.MaxIDs)*16 + int64(o.Limits.MaxRows+1)*10 + 64<<10
+	need := int64(o.Limits.MaxIDs)*20 + int64(o.Limits.MaxRows+1)*10 + 64<<10
 	return int(min(need, int64(o.MaxRequestBytes)))
 }
 
-// jsonBodyLimit is the largest JSON body a request within l needs: 46
-// bytes an id (a 20-digit id, a value of up to 17 characters and a field
-// of up to 4 digits, with their commas), 24 a row split, and 64 KiB for
-// the rest. A larger body is refused from its Content-Length, before it
-// is read.
+// jsonBodyLimit is the largest JSON body a request within l needs: 64
+// bytes an id (a 20-digit id, a value of up to 17 characters, a field of
+// up to 4 digits and a continuous feature of up to 17, with their
+// commas), 24 a row split, and 64 KiB for the rest. A larger body is
+// refused from its Content-Length, before it is read.
 func jsonBodyLimit(l router.Limits) int {
-	return int(min(int64(l.MaxIDs)*46+int64(l.MaxRows+1)*24+64<<10, math.MaxInt32))
+	return int(min(int64(l.MaxIDs)*64+int64(l.MaxRows+1)*24+64<<10, math.MaxInt32))
 }
 
 // GRPCAddr and HTTPAddr are the bound addresses.

@@ -19,6 +19,7 @@ import (
 //	shared_values FP32 [m]                optional
 //	fields        INT32 or INT64 [nnz]    each feature's field: field-aware
 //	shared_fields INT32 or INT64 [m]      types require them, others ignore them
+//	dense         FP32 [batch, D]         continuous features, for a DNN that takes D
 //	→ scores      FP32 [batch]            probability per row
 //
 // model.Shape.Inputs lists what each type takes.
@@ -30,6 +31,7 @@ const (
 	inSharedValues = "shared_values"
 	inFields       = "fields"
 	inSharedFields = "shared_fields"
+	inDense        = "dense"
 	outScores      = "scores"
 )
 
@@ -189,10 +191,10 @@ func (t *tensor) checkCount() error {
 // knownInput refuses an input name outside the tensor contract.
 func knownInput(name string) error {
 	switch name {
-	case inIDs, inSharedIDs, inRowSplits, inValues, inSharedValues, inFields, inSharedFields:
+	case inIDs, inSharedIDs, inRowSplits, inValues, inSharedValues, inFields, inSharedFields, inDense:
 		return nil
 	}
-	return badInput("unknown input %q (inputs are ids, values, row_splits, shared_ids, shared_values, fields, shared_fields)", name)
+	return badInput("unknown input %q (inputs are ids, values, row_splits, shared_ids, shared_values, fields, shared_fields, dense)", name)
 }
 
 // buildRequest turns decoded inputs into a router request.
@@ -215,13 +217,17 @@ func buildRequest(model, version string, inputs []tensor) (*router.Request, erro
 		if err := knownInput(t.name); err != nil {
 			return nil, err
 		}
-		if len(t.shape) != 1 {
-			return nil, badInput("input %q has shape %v: every input is 1-D (ids [nnz], row_splits [batch+1]); flatten it", t.name, t.shape)
+		if t.name == inDense {
+			if len(t.shape) != 2 {
+				return nil, badInput("input %q has shape %v; it is [batch, D]", t.name, t.shape)
+			}
+		} else if len(t.shape) != 1 {
+			return nil, badInput("input %q has shape %v: every input but dense is 1-D (ids [nnz], row_splits [batch+1]); flatten it", t.name, t.shape)
 		}
 		if err := t.checkCount(); err != nil {
 			return nil, err
 		}
-		wantInt := t.name != inValues && t.name != inSharedValues
+		wantInt := t.name != inValues && t.name != inSharedValues && t.name != inDense
 		if wantInt != t.isInt {
 			want := "FP32"
 			if wantInt {
@@ -243,6 +249,8 @@ func buildRequest(model, version string, inputs []tensor) (*router.Request, erro
 			req.Values = t.floats
 		case inSharedValues:
 			req.SharedValues = t.floats
+		case inDense:
+			req.Dense, req.DenseShape = t.floats, [2]int64{t.shape[0], t.shape[1]}
 		case inFields, inSharedFields:
 			f, err := fieldNumbers(t)
 			if err != nil {

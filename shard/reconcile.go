@@ -124,6 +124,15 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 	if a.Live != 0 && v != a.Live {
 		mapped = !s.fits(s.bytesToLoad(chain, missing))
 	}
+	// A type with a dense part: the shard holds it (verified against the
+	// map's SHA-256) with the version, for routers to fetch.
+	var dense []byte
+	if info.Dense != "" && (held == nil || held.dense == nil) {
+		if dense, err = s.opts.Repo.DenseFile(chain, info.Dense); err != nil {
+			s.refuse(name, v, vkey, err)
+			return
+		}
+	}
 	var wrong topo.Loaded
 	for _, p := range missing {
 		if ctx.Err() != nil {
@@ -151,7 +160,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 			continue
 		}
 		delete(s.failed, pkey)
-		s.install(s.snap.Load().with(chain[0], versions, p, layers, id))
+		s.install(s.snap.Load().with(chain[0], versions, p, layers, id, dense))
 		// Report progress, at most every reportEvery: a large version's
 		// partitions, seconds apart, are each reported as they come; a
 		// delta's, loaded in a moment, in one write (reconcile reports
@@ -182,6 +191,9 @@ func matchesMap(chain []*codec.Manifest, got []uint64, a topo.Assignment, info *
 		return fmt.Errorf("shard: the repository's chain %v differs from the serving map's %v", got, info.Chain)
 	case m.Shape != info.Shape || m.Hash != info.Hash:
 		return fmt.Errorf("shard: manifest describes %s (hash %s), the serving map %s (hash %s)", m.Shape, m.Hash, info.Shape, info.Hash)
+	}
+	if _, e, _ := codec.ChainExtra(chain, codec.RoleDense); e.SHA256 != info.Dense {
+		return fmt.Errorf("shard: the repository's dense part is %q, the serving map's %q", e.SHA256, info.Dense)
 	}
 	return nil
 }
@@ -240,7 +252,7 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 			}
 			layers := append(slices.Clone(l[:len(l)-1]), NewTable(pt))
 			layers[len(layers)-1].sha = base.Files[p].SHA256
-			s.install(s.snap.Load().with(v.m, v.chain, uint32(p), layers, v.ids[p]))
+			s.install(s.snap.Load().with(v.m, v.chain, uint32(p), layers, v.ids[p], nil))
 			s.reclaim(reclaimWait) // the mapping goes before the next partition comes in
 			slog.Info("shard: partition now resident", "shard", s.opts.ID, "model", name, "version", a.Live, "partition", p)
 		}

@@ -28,6 +28,45 @@ type Service interface {
 	// malformed request, FailedPrecondition when the shard does not hold
 	// the pinned version or a partition (try another replica).
 	Lookup(ctx context.Context, req []byte) ([]byte, error)
+	// Extra returns the extra file of role (codec.RoleDense) of a version
+	// the shard holds, as it verified it on loading: FailedPrecondition if
+	// it does not hold it.
+	Extra(ctx context.Context, model string, version uint64, role string) ([]byte, error)
+}
+
+// ExtraMethod is the full gRPC method name of Extra. It carries codec
+// frames: an extra-file request (codec.AppendExtraRequest), the file.
+const ExtraMethod = "/cumulus.shard.v1.Shard/Extra"
+
+// Extra returns the dense part of a version this shard holds.
+func (s *Shard) Extra(ctx context.Context, model string, version uint64, role string) ([]byte, error) {
+	if role != codec.RoleDense {
+		return nil, status.Errorf(codes.InvalidArgument, "shard %s: no extra files of role %q are served", s.opts.ID, role)
+	}
+	ver := s.snap.Load().get(model, version)
+	if ver == nil || ver.dense == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold the %s part of model %q version %d", s.opts.ID, role, model, version)
+	}
+	return ver.dense, nil
+}
+
+// Extra asks the shard for an extra file.
+func (c *Client) Extra(ctx context.Context, model string, version uint64, role string) ([]byte, error) {
+	return invokeExtra(ctx, c.conn, model, version, role)
+}
+
+// Extra asks the shard for an extra file, in a call of its own (not on
+// the lookup stream: a file may be large, and rare).
+func (c *MuxClient) Extra(ctx context.Context, model string, version uint64, role string) ([]byte, error) {
+	return invokeExtra(ctx, c.conn, model, version, role)
+}
+
+func invokeExtra(ctx context.Context, conn *grpc.ClientConn, model string, version uint64, role string) ([]byte, error) {
+	in, out := codec.Frame(codec.AppendExtraRequest(nil, model, version, role)), codec.Frame(nil)
+	if err := conn.Invoke(ctx, ExtraMethod, &in, &out, grpc.CallContentSubtype(codec.GRPCCodecName)); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 type scratch struct {
@@ -225,6 +264,24 @@ var serviceDesc = grpc.ServiceDesc{
 				return nil, err
 			}
 			resp, err := srv.(Service).Lookup(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			f := codec.Frame(resp)
+			return &f, nil
+		},
+	}, {
+		MethodName: "Extra",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			var req codec.Frame
+			if err := dec(&req); err != nil {
+				return nil, err
+			}
+			model, version, role, err := codec.ParseExtraRequest(req)
+			if err != nil {
+				return nil, status.Error(codes.InvalidArgument, err.Error())
+			}
+			resp, err := srv.(Service).Extra(ctx, model, version, role)
 			if err != nil {
 				return nil, err
 			}

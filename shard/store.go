@@ -18,6 +18,7 @@ type version struct {
 	chain  []uint64   // versions of the layers, newest first
 	layers [][]*Table // per partition; nil where not held
 	ids    []string   // per partition: content identity (codec.PartitionIdentity) of what is held
+	dense  []byte     // the dense part's file, verified, for a type with one
 }
 
 // snapshot is the immutable set of everything loaded. Lookups read it
@@ -43,17 +44,21 @@ func (s *snapshot) file(model string, fileVersion uint64, p uint32) *Table {
 }
 
 // with returns a copy of s in which version m (of chain) holds partition
-// p as the stack layers, whose content identity is id.
-func (s *snapshot) with(m *codec.Manifest, chain []uint64, p uint32, layers []*Table, id string) *snapshot {
+// p as the stack layers, whose content identity is id, and dense as its
+// dense part (nil: the one it held, if any).
+func (s *snapshot) with(m *codec.Manifest, chain []uint64, p uint32, layers []*Table, id string, dense []byte) *snapshot {
 	n := &snapshot{models: maps.Clone(s.models)}
 	vs := maps.Clone(n.models[m.Name])
 	if vs == nil {
 		vs = map[uint64]*version{}
 	}
-	nv := &version{m: m, chain: chain, layers: make([][]*Table, m.Partitions), ids: make([]string, m.Partitions)}
+	nv := &version{m: m, chain: chain, layers: make([][]*Table, m.Partitions), ids: make([]string, m.Partitions), dense: dense}
 	if old := vs[m.Version]; old != nil {
 		copy(nv.layers, old.layers)
 		copy(nv.ids, old.ids)
+		if dense == nil {
+			nv.dense = old.dense
+		}
 	}
 	nv.layers[p], nv.ids[p] = layers, id
 	vs[m.Version] = nv
@@ -68,7 +73,7 @@ func (s *snapshot) keepOnly(keep func(model string, v uint64, p uint32) bool) (*
 	dropped := false
 	for name, vs := range s.models {
 		for v, ver := range vs {
-			nv := &version{m: ver.m, chain: ver.chain, layers: make([][]*Table, len(ver.layers)), ids: ver.ids}
+			nv := &version{m: ver.m, chain: ver.chain, layers: make([][]*Table, len(ver.layers)), ids: ver.ids, dense: ver.dense}
 			held := false
 			for p, l := range ver.layers {
 				if l == nil {

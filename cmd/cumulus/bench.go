@@ -307,7 +307,7 @@ type localBench struct {
 // temporary repository and serves it with a dev cluster of o (its Repo
 // set here); close stops both and removes the repository.
 func startLocalBench(ctx context.Context, flags shapeFlags, params int64, o devcluster.Options) (*localBench, error) {
-	shape, err := flags.shape()
+	spec, err := flags.spec("bench", params, 7)
 	if err != nil {
 		return nil, err
 	}
@@ -316,8 +316,8 @@ func startLocalBench(ctx context.Context, flags shapeFlags, params int64, o devc
 		return nil, err
 	}
 	lb := &localBench{repo: dir, model: "bench"}
-	fmt.Printf("generating %s model %q: %d features\n", shape, lb.model, params)
-	if _, err := (loader.Repo{Dir: dir}).Generate(loader.GenSpec{Name: lb.model, Shape: shape, Params: params, Seed: 7}); err != nil {
+	fmt.Printf("generating %s model %q: %d features\n", spec.Shape, lb.model, params)
+	if _, err := (loader.Repo{Dir: dir}).Generate(spec); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}

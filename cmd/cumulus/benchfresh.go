@@ -50,7 +50,7 @@ Target (issue 13): every delta of 1,000,000 keys served within 1s.`,
 				return fmt.Errorf("with --addr, give --repo and --model")
 			}
 			if addrs == "" {
-				lb, err := startLocalBench(ctx, shapeFlags{model.Shape{Type: model.LR}}, params, devcluster.Options{Shards: shards, ScanInterval: scan})
+				lb, err := startLocalBench(ctx, shapeFlags{s: model.Shape{Type: model.LR}}, params, devcluster.Options{Shards: shards, ScanInterval: scan})
 				if err != nil {
 					return err
 				}

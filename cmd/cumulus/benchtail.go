@@ -127,12 +127,12 @@ func runTail(ctx context.Context, o tailOptions) error {
 	}
 	defer os.RemoveAll(dir)
 	repo := filepath.Join(dir, "repo")
-	shape, err := o.shape.shape()
+	spec, err := o.shape.spec("bench", o.params, 7)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("generating %s model: %d features\n", shape, o.params)
-	m, err := (loader.Repo{Dir: repo}).Generate(loader.GenSpec{Name: "bench", Shape: shape, Params: o.params, Seed: 7})
+	fmt.Printf("generating %s model: %d features\n", spec.Shape, o.params)
+	m, err := (loader.Repo{Dir: repo}).Generate(spec)
 	if err != nil {
 		return err
 	}

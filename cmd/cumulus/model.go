@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 func modelCommand() *cobra.Command {
@@ -21,12 +22,18 @@ func modelCommand() *cobra.Command {
 }
 
 func modelImportCommand() *cobra.Command {
-	var format, name, repo, positive, encoding string
+	var format, name, repo, positive, encoding, dense string
 	var partitions uint32
 	cmd := &cobra.Command{
 		Use:   "import MODEL_FILE",
 		Short: "Import a LIBLINEAR or TSV model as the next version of --name",
-		Args:  cobra.ExactArgs(1),
+		Long: `import publishes a model file as the next version of --name.
+--format liblinear reads a LIBLINEAR logistic regression; --format tsv
+Cumulus's text format (docs/model-format.md), of any type. A dnn model's
+dense layers come from --dense, a safetensors file of F32 tensors named
+[PREFIX.]N.weight and [PREFIX.]N.bias, as state_dict() of a PyTorch
+nn.Sequential(Linear, ReLU, ..., Linear) holds them.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f, err := os.Open(args[0])
 			if err != nil {
@@ -45,6 +52,9 @@ func modelImportCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
+			if s.Dense, err = readDense(dense, s.Shape); err != nil {
+				return err
+			}
 			m, err := loader.Repo{Dir: repo}.PublishEncoded(name, s, partitions, encoding, fmt.Sprintf("import --format %s %s", format, args[0]))
 			if err != nil {
 				return err
@@ -57,12 +67,35 @@ func modelImportCommand() *cobra.Command {
 	cmd.Flags().StringVar(&name, "name", "", "model name (required)")
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
 	cmd.Flags().StringVar(&positive, "positive-label", "1", "liblinear: the label whose probability is the score")
+	cmd.Flags().StringVar(&dense, "dense", "", "dnn: the dense layers, a safetensors file")
 	cmd.Flags().Uint32Var(&partitions, "partitions", 8, "number of partitions")
 	cmd.Flags().StringVar(&encoding, "encoding", "fp32", "fm: factor storage, fp32, fp16 or int8")
 	for _, f := range []string{"format", "name", "repo"} {
 		cmd.MarkFlagRequired(f)
 	}
 	return cmd
+}
+
+// readDense reads the dense layers at path ("" for none) for a model of
+// shape s: a dnn needs them, other types take none.
+func readDense(path string, s model.Shape) (*model.Dense, error) {
+	switch {
+	case path == "" && s.HasDense():
+		return nil, fmt.Errorf("a %s model needs its dense layers: give --dense FILE.safetensors", s.Type)
+	case path == "":
+		return nil, nil
+	case !s.HasDense():
+		return nil, fmt.Errorf("--dense: an %s model has no dense layers", s.Type)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.ReadDense(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return d, nil
 }
 
 func modelGenCommand() *cobra.Command {
@@ -81,10 +114,11 @@ func modelGenCommand() *cobra.Command {
 			default:
 				return fmt.Errorf("--ids %q: want hashed or dense", ids)
 			}
-			var err error
-			if spec.Shape, err = shape.shape(); err != nil {
+			s, err := shape.spec(spec.Name, spec.Params, spec.Seed)
+			if err != nil {
 				return err
 			}
+			spec.Shape, spec.Layers = s.Shape, s.Layers
 			if spec.Width() == 1 {
 				spec.Encoding = "" // no factors to encode
 			}
@@ -195,7 +229,7 @@ The manager does this by itself when a chain reaches --compact-after deltas.`,
 }
 
 func modelDeltaCommand() *cobra.Command {
-	var name, repo, upserts, deletes string
+	var name, repo, upserts, deletes, dense string
 	var bias float64
 	var parent uint64
 	cmd := &cobra.Command{
@@ -208,8 +242,9 @@ over, saying why.
 --upserts is a TSV model (docs/model-format.md) of the same type and dim
 holding features to add or change, and, if it has a bias header, the new
 bias; --deletes is a file of feature ids to remove, one per line; --bias
-sets a new bias (refused if the upserts name another). Shards serve a
-delta over its parents until the next full version.`,
+sets a new bias (refused if the upserts name another); --dense replaces a
+dnn model's dense layers (by default a delta keeps its parent's). Shards
+serve a delta over its parents until the next full version.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			d := loader.Delta{Source: "cumulus model delta"}
@@ -243,8 +278,8 @@ delta over its parents until the next full version.`,
 			if cmd.Flags().Changed("bias") {
 				d.Bias = &bias
 			}
-			if d.Upserts == nil && d.Deletes == nil && d.Bias == nil {
-				return fmt.Errorf("nothing to publish: give --upserts, --deletes or --bias")
+			if d.Upserts == nil && d.Deletes == nil && d.Bias == nil && dense == "" {
+				return fmt.Errorf("nothing to publish: give --upserts, --deletes, --bias or --dense")
 			}
 			r := loader.Repo{Dir: repo}
 			d.Parent = parent
@@ -257,6 +292,15 @@ delta over its parents until the next full version.`,
 					return err
 				}
 				d.Parent = v
+			}
+			if dense != "" {
+				pm, err := r.Manifest(name, d.Parent)
+				if err != nil {
+					return err
+				}
+				if d.Dense, err = readDense(dense, pm.Shape); err != nil {
+					return err
+				}
 			}
 			m, err := r.PublishDelta(name, d)
 			if err != nil {
@@ -271,6 +315,7 @@ delta over its parents until the next full version.`,
 	cmd.Flags().StringVar(&upserts, "upserts", "", "TSV of features to add or change")
 	cmd.Flags().StringVar(&deletes, "deletes", "", "file of feature ids to delete, one per line")
 	cmd.Flags().Float64Var(&bias, "bias", 0, "new bias (default: keep the parent's)")
+	cmd.Flags().StringVar(&dense, "dense", "", "dnn: new dense layers, a safetensors file (default: keep the parent's)")
 	cmd.Flags().Uint64Var(&parent, "parent", 0, "the version to build on (default: the newest that passes the local checks)")
 	cmd.MarkFlagRequired("name")
 	cmd.MarkFlagRequired("repo")

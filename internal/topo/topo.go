@@ -181,8 +181,11 @@ type VersionInfo struct {
 	// schema change: a reader that does not know them does not know the
 	// type either, and serves none of the version.
 	model.Shape
-	Bias     float64 `json:"bias"`
-	Encoding string  `json:"encoding,omitempty"`
+	Bias float64 `json:"bias"`
+	// Dense is the SHA-256 of the version's dense part (a type with one,
+	// model.Shape.HasDense): routers fetch it from shards and check it.
+	Dense    string `json:"dense,omitempty"`
+	Encoding string `json:"encoding,omitempty"`
 	// Hash is the partition function's name (internal/partition).
 	Hash string `json:"hash"`
 	// IDs is the expected content identity of each partition.

@@ -26,6 +26,7 @@ type versionInfoJSON struct {
 	Version uint64 `json:"version"`
 	model.Shape
 	Bias     float64 `json:"bias"`
+	Dense    string  `json:"dense,omitempty"`
 	Encoding string  `json:"encoding,omitempty"`
 	Hash     string  `json:"hash"`
 	// IDs lists identities that are not all SHA-256 hex digests.
@@ -50,7 +51,7 @@ const MaxPartitions = 1 << 20
 
 // MarshalJSON writes the compact form.
 func (v VersionInfo) MarshalJSON() ([]byte, error) {
-	j := versionInfoJSON{Version: v.Version, Shape: v.Shape, Bias: v.Bias, Encoding: v.Encoding, Hash: v.Hash,
+	j := versionInfoJSON{Version: v.Version, Shape: v.Shape, Bias: v.Bias, Dense: v.Dense, Encoding: v.Encoding, Hash: v.Hash,
 		Runs: runs(v.Chain)}
 	if raw, ok := digests(v.IDs); ok {
 		j.Digests = base64.RawStdEncoding.EncodeToString(raw)
@@ -67,7 +68,7 @@ func (v *VersionInfo) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
-	*v = VersionInfo{Version: j.Version, Shape: j.Shape, Bias: j.Bias, Encoding: j.Encoding, Hash: j.Hash}
+	*v = VersionInfo{Version: j.Version, Shape: j.Shape, Bias: j.Bias, Dense: j.Dense, Encoding: j.Encoding, Hash: j.Hash}
 	switch {
 	case j.IDs != nil && j.Digests != "":
 		return errors.New("version info has both ids and digests")

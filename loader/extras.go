@@ -1,0 +1,162 @@
+package loader
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/model"
+)
+
+// DenseFileName is the name a version's dense part is written under.
+const DenseFileName = "dense.safetensors"
+
+// WriteExtra writes the version's extra file of role as name, filled by
+// write. A role may be written once.
+func (w *VersionWriter) WriteExtra(role, name string, write func(io.Writer) error) error {
+	for _, e := range w.extras {
+		if e.Role == role {
+			return fmt.Errorf("loader: extra file of role %q written twice", role)
+		}
+	}
+	h := sha256.New()
+	var size int64
+	err := writeSynced(filepath.Join(w.tmp, name), func(f io.Writer) error {
+		c := &countingWriter{w: io.MultiWriter(f, h)}
+		err := write(c)
+		size = c.n
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	w.extras = append(w.extras, codec.Extra{Role: role, Path: name, Size: size, SHA256: hex.EncodeToString(h.Sum(nil))})
+	return nil
+}
+
+// WriteDense writes d as the version's dense part.
+func (w *VersionWriter) WriteDense(d *model.Dense) error {
+	if err := d.Check(w.spec.DenseIn()); err != nil {
+		return fmt.Errorf("loader: dense part for %s: %w", w.spec.Shape, err)
+	}
+	return w.WriteExtra(codec.RoleDense, DenseFileName, func(f io.Writer) error { return model.WriteSafetensors(f, d, "") })
+}
+
+// copyExtra writes the extra file e of version from into w, linked where
+// the file system allows.
+func (w *VersionWriter) copyExtra(from *codec.Manifest, e codec.Extra) error {
+	src := filepath.Join(w.repo.VersionDir(from.Name, from.Version), e.Path)
+	if err := linkOrCopy(src, filepath.Join(w.tmp, e.Path), e.Size); err != nil {
+		return err
+	}
+	w.extras = append(w.extras, e)
+	return nil
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n += int64(n)
+	return n, err
+}
+
+// Dense reads the dense part the version whose chain (newest first) is
+// given uses, verifying its SHA-256 against the manifest that lists it
+// and its layers against the model's shape, and returns it with that
+// SHA-256.
+func (r Repo) Dense(chain []*codec.Manifest) (*model.Dense, string, error) {
+	_, e, ok := codec.ChainExtra(chain, codec.RoleDense)
+	if !ok {
+		return nil, "", fmt.Errorf("loader: %s version %d has no dense part", chain[0].Name, chain[0].Version)
+	}
+	b, err := r.DenseFile(chain, e.SHA256)
+	if err != nil {
+		return nil, "", err
+	}
+	d, err := ParseDense(b, chain[0].Shape)
+	return d, e.SHA256, err
+}
+
+// DenseFile reads the dense part's file the version whose chain is given
+// uses, which must have SHA-256 sum (as the serving map names it), and
+// hold layers the model's shape can use.
+func (r Repo) DenseFile(chain []*codec.Manifest, sum string) ([]byte, error) {
+	from, e, ok := codec.ChainExtra(chain, codec.RoleDense)
+	if !ok || e.SHA256 != sum {
+		return nil, fmt.Errorf("loader: %s version %d: its dense part is not %q", chain[0].Name, chain[0].Version, sum)
+	}
+	p := filepath.Join(r.VersionDir(from.Name, from.Version), e.Path)
+	b, err := readExtra(p, e)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := ParseDense(b, chain[0].Shape); err != nil {
+		return nil, fmt.Errorf("loader: %s: %w", p, err)
+	}
+	return b, nil
+}
+
+// ParseDense reads a dense part's file and checks its layers fit shape.
+func ParseDense(b []byte, shape model.Shape) (*model.Dense, error) {
+	d, err := shape.ReadDense(b)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", codec.ErrCorrupt, err)
+	}
+	return d, nil
+}
+
+// readExtra reads extra file p, which must have e's size and SHA-256.
+func readExtra(p string, e codec.Extra) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, e.Size+1))
+	if err != nil {
+		return nil, fmt.Errorf("loader: %s: %w", p, err)
+	}
+	if int64(len(b)) != e.Size {
+		return nil, fmt.Errorf("loader: %s: %w: size %d, manifest says %d", p, codec.ErrCorrupt, len(b), e.Size)
+	}
+	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != e.SHA256 {
+		return nil, fmt.Errorf("loader: %s: %w: SHA-256 does not match the manifest", p, codec.ErrCorrupt)
+	}
+	return b, nil
+}
+
+// verifyExtra checks version m's extra file e: its size and SHA-256, and
+// for a dense part, that it reads as layers the model's shape can use.
+func (r Repo) verifyExtra(m *codec.Manifest, e codec.Extra) error {
+	p := filepath.Join(r.VersionDir(m.Name, m.Version), e.Path)
+	b, err := readExtra(p, e)
+	if err != nil || e.Role != codec.RoleDense {
+		return err
+	}
+	if _, err := ParseDense(b, m.Shape); err != nil {
+		return fmt.Errorf("loader: %s: %w", p, err)
+	}
+	return nil
+}
+
+// linkOrCopy links src to dst, or copies it where links are refused, and
+// checks the result has size bytes.
+func linkOrCopy(src, dst string, size int64) error {
+	if err := os.Link(src, dst); err != nil {
+		if err := copyFile(src, dst); err != nil {
+			return err
+		}
+	}
+	if st, err := os.Stat(dst); err != nil || st.Size() != size {
+		return fmt.Errorf("%s: not the size its manifest says", src)
+	}
+	return nil
+}
