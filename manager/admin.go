@@ -19,6 +19,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/adminhttp"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
 // AdminOptions configure the admin API. Zero values mean the documented
@@ -64,6 +65,7 @@ const maxAdminBody = 64 << 10
 //	DELETE /admin/v1/models/{name}/pin
 //	POST   /admin/v1/rescan
 //	GET    /admin/v1/audit[?limit=N]
+//	GET    /admin/v1/routers
 //	GET    /metrics, /healthz                 (no token)
 //
 // Errors are {"error": "..."} with 400, 401, 404, 409 (or 503 when the
@@ -86,6 +88,7 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	mux.HandleFunc("POST /admin/v1/models/{name}/prune", a.auth(a.prune))
 	mux.HandleFunc("POST /admin/v1/rescan", a.auth(a.rescan))
 	mux.HandleFunc("GET /admin/v1/audit", a.auth(a.audit))
+	mux.HandleFunc("GET /admin/v1/routers", a.auth(a.routers))
 	mux.HandleFunc("/admin/", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no admin call %s %s", r.Method, r.URL.Path))
 	}))
@@ -398,6 +401,19 @@ func (a *admin) prune(w http.ResponseWriter, r *http.Request) {
 
 func (a *admin) rescan(w http.ResponseWriter, r *http.Request) {
 	a.do(w, r, Command{Op: OpRescan})
+}
+
+// routers answers GET /admin/v1/routers: the registered routers, with
+// the versions each can score and why not the others.
+func (a *admin) routers(w http.ResponseWriter, _ *http.Request) {
+	rs := a.m.State().Routers
+	out := make([]topo.RouterInfo, 0, len(rs))
+	for _, id := range slices.Sorted(maps.Keys(rs)) {
+		out = append(out, rs[id])
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Routers []topo.RouterInfo `json:"routers"`
+	}{out})
 }
 
 func (a *admin) audit(w http.ResponseWriter, r *http.Request) {

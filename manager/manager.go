@@ -58,6 +58,12 @@ type Options struct {
 	// Writer names this manager in what it writes and in the leader
 	// election. Default host:pid:random.
 	Writer string
+	// RouterWait is how long a router that cannot score a staged version
+	// (a dense part it has not fetched) holds the version's commit back;
+	// past it, the version goes live without it, and the router answers
+	// 503 for the model until it can score it. Default 30s; negative:
+	// for ever.
+	RouterWait time.Duration
 	// LeaderTTL is the lease, in seconds, under which this manager leads:
 	// if it dies, another takes over after at most this long. Default 5.
 	LeaderTTL int
@@ -95,6 +101,12 @@ func (o *Options) Validate() error {
 	}
 	if o.ScanInterval == 0 {
 		o.ScanInterval = 10 * time.Second
+	}
+	switch {
+	case o.RouterWait == 0:
+		o.RouterWait = 30 * time.Second
+	case o.RouterWait < 0:
+		o.RouterWait = 0 // Policy: for ever
 	}
 	if o.LeaderTTL == 0 {
 		o.LeaderTTL = 5
@@ -175,7 +187,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions, KeepDeltas: opts.KeepDeltas},
+	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions, KeepDeltas: opts.KeepDeltas, RouterWait: opts.RouterWait},
 		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
 		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event)}
 	m.queue.init()
@@ -214,7 +226,8 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
 	shards := make(chan map[string]topo.ShardInfo, 1)
-	m.done.Add(5 + validators)
+	routers := make(chan map[string]topo.RouterInfo, 1)
+	m.done.Add(6 + validators)
 	go func() { defer m.done.Done(); m.watchRepo(ctx) }()
 	m.done.Add(1)
 	go func() { defer m.done.Done(); removeLeftovers(opts.Repo.Dir) }()
@@ -245,10 +258,21 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 			shards <- infos
 		})
 	}()
+	go func() {
+		defer m.done.Done()
+		topo.Watch(ctx, opts.Etcd, opts.Cluster.RoutersPrefix(), func(kv map[string][]byte, _ int64) {
+			infos := topo.DecodeAll[topo.RouterInfo](kv, opts.Cluster.RoutersPrefix())
+			select { // keep only the newest
+			case <-routers:
+			default:
+			}
+			routers <- infos
+		})
+	}()
 	for range validators {
 		go func() { defer m.done.Done(); m.validator(ctx) }()
 	}
-	go func() { defer m.done.Done(); m.loop(ctx, shards) }()
+	go func() { defer m.done.Done(); m.loop(ctx, shards, routers) }()
 	return m, nil
 }
 
@@ -362,19 +386,28 @@ func (m *Manager) notLeader() error {
 }
 
 // loop applies events one at a time. A manager that does not lead only
-// follows the state the leader writes: it decides nothing.
-func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardInfo) {
+// follows the state the leader writes: it decides nothing. The shards'
+// reports are applied only once the routers' registrations have come
+// (until then nothing is placed or committed): a version is committed
+// only when every router can score it.
+func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardInfo, routers <-chan map[string]topo.RouterInfo) {
 	defer close(m.stopped)
 	tick := time.NewTicker(m.opts.ScanInterval)
 	defer tick.Stop()
 	var latest map[string]topo.ShardInfo
-	var flush <-chan time.Time // armed while changes are held back
+	var latestRouters map[string]topo.RouterInfo
+	var flush <-chan time.Time       // armed while changes are held back
+	wait := time.NewTimer(time.Hour) // a router's wait on a staged version runs out
+	wait.Stop()
 	for {
 		lead := m.leading.Load()
 		if !m.held || !lead {
 			flush = nil
 		} else if flush == nil {
 			flush = time.After(maxHold - time.Since(m.written))
+		}
+		if t := m.view.Load().RouterDeadline(m.policy); lead && !t.IsZero() {
+			wait.Reset(time.Until(t))
 		}
 		select {
 		case <-ctx.Done():
@@ -391,7 +424,10 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 			if won {
 				m.refresh(ctx)
 				m.leading.Store(true)
-				if latest != nil {
+				if latestRouters != nil {
+					m.apply(ctx, RoutersChanged{Routers: latestRouters})
+				}
+				if latest != nil && latestRouters != nil {
 					m.apply(ctx, ShardsChanged{Shards: latest})
 				}
 				m.scan(ctx)
@@ -401,8 +437,21 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 			}
 		case s := <-shards:
 			latest = s
-			if lead {
+			if lead && latestRouters != nil {
 				m.apply(ctx, ShardsChanged{Shards: s})
+			}
+		case r := <-routers:
+			first := latestRouters == nil
+			latestRouters = r
+			if lead {
+				m.apply(ctx, RoutersChanged{Routers: r})
+				if first && latest != nil {
+					m.apply(ctx, ShardsChanged{Shards: latest})
+				}
+			}
+		case <-wait.C:
+			if lead && latestRouters != nil {
+				m.apply(ctx, RoutersChanged{Routers: latestRouters})
 			}
 		case <-tick.C:
 			if lead {
@@ -462,7 +511,7 @@ func (m *Manager) refresh(ctx context.Context) bool {
 	} else {
 		slog.Debug("manager: following the leading manager's state")
 	}
-	fresh := &State{Models: models, Shards: m.view.Load().Shards}
+	fresh := &State{Models: models, Shards: m.view.Load().Shards, Routers: m.view.Load().Routers}
 	m.view.Store(fresh)
 	m.persisted, m.held = fresh, false
 	return true
@@ -519,7 +568,9 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 			return m.notLeader() // deposed meanwhile: the new leader decides
 		}
 		cur := m.view.Load()
-		next, acts, refused := Decide(cur, ev, m.policy)
+		p := m.policy
+		p.Now = time.Now()
+		next, acts, refused := Decide(cur, ev, p)
 		m.view.Store(next)
 		m.after(cur, next, acts)
 		if _, cmd := ev.(Command); !cmd && m.queue.busy() && time.Since(m.written) < maxHold {

@@ -78,6 +78,9 @@ type Version struct {
 	// KeptSince is the model's Seq since which the version has been kept
 	// loaded (live, staged or standby) without a break.
 	KeptSince uint64 `json:"kept_since,omitempty"`
+	// StagedAt is when the version was last staged: routers that cannot
+	// score it hold its commit back for Policy.RouterWait from then.
+	StagedAt time.Time `json:"staged_at,omitzero"`
 }
 
 // ModelStateSchema is the schema ModelState records are written with (see
@@ -160,6 +163,9 @@ func (m *ModelState) Standby() []uint64 {
 type State struct {
 	Models map[string]*ModelState
 	Shards map[string]topo.ShardInfo
+	// Routers are the routers' latest registrations (not persisted; nil:
+	// not tracked, see routersScore).
+	Routers map[string]topo.RouterInfo
 }
 
 // Policy is the configuration Decide follows.
@@ -172,6 +178,11 @@ type Policy struct {
 	// KeepDeltas is how many deltas on each kept full version stay
 	// standby (the newest).
 	KeepDeltas int
+	// RouterWait is how long a router that cannot score a staged version
+	// holds its commit back (0: for ever).
+	RouterWait time.Duration
+	// Now is the decision's time: for RouterWait, and StagedAt.
+	Now time.Time
 }
 
 // keepRejected is how many rejected versions a model keeps listed, with
@@ -219,6 +230,10 @@ type Checked struct {
 
 // ShardsChanged carries the shards' latest registrations.
 type ShardsChanged struct{ Shards map[string]topo.ShardInfo }
+
+// RoutersChanged carries the routers' latest registrations (or comes
+// again with the same, when a router's wait runs out).
+type RoutersChanged struct{ Routers map[string]topo.RouterInfo }
 
 // Command is an operator's call through the admin API.
 type Command struct {
@@ -276,11 +291,12 @@ const (
 	OpPrune    = "prune"
 )
 
-func (Scanned) isEvent()       {}
-func (Started) isEvent()       {}
-func (Checked) isEvent()       {}
-func (ShardsChanged) isEvent() {}
-func (Command) isEvent()       {}
+func (Scanned) isEvent()        {}
+func (Started) isEvent()        {}
+func (Checked) isEvent()        {}
+func (ShardsChanged) isEvent()  {}
+func (RoutersChanged) isEvent() {}
+func (Command) isEvent()        {}
 
 // Action is an output of Decide for the manager to carry out.
 type Action interface{ isAction() }
@@ -333,7 +349,7 @@ var (
 // other model with s, unchanged, so what an event costs — here and in
 // what the manager then writes — does not grow with the other models.
 func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
-	n := &State{Models: maps.Clone(s.Models), Shards: s.Shards}
+	n := &State{Models: maps.Clone(s.Models), Shards: s.Shards, Routers: s.Routers}
 	if n.Models == nil {
 		n.Models = map[string]*ModelState{}
 	}
@@ -373,6 +389,8 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 		n.checked(ev)
 	case ShardsChanged:
 		n.Shards = ev.Shards
+	case RoutersChanged:
+		n.Routers = ev.Routers
 	case Command:
 		acts, err = n.command(ev)
 		if err != nil {
@@ -826,9 +844,14 @@ func (s *State) settle(m *ModelState, p Policy) {
 		m.Staged = 0
 	}
 	if target != 0 && target != m.Live {
+		v := m.version(target)
+		if m.Staged != target || v.StagedAt.IsZero() {
+			v.StagedAt = p.Now
+		}
 		m.Staged = target
-		m.version(target).Phase = PhaseStaging
-		if s.allHold(h, m, assign, target) {
+		v.Phase = PhaseStaging
+		routersOK := s.routersScore(m, v, p) // first: its reason stays current
+		if s.allHold(h, m, assign, target) && routersOK {
 			m.commit(target)
 		}
 	}
@@ -944,6 +967,64 @@ func (s *State) servable(m *ModelState, v uint64, trusted []string) bool {
 		}
 	}
 	return true
+}
+
+// routersScore reports whether every router can score staged version v,
+// or has been unable to for p.RouterWait since v was staged; v.Reason
+// says which routers it waits for, or went live without. Routers not
+// tracked (nil: the manager applies no shard report before the routers'
+// first) hold nothing back.
+func (s *State) routersScore(m *ModelState, v *Version, p Policy) bool {
+	if s.Routers == nil {
+		return true
+	}
+	var waiting, without []string
+	for _, id := range slices.Sorted(maps.Keys(s.Routers)) {
+		r := s.Routers[id]
+		if r.CanScore(m.Name, v.Version) {
+			continue
+		}
+		why := "it has not said it can score this version yet"
+		for _, c := range r.Cannot {
+			if c.Model == m.Name && c.Version == v.Version {
+				why = c.Reason
+			}
+		}
+		note := fmt.Sprintf("%s (%s)", id, why)
+		if p.RouterWait > 0 && !p.Now.IsZero() && !v.StagedAt.IsZero() && p.Now.Sub(v.StagedAt) >= p.RouterWait {
+			without = append(without, note)
+		} else {
+			waiting = append(waiting, note)
+		}
+	}
+	switch {
+	case len(waiting) > 0:
+		v.Reason = "waiting for routers to be able to score it: " + strings.Join(waiting, "; ")
+		return false
+	case len(without) > 0:
+		v.Reason = fmt.Sprintf("routers that could not score it within %v no longer hold it back (they answer 503 for it until they can): %s", p.RouterWait, strings.Join(without, "; "))
+	default:
+		v.Reason = ""
+	}
+	return true
+}
+
+// RouterDeadline is the earliest time a router's wait on a staged
+// version runs out (zero: none is waited on), when Decide should run
+// again.
+func (s *State) RouterDeadline(p Policy) time.Time {
+	var first time.Time
+	if p.RouterWait <= 0 {
+		return first
+	}
+	for _, m := range s.Models {
+		if v := m.version(m.Staged); v != nil && strings.HasPrefix(v.Reason, "waiting for routers") && !v.StagedAt.IsZero() {
+			if t := v.StagedAt.Add(p.RouterWait); first.IsZero() || t.Before(first) {
+				first = t
+			}
+		}
+	}
+	return first
 }
 
 // commit makes v live; the previous live version becomes standby (or is

@@ -872,3 +872,52 @@ func TestBrokenChain(t *testing.T) {
 		t.Fatalf("broken %q", v.Broken)
 	}
 }
+
+// TestDecideWaitsForRouters: a version is committed only once every
+// router can score it; a router that cannot holds it back for
+// RouterWait from its staging, no longer; the reasons say which.
+func TestDecideWaitsForRouters(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20, RouterWait: 30 * time.Second, Now: t0})
+	router := func(id string, scores ...uint64) topo.RouterInfo {
+		return topo.RouterInfo{Schema: topo.RouterInfoSchema, ID: id, Scores: map[string][]uint64{"m": scores}}
+	}
+	x.do(RoutersChanged{Routers: map[string]topo.RouterInfo{"r1": router("r1")}})
+	x.join("s0")
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	x.expect(0, 1) // r1 has not said it can score 1
+	if r := x.s.Models["m"].version(1).Reason; !strings.Contains(r, "waiting for routers to be able to score it: r1 (it has not said") {
+		t.Fatalf("reason %q", r)
+	}
+	if d := x.s.RouterDeadline(x.p); !d.Equal(t0.Add(30 * time.Second)) {
+		t.Fatalf("deadline %v", d)
+	}
+	x.do(RoutersChanged{Routers: map[string]topo.RouterInfo{"r1": router("r1", 1)}})
+	x.expect(1, 0)
+
+	// Version 2: r1 can, r2 cannot (with its reason); r2's wait runs out.
+	x.scan(1, 2)
+	x.validate()
+	slow := router("r2", 1)
+	slow.Cannot = []topo.Unscorable{{Model: "m", Version: 2, Reason: "its dense part is being fetched"}}
+	x.do(RoutersChanged{Routers: map[string]topo.RouterInfo{"r1": router("r1", 1, 2), "r2": slow}})
+	x.settleAll()
+	x.expect(1, 2)
+	if r := x.s.Models["m"].version(2).Reason; !strings.Contains(r, "r2 (its dense part is being fetched)") || strings.Contains(r, "r1") {
+		t.Fatalf("reason %q", r)
+	}
+	x.p.Now = t0.Add(29 * time.Second)
+	x.do(RoutersChanged{Routers: x.s.Routers})
+	x.expect(1, 2)
+	x.p.Now = t0.Add(31 * time.Second)
+	x.do(RoutersChanged{Routers: x.s.Routers})
+	x.expect(2, 0, 1)
+	if r := x.s.Models["m"].version(2).Reason; !strings.Contains(r, "no longer hold it back") || !strings.Contains(r, "r2") {
+		t.Fatalf("reason %q", r)
+	}
+	if d := x.s.RouterDeadline(x.p); !d.IsZero() {
+		t.Fatalf("deadline %v after the commit", d)
+	}
+}

@@ -186,7 +186,9 @@ func TestDenseFetchTrustsNoShard(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var liars []*lyingShard
-	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour,
+	// The router cannot score the version; it goes live once the
+	// router's wait (a second) runs out.
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, RouterWait: time.Second,
 		Router: router.Options{Dial: func(addr string) (shard.Service, io.Closer, error) {
 			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -230,5 +232,88 @@ func TestDenseFetchTrustsNoShard(t *testing.T) {
 			return err
 		}
 		return scoresMatch(reference.New(m), req, resp)
+	})
+}
+
+// TestRouterHoldsBackTheRollout: a version whose dense part a router
+// cannot fetch is not committed until the router's wait runs out; then
+// it goes live, and that router answers its model 503, naming why, and
+// is not ready, until it can score it.
+func TestRouterHoldsBackTheRollout(t *testing.T) {
+	repoDir := t.TempDir()
+	repo := loader.Repo{Dir: repoDir}
+	shape := model.Shape{Type: model.DNN, Dim: 2, Fields: 2, Pooling: "sum"}
+	v1 := randomShaped(shape, 500, 4)
+	v1.Dense = loader.GenDense(4, shape.DenseIn(), []int{4})
+	if _, err := repo.Publish("dnn", v1, 2, "test"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var liars []*lyingShard
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, RouterWait: 2 * time.Second,
+		Router: router.Options{Dial: func(addr string) (shard.Service, io.Closer, error) {
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, nil, err
+			}
+			l := &lyingShard{Service: shard.NewClient(conn)}
+			mu.Lock()
+			liars = append(liars, l)
+			mu.Unlock()
+			return l, conn, nil
+		}}})
+	lie := func(on bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, l := range liars {
+			l.lie.Store(on)
+		}
+	}
+	lie(true)
+	if _, err := repo.PublishDelta("dnn", loader.Delta{Dense: loader.GenDense(5, shape.DenseIn(), []int{4})}); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	// Staged and held back, naming the router and why; v1 still serves.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		ms := c.Manager.State().Models["dnn"]
+		if ms == nil || ms.Staged != 2 {
+			return errors.New("v2 not staged")
+		}
+		for _, v := range ms.Versions {
+			if v.Version == 2 && strings.Contains(v.Reason, "waiting for routers") && strings.Contains(v.Reason, "SHA-256") {
+				return nil
+			}
+		}
+		return fmt.Errorf("v2 not held back by the router: %+v", ms.Versions)
+	})
+	req := dnnRequest(rand.New(rand.NewPCG(2, 2)), "dnn", v1, 5, 3, 2)
+	if resp, err := c.Router.Predict(context.Background(), req); err != nil || resp.Version != 1 {
+		t.Fatalf("while v2 is held back: %v, %+v", err, resp)
+	}
+	// The wait runs out: v2 goes live; this router cannot score it.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if ms := c.Manager.State().Models["dnn"]; ms.Live != 2 {
+			return errors.New("v2 not live")
+		}
+		_, err := c.Router.Predict(context.Background(), req)
+		if !errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "dense part") {
+			return fmt.Errorf("predict: %v; want unavailable, naming the dense part", err)
+		}
+		return nil
+	})
+	if c.Router.Ready() {
+		t.Error("ready while the live version cannot be scored")
+	}
+	lie(false)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		resp, err := c.Router.Predict(context.Background(), req)
+		if err != nil {
+			return err
+		}
+		if resp.Version != 2 || !c.Router.Ready() {
+			return fmt.Errorf("answered by v%d, ready %v", resp.Version, c.Router.Ready())
+		}
+		return nil
 	})
 }

@@ -51,6 +51,14 @@ type Options struct {
 	Registry prometheus.Registerer
 	// Hedge is the policy against slow shards.
 	Hedge HedgeOptions
+	// ID names the router's registration (routers/ID). Default: the host
+	// name and pid (and a number for a process's second router on).
+	ID string
+	// Advertise is the address of the front this router serves, shown
+	// in its registration; Build its build. Both optional.
+	Advertise, Build string
+	// LeaseTTL is the registration lease in seconds. Default 10.
+	LeaseTTL int64
 }
 
 // HedgeOptions set how shard calls are hedged (see internal/hedge).
@@ -108,6 +116,12 @@ func (o *Options) Validate() error {
 	if o.Dial == nil {
 		o.Dial = dialGRPC
 	}
+	if o.ID == "" {
+		o.ID = defaultID()
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = 10
+	}
 	return o.Hedge.fill()
 }
 
@@ -139,6 +153,7 @@ type Router struct {
 	delay    *prometheus.GaugeVec
 	retries  *prometheus.CounterVec
 	hedges   struct{ sent, won, overBudget prometheus.Counter }
+	reg      *topo.Registration
 }
 
 // Start begins watching etcd. It returns at once; Ready reports when
@@ -181,13 +196,22 @@ func Start(ctx context.Context, opts Options) (*Router, error) {
 		}
 	}
 	r.tab.Store(&table{models: map[string]*modelRoute{}, replaced: make(chan struct{})})
+	reg, err := topo.Register(ctx, opts.Etcd, opts.Cluster.RouterKey(opts.ID), r.registration(nil, newDenseCache()), opts.LeaseTTL)
+	if err != nil {
+		cancel()
+		pool.Release()
+		return nil, fmt.Errorf("router: registering as %s: %w", opts.ID, err)
+	}
+	r.reg = reg
 	r.done.Add(1)
 	go func() { defer r.done.Done(); r.watch(ctx) }()
 	return r, nil
 }
 
-// Close stops watching and closes shard connections.
+// Close stops watching, leaves the cluster (its registration is
+// deleted) and closes shard connections.
 func (r *Router) Close() {
+	r.reg.Close()
 	r.cancel()
 	r.done.Wait()
 	r.pool.Release()
@@ -283,6 +307,7 @@ func (r *Router) watch(ctx context.Context) {
 			retry.Reset(time.Until(next))
 		}
 		tab := buildTable(shards, assigns, backends, dense)
+		r.reg.Set(r.registration(assigns, dense))
 		tab.rev = rev
 		old := r.tab.Swap(tab)
 		close(old.replaced)

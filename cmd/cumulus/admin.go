@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/manager"
 )
 
@@ -223,6 +225,10 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 			RunE: func(_ *cobra.Command, args []string) error {
 				return run(http.MethodGet, model(args[0]), nil, printModel)
 			}},
+		&cobra.Command{Use: "routers", Short: "List the routers: the versions each can score, and why not the others", Args: cobra.NoArgs,
+			RunE: func(*cobra.Command, []string) error {
+				return run(http.MethodGet, "/admin/v1/routers", nil, printRouters)
+			}},
 		&cobra.Command{Use: "rescan", Short: "Scan the repository now and validate rejected versions again", Args: cobra.NoArgs,
 			RunE: func(*cobra.Command, []string) error {
 				return run(http.MethodPost, "/admin/v1/rescan", nil, printModels)
@@ -287,6 +293,36 @@ func joinVersions(vs []uint64) string {
 		s[i] = strconv.FormatUint(v, 10)
 	}
 	return strings.Join(s, ",")
+}
+
+func printRouters(b []byte) error {
+	var r struct {
+		Routers []topo.RouterInfo `json:"routers"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return fmt.Errorf("admin API answered badly: %w", err)
+	}
+	if len(r.Routers) == 0 {
+		fmt.Println("no routers registered")
+		return nil
+	}
+	for _, ri := range r.Routers {
+		fmt.Printf("%s", ri.ID)
+		if ri.Addr != "" {
+			fmt.Printf("  %s", ri.Addr)
+		}
+		if ri.Build != "" {
+			fmt.Printf("  build %s", ri.Build)
+		}
+		fmt.Println()
+		for _, name := range slices.Sorted(maps.Keys(ri.Scores)) {
+			fmt.Printf("  %s: scores %s\n", name, joinVersions(ri.Scores[name]))
+		}
+		for _, c := range ri.Cannot {
+			fmt.Printf("  %s: cannot score version %d: %s\n", c.Model, c.Version, c.Reason)
+		}
+	}
+	return nil
 }
 
 func printModels(b []byte) error {

@@ -156,7 +156,7 @@ func (a *admitFlags) register(cmd *cobra.Command, what, refusal string, perCPU i
 }
 
 func routerCommand() *cobra.Command {
-	var etcd, httpAddr, grpcAddr string
+	var etcd, httpAddr, grpcAddr, id string
 	var cluster clusterFlag
 	var lim limitFlags
 	var drain drainFlag
@@ -171,7 +171,7 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 --drain-timeout cut it short).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts := lim.routerOptions(router.Options{Cluster: cluster.c, Registry: prometheus.DefaultRegisterer})
+			opts := lim.routerOptions(router.Options{Cluster: cluster.c, Registry: prometheus.DefaultRegisterer, ID: id, Build: buildinfo.String(), Advertise: grpcAddr})
 			if err := hedging.apply(&opts); err != nil {
 				return err
 			}
@@ -203,6 +203,7 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON, health and /metrics address")
 	cluster.register(cmd)
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC address")
+	cmd.Flags().StringVar(&id, "id", "", "this router's name in the cluster (its registration routers/ID); default: host name and pid (a pod's name on Kubernetes)")
 	lim.register(cmd)
 	hedging.register(cmd)
 	drain.register(cmd)
@@ -234,7 +235,7 @@ func managerCommand() *cobra.Command {
 			defer cli.Close()
 			m, err := manager.Start(cmd.Context(), manager.Options{Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c,
 				Replicas: replicas, KeepVersions: keepVersions(policy.keepVersions), KeepDeltas: keepVersions(policy.keepDeltas),
-				ScanInterval: policy.scan, AutoPrune: policy.autoPrune, CompactAfter: keepVersions(policy.compactAfter), Registry: prometheus.DefaultRegisterer})
+				ScanInterval: policy.scan, AutoPrune: policy.autoPrune, CompactAfter: keepVersions(policy.compactAfter), RouterWait: policy.routerWait, Registry: prometheus.DefaultRegisterer})
 			if err != nil {
 				return err
 			}
@@ -263,7 +264,7 @@ func managerCommand() *cobra.Command {
 type policyFlags struct {
 	keepVersions, keepDeltas int
 	autoPrune, compactAfter  int
-	scan                     time.Duration
+	scan, routerWait         time.Duration
 }
 
 func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
@@ -271,6 +272,7 @@ func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
 	cmd.Flags().IntVar(&f.keepDeltas, "keep-deltas", 20, "deltas on each kept full version kept loaded for rollback (the newest); older ones retire")
 	cmd.Flags().IntVar(&f.autoPrune, "auto-prune", 0, "after each commit, remove the directories of versions nothing needs, keeping this many of them (the newest); 0: never (needs write access to the repository)")
 	cmd.Flags().IntVar(&f.compactAfter, "compact-after", 200, "compact the live version's chain into a new full version once it has this many deltas; 0: never (needs write access to the repository)")
+	cmd.Flags().DurationVar(&f.routerWait, "router-wait", 30*time.Second, "how long a router that cannot score a staged version (its dense part not fetched) holds the commit back; past it the version goes live and that router answers 503 for the model until it can")
 	cmd.Flags().DurationVar(&f.scan, "scan-interval", scan, "how often the whole repository is listed, besides watching it for changes (on a network filesystem, which reports no changes made on other hosts, this is how soon a version is found)")
 }
 

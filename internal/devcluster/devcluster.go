@@ -45,6 +45,8 @@ type Options struct {
 	// KeepDeltas is the manager's: deltas kept loaded on each kept full
 	// version. Default 20; negative keeps none.
 	KeepDeltas int
+	// RouterWait is the manager's (manager.Options.RouterWait).
+	RouterWait time.Duration
 	// AutoPrune and CompactAfter are the manager's (manager.Options).
 	AutoPrune, CompactAfter int
 	// Build is the version the shards report.
@@ -119,7 +121,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	// The manager starts after the shards have registered, so its first
 	// assignment already spreads partitions over all of them.
 	if c.Manager, err = manager.Start(ctx, manager.Options{Repo: repo, Etcd: c.Etcd, Cluster: o.Cluster, Replicas: o.Replicas,
-		KeepVersions: o.KeepVersions, KeepDeltas: o.KeepDeltas, AutoPrune: o.AutoPrune, CompactAfter: o.CompactAfter, ScanInterval: o.ScanInterval, Registry: o.Registry}); err != nil {
+		KeepVersions: o.KeepVersions, KeepDeltas: o.KeepDeltas, AutoPrune: o.AutoPrune, CompactAfter: o.CompactAfter, ScanInterval: o.ScanInterval, RouterWait: o.RouterWait, Registry: o.Registry}); err != nil {
 		return nil, err
 	}
 	ro := o.Router

@@ -53,6 +53,8 @@ const (
 	// AssignmentSchema: serving map records. 2: identities as digests and
 	// chains as runs (VersionInfo's JSON form), so a record stays small.
 	AssignmentSchema = 2
+	// RouterInfoSchema: router registrations.
+	RouterInfoSchema = 1
 )
 
 // Cluster is a cluster's name: every key sits under /cumulus/NAME/.
@@ -92,6 +94,43 @@ func (c Cluster) ModelsPrefix() string { return c.root() + "models/" }
 
 // ManagerPrefix is the prefix of the manager's persisted state.
 func (c Cluster) ManagerPrefix() string { return c.root() + "manager/" }
+
+// RoutersPrefix is the prefix of router registrations.
+func (c Cluster) RoutersPrefix() string { return c.root() + "routers/" }
+
+// RouterKey is the registration key of a router.
+func (c Cluster) RouterKey(id string) string { return c.RoutersPrefix() + id }
+
+// RouterInfo is a live router's registration: which of the versions the
+// serving map keeps it can score, and why it cannot score the others (a
+// dense part it has not fetched, a type its build does not know). The
+// manager commits a version only once every router can score it (or
+// has failed to for --router-wait).
+type RouterInfo struct {
+	Schema int    `json:"schema"`
+	ID     string `json:"id"`
+	Addr   string `json:"addr,omitempty"` // the front it serves, if any
+	Build  string `json:"build,omitempty"`
+	// Scores lists, per model, the kept versions it can score.
+	Scores map[string][]uint64 `json:"scores,omitempty"`
+	// Cannot lists the kept versions it cannot score, with the reason.
+	Cannot []Unscorable `json:"cannot,omitempty"`
+	// Seen is, per model, the Seq of the serving map record it has read.
+	Seen map[string]uint64 `json:"seen,omitempty"`
+}
+
+// Unscorable is a version a router cannot score, and why.
+type Unscorable struct {
+	Model   string `json:"model"`
+	Version uint64 `json:"version"`
+	Reason  string `json:"reason"`
+}
+
+// CanScore reports whether the router says it can score version v of
+// model.
+func (r RouterInfo) CanScore(model string, v uint64) bool {
+	return slices.Contains(r.Scores[model], v)
+}
 
 // ShardKey is the registration key of a shard.
 func (c Cluster) ShardKey(id string) string { return c.ShardsPrefix() + id }

@@ -1,0 +1,69 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"sync/atomic"
+
+	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/model"
+)
+
+// A router registers under routers/ID with a lease, saying which of the
+// versions the serving map keeps it can score and why not the others
+// (topo.RouterInfo), so that the manager commits a version only once
+// every router can score it.
+
+// routerSeq numbers the routers of one process after the first, so that
+// each has its own default ID.
+var routerSeq atomic.Int64
+
+// defaultID is the host name and pid, and a number for a process's
+// second router on.
+func defaultID() string {
+	host, _ := os.Hostname()
+	id := fmt.Sprintf("%s-%d", host, os.Getpid())
+	if n := routerSeq.Add(1); n > 1 {
+		id = fmt.Sprintf("%s-%d", id, n)
+	}
+	return id
+}
+
+// registration is what the router says of itself given the serving map
+// and the dense parts it holds.
+func (r *Router) registration(assigns map[string]topo.Assignment, dense *denseCache) string {
+	info := topo.RouterInfo{Schema: topo.RouterInfoSchema, ID: r.opts.ID, Addr: r.opts.Advertise, Build: r.opts.Build,
+		Scores: map[string][]uint64{}, Seen: map[string]uint64{}}
+	held := dense.held()
+	for _, name := range slices.Sorted(maps.Keys(assigns)) {
+		a := assigns[name]
+		info.Seen[name] = a.Seq
+		for _, v := range slices.Sorted(slices.Values(a.Kept())) {
+			vi := a.Info(v)
+			if vi == nil {
+				continue
+			}
+			if why := cannotScore(vi, held, dense); why != "" {
+				info.Cannot = append(info.Cannot, topo.Unscorable{Model: name, Version: v, Reason: why})
+				continue
+			}
+			info.Scores[name] = append(info.Scores[name], v)
+		}
+	}
+	b, _ := json.Marshal(info)
+	return string(b)
+}
+
+// cannotScore says why this router cannot score version vi, or "".
+func cannotScore(vi *topo.VersionInfo, held map[string]*model.Dense, dense *denseCache) string {
+	if vi.Dense != "" && held[vi.Dense] == nil {
+		return dense.reason(vi.Dense)
+	}
+	if _, err := vi.Shape.Scorer(vi.Bias, held[vi.Dense]); err != nil {
+		return "this router's build cannot score it: " + err.Error()
+	}
+	return ""
+}
