@@ -84,6 +84,17 @@ func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
 	if spec.Params <= 0 {
 		return nil, fmt.Errorf("loader: gen: params must be positive")
 	}
+	if spec.HasDense() {
+		if len(spec.Layers) == 0 {
+			spec.Layers = []int{256, 128}
+		}
+		if err := spec.Shape.Validate(); err != nil {
+			return nil, fmt.Errorf("loader: gen: %w", err)
+		}
+		if err := model.CheckLayers(spec.DenseIn(), spec.Layers); err != nil {
+			return nil, fmt.Errorf("loader: gen: %w", err)
+		}
+	}
 	gi := codec.GenInfo{Seed: spec.Seed, IDs: "hashed"}
 	if spec.Dense {
 		gi.IDs = "dense"
@@ -97,9 +108,6 @@ func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
 		return nil, err
 	}
 	if spec.HasDense() {
-		if len(spec.Layers) == 0 {
-			spec.Layers = []int{256, 128}
-		}
 		if err := w.WriteDense(GenDense(spec.Seed, spec.DenseIn(), spec.Layers)); err != nil {
 			w.Abort()
 			return nil, err

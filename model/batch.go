@@ -63,6 +63,9 @@ type Scratch struct {
 	i32   []int32
 }
 
+// Bytes is the memory s holds.
+func (s *Scratch) Bytes() int { return 8*cap(s.f64) + 4*cap(s.f32) + cap(s.flags) + 4*cap(s.i32) }
+
 func (s *Scratch) float64s(n int) []float64 { s.f64 = grow(s.f64, n); return s.f64 }
 func (s *Scratch) float32s(n int) []float32 { s.f32 = grow(s.f32, n); return s.f32 }
 func (s *Scratch) bools(n int) []bool       { s.flags = grow(s.flags, n); return s.flags }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"slices"
+	"sync"
 )
 
 // Dense is a version's dense part: the layers of its MLP, in order, each
@@ -12,6 +14,11 @@ import (
 // "dense", in the safetensors format: ReadSafetensors).
 type Dense struct {
 	Layers []Layer
+
+	// The layers as scorers multiply them, made once and shared by every
+	// version (every scorer) using this dense part.
+	once     sync.Once
+	prepared []dnnLayer
 }
 
 // Layer is one linear layer, stored as PyTorch's nn.Linear stores it.
@@ -58,6 +65,27 @@ func (d *Dense) Check(in int) error {
 	}
 	if in != 1 {
 		return fmt.Errorf("the last dense layer has %d outputs, want 1", in)
+	}
+	return nil
+}
+
+// CheckLayers checks hidden layer widths for a dense part of in inputs
+// before one is made: each width in 1..MaxLayerWidth, at most MaxLayers
+// layers, and the parameters (as F32) within MaxDenseBytes.
+func CheckLayers(in int, hidden []int) error {
+	if len(hidden)+1 > MaxLayers {
+		return fmt.Errorf("%d dense layers; at most %d", len(hidden)+1, MaxLayers)
+	}
+	params := 0
+	for _, out := range append(slices.Clone(hidden), 1) {
+		if out < 1 || out > MaxLayerWidth {
+			return fmt.Errorf("a dense layer of width %d; widths are 1..%d", out, MaxLayerWidth)
+		}
+		params += (in + 1) * out
+		in = out
+	}
+	if 4*params > MaxDenseBytes-(1<<20) {
+		return fmt.Errorf("dense layers of %d parameters are over the %d MiB a dense part may hold", params, MaxDenseBytes>>20)
 	}
 	return nil
 }

@@ -67,20 +67,28 @@ type dnnLayer struct {
 }
 
 func (dnn) scorer(s Shape, bias float64, d *Dense) (Scorer, error) {
-	m := &dnnScorer{bias: bias, k: s.Dim, F: s.Fields, D: s.DenseInputs, mean: s.Pooling == "mean"}
-	for _, l := range d.Layers {
-		dl := dnnLayer{in: l.In, out: l.Out, b: l.B, wt: l.W}
-		if l.Out > 1 {
-			dl.wt = make([]float32, l.In*l.Out)
-			for o := range l.Out {
-				for i := range l.In {
-					dl.wt[i*l.Out+o] = l.W[o*l.In+i]
+	return &dnnScorer{bias: bias, k: s.Dim, F: s.Fields, D: s.DenseInputs, mean: s.Pooling == "mean", layers: d.layers()}, nil
+}
+
+// layers are d's layers as the scorer multiplies them, made on first use
+// and shared by every scorer of d: a router builds its scorers at every
+// routing table, and versions (deltas) share a dense part.
+func (d *Dense) layers() []dnnLayer {
+	d.once.Do(func() {
+		for _, l := range d.Layers {
+			dl := dnnLayer{in: l.In, out: l.Out, b: l.B, wt: l.W}
+			if l.Out > 1 {
+				dl.wt = make([]float32, l.In*l.Out)
+				for o := range l.Out {
+					for i := range l.In {
+						dl.wt[i*l.Out+o] = l.W[o*l.In+i]
+					}
 				}
 			}
+			d.prepared = append(d.prepared, dl)
 		}
-		m.layers = append(m.layers, dl)
-	}
-	return m, nil
+	})
+	return d.prepared
 }
 
 type dnnScorer struct {
@@ -90,9 +98,14 @@ type dnnScorer struct {
 	layers  []dnnLayer
 }
 
-// Score pools each row's features into a row of U, runs the batch of
-// rows through the layers with vec.Gemm, and adds the wide part. The
-// shared features' pooled values go through the first layer once per
+// dnnChunk is how many rows go through the layers at once: the
+// scratch is a few chunks' inputs and activations, however many rows a
+// request has.
+const dnnChunk = 96
+
+// Score pools each row's features into a row of U, runs the rows through
+// the layers with vec.Gemm, dnnChunk at a time, and adds the wide part.
+// The shared features' pooled values go through the first layer once per
 // request (base): a row's input to it is its difference from the shared
 // one, non-zero only in the fields the row has features in and the
 // continuous features, and only those columns are multiplied (per block
@@ -102,23 +115,22 @@ func (m *dnnScorer) Score(out []float32, b *Batch, s *Scratch) {
 	in := F*k + D
 	rows := len(out)
 	blk := vec.RowBlock()
-	R := (rows + blk - 1) / blk * blk
+	C := dnnChunk / blk * blk
 	widest := 0
 	for _, l := range m.layers {
 		widest = max(widest, l.out)
 	}
-	buf := s.float32s(in + R*in + 2*R*widest + widest)
+	buf := s.float32s(in + C*in + 2*C*widest + widest)
 	shared, buf := buf[:in], buf[in:] // the shared features' input: pooled fields, zero dense part
-	u, buf := buf[:R*in], buf[R*in:]  // each row's difference from it
-	h0, buf := buf[:R*widest], buf[R*widest:]
-	h1, base := buf[:R*widest], buf[R*widest:]
+	u, buf := buf[:C*in], buf[C*in:]  // each row's difference from it
+	h0buf, buf := buf[:C*widest], buf[C*widest:]
+	h1buf, base := buf[:C*widest], buf[C*widest:]
 	clear(shared)
-	clear(u)
 	counts := s.int32s(2 * F)
 	sharedN, rowN := counts[:F], counts[F:]
 	clear(sharedN)
 	used := s.bools(F)
-	lin := make64(s, rows)
+	lin := s.float64s(C) // each row's bias and wide part
 
 	sharedLin := m.bias
 	for i, p := range b.SharedPos {
@@ -136,89 +148,96 @@ func (m *dnnScorer) Score(out []float32, b *Batch, s *Scratch) {
 			}
 		}
 	}
-	for r := range rows {
-		ur := u[r*in : (r+1)*in]
-		clear(rowN)
-		z := sharedLin
-		for i := b.RowSplits[r]; i < b.RowSplits[r+1]; i++ {
-			p := int(b.Pos[i])
-			rec := b.Vals[p*w : (p+1)*w]
-			x := x32(b.Values, int(i))
-			f := b.Fields[i]
-			z += float64(rec[0]) * float64(x)
-			vec.Axpy(ur[int(f)*k:int(f+1)*k], x, rec[1:])
-			rowN[f]++
+	// The first layer's base: b + W·shared, once.
+	l0 := m.layers[0]
+	copy(base[:l0.out], l0.b)
+	if l0.out == 1 {
+		base[0] += vec.Dot(shared, l0.wt)
+	} else {
+		vec.Gemm(base, l0.out, shared, in, l0.wt, l0.out, 1, l0.out, in)
+	}
+	for c0 := 0; c0 < rows; c0 += C {
+		n := min(C, rows-c0)
+		R := (n + blk - 1) / blk * blk
+		clear(u[:R*in])
+		for r := range n {
+			ur := u[r*in : (r+1)*in]
+			clear(rowN)
+			z := sharedLin
+			for i := b.RowSplits[c0+r]; i < b.RowSplits[c0+r+1]; i++ {
+				p := int(b.Pos[i])
+				rec := b.Vals[p*w : (p+1)*w]
+				x := x32(b.Values, int(i))
+				f := b.Fields[i]
+				z += float64(rec[0]) * float64(x)
+				vec.Axpy(ur[int(f)*k:int(f+1)*k], x, rec[1:])
+				rowN[f]++
+			}
+			if m.mean {
+				// pooled = (shared sum + row sum) / (shared count + row
+				// count); ur holds the row sum, shared the shared mean.
+				for f, nr := range rowN {
+					if nr == 0 {
+						continue
+					}
+					all := float32(nr + sharedN[f])
+					sh, d := shared[f*k:(f+1)*k], ur[f*k:(f+1)*k]
+					for j := range d {
+						d[j] = (sh[j]*float32(sharedN[f])+d[j])/all - sh[j]
+					}
+				}
+			}
+			copy(ur[F*k:], b.Dense[(c0+r)*D:(c0+r+1)*D])
+			lin[r] = z
 		}
-		if m.mean {
-			// pooled = (shared sum + row sum) / (shared count + row count);
-			// ur holds the row sum, shared the shared mean.
-			for f, n := range rowN {
-				if n == 0 {
+		h0, h1 := h0buf, h1buf
+		// Each row adds W·(its difference) to the base, over the columns
+		// some row of its block uses.
+		l := l0
+		for r := range R {
+			copy(h0[r*l.out:(r+1)*l.out], base[:l.out])
+		}
+		for r0 := 0; r0 < R; r0 += blk {
+			clear(used)
+			for r := r0; r < min(r0+blk, n); r++ {
+				for i := b.RowSplits[c0+r]; i < b.RowSplits[c0+r+1]; i++ {
+					used[b.Fields[i]] = true
+				}
+			}
+			for f := 0; f < F; {
+				if !used[f] {
+					f++
 					continue
 				}
-				all := float32(n + sharedN[f])
-				sh, d := shared[f*k:(f+1)*k], ur[f*k:(f+1)*k]
-				for j := range d {
-					d[j] = (sh[j]*float32(sharedN[f])+d[j])/all - sh[j]
+				g := f
+				for g < F && used[g] {
+					g++
 				}
+				m.multiply(h0[r0*l.out:], u[r0*in+f*k:], in, l, f*k, (g-f)*k, blk)
+				f = g
+			}
+			if D > 0 {
+				m.multiply(h0[r0*l.out:], u[r0*in+F*k:], in, l, F*k, D, blk)
 			}
 		}
-		copy(ur[F*k:], b.Dense[r*D:(r+1)*D])
-		lin[r] = z
-	}
-
-	// The first layer: base = b + W·shared once; each row adds W·(its
-	// difference), over the columns some row of its block uses.
-	l := m.layers[0]
-	copy(base[:l.out], l.b)
-	if l.out == 1 {
-		base[0] += vec.Dot(shared, l.wt)
-	} else {
-		vec.Gemm(base, l.out, shared, in, l.wt, l.out, 1, l.out, in)
-	}
-	for r := range R {
-		copy(h0[r*l.out:(r+1)*l.out], base[:l.out])
-	}
-	for r0 := 0; r0 < R; r0 += blk {
-		clear(used)
-		for r := r0; r < min(r0+blk, rows); r++ {
-			for i := b.RowSplits[r]; i < b.RowSplits[r+1]; i++ {
-				used[b.Fields[i]] = true
+		// The other layers, each on the one before's ReLU.
+		for _, next := range m.layers[1:] {
+			vec.Relu(h0[:R*l.out])
+			for r := range R {
+				copy(h1[r*next.out:(r+1)*next.out], next.b)
 			}
-		}
-		for f := 0; f < F; {
-			if !used[f] {
-				f++
-				continue
+			if next.out == 1 {
+				for r := range n {
+					h1[r] += vec.Dot(h0[r*l.out:(r+1)*l.out], next.wt)
+				}
+			} else {
+				vec.Gemm(h1, next.out, h0, l.out, next.wt, next.out, R, next.out, l.out)
 			}
-			g := f
-			for g < F && used[g] {
-				g++
-			}
-			m.multiply(h0[r0*l.out:], u[r0*in+f*k:], in, l, f*k, (g-f)*k, blk)
-			f = g
+			h0, h1, l = h1, h0, next
 		}
-		if D > 0 {
-			m.multiply(h0[r0*l.out:], u[r0*in+F*k:], in, l, F*k, D, blk)
+		for r := range n {
+			out[c0+r] = sigmoid(lin[r] + float64(h0[r]))
 		}
-	}
-	// The other layers, each on the one before's ReLU.
-	for _, next := range m.layers[1:] {
-		vec.Relu(h0[:R*l.out])
-		for r := range R {
-			copy(h1[r*next.out:(r+1)*next.out], next.b)
-		}
-		if next.out == 1 {
-			for r := range rows {
-				h1[r] += vec.Dot(h0[r*l.out:(r+1)*l.out], next.wt)
-			}
-		} else {
-			vec.Gemm(h1, next.out, h0, l.out, next.wt, next.out, R, next.out, l.out)
-		}
-		h0, h1, l = h1, h0, next
-	}
-	for r := range out {
-		out[r] = sigmoid(lin[r] + float64(h0[r]))
 	}
 }
 
@@ -239,9 +258,6 @@ func scale(v []float32, a float32) {
 		v[i] *= a
 	}
 }
-
-// make64 is n float64s of s's, for per-row sums.
-func make64(s *Scratch, n int) []float64 { return s.float64s(n) }
 
 // reference pools and multiplies in float64, as the formulas are
 // written, with the layers as stored ([out][in]).

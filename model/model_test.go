@@ -158,7 +158,7 @@ func TestScorersMatchReference(t *testing.T) {
 				t.Fatal(err)
 			}
 			var scratch Scratch
-			for _, c := range []struct{ rows, perRow, shared int }{{1, 0, 0}, {5, 12, 0}, {20, 30, 25}, {3, 2, 60}, {50, 6, 1}} {
+			for _, c := range []struct{ rows, perRow, shared int }{{1, 0, 0}, {5, 12, 0}, {20, 30, 25}, {3, 2, 60}, {50, 6, 1}, {250, 4, 6}} {
 				for _, withValues := range []bool{false, true} {
 					rq := m.request(rng, c.rows, c.perRow, c.shared, 400, withValues)
 					if err := s.CheckRequest(&rq.b, len(rq.ids), len(rq.shared)); err != nil {

@@ -87,8 +87,8 @@ func ReadSafetensors(r io.Reader) (*Dense, error) {
 		}
 		end = s[1]
 	}
-	if end > MaxDenseBytes {
-		return nil, fmt.Errorf("safetensors: %d bytes of tensor data; at most %d", end, MaxDenseBytes)
+	if 8+int64(n)+end > MaxDenseBytes {
+		return nil, fmt.Errorf("safetensors: a file of %d bytes; at most %d", 8+int64(n)+end, MaxDenseBytes)
 	}
 	// Read as it arrives, not allocated from the header's word: a short
 	// file claiming 256 MiB costs what it holds.
@@ -143,7 +143,11 @@ func layerNames(tensors map[string]safeTensor) ([]layerName, error) {
 		base, kind, ok := cutLast(name)
 		p, num, _ := cutLastOptional(base)
 		n, err := strconv.Atoi(num)
-		if !ok || (kind != "weight" && kind != "bias") || err != nil || n < 0 || strconv.Itoa(n) != num {
+		rebuilt := num + "." + kind
+		if p != "" {
+			rebuilt = p + "." + rebuilt
+		}
+		if !ok || (kind != "weight" && kind != "bias") || err != nil || n < 0 || strconv.Itoa(n) != num || rebuilt != name {
 			return nil, fmt.Errorf("safetensors: tensor %q is not a linear layer's weight or bias ([PREFIX.]N.weight, [PREFIX.]N.bias); a dense part holds nothing else", name)
 		}
 		if seen && p != prefix {

@@ -58,6 +58,7 @@ func TestSafetensorsRefusals(t *testing.T) {
 		{"shape vs bytes", st(`{"0.weight":{"dtype":"F32","shape":[1,2],"data_offsets":[0,4]},"0.bias":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, f32(2)), "has 4 bytes for shape [1 2]"},
 		{"bias shape", st(`{"0.weight":{"dtype":"F32","shape":[2,1],"data_offsets":[0,8]},"0.bias":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}`, f32(3)), "want [out, in] and [out]"},
 		{"unknown field", st(`{"0.weight":{"dtype":"F32","shape":[1,1],"data_offsets":[0,4],"x":1},"0.bias":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, f32(2)), `unknown field "x"`},
+		{"leading dot", st(`{".0.weight":{"dtype":"F32","shape":[1,1],"data_offsets":[0,4]},".0.bias":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, f32(2)), `".0.`},
 		{"leading zero", st(`{"00.weight":{"dtype":"F32","shape":[1,1],"data_offsets":[0,4]},"00.bias":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, f32(2)), "not a linear layer"},
 	} {
 		_, err := ReadSafetensors(bytes.NewReader(c.file))

@@ -26,12 +26,12 @@ const (
 )
 
 // Limits of a shape. A record has at most MaxWidth values; an FFM
-// request's per-field sums (fields²·dim float64s) stay within
-// MaxFieldSums, 8 MiB of scratch.
+// request's per-field sums (three sets of fields²·dim float32s) stay
+// within 3·MaxFieldSums, 12 MiB of scratch.
 const (
 	MaxDim       = 1024
 	MaxFields    = 1024
-	MaxWidth     = 1 << 16
+	MaxWidth     = 1 << 13
 	MaxFieldSums = 1 << 20
 	// DefaultMaxRowFeatures is an FFM version's limit on a row's own
 	// features when its manifest names none.

@@ -317,3 +317,31 @@ func TestRouterHoldsBackTheRollout(t *testing.T) {
 		return nil
 	})
 }
+
+// TestValueLimit: a request may fetch at most Limits.MaxValues values
+// (distinct ids times the version's width); past it, it is refused
+// before anything is fetched.
+func TestValueLimit(t *testing.T) {
+	repoDir := t.TempDir()
+	shape := model.Shape{Type: model.FFM, Fields: 6, Dim: 3} // 19 values per key
+	m := randomShaped(shape, 100, 8)
+	if _, err := (loader.Repo{Dir: repoDir}).Publish("ffm", m, 2, "test"); err != nil {
+		t.Fatal(err)
+	}
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 1, ScanInterval: time.Hour,
+		Router: router.Options{Limits: router.Limits{MaxValues: 19 * 10}}})
+	req := func(n int) *router.Request {
+		r := &router.Request{Model: "ffm", RowSplits: []int64{0, int64(n)}}
+		for i := range n {
+			r.IDs, r.Fields = append(r.IDs, uint64(i)<<40), append(r.Fields, 0) // absent ids count too
+		}
+		return r
+	}
+	if _, err := c.Router.Predict(context.Background(), req(10)); err != nil {
+		t.Fatalf("10 ids: %v", err)
+	}
+	_, err := c.Router.Predict(context.Background(), req(11))
+	if !errors.Is(err, router.ErrInvalidArgument) || !strings.Contains(err.Error(), "11 distinct ids of 19 values each") {
+		t.Fatalf("11 ids: %v", err)
+	}
+}

@@ -68,7 +68,9 @@ var works = scratch.New(8, func() *work {
 	w := &work{timer: time.NewTimer(time.Hour)}
 	w.timer.Stop()
 	return w
-}, func(w *work) bool { return len(w.ids.slots) <= 1<<21 })
+}, func(w *work) bool {
+	return len(w.ids.slots) <= 1<<21 && cap(w.vals) <= 1<<24 && w.scratch.Bytes() <= 64<<20
+})
 
 func getWork() *work {
 	w := works.Get()

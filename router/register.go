@@ -1,12 +1,15 @@
 package router
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/model"
@@ -30,6 +33,46 @@ func defaultID() string {
 		id = fmt.Sprintf("%s-%d", id, n)
 	}
 	return id
+}
+
+// register registers the router, retrying until it is registered or ctx
+// ends: a router serves without etcd (503 until it has read the serving
+// map), so it does not wait for etcd to start.
+func (r *Router) register(ctx context.Context) {
+	wait := 500 * time.Millisecond
+	for {
+		r.regMu.Lock()
+		v := r.regValue
+		r.regMu.Unlock()
+		reg, err := topo.Register(ctx, r.opts.Etcd, r.opts.Cluster.RouterKey(r.opts.ID), v, r.opts.LeaseTTL)
+		if err == nil {
+			r.regMu.Lock()
+			r.reg = reg
+			reg.Set(r.regValue) // what changed meanwhile
+			r.regMu.Unlock()
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		slog.Warn("router: registering failed; trying again", "id", r.opts.ID, "in", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 10*time.Second)
+	}
+}
+
+// setRegistration updates what the router says of itself.
+func (r *Router) setRegistration(v string) {
+	r.regMu.Lock()
+	defer r.regMu.Unlock()
+	r.regValue = v
+	if r.reg != nil {
+		r.reg.Set(v)
+	}
 }
 
 // registration is what the router says of itself given the serving map

@@ -43,12 +43,16 @@ type Response struct {
 type Limits struct {
 	MaxRows int // default 10,000
 	MaxIDs  int // ids plus shared ids; default 1,048,576
+	// MaxValues bounds the values a request fetches: its distinct ids
+	// times the version's values per key (1 for LR; 1+fields·dim for
+	// FFM). Default 1<<25 (128 MiB of float32s).
+	MaxValues int
 }
 
 // OrDefault is l with defaults for its zero fields; negative ones are an
 // error.
 func (l Limits) OrDefault() (Limits, error) {
-	if l.MaxIDs < 0 || l.MaxRows < 0 {
+	if l.MaxIDs < 0 || l.MaxRows < 0 || l.MaxValues < 0 {
 		return l, errors.New("router: request limits must not be negative")
 	}
 	l.fill()
@@ -61,6 +65,9 @@ func (l *Limits) fill() {
 	}
 	if l.MaxIDs == 0 {
 		l.MaxIDs = 1 << 20
+	}
+	if l.MaxValues == 0 {
+		l.MaxValues = 1 << 25
 	}
 }
 

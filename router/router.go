@@ -127,7 +127,9 @@ func (o *Options) Validate() error {
 
 func dialGRPC(addr string) (shard.Service, io.Closer, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)),
+		// The largest answer is a dense part (Extra), or a lookup of
+		// Limits.MaxValues values.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(model.MaxDenseBytes+1<<20)),
 		grpc.WithInitialWindowSize(shard.StreamWindow), grpc.WithInitialConnWindowSize(4*shard.StreamWindow),
 		// A shard that stops answering (a stopped process, a partition)
 		// is found out within seconds: its lookup stream breaks and its
@@ -153,7 +155,9 @@ type Router struct {
 	delay    *prometheus.GaugeVec
 	retries  *prometheus.CounterVec
 	hedges   struct{ sent, won, overBudget prometheus.Counter }
-	reg      *topo.Registration
+	regMu    sync.Mutex
+	reg      *topo.Registration // nil until registered
+	regValue string             // what to register: the latest registration
 }
 
 // Start begins watching etcd. It returns at once; Ready reports when
@@ -196,14 +200,9 @@ func Start(ctx context.Context, opts Options) (*Router, error) {
 		}
 	}
 	r.tab.Store(&table{models: map[string]*modelRoute{}, replaced: make(chan struct{})})
-	reg, err := topo.Register(ctx, opts.Etcd, opts.Cluster.RouterKey(opts.ID), r.registration(nil, newDenseCache()), opts.LeaseTTL)
-	if err != nil {
-		cancel()
-		pool.Release()
-		return nil, fmt.Errorf("router: registering as %s: %w", opts.ID, err)
-	}
-	r.reg = reg
-	r.done.Add(1)
+	r.regValue = r.registration(nil, newDenseCache())
+	r.done.Add(2)
+	go func() { defer r.done.Done(); r.register(ctx) }()
 	go func() { defer r.done.Done(); r.watch(ctx) }()
 	return r, nil
 }
@@ -211,9 +210,13 @@ func Start(ctx context.Context, opts Options) (*Router, error) {
 // Close stops watching, leaves the cluster (its registration is
 // deleted) and closes shard connections.
 func (r *Router) Close() {
-	r.reg.Close()
 	r.cancel()
 	r.done.Wait()
+	r.regMu.Lock()
+	if r.reg != nil {
+		r.reg.Close()
+	}
+	r.regMu.Unlock()
 	r.pool.Release()
 }
 
@@ -307,7 +310,7 @@ func (r *Router) watch(ctx context.Context) {
 			retry.Reset(time.Until(next))
 		}
 		tab := buildTable(shards, assigns, backends, dense)
-		r.reg.Set(r.registration(assigns, dense))
+		r.setRegistration(r.registration(assigns, dense))
 		tab.rev = rev
 		old := r.tab.Swap(tab)
 		close(old.replaced)
@@ -518,6 +521,9 @@ func (r *Router) predict(ctx context.Context, t *table, req *Request) (*Response
 		return nil, err
 	}
 	w.dedup(req)
+	if n := len(w.ids.uniq) * vr.width(); n > r.opts.Limits.MaxValues {
+		return nil, invalid("%d distinct ids of %d values each (%s) are %d values, over the limit of %d a request may fetch", len(w.ids.uniq), vr.width(), vr.shape, n, r.opts.Limits.MaxValues)
+	}
 	w.partition(vr)
 	if err := r.fanOut(ctx, vr, w); err != nil {
 		return nil, err

@@ -27,6 +27,7 @@ import (
 // terms.
 type fieldRequest struct {
 	ids, splits, fields, shared, sharedFields []int64
+	uint64Fields                              bool // send an empty UINT64 fields input
 }
 
 func (r fieldRequest) json() string {
@@ -36,6 +37,9 @@ func (r fieldRequest) json() string {
 	}
 	if r.fields != nil {
 		in = append(in, map[string]any{"name": "fields", "datatype": "INT32", "shape": []int{len(r.fields)}, "data": r.fields})
+	}
+	if r.uint64Fields {
+		in = append(in, map[string]any{"name": "fields", "datatype": "UINT64", "shape": []int{0}, "data": []int{}})
 	}
 	if r.shared != nil {
 		in = append(in, map[string]any{"name": "shared_ids", "datatype": "INT64", "shape": []int{len(r.shared)}, "data": r.shared})
@@ -58,6 +62,10 @@ func (r fieldRequest) grpc(name string) *kservepb.ModelInferRequest {
 	add("ids", r.ids)
 	add("row_splits", r.splits)
 	add("fields", r.fields)
+	if r.uint64Fields {
+		req.Inputs = append(req.Inputs, &kservepb.ModelInferRequest_InferInputTensor{Name: "fields", Datatype: "UINT64",
+			Shape: []int64{0}, Contents: &kservepb.InferTensorContents{Uint64Contents: []uint64{}}})
+	}
 	add("shared_ids", r.shared)
 	add("shared_fields", r.sharedFields)
 	return req
@@ -163,6 +171,10 @@ func TestFFMThroughFronts(t *testing.T) {
 		{"field too large", func(r *fieldRequest) { r.fields[3] = 6 }, "fields[3] = 6 is outside 0..5"},
 		{"negative field", func(r *fieldRequest) { r.sharedFields[1] = -2 }, "shared_fields[1] = -2 is not a field number"},
 		{"short fields", func(r *fieldRequest) { r.fields = r.fields[1:] }, "fields for"},
+		{"no ids, uint64 fields", func(r *fieldRequest) {
+			r.ids, r.fields, r.splits, r.sharedFields, r.shared = []int64{}, nil, []int64{0, 0}, nil, nil
+			r.uint64Fields = true
+		}, "datatype UINT64, want INT32 or INT64"},
 		{"row too long", func(r *fieldRequest) {
 			r.ids, r.fields, r.splits = make([]int64, 41), make([]int64, 41), []int64{0, 41}
 		}, "row 0 has 41 features; this ffm version takes at most 40"},

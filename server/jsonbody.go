@@ -406,6 +406,9 @@ func (d *jsonDecoder) input(i int) (tensor, error) {
 	if haveData && t.dataDepth > 1 && t.dataDepth != len(t.shape) {
 		return t, badInput("input %q: data nested %d deep for a shape of rank %d (nest to the rank, or not at all)", t.name, t.dataDepth, len(t.shape))
 	}
+	if haveData && t.dataDepth > 1 && t.leafLen >= 0 && int64(t.leafLen) != t.shape[len(t.shape)-1] {
+		return t, badInput("input %q: innermost data arrays of %d numbers for shape %v", t.name, t.leafLen, t.shape)
+	}
 	return t, nil
 }
 
@@ -430,6 +433,8 @@ func (d *jsonDecoder) data(t *tensor) error {
 	limit := d.lim.elementCap(t.name)
 	total := d.lim.total()
 	depth, leafDepth := 0, 0
+	leafStart := 0 // the element count when the current innermost array began
+	t.leafLen = -1
 	for {
 		tok, err := d.dec.ReadToken()
 		if err != nil {
@@ -441,8 +446,18 @@ func (d *jsonDecoder) data(t *tensor) error {
 			if depth > maxDataDepth {
 				return badInput("input %q: data is nested deeper than %d arrays", t.name, maxDataDepth)
 			}
+			leafStart = t.count()
 			continue
 		case ']':
+			if depth == leafDepth && leafDepth > 1 {
+				// The innermost arrays must all be as long as the shape's
+				// last dimension (checked with the shape).
+				n := t.count() - leafStart
+				if t.leafLen >= 0 && n != t.leafLen {
+					return badInput("input %q: data is nested unevenly (innermost arrays of %d and %d numbers)", t.name, t.leafLen, n)
+				}
+				t.leafLen = n
+			}
 			depth--
 			if depth == 0 {
 				t.dataDepth = leafDepth

@@ -96,6 +96,8 @@ func TestDecodeInferJSONRejects(t *testing.T) {
 		{in(`"shape":[1],"data":[` + strings.Repeat("9", 1000) + `]`), "element 0 is 9999999999999999999999999999999999999999…, not an INT64"},
 		{`{"inputs":[{"name":"ids","datatype":"INT64","data":[1]},{"name":"ids","datatype":"INT64","data":[2]}]}`, `input "ids" given twice`},
 		{`{"inputs":[{"name":"idz","datatype":"INT64","data":[1]}]}`, `unknown input "idz"`},
+		{`{"inputs":[{"name":"dense","datatype":"FP32","shape":[1,2],"data":[[1],[2]]}]}`, `innermost data arrays of 1 numbers for shape [1 2]`},
+		{`{"inputs":[{"name":"dense","datatype":"FP32","shape":[2,2],"data":[[1,2],[3]]}]}`, `nested unevenly (innermost arrays of 2 and 1 numbers)`},
 	} {
 		_, err := decodeString(tc.body)
 		if !errors.Is(err, router.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {

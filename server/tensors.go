@@ -47,6 +47,7 @@ type tensor struct {
 	// the JSON header (binary tensor extension); -1 if it has JSON data.
 	binarySize int64
 	dataDepth  int // nesting of JSON data: 1 flat, else the rank
+	leafLen    int // the length of nested JSON data's innermost arrays (-1: none)
 }
 
 func badInput(format string, args ...any) error {
@@ -230,8 +231,11 @@ func buildRequest(model, version string, inputs []tensor) (*router.Request, erro
 		wantInt := t.name != inValues && t.name != inSharedValues && t.name != inDense
 		if wantInt != t.isInt {
 			want := "FP32"
-			if wantInt {
-				want = "INT64"
+			switch t.name {
+			case inIDs, inSharedIDs:
+				want = "INT64 or UINT64"
+			case inRowSplits, inFields, inSharedFields:
+				want = "INT64 or INT32"
 			}
 			return nil, badInput("input %q has datatype %s, want %s", t.name, t.datatype, want)
 		}
@@ -282,13 +286,13 @@ func buildRequest(model, version string, inputs []tensor) (*router.Request, erro
 // one: negative, or past 2^31-1. (The version's field count is checked
 // once the version is chosen.)
 func fieldNumbers(t *tensor) ([]int32, error) {
+	if t.datatype == "UINT64" {
+		return nil, badInput("input %q has datatype UINT64, want INT32 or INT64", t.name)
+	}
 	out := make([]int32, len(t.ints))
 	for i, x := range t.ints {
 		f := int64(x)
-		if t.datatype == "UINT64" || f < 0 || f > math.MaxInt32 {
-			if t.datatype == "UINT64" {
-				return nil, badInput("input %q has datatype UINT64, want INT32 or INT64", t.name)
-			}
+		if f < 0 || f > math.MaxInt32 {
 			return nil, badInput("%s[%d] = %d is not a field number", t.name, i, f)
 		}
 		out[i] = int32(f)

@@ -126,11 +126,15 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 	}
 	// A type with a dense part: the shard holds it (verified against the
 	// map's SHA-256) with the version, for routers to fetch.
-	var dense []byte
+	var dense *denseFile
 	if info.Dense != "" && (held == nil || held.dense == nil) {
-		if dense, err = s.opts.Repo.DenseFile(chain, info.Dense); err != nil {
-			s.refuse(name, v, vkey, err)
-			return
+		if dense = s.snap.Load().denseFile(name, info.Dense); dense == nil {
+			b, err := s.opts.Repo.DenseFile(chain, info.Dense)
+			if err != nil {
+				s.refuse(name, v, vkey, err)
+				return
+			}
+			dense = &denseFile{sum: info.Dense, b: b}
 		}
 	}
 	var wrong topo.Loaded

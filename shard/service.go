@@ -47,7 +47,7 @@ func (s *Shard) Extra(ctx context.Context, model string, version uint64, role st
 	if ver == nil || ver.dense == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold the %s part of model %q version %d", s.opts.ID, role, model, version)
 	}
-	return ver.dense, nil
+	return ver.dense.b, nil
 }
 
 // Extra asks the shard for an extra file.

@@ -18,7 +18,24 @@ type version struct {
 	chain  []uint64   // versions of the layers, newest first
 	layers [][]*Table // per partition; nil where not held
 	ids    []string   // per partition: content identity (codec.PartitionIdentity) of what is held
-	dense  []byte     // the dense part's file, verified, for a type with one
+	dense  *denseFile // the dense part, verified, for a type with one
+}
+
+// denseFile is a dense part's file as verified, shared by every version
+// held that uses it.
+type denseFile struct {
+	sum string // SHA-256, as the serving map names it
+	b   []byte
+}
+
+// denseFile finds a dense part already held, by SHA-256.
+func (s *snapshot) denseFile(model, sum string) *denseFile {
+	for _, ver := range s.models[model] {
+		if ver.dense != nil && ver.dense.sum == sum {
+			return ver.dense
+		}
+	}
+	return nil
 }
 
 // snapshot is the immutable set of everything loaded. Lookups read it
@@ -46,7 +63,7 @@ func (s *snapshot) file(model string, fileVersion uint64, p uint32) *Table {
 // with returns a copy of s in which version m (of chain) holds partition
 // p as the stack layers, whose content identity is id, and dense as its
 // dense part (nil: the one it held, if any).
-func (s *snapshot) with(m *codec.Manifest, chain []uint64, p uint32, layers []*Table, id string, dense []byte) *snapshot {
+func (s *snapshot) with(m *codec.Manifest, chain []uint64, p uint32, layers []*Table, id string, dense *denseFile) *snapshot {
 	n := &snapshot{models: maps.Clone(s.models)}
 	vs := maps.Clone(n.models[m.Name])
 	if vs == nil {

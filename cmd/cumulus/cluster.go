@@ -105,6 +105,7 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 // router enforces.
 type limitFlags struct {
 	maxRows, maxIDs, maxBytes int
+	maxValues                 int
 	timeout                   time.Duration
 	admit                     admitFlags
 	receiving, perPeer        byteSize
@@ -114,7 +115,8 @@ type limitFlags struct {
 func (l *limitFlags) register(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&l.maxRows, "max-batch-rows", 10_000, "largest batch (rows) a request may carry")
 	cmd.Flags().IntVar(&l.maxIDs, "max-ids", 1<<20, "most feature ids (shared included) a request may carry")
-	cmd.Flags().IntVar(&l.maxBytes, "max-request-bytes", 0, "largest HTTP request body (default: what --max-ids and --max-batch-rows need as JSON, 40 bytes an id); gRPC messages are bounded by what they need, if less")
+	cmd.Flags().IntVar(&l.maxValues, "max-values", 1<<25, "most values a request may fetch from the shards: its distinct ids times the model's values per key (1 for LR, 1+fields·dim for FFM)")
+	cmd.Flags().IntVar(&l.maxBytes, "max-request-bytes", 0, "largest HTTP request body (default: what --max-ids and --max-batch-rows need as JSON, 64 bytes an id); gRPC messages are bounded by what they need, if less")
 	cmd.Flags().DurationVar(&l.timeout, "request-timeout", time.Second, "longest a request may take from its arrival; a caller's shorter deadline (gRPC's, or the timeout parameter) wins")
 	l.admit.register(cmd, "requests", "gRPC ResourceExhausted, HTTP 429", 4)
 	cmd.Flags().Var(&l.receiving, "max-receiving-bytes", "most bytes the requests still arriving may hold, all together; past it one is refused (default: half of --max-inflight-bytes, and at least two bodies of --max-request-bytes)")
@@ -123,7 +125,7 @@ func (l *limitFlags) register(cmd *cobra.Command) {
 }
 
 func (l *limitFlags) limits() router.Limits {
-	return router.Limits{MaxRows: l.maxRows, MaxIDs: l.maxIDs}
+	return router.Limits{MaxRows: l.maxRows, MaxIDs: l.maxIDs, MaxValues: l.maxValues}
 }
 
 func (l *limitFlags) routerOptions(o router.Options) router.Options {

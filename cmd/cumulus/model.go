@@ -127,11 +127,11 @@ func modelGenCommand() *cobra.Command {
 				progressbar.OptionSetPredictTime(true), progressbar.OptionFullWidth())
 			spec.Progress = func(n int64) { bar.Add64(n) }
 			m, err := loader.Repo{Dir: repo}.Generate(spec)
-			bar.Finish()
-			fmt.Fprintln(os.Stderr)
 			if err != nil {
 				return err
 			}
+			bar.Finish()
+			fmt.Fprintln(os.Stderr)
 			var size int64
 			for _, f := range m.Files {
 				size += f.Size

@@ -1,5 +1,8 @@
 #include "textflag.h"
 
+// The FMA peak probe BenchmarkFMAPeak measures the kernels against (an
+// assembly file cannot be a test file; binaries do not link it).
+
 // func fmaLoop256(n int): n iterations of 12 independent 8-wide FMAs.
 TEXT ·fmaLoop256(SB), NOSPLIT, $0-8
 	MOVQ   n+0(FP), CX
