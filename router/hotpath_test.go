@@ -24,8 +24,18 @@ func TestHotPathAllocs(t *testing.T) {
 		req.SharedIDs = append(req.SharedIDs, rng.Uint64N(5000))
 		req.SharedFields = append(req.SharedFields, rng.Int32N(20))
 	}
-	for _, shape := range []model.Shape{{Type: model.LR}, {Type: model.FM, Dim: 8}, {Type: model.FFM, Dim: 4, Fields: 20}} {
-		scorer, err := shape.Scorer(0.1, nil)
+	dnn := model.Shape{Type: model.DNN, Dim: 16, Fields: 20, Pooling: "mean"}
+	in := dnn.DenseIn()
+	dense := &model.Dense{Layers: []model.Layer{
+		{In: in, Out: 64, W: make([]float32, in*64), B: make([]float32, 64)},
+		{In: 64, Out: 1, W: make([]float32, 64), B: make([]float32, 1)},
+	}}
+	for _, shape := range []model.Shape{{Type: model.LR}, {Type: model.FM, Dim: 8}, {Type: model.FFM, Dim: 4, Fields: 20}, dnn} {
+		var d *model.Dense
+		if shape.HasDense() {
+			d = dense
+		}
+		scorer, err := shape.Scorer(0.1, d)
 		if err != nil {
 			t.Fatal(err)
 		}

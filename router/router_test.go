@@ -281,7 +281,9 @@ func TestQuantizedScores(t *testing.T) {
 	models := map[string]*loader.Sparse{
 		"fm":  randomModel(model.FM, 16, 4000, 8),
 		"ffm": randomShaped(model.Shape{Type: model.FFM, Fields: 4, Dim: 4}, 4000, 9),
+		"dnn": randomShaped(model.Shape{Type: model.DNN, Fields: 4, Dim: 8, Pooling: "mean"}, 4000, 10),
 	}
+	models["dnn"].Dense = loader.GenDense(10, models["dnn"].DenseIn(), []int{16})
 	for name, m := range models {
 		for _, enc := range []string{"fp32", "fp16", "int8"} {
 			if _, err := repo.PublishEncoded(name+"-"+enc, m, 4, enc, "test"); err != nil {
@@ -314,7 +316,7 @@ func TestQuantizedScores(t *testing.T) {
 		}
 		return e
 	}
-	for _, name := range []string{"fm", "ffm"} {
+	for _, name := range []string{"fm", "ffm", "dnn"} {
 		m := models[name]
 		ref := reference.New(m)
 		w := m.Width()
@@ -330,7 +332,44 @@ func TestQuantizedScores(t *testing.T) {
 			}
 			return v[int(g)*m.Dim : int(g+1)*m.Dim]
 		}
+		// A DNN's embeddings move each pooled value by at most the sum (or
+		// mean) of its features' |x|·error; each layer moves its outputs by
+		// at most |W| times what its inputs moved (ReLU moves nothing more).
+		dnnBound := func(enc string, row model.Row) float64 {
+			k := m.Dim
+			du := make([]float64, m.DenseIn())
+			count := make([]float64, m.Fields)
+			for i, id := range row.IDs {
+				f := int(row.Fields[i])
+				count[f]++
+				if v := factors[id]; v != nil {
+					for j, e := range errOf(enc, v) {
+						du[f*k+j] += math.Abs(row.Xs[i]) * e
+					}
+				}
+			}
+			for f, n := range count {
+				for j := range k {
+					if n > 0 {
+						du[f*k+j] /= n
+					}
+				}
+			}
+			for _, l := range m.Dense.Layers {
+				next := make([]float64, l.Out)
+				for o := range l.Out {
+					for i := range l.In {
+						next[o] += math.Abs(float64(l.W[o*l.In+i])) * du[i]
+					}
+				}
+				du = next
+			}
+			return du[0]/4 + 1e-5
+		}
 		rowBound := func(enc string, row model.Row) float64 {
+			if m.HasDense() {
+				return dnnBound(enc, row)
+			}
 			dz := 0.0
 			for i := range row.IDs {
 				vi := factors[row.IDs[i]]
@@ -384,7 +423,7 @@ func TestQuantizedScores(t *testing.T) {
 					worst, sum, n = math.Max(worst, d), sum+d, n+1
 				}
 			}
-			t.Logf("%s %s factors: max |Δp| = %.2g, mean |Δp| = %.2g over %d rows (%s, 60 features a row)", name, enc, worst, sum/float64(n), n, m.Shape)
+			t.Logf("%s %s factors: max |Δp| = %.2g, mean |Δp| = %.2g over %d rows (%s, up to 40 own and 20 shared features a row)", name, enc, worst, sum/float64(n), n, m.Shape)
 		}
 	}
 }
