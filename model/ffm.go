@@ -156,27 +156,10 @@ func (m ffmScorer) Score(out []float32, b *Batch, s *Scratch) {
 	}
 }
 
-// reference is the pairwise sum, as written.
+// reference is the pairwise sum, as written: ⟨v_{i,f_j}, v_{j,f_i}⟩.
 func (ffm) reference(s Shape, bias float64, vec func(uint64) []float32, _ *Dense) func(Row) float64 {
 	k := s.Dim
-	return func(row Row) float64 {
-		z := lr{}.reference(Shape{}, bias, vec, nil)(row)
-		for i := range row.IDs {
-			for j := i + 1; j < len(row.IDs); j++ {
-				vi, vj := vec(row.IDs[i]), vec(row.IDs[j])
-				if vi == nil || vj == nil {
-					continue
-				}
-				fi, fj := int(row.Fields[i]), int(row.Fields[j])
-				a := vi[1+fj*k : 1+(fj+1)*k] // v_{i,f_j}
-				c := vj[1+fi*k : 1+(fi+1)*k] // v_{j,f_i}
-				dot := 0.0
-				for f := range a {
-					dot += float64(a[f]) * float64(c[f])
-				}
-				z += dot * row.Xs[i] * row.Xs[j]
-			}
-		}
-		return z
-	}
+	return pairwise(bias, vec,
+		func(vi, _ []float32, _, fj int32) []float32 { return vi[1+int(fj)*k : 1+int(fj+1)*k] },
+		func(_, vj []float32, fi, _ int32) []float32 { return vj[1+int(fi)*k : 1+int(fi+1)*k] })
 }

@@ -66,17 +66,33 @@ func (m fmScorer) Score(out []float32, b *Batch, s *Scratch) {
 
 // reference is the pairwise sum, as written.
 func (fm) reference(_ Shape, bias float64, vec func(uint64) []float32, _ *Dense) func(Row) float64 {
+	return pairwise(bias, vec,
+		func(vi, _ []float32, _, _ int32) []float32 { return vi[1:] },
+		func(_, vj []float32, _, _ int32) []float32 { return vj[1:] })
+}
+
+// pairwise is a reference scorer: the linear terms, and for each pair
+// i < j of a row's features, the dot product of a(i, j) and b(i, j) (two
+// of their factors, chosen by the type) times x_i x_j.
+func pairwise(bias float64, vec func(uint64) []float32, a, b func(vi, vj []float32, fi, fj int32) []float32) func(Row) float64 {
 	return func(row Row) float64 {
 		z := lr{}.reference(Shape{}, bias, vec, nil)(row)
+		field := func(i int) int32 {
+			if row.Fields == nil {
+				return 0
+			}
+			return row.Fields[i]
+		}
 		for i := range row.IDs {
 			for j := i + 1; j < len(row.IDs); j++ {
 				vi, vj := vec(row.IDs[i]), vec(row.IDs[j])
 				if vi == nil || vj == nil {
 					continue
 				}
+				x, y := a(vi, vj, field(i), field(j)), b(vi, vj, field(i), field(j))
 				dot := 0.0
-				for f := 1; f < len(vi); f++ {
-					dot += float64(vi[f]) * float64(vj[f])
+				for f := range x {
+					dot += float64(x[f]) * float64(y[f])
 				}
 				z += dot * row.Xs[i] * row.Xs[j]
 			}

@@ -173,6 +173,31 @@ func (l *lyingShard) Extra(ctx context.Context, model string, version uint64, ro
 	return b, err
 }
 
+// lyingCluster starts a cluster whose router reaches every shard through
+// a lyingShard; lie turns their lies on or off.
+func lyingCluster(t *testing.T, o devcluster.Options) (c *devcluster.Cluster, lie func(bool)) {
+	var mu sync.Mutex
+	var liars []*lyingShard
+	o.Router.Dial = func(addr string) (shard.Service, io.Closer, error) {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, nil, err
+		}
+		l := &lyingShard{Service: shard.NewClient(conn)}
+		mu.Lock()
+		liars = append(liars, l)
+		mu.Unlock()
+		return l, conn, nil
+	}
+	return devclustertest.Start(t, o), func(on bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, l := range liars {
+			l.lie.Store(on)
+		}
+	}
+}
+
 // TestDenseFetchTrustsNoShard: a router refuses a dense part whose
 // SHA-256 is not the map's, says so while the model cannot be served,
 // and serves it once a shard sends the right bytes.
@@ -184,27 +209,10 @@ func TestDenseFetchTrustsNoShard(t *testing.T) {
 	if _, err := (loader.Repo{Dir: repoDir}).Publish("lr", randomModel(model.LR, 0, 100, 1), 2, "test"); err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var liars []*lyingShard
 	// The router cannot score the version; it goes live once the
 	// router's wait (a second) runs out.
-	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, RouterWait: time.Second,
-		Router: router.Options{Dial: func(addr string) (shard.Service, io.Closer, error) {
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				return nil, nil, err
-			}
-			l := &lyingShard{Service: shard.NewClient(conn)}
-			mu.Lock()
-			liars = append(liars, l)
-			mu.Unlock()
-			return l, conn, nil
-		}}})
-	mu.Lock()
-	for _, l := range liars {
-		l.lie.Store(true)
-	}
-	mu.Unlock()
+	c, lie := lyingCluster(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, RouterWait: time.Second})
+	lie(true)
 	if _, err := (loader.Repo{Dir: repoDir}).Publish("dnn", m, 2, "test"); err != nil {
 		t.Fatal(err)
 	}
@@ -221,11 +229,7 @@ func TestDenseFetchTrustsNoShard(t *testing.T) {
 	if c.Router.Ready() {
 		t.Error("ready without the dense part of the live version")
 	}
-	mu.Lock()
-	for _, l := range liars {
-		l.lie.Store(false)
-	}
-	mu.Unlock()
+	lie(false)
 	testenv.Eventually(t, 30*time.Second, func() error {
 		resp, err := c.Router.Predict(ctx, req)
 		if err != nil {
@@ -248,27 +252,7 @@ func TestRouterHoldsBackTheRollout(t *testing.T) {
 	if _, err := repo.Publish("dnn", v1, 2, "test"); err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var liars []*lyingShard
-	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, RouterWait: 2 * time.Second,
-		Router: router.Options{Dial: func(addr string) (shard.Service, io.Closer, error) {
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				return nil, nil, err
-			}
-			l := &lyingShard{Service: shard.NewClient(conn)}
-			mu.Lock()
-			liars = append(liars, l)
-			mu.Unlock()
-			return l, conn, nil
-		}}})
-	lie := func(on bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, l := range liars {
-			l.lie.Store(on)
-		}
-	}
+	c, lie := lyingCluster(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, RouterWait: 2 * time.Second})
 	lie(true)
 	if _, err := repo.PublishDelta("dnn", loader.Delta{Dense: loader.GenDense(5, shape.DenseIn(), []int{4})}); err != nil {
 		t.Fatal(err)

@@ -35,8 +35,15 @@ func start(t *testing.T) (*server.Server, kservepb.GRPCInferenceServiceClient) {
 	reg := prometheus.NewRegistry()
 	c := devclustertest.Start(t, devcluster.Options{Repo: dir, Shards: 2, ScanInterval: time.Hour, Registry: reg,
 		Router: router.Options{Limits: router.Limits{MaxRows: 50, MaxIDs: 5000}}})
-	s, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		MaxRequestBytes: 64 << 10, Registry: reg, Gatherer: reg})
+	return serve(t, server.Options{Predictor: c.Router, MaxRequestBytes: 64 << 10, Registry: reg, Gatherer: reg})
+}
+
+// serve starts a front of o on loopback, closed when the test ends, and
+// a gRPC client of it.
+func serve(t *testing.T, o server.Options) (*server.Server, kservepb.GRPCInferenceServiceClient) {
+	t.Helper()
+	o.GRPCAddr, o.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
+	s, err := server.Start(o)
 	if err != nil {
 		t.Fatal(err)
 	}
