@@ -52,7 +52,7 @@ func TestDenseExtras(t *testing.T) {
 		return d, sum
 	}
 	d1, sum1 := dense(1)
-	if !reflect.DeepEqual(d1, dnnModel(1, 4).Dense) {
+	if !reflect.DeepEqual(d1.Layers, dnnModel(1, 4).Dense.Layers) {
 		t.Fatal("v1's dense part read back differs")
 	}
 	// A delta without one inherits v1's.
@@ -74,7 +74,7 @@ func TestDenseExtras(t *testing.T) {
 		t.Fatal(err)
 	}
 	d4, sum4 := dense(4)
-	if sum4 == sum1 || !reflect.DeepEqual(d4, dnnModel(9, 4).Dense) {
+	if sum4 == sum1 || !reflect.DeepEqual(d4.Layers, dnnModel(9, 4).Dense.Layers) {
 		t.Fatal("v4 does not use v3's dense part")
 	}
 	// A compaction of v4 holds v3's dense part itself.

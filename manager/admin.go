@@ -406,7 +406,7 @@ func (a *admin) rescan(w http.ResponseWriter, r *http.Request) {
 // routers answers GET /admin/v1/routers: the registered routers, with
 // the versions each can score and why not the others.
 func (a *admin) routers(w http.ResponseWriter, _ *http.Request) {
-	rs := a.m.State().Routers
+	rs := a.m.Routers()
 	out := make([]topo.RouterInfo, 0, len(rs))
 	for _, id := range slices.Sorted(maps.Keys(rs)) {
 		out = append(out, rs[id])

@@ -156,6 +156,7 @@ type Manager struct {
 	// after validation; loop goroutine only.
 	damagedNow map[string]int
 	metrics    metrics
+	routers    atomic.Pointer[map[string]topo.RouterInfo] // the latest registrations read
 }
 
 type request struct {
@@ -274,6 +275,15 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	go func() { defer m.done.Done(); m.loop(ctx, shards, routers) }()
 	return m, nil
+}
+
+// Routers are the routers' latest registrations, as this manager has
+// read them (leading or not).
+func (m *Manager) Routers() map[string]topo.RouterInfo {
+	if r := m.routers.Load(); r != nil {
+		return *r
+	}
+	return nil
 }
 
 // Rescan asks for a repository scan now.
@@ -406,7 +416,9 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 		} else if flush == nil {
 			flush = time.After(maxHold - time.Since(m.written))
 		}
-		if t := m.view.Load().RouterDeadline(m.policy); lead && !t.IsZero() {
+		// Armed for a deadline still to come only: one already past is
+		// decided by the next event (a past one re-armed would spin).
+		if t := m.view.Load().RouterDeadline(m.policy); lead && latestRouters != nil && time.Until(t) > 0 {
 			wait.Reset(time.Until(t))
 		}
 		select {
@@ -443,6 +455,7 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 		case r := <-routers:
 			first := latestRouters == nil
 			latestRouters = r
+			m.routers.Store(&r)
 			if lead {
 				m.apply(ctx, RoutersChanged{Routers: r})
 				if first && latest != nil {

@@ -78,9 +78,11 @@ type Version struct {
 	// KeptSince is the model's Seq since which the version has been kept
 	// loaded (live, staged or standby) without a break.
 	KeptSince uint64 `json:"kept_since,omitempty"`
-	// StagedAt is when the version was last staged: routers that cannot
-	// score it hold its commit back for Policy.RouterWait from then.
-	StagedAt time.Time `json:"staged_at,omitzero"`
+	// HeldAt is when every assigned shard came to hold the staged
+	// version (zero: they do not, yet): routers that cannot score it hold
+	// its commit back for Policy.RouterWait from then. (They fetch what
+	// they need from the shards that hold it.)
+	HeldAt time.Time `json:"held_at,omitzero"`
 }
 
 // ModelStateSchema is the schema ModelState records are written with (see
@@ -181,7 +183,7 @@ type Policy struct {
 	// RouterWait is how long a router that cannot score a staged version
 	// holds its commit back (0: for ever).
 	RouterWait time.Duration
-	// Now is the decision's time: for RouterWait, and StagedAt.
+	// Now is the decision's time: for RouterWait, and HeldAt.
 	Now time.Time
 }
 
@@ -845,15 +847,22 @@ func (s *State) settle(m *ModelState, p Policy) {
 	}
 	if target != 0 && target != m.Live {
 		v := m.version(target)
-		if m.Staged != target || v.StagedAt.IsZero() {
-			v.StagedAt = p.Now
-		}
 		m.Staged = target
 		v.Phase = PhaseStaging
-		routersOK := s.routersScore(m, v, p) // first: its reason stays current
-		if s.allHold(h, m, assign, target) && routersOK {
+		held := s.allHold(h, m, assign, target)
+		switch {
+		case !held:
+			v.HeldAt = time.Time{}
+		case v.HeldAt.IsZero():
+			v.HeldAt = p.Now
+		}
+		routersOK := s.routersScore(m, v, p) // either way: its reason stays current
+		if held && routersOK {
 			m.commit(target)
 		}
+	}
+	if lv := m.version(m.Live); lv != nil && strings.HasPrefix(lv.Reason, reasonWithoutRouters) && s.routersAllScore(m.Name, m.Live) {
+		lv.Reason = "" // the routers it went live without can score it now
 	}
 	m.Replicas = s.handover(h, m, assign, trusted)
 	m.retire(p.KeepVersions, p.KeepDeltas)
@@ -974,9 +983,17 @@ func (s *State) servable(m *ModelState, v uint64, trusted []string) bool {
 // says which routers it waits for, or went live without. Routers not
 // tracked (nil: the manager applies no shard report before the routers'
 // first) hold nothing back.
+//
+// Only reasons of its own (reasonWaitingRouters, reasonWithoutRouters)
+// are replaced or cleared: another reason (files changed, say) stays.
 func (s *State) routersScore(m *ModelState, v *Version, p Policy) bool {
 	if s.Routers == nil {
 		return true
+	}
+	setReason := func(r string) {
+		if v.Reason == "" || strings.HasPrefix(v.Reason, reasonWaitingRouters) || strings.HasPrefix(v.Reason, reasonWithoutRouters) {
+			v.Reason = r
+		}
 	}
 	var waiting, without []string
 	for _, id := range slices.Sorted(maps.Keys(s.Routers)) {
@@ -991,7 +1008,7 @@ func (s *State) routersScore(m *ModelState, v *Version, p Policy) bool {
 			}
 		}
 		note := fmt.Sprintf("%s (%s)", id, why)
-		if p.RouterWait > 0 && !p.Now.IsZero() && !v.StagedAt.IsZero() && p.Now.Sub(v.StagedAt) >= p.RouterWait {
+		if p.RouterWait > 0 && !p.Now.IsZero() && !v.HeldAt.IsZero() && p.Now.Sub(v.HeldAt) >= p.RouterWait {
 			without = append(without, note)
 		} else {
 			waiting = append(waiting, note)
@@ -999,12 +1016,29 @@ func (s *State) routersScore(m *ModelState, v *Version, p Policy) bool {
 	}
 	switch {
 	case len(waiting) > 0:
-		v.Reason = "waiting for routers to be able to score it: " + strings.Join(waiting, "; ")
+		setReason(reasonWaitingRouters + strings.Join(waiting, "; "))
 		return false
 	case len(without) > 0:
-		v.Reason = fmt.Sprintf("routers that could not score it within %v no longer hold it back (they answer 503 for it until they can): %s", p.RouterWait, strings.Join(without, "; "))
+		setReason(fmt.Sprintf("%s %v no longer hold it back (they answer 503 for it until they can): %s", reasonWithoutRouters, p.RouterWait, strings.Join(without, "; ")))
 	default:
-		v.Reason = ""
+		setReason("")
+	}
+	return true
+}
+
+// The reasons routersScore gives.
+const (
+	reasonWaitingRouters = "waiting for routers to be able to score it: "
+	reasonWithoutRouters = "routers that could not score it within"
+)
+
+// routersAllScore reports whether every router tracked can score
+// version v of model.
+func (s *State) routersAllScore(model string, v uint64) bool {
+	for _, r := range s.Routers {
+		if !r.CanScore(model, v) {
+			return false
+		}
 	}
 	return true
 }
@@ -1018,8 +1052,8 @@ func (s *State) RouterDeadline(p Policy) time.Time {
 		return first
 	}
 	for _, m := range s.Models {
-		if v := m.version(m.Staged); v != nil && strings.HasPrefix(v.Reason, "waiting for routers") && !v.StagedAt.IsZero() {
-			if t := v.StagedAt.Add(p.RouterWait); first.IsZero() || t.Before(first) {
+		if v := m.version(m.Staged); v != nil && strings.HasPrefix(v.Reason, reasonWaitingRouters) && !v.HeldAt.IsZero() {
+			if t := v.HeldAt.Add(p.RouterWait); first.IsZero() || t.Before(first) {
 				first = t
 			}
 		}

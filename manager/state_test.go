@@ -874,8 +874,9 @@ func TestBrokenChain(t *testing.T) {
 }
 
 // TestDecideWaitsForRouters: a version is committed only once every
-// router can score it; a router that cannot holds it back for
-// RouterWait from its staging, no longer; the reasons say which.
+// router can score it; a router that cannot holds it back for RouterWait
+// from when the shards hold it (routers fetch from them), no longer; the
+// reasons say which, and leave other reasons alone.
 func TestDecideWaitsForRouters(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20, RouterWait: 30 * time.Second, Now: t0})
@@ -897,21 +898,27 @@ func TestDecideWaitsForRouters(t *testing.T) {
 	x.do(RoutersChanged{Routers: map[string]topo.RouterInfo{"r1": router("r1", 1)}})
 	x.expect(1, 0)
 
-	// Version 2: r1 can, r2 cannot (with its reason); r2's wait runs out.
-	x.scan(1, 2)
-	x.validate()
+	// Version 2, staged at t0 but held by the shards only at t0+60s: r2,
+	// which cannot score it, holds it back until t0+90s.
 	slow := router("r2", 1)
 	slow.Cannot = []topo.Unscorable{{Model: "m", Version: 2, Reason: "its dense part is being fetched"}}
 	x.do(RoutersChanged{Routers: map[string]topo.RouterInfo{"r1": router("r1", 1, 2), "r2": slow}})
+	x.scan(1, 2)
+	x.validate()
+	x.expect(1, 2)
+	if d := x.s.RouterDeadline(x.p); !d.IsZero() {
+		t.Fatalf("a deadline (%v) before the shards hold it", d)
+	}
+	x.p.Now = t0.Add(60 * time.Second)
 	x.settleAll()
 	x.expect(1, 2)
 	if r := x.s.Models["m"].version(2).Reason; !strings.Contains(r, "r2 (its dense part is being fetched)") || strings.Contains(r, "r1") {
 		t.Fatalf("reason %q", r)
 	}
-	x.p.Now = t0.Add(29 * time.Second)
+	x.p.Now = t0.Add(89 * time.Second)
 	x.do(RoutersChanged{Routers: x.s.Routers})
 	x.expect(1, 2)
-	x.p.Now = t0.Add(31 * time.Second)
+	x.p.Now = t0.Add(91 * time.Second)
 	x.do(RoutersChanged{Routers: x.s.Routers})
 	x.expect(2, 0, 1)
 	if r := x.s.Models["m"].version(2).Reason; !strings.Contains(r, "no longer hold it back") || !strings.Contains(r, "r2") {
@@ -919,5 +926,19 @@ func TestDecideWaitsForRouters(t *testing.T) {
 	}
 	if d := x.s.RouterDeadline(x.p); !d.IsZero() {
 		t.Fatalf("deadline %v after the commit", d)
+	}
+	// Once r2 can score it, the live version's reason goes.
+	x.do(RoutersChanged{Routers: map[string]topo.RouterInfo{"r1": router("r1", 1, 2), "r2": router("r2", 1, 2)}})
+	if r := x.s.Models["m"].version(2).Reason; r != "" {
+		t.Fatalf("live version's reason %q after every router can score it", r)
+	}
+
+	// A reason of another kind is not overwritten by the routers'.
+	x.scan(1, 2, 3)
+	x.validate()
+	x.s.Models["m"].version(3).Reason = "files changed after validation; checking them again"
+	x.do(RoutersChanged{Routers: map[string]topo.RouterInfo{"r1": router("r1", 1, 2)}})
+	if r := x.s.Models["m"].version(3).Reason; r != "files changed after validation; checking them again" {
+		t.Fatalf("reason %q", r)
 	}
 }

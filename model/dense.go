@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // Dense is a version's dense part: the layers of its MLP, in order, each
@@ -19,6 +20,7 @@ type Dense struct {
 	// version (every scorer) using this dense part.
 	once     sync.Once
 	prepared []dnnLayer
+	checked  atomic.Int64 // 1 + the input count Check last passed for
 }
 
 // Layer is one linear layer, stored as PyTorch's nn.Linear stores it.
@@ -38,10 +40,25 @@ const (
 
 // Check verifies that the layers chain from in inputs to one output, hold
 // what their sizes say, and are finite.
+//
+// A pass is remembered: a router checks the dense part each time it
+// builds a scorer for a version that uses it, and only the first costs a
+// look at every parameter.
 func (d *Dense) Check(in int) error {
 	if d == nil || len(d.Layers) == 0 {
 		return fmt.Errorf("no dense layers")
 	}
+	if d.checked.Load() == int64(in)+1 {
+		return nil
+	}
+	if err := d.check(in); err != nil {
+		return err
+	}
+	d.checked.Store(int64(in) + 1)
+	return nil
+}
+
+func (d *Dense) check(in int) error {
 	if len(d.Layers) > MaxLayers {
 		return fmt.Errorf("%d dense layers; at most %d", len(d.Layers), MaxLayers)
 	}

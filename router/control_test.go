@@ -276,6 +276,20 @@ func TestOperateModels(t *testing.T) {
 		t.Errorf("audit log %v, want %s", ops, want)
 	}
 
+	// The router is registered, saying it can score every kept version.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		code, out := api.call(http.MethodGet, "/admin/v1/routers", "")
+		rs, _ := out["routers"].([]any)
+		if code != http.StatusOK || len(rs) != 1 {
+			return fmt.Errorf("routers: %d %v", code, out)
+		}
+		r := rs[0].(map[string]any)
+		if scores := fmt.Sprint(r["scores"].(map[string]any)["lr"]); r["id"] == "" || scores != "[1 2 3 4]" {
+			return fmt.Errorf("router %v scores lr %s, want [1 2 3 4]", r["id"], scores)
+		}
+		return nil
+	})
+
 	// A shard loaded from another repository joins: it is told to load
 	// partitions, refuses what differs from the map, is reported and is
 	// assigned nothing; it never receives a lookup.

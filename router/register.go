@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -55,7 +56,11 @@ func (r *Router) register(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		slog.Warn("router: registering failed; trying again", "id", r.opts.ID, "in", wait, "err", err)
+		if errors.Is(err, topo.ErrTaken) {
+			slog.Error("router: another live router is registered under this ID; this one takes no part in rollouts until it can register: give each router its own --id", "id", r.opts.ID, "in", wait, "err", err)
+		} else {
+			slog.Warn("router: registering failed; trying again", "id", r.opts.ID, "in", wait, "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -105,7 +110,7 @@ func cannotScore(vi *topo.VersionInfo, held map[string]*model.Dense, dense *dens
 	if vi.Dense != "" && held[vi.Dense] == nil {
 		return dense.reason(vi.Dense)
 	}
-	if _, err := vi.Shape.Scorer(vi.Bias, held[vi.Dense]); err != nil {
+	if err := vi.Shape.Validate(); err != nil {
 		return "this router's build cannot score it: " + err.Error()
 	}
 	return ""

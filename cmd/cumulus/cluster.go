@@ -274,7 +274,7 @@ func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
 	cmd.Flags().IntVar(&f.keepDeltas, "keep-deltas", 20, "deltas on each kept full version kept loaded for rollback (the newest); older ones retire")
 	cmd.Flags().IntVar(&f.autoPrune, "auto-prune", 0, "after each commit, remove the directories of versions nothing needs, keeping this many of them (the newest); 0: never (needs write access to the repository)")
 	cmd.Flags().IntVar(&f.compactAfter, "compact-after", 200, "compact the live version's chain into a new full version once it has this many deltas; 0: never (needs write access to the repository)")
-	cmd.Flags().DurationVar(&f.routerWait, "router-wait", 30*time.Second, "how long a router that cannot score a staged version (its dense part not fetched) holds the commit back; past it the version goes live and that router answers 503 for the model until it can")
+	cmd.Flags().DurationVar(&f.routerWait, "router-wait", 30*time.Second, "how long, once the shards hold a staged version, a router that cannot score it (its dense part not fetched) holds the commit back; past it the version goes live and that router answers 503 for the model until it can (negative: wait for ever)")
 	cmd.Flags().DurationVar(&f.scan, "scan-interval", scan, "how often the whole repository is listed, besides watching it for changes (on a network filesystem, which reports no changes made on other hosts, this is how soon a version is found)")
 }
 

@@ -75,7 +75,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 			if !cmd.Flags().Changed("memory-budget") {
 				budget = byteSize(defaultBudget(shards))
 			}
-			ropts := lim.routerOptions(router.Options{})
+			ropts := lim.routerOptions(router.Options{Advertise: grpcAddr, Build: buildinfo.String()})
 			if err := hedging.apply(&ropts); err != nil {
 				return err
 			}

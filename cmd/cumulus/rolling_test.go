@@ -60,11 +60,19 @@ func TestRollingRestart(t *testing.T) {
 	for _, id := range shardIDs {
 		shards = append(shards, startShard(id))
 	}
-	startProcess(t, []string{"admin: http://"}, append([]string{"manager", "--repo", repo, "--replicas", "2", "--admin-addr", "127.0.0.1:0", "--admin-token", "t"}, common...)...)
+	mgr := startProcess(t, []string{"admin: http://"}, append([]string{"manager", "--repo", repo, "--replicas", "2", "--admin-addr", "127.0.0.1:0", "--admin-token", "t"}, common...)...)
 	var routers []*process
 	for range 2 {
 		routers = append(routers, startRouter("127.0.0.1:0", "127.0.0.1:0"))
 	}
+	// Both routers are registered, each scoring the live version.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		out, err := cumulus("admin", "routers", "--addr", mgr.out["admin: http://"], "--admin-token", "t").CombinedOutput()
+		if err != nil || strings.Count(string(out), ": scores 1") != 2 {
+			return fmt.Errorf("cumulus admin routers: %v\n%s", err, out)
+		}
+		return nil
+	})
 	for i, id := range shardIDs {
 		waitShardReady(t, shards[i].out["shard "+id+" serving on "])
 	}

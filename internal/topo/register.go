@@ -191,6 +191,9 @@ func (r *Registration) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAli
 				if ka, err = r.establish(ctx); err == nil {
 					break
 				}
+				if ctx.Err() != nil {
+					break
+				}
 				slog.Warn("topo: re-registering failed; retrying", "key", r.key, "err", err)
 				sleep(ctx, time.Second)
 			}
