@@ -181,7 +181,7 @@ type Policy struct {
 	// standby (the newest).
 	KeepDeltas int
 	// RouterWait is how long a router that cannot score a staged version
-	// holds its commit back (0: for ever).
+	// holds its commit back once the shards hold it (0: for ever).
 	RouterWait time.Duration
 	// Now is the decision's time: for RouterWait, and HeldAt.
 	Now time.Time
@@ -979,7 +979,8 @@ func (s *State) servable(m *ModelState, v uint64, trusted []string) bool {
 }
 
 // routersScore reports whether every router can score staged version v,
-// or has been unable to for p.RouterWait since v was staged; v.Reason
+// or has been unable to for p.RouterWait since the shards came to hold
+// it (v.HeldAt); v.Reason
 // says which routers it waits for, or went live without. Routers not
 // tracked (nil: the manager applies no shard report before the routers'
 // first) hold nothing back.
