@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -218,8 +220,8 @@ func FuzzVerifyStream(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		sum, err := VerifyStream(bytes.NewReader(b), int64(len(b))) // must not panic or over-allocate
 		if err != nil {
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("refused without ErrCorrupt: %v", err)
+			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrNotFinite) {
+				t.Fatalf("refused without ErrCorrupt or ErrNotFinite: %v", err)
 			}
 			return
 		}
@@ -264,6 +266,68 @@ func TestRecordValuesOnTheWire(t *testing.T) {
 					t.Fatalf("%s width %d value %d: %v on the wire, %v decoded", e, width, j, got[j], want[j])
 				}
 			}
+		}
+	}
+}
+
+// TestVerifyFinite: verification (the manager's, streaming) refuses a
+// partition holding a NaN or infinite parameter — the finite gate —
+// naming the feature, in every encoding and in a record that straddles
+// two checksum blocks; a delta's deletion marker passes.
+func TestVerifyFinite(t *testing.T) {
+	const n, width = 4000, 81 // fp32 records of 332 bytes: some straddle the 1 MiB blocks
+	start := int64(partHeaderSize) + dirBytes(n)
+	straddling := int((DefaultBlockSize - start) / int64(RecordSize(width, EncFP32))) // crosses the first block's end
+	verify := func(e Encoding, at int, v float32, j int) error {
+		keys := make([]uint64, n)
+		vals := make([]float32, n*width)
+		for i := range keys {
+			keys[i] = uint64(i) * 7919
+			for k := range width {
+				vals[i*width+k] = 0.01 * float32(k)
+			}
+		}
+		var order []uint64 // records are written sorted by KeyHash: find the one at record index at
+		for _, k := range keys {
+			order = append(order, KeyHash(k))
+		}
+		slices.Sort(order)
+		target := KeyUnhash(order[at])
+		for i, k := range keys {
+			if k == target {
+				vals[i*width+j] = v
+			}
+		}
+		var buf bytes.Buffer
+		if _, err := WritePartition(&buf, 0, width, e, keys, vals); err != nil {
+			t.Fatal(err)
+		}
+		_, err := VerifyStream(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
+		if err != nil && !strings.Contains(err.Error(), fmt.Sprintf("feature id %d", target)) {
+			t.Errorf("%v does not name feature %d", err, target)
+		}
+		return err
+	}
+	for _, c := range []struct {
+		enc  Encoding
+		at   int
+		v    float32
+		j    int
+		fail bool
+	}{
+		{EncFP32, 5, float32(math.NaN()), 3, true},
+		{EncFP32, straddling, float32(math.Inf(1)), 40, true},
+		{EncFP32, straddling, float32(math.NaN()), 0, true},
+		{EncFP32, 7, Tombstone, 0, false},
+		{EncFP32, 7, 1.5, 2, false},
+		{EncFP16, 9, float32(math.Inf(-1)), 5, true},
+		{EncFP16, 9, 1e6, 5, true}, // beyond fp16's range: infinite once stored
+		{EncInt8, 11, float32(math.NaN()), 5, true},
+		{EncInt8, 11, Tombstone, 0, false},
+	} {
+		err := verify(c.enc, c.at, c.v, c.j)
+		if c.fail != errors.Is(err, ErrNotFinite) {
+			t.Errorf("%s record %d value %d = %v: %v", c.enc, c.at, c.j, c.v, err)
 		}
 	}
 }

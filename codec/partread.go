@@ -4,11 +4,14 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"math"
 	"sync"
+
+	"github.com/x448/float16"
 )
 
 // maxBlockSize bounds the checksum block size a reader accepts: it sizes
@@ -137,6 +140,99 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 	return p, nil
 }
 
+// ErrNotFinite marks a partition file holding a NaN or infinite
+// parameter: the finite gate. (A delta's deletion marker, codec.
+// Tombstone, is the one NaN allowed.)
+var ErrNotFinite = errors.New("a parameter is not finite")
+
+// finiteCheck checks the records of a partition file as VerifyStream
+// reads it, block by block: every value finite, but a tombstone weight.
+// Records may straddle blocks; a partial one waits in part.
+type finiteCheck struct {
+	enc        Encoding
+	width, rs  int
+	start, end int64 // the records' byte range in the file
+	part       []byte
+	rec        int // records checked
+}
+
+func newFiniteCheck(h []byte, count uint64) *finiteCheck {
+	c := &finiteCheck{enc: Encoding(binary.LittleEndian.Uint32(h[12:])), width: int(binary.LittleEndian.Uint32(h[16:])),
+		rs: int(binary.LittleEndian.Uint32(h[36:]))}
+	if c.enc > EncInt8 || c.width <= 0 || c.width > 1<<16 || c.rs != RecordSize(c.width, c.enc) {
+		return nil // a bad header: the load refuses it, naming it
+	}
+	c.start = partHeaderSize + dirBytes(int(count))
+	c.end = c.start + int64(count)*int64(c.rs)
+	c.part = make([]byte, 0, c.rs)
+	return c
+}
+
+// feed checks the records in blk, the file's bytes from offset lo.
+func (c *finiteCheck) feed(lo int64, blk []byte) error {
+	if c == nil {
+		return nil
+	}
+	hi := lo + int64(len(blk))
+	if hi <= c.start || lo >= c.end {
+		return nil
+	}
+	b := blk[max(c.start-lo, 0):min(c.end-lo, int64(len(blk)))]
+	if len(c.part) > 0 {
+		n := min(c.rs-len(c.part), len(b))
+		c.part = append(c.part, b[:n]...)
+		b = b[n:]
+		if len(c.part) < c.rs {
+			return nil
+		}
+		if err := c.record(c.part); err != nil {
+			return err
+		}
+		c.part = c.part[:0]
+	}
+	for ; len(b) >= c.rs; b = b[c.rs:] {
+		if err := c.record(b[:c.rs]); err != nil {
+			return err
+		}
+	}
+	c.part = append(c.part, b...)
+	return nil
+}
+
+func (c *finiteCheck) record(rec []byte) error {
+	defer func() { c.rec++ }()
+	bad := func(what string, v float64) error {
+		return fmt.Errorf("%w: partition file: record %d (feature id %d): %s is %v", ErrNotFinite, c.rec, KeyUnhash(binary.LittleEndian.Uint64(rec)), what, v)
+	}
+	if w := binary.LittleEndian.Uint32(rec[8:]); w != math.Float32bits(Tombstone) && !finite32(w) {
+		return bad("the weight", float64(math.Float32frombits(w)))
+	}
+	switch c.enc {
+	case EncFP32:
+		for j := 12; j < len(rec); j += 4 {
+			if v := binary.LittleEndian.Uint32(rec[j:]); !finite32(v) {
+				return bad(fmt.Sprintf("factor %d", (j-12)/4), float64(math.Float32frombits(v)))
+			}
+		}
+	case EncFP16:
+		for j := 12; j < len(rec); j += 2 {
+			if v := binary.LittleEndian.Uint16(rec[j:]); v&0x7c00 == 0x7c00 {
+				return bad(fmt.Sprintf("factor %d (fp16)", (j-12)/2), float64(float16.Frombits(v).Float32()))
+			}
+		}
+	case EncInt8:
+		if c.width > 1 {
+			if v := binary.LittleEndian.Uint32(rec[12:]); !finite32(v) {
+				return bad("the factors' int8 scale", float64(math.Float32frombits(v)))
+			}
+		}
+	}
+	return nil
+}
+
+// finite32 reports whether float32 bits b are a finite number.
+func finite32(b uint32) bool { return b&0x7f800000 != 0x7f800000 }
+
 // VerifyBlocks checks every block checksum using up to workers
 // goroutines, and names the first bad block found.
 func (p *Partition) VerifyBlocks(workers int) error {
@@ -213,6 +309,7 @@ func VerifyStream(r io.ReaderAt, size int64) (string, error) {
 	if crc32.Checksum(table, castagnoli) != binary.LittleEndian.Uint32(t[8:]) {
 		return "", fmt.Errorf("%w: partition file: checksum table corrupt", ErrCorrupt)
 	}
+	fin := newFiniteCheck(h[:], count)
 	sha := sha256.New()
 	buf := make([]byte, bs)
 	for i := int64(0); i < nblocks; i++ {
@@ -223,6 +320,9 @@ func VerifyStream(r io.ReaderAt, size int64) (string, error) {
 		}
 		if crc32.Checksum(blk, castagnoli) != binary.LittleEndian.Uint32(table[4*i:]) {
 			return "", fmt.Errorf("%w: partition file: checksum mismatch in block %d (bytes %d–%d)", ErrCorrupt, i, lo, lo+int64(len(blk)))
+		}
+		if err := fin.feed(lo, blk); err != nil {
+			return "", err
 		}
 		sha.Write(blk)
 	}

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -119,5 +121,27 @@ func TestDenseExtras(t *testing.T) {
 	chain, _ = repo.Chain("d", 1)
 	if err := repo.Verify(chain[0]); err == nil || !strings.Contains(err.Error(), "takes 5 inputs") {
 		t.Errorf("ill-shaped dense file: %v", err)
+	}
+}
+
+// TestVerifyRefusesNonFinite: a version whose files hold a NaN (written
+// around the importers, which refuse one) fails verification — so the
+// manager rejects it — naming the file and the feature.
+func TestVerifyRefusesNonFinite(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	w, err := repo.NewVersion(Spec{Name: "m", Shape: model.Shape{Type: model.FM, Dim: 2}, Partitions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WritePartition(0, []uint64{7, 8}, []float32{0.5, 0.1, 0.2, 0.25, float32(math.NaN()), 0.3}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := w.Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = repo.Verify(m)
+	if !errors.Is(err, codec.ErrNotFinite) || !strings.Contains(err.Error(), "feature id 8") || !strings.Contains(err.Error(), "part-00000.bin") {
+		t.Fatalf("verify: %v", err)
 	}
 }
