@@ -1,0 +1,77 @@
+package router_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
+	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/internal/reference"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/manager"
+	"github.com/cumulus-serving/cumulus/model"
+)
+
+// TestFiniteGate: a version holding a NaN parameter (written around the
+// importers) is rejected by the manager with the reason, and the live
+// version serves untouched.
+func TestFiniteGate(t *testing.T) {
+	repoDir := t.TempDir()
+	repo := loader.Repo{Dir: repoDir}
+	v1 := randomModel(model.FM, 4, 1000, 12)
+	if _, err := repo.Publish("fm", v1, 2, "test"); err != nil {
+		t.Fatal(err)
+	}
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour})
+	w, err := repo.NewVersion(loader.Spec{Name: "fm", Shape: v1.Shape, Partitions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range uint32(2) {
+		var keys []uint64
+		var vals []float32
+		for i, k := range v1.Keys {
+			if partition.Of(k, 2) == p {
+				keys = append(keys, k)
+				vals = append(vals, v1.Values[i*5:(i+1)*5]...)
+			}
+		}
+		if p == 1 {
+			vals[7] = float32(math.Inf(1))
+		}
+		if err := w.WritePartition(p, keys, vals); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := w.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		ms := c.Manager.State().Models["fm"]
+		for _, v := range ms.Versions {
+			if v.Version == 2 && v.Phase == manager.PhaseRejected && strings.Contains(v.Reason, "not finite") && strings.Contains(v.Reason, "part-00001.bin") {
+				return nil
+			}
+		}
+		return fmt.Errorf("v2 not rejected as not finite: %+v", ms.Versions)
+	})
+	req := randomRequest(rand.New(rand.NewPCG(3, 3)), "fm", v1, 20, 5, 3)
+	resp, err := c.Router.Predict(context.Background(), req)
+	if err != nil || resp.Version != 1 {
+		t.Fatalf("after the rejection: %v, %+v", err, resp)
+	}
+	if err := scoresMatch(reference.New(v1), req, resp); err != nil {
+		t.Fatal(err)
+	}
+	if ms := c.Manager.State().Models["fm"]; ms.Live != 1 {
+		t.Fatalf("live moved to %d", ms.Live)
+	}
+}
