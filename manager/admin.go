@@ -147,6 +147,8 @@ type VersionDetail struct {
 	Phase   Phase  `json:"phase"`
 	Reason  string `json:"reason,omitempty"`
 	Bytes   int64  `json:"bytes,omitempty"`
+	// Gates are the validation gates' outcomes.
+	Gates []GateResult `json:"gates,omitempty"`
 }
 
 // Rollout is how far the staged version has loaded.
@@ -199,7 +201,7 @@ func (a *admin) models(w http.ResponseWriter, _ *http.Request) {
 func detail(st *State, m *ModelState) ModelDetail {
 	d := ModelDetail{ModelSummary: summary(m), Versions: []VersionDetail{}, Shards: []ShardDetail{}}
 	for _, v := range m.Versions {
-		d.Versions = append(d.Versions, VersionDetail{Version: v.Version, Kind: v.Kind, Parent: v.Parent, Phase: v.Phase, Reason: v.Reason, Bytes: v.Bytes})
+		d.Versions = append(d.Versions, VersionDetail{Version: v.Version, Kind: v.Kind, Parent: v.Parent, Phase: v.Phase, Reason: v.Reason, Bytes: v.Bytes, Gates: v.Gates})
 	}
 	if m.Staged != 0 {
 		d.Rollout = &Rollout{Version: m.Staged}

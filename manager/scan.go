@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -94,6 +95,13 @@ func validate(repo loader.Repo, v Validate) Checked {
 	chain, err := repo.Chain(v.Model, v.Version)
 	if err == nil {
 		err = repo.Verify(chain[0])
+		// The finite gate ran with the verification (codec.VerifyStream).
+		switch {
+		case errors.Is(err, codec.ErrNotFinite):
+			out.Gates = append(out.Gates, GateResult{Gate: GateFinite, Outcome: "failed", Reason: err.Error(), At: time.Now().UTC()})
+		case err == nil:
+			out.Gates = append(out.Gates, GateResult{Gate: GateFinite, Outcome: "passed", At: time.Now().UTC()})
+		}
 	}
 	if err != nil {
 		out.Err = err.Error()

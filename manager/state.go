@@ -83,7 +83,24 @@ type Version struct {
 	// its commit back for Policy.RouterWait from then. (They fetch what
 	// they need from the shards that hold it.)
 	HeldAt time.Time `json:"held_at,omitzero"`
+	// Gates are the validation gates' outcomes, as last run.
+	Gates []GateResult `json:"gates,omitempty"`
 }
+
+// GateResult is one validation gate's outcome on a version.
+type GateResult struct {
+	Gate    string    `json:"gate"`    // GateFinite
+	Outcome string    `json:"outcome"` // "passed", "failed" or "skipped"
+	Reason  string    `json:"reason,omitempty"`
+	At      time.Time `json:"at"`
+}
+
+// Validation gates.
+const (
+	// GateFinite: no NaN or infinite parameter (a delta's deletion marker
+	// excepted), checked while the files are verified.
+	GateFinite = "finite"
+)
 
 // ModelStateSchema is the schema ModelState records are written with (see
 // topo.Schema). 2: Floor, and VersionInfo's compact form; a schema 1
@@ -228,6 +245,7 @@ type Checked struct {
 	Err     string
 	Info    *topo.VersionInfo
 	Bytes   int64
+	Gates   []GateResult // the gates that ran
 }
 
 // ShardsChanged carries the shards' latest registrations.
@@ -639,7 +657,7 @@ func (s *State) checked(ev Checked) {
 	if !v.Phase.pending() {
 		return
 	}
-	v.Checked = ev.Files
+	v.Checked, v.Gates = ev.Files, ev.Gates
 	if ev.Err != "" {
 		v.Phase, v.Reason, v.Info = PhaseRejected, ev.Err, nil
 		return

@@ -57,7 +57,8 @@ func TestFiniteGate(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() error {
 		ms := c.Manager.State().Models["fm"]
 		for _, v := range ms.Versions {
-			if v.Version == 2 && v.Phase == manager.PhaseRejected && strings.Contains(v.Reason, "not finite") && strings.Contains(v.Reason, "part-00001.bin") {
+			if v.Version == 2 && v.Phase == manager.PhaseRejected && strings.Contains(v.Reason, "not finite") && strings.Contains(v.Reason, "part-00001.bin") &&
+				len(v.Gates) == 1 && v.Gates[0].Gate == manager.GateFinite && v.Gates[0].Outcome == "failed" {
 				return nil
 			}
 		}
@@ -71,7 +72,11 @@ func TestFiniteGate(t *testing.T) {
 	if err := scoresMatch(reference.New(v1), req, resp); err != nil {
 		t.Fatal(err)
 	}
-	if ms := c.Manager.State().Models["fm"]; ms.Live != 1 {
+	ms := c.Manager.State().Models["fm"]
+	if ms.Live != 1 {
 		t.Fatalf("live moved to %d", ms.Live)
+	}
+	if g := ms.Versions[0].Gates; ms.Versions[0].Version != 1 || len(g) != 1 || g[0].Outcome != "passed" || g[0].At.IsZero() {
+		t.Fatalf("v1's gates: %+v", ms.Versions[0])
 	}
 }

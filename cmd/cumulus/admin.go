@@ -355,7 +355,7 @@ func printModel(b []byte) error {
 		fmt.Printf("rollout: version %d staged, %d of %d replicas hold it\n", d.Rollout.Version, d.Rollout.Holding, d.Rollout.Replicas)
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "\nVERSION\tKIND\tPHASE\tSIZE\tREASON")
+	fmt.Fprintln(w, "\nVERSION\tKIND\tPHASE\tSIZE\tGATES\tREASON")
 	for _, v := range d.Versions {
 		kind := v.Kind
 		if v.Parent != 0 {
@@ -365,7 +365,14 @@ func printModel(b []byte) error {
 		if v.Bytes > 0 {
 			size = humanize.IBytes(uint64(v.Bytes))
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", v.Version, kind, v.Phase, size, v.Reason)
+		gates := []string{}
+		for _, g := range v.Gates {
+			gates = append(gates, fmt.Sprintf("%s %s %s", g.Gate, g.Outcome, g.At.Format(time.TimeOnly)))
+		}
+		if len(gates) == 0 {
+			gates = append(gates, "-")
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Version, kind, v.Phase, size, strings.Join(gates, ", "), v.Reason)
 	}
 	fmt.Fprintln(w, "\nSHARD\tADDR\tBUILD\tASSIGNED\tLOADED (version:partitions)\tMISMATCHED\tERRORS")
 	for _, s := range d.Shards {
