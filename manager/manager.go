@@ -64,6 +64,13 @@ type Options struct {
 	// 503 for the model until it can score it. Default 30s; negative:
 	// for ever.
 	RouterWait time.Duration
+	// Validator, if set, is a program run on each staged version's
+	// directory (its one argument, no shell) before the version is
+	// committed: exit 0 accepts it; otherwise the version is rejected,
+	// its last stderr line the reason. ValidatorTimeout bounds a run
+	// (default 60s).
+	Validator        string
+	ValidatorTimeout time.Duration
 	// LeaderTTL is the lease, in seconds, under which this manager leads:
 	// if it dies, another takes over after at most this long. Default 5.
 	LeaderTTL int
@@ -102,6 +109,9 @@ func (o *Options) Validate() error {
 	if o.ScanInterval == 0 {
 		o.ScanInterval = 10 * time.Second
 	}
+	if o.ValidatorTimeout == 0 {
+		o.ValidatorTimeout = 60 * time.Second
+	}
 	switch {
 	case o.RouterWait == 0:
 		o.RouterWait = 30 * time.Second
@@ -133,6 +143,7 @@ type Manager struct {
 	stopped  chan struct{} // closed when the loop returns
 	leading  atomic.Bool   // whether this manager acts (loop goroutine writes)
 	results  chan Event    // from the validator, one version at a time
+	gates    chan RunGates // to the gate runner
 	queue    validateQueue
 	cancel   context.CancelFunc
 	done     sync.WaitGroup
@@ -188,9 +199,9 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions, KeepDeltas: opts.KeepDeltas, RouterWait: opts.RouterWait},
+	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions, KeepDeltas: opts.KeepDeltas, RouterWait: opts.RouterWait, StagedGates: stagedGates(opts)},
 		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
-		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event)}
+		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event), gates: make(chan RunGates, 64)}
 	m.queue.init()
 	m.mismatches, m.damagedNow = map[string]int{}, map[string]int{}
 	m.metrics = metrics{
@@ -273,6 +284,8 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	for range validators {
 		go func() { defer m.done.Done(); m.validator(ctx) }()
 	}
+	m.done.Add(1)
+	go func() { defer m.done.Done(); m.runGates(ctx) }()
 	go func() { defer m.done.Done(); m.loop(ctx, shards, routers) }()
 	return m, nil
 }
@@ -282,6 +295,14 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 func (m *Manager) Routers() map[string]topo.RouterInfo {
 	if r := m.routers.Load(); r != nil {
 		return *r
+	}
+	return nil
+}
+
+// stagedGates are the gates opts configure to run on staged versions.
+func stagedGates(o Options) []string {
+	if o.Validator != "" {
+		return []string{GateValidator}
 	}
 	return nil
 }
@@ -477,13 +498,20 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 		case <-m.reload:
 			m.refresh(ctx)
 		case ev := <-m.results:
-			if c, ok := ev.(Checked); ok {
+			c, checked := ev.(Checked)
+			if checked {
 				// Finished only now: while the loop has results to apply,
 				// the queue is busy and the writes wait for the last one.
 				m.queue.finish(Validate{Model: c.Model, Version: c.Version})
 			}
 			if lead {
 				m.apply(ctx, ev)
+			}
+			// A result for files that changed while they were checked is
+			// dropped (the scan that saw the change asked for a validation
+			// the queue merged with this one): check them as they are.
+			if v := m.view.Load().version(c.Model, c.Version); checked && lead && v != nil && v.Files != c.Files {
+				m.queue.push(Validate{Model: c.Model, Version: c.Version})
 			}
 		case req := <-m.commands:
 			if !lead {
@@ -695,8 +723,15 @@ func (m *Manager) changes(cur, next *State, acts []Action) change {
 // changed.
 func (m *Manager) after(cur, next *State, acts []Action) {
 	for _, a := range acts {
-		if v, ok := a.(Validate); ok {
-			m.queue.push(v)
+		switch a := a.(type) {
+		case Validate:
+			m.queue.push(a)
+		case RunGates:
+			select {
+			case m.gates <- a:
+			default:
+				slog.Error("manager: too many gate runs queued; this one waits for the version to be staged again", "model", a.Model, "version", a.Version)
+			}
 		}
 	}
 	shardsChanged := !sameShards(cur.Shards, next.Shards)

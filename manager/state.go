@@ -85,6 +85,9 @@ type Version struct {
 	HeldAt time.Time `json:"held_at,omitzero"`
 	// Gates are the validation gates' outcomes, as last run.
 	Gates []GateResult `json:"gates,omitempty"`
+	// Gating: the staged version's gates are running (not persisted: a
+	// manager that takes over runs them again).
+	Gating bool `json:"-"`
 }
 
 // GateResult is one validation gate's outcome on a version.
@@ -100,7 +103,21 @@ const (
 	// GateFinite: no NaN or infinite parameter (a delta's deletion marker
 	// excepted), checked while the files are verified.
 	GateFinite = "finite"
+	// GateValidator: the operator's program (--validator), run on the
+	// version's directory once every shard holds it, before it is
+	// committed.
+	GateValidator = "validator"
 )
+
+// passed reports whether v's last run of gate passed.
+func (v *Version) passed(gate string) bool {
+	for _, g := range v.Gates {
+		if g.Gate == gate {
+			return g.Outcome == "passed"
+		}
+	}
+	return false
+}
 
 // ModelStateSchema is the schema ModelState records are written with (see
 // topo.Schema). 2: Floor, and VersionInfo's compact form; a schema 1
@@ -182,6 +199,9 @@ func (m *ModelState) Standby() []uint64 {
 type State struct {
 	Models map[string]*ModelState
 	Shards map[string]topo.ShardInfo
+	// pending are actions settle decided (the gates to run), which
+	// Decide returns.
+	pending []Action
 	// Routers are the routers' latest registrations (not persisted; nil:
 	// not tracked, see routersScore).
 	Routers map[string]topo.RouterInfo
@@ -202,6 +222,10 @@ type Policy struct {
 	RouterWait time.Duration
 	// Now is the decision's time: for RouterWait, and HeldAt.
 	Now time.Time
+	// StagedGates are the gates run on a staged version once every shard
+	// holds it and every router can score it, before it is committed
+	// (GateValidator); a version failing one is rejected.
+	StagedGates []string
 }
 
 // keepRejected is how many rejected versions a model keeps listed, with
@@ -254,6 +278,14 @@ type ShardsChanged struct{ Shards map[string]topo.ShardInfo }
 // RoutersChanged carries the routers' latest registrations (or comes
 // again with the same, when a router's wait runs out).
 type RoutersChanged struct{ Routers map[string]topo.RouterInfo }
+
+// GatesChecked carries the outcomes of a staged version's gates
+// (RunGates).
+type GatesChecked struct {
+	Model   string
+	Version uint64
+	Results []GateResult
+}
 
 // Command is an operator's call through the admin API.
 type Command struct {
@@ -316,6 +348,7 @@ func (Started) isEvent()        {}
 func (Checked) isEvent()        {}
 func (ShardsChanged) isEvent()  {}
 func (RoutersChanged) isEvent() {}
+func (GatesChecked) isEvent()   {}
 func (Command) isEvent()        {}
 
 // Action is an output of Decide for the manager to carry out.
@@ -326,6 +359,14 @@ type Action interface{ isAction() }
 type Validate struct {
 	Model   string
 	Version uint64
+}
+
+// RunGates asks for a staged version's gates to run (off the main loop);
+// their outcomes come back as GatesChecked.
+type RunGates struct {
+	Model   string
+	Version uint64
+	Gates   []string
 }
 
 // AuditEntry records one operator call and its result.
@@ -348,6 +389,7 @@ type Remove struct {
 func (Validate) isAction()   {}
 func (Remove) isAction()     {}
 func (AuditEntry) isAction() {}
+func (RunGates) isAction()   {}
 
 // Errors a Command can be refused with, and ErrUnconfirmed for one whose
 // result could not be written.
@@ -378,6 +420,8 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 	case Started:
 		touched = []string{ev.Model}
 	case Checked:
+		touched = []string{ev.Model}
+	case GatesChecked:
 		touched = []string{ev.Model}
 	case Command:
 		if ev.Op != OpRescan {
@@ -411,6 +455,8 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 		n.Shards = ev.Shards
 	case RoutersChanged:
 		n.Routers = ev.Routers
+	case GatesChecked:
+		n.gatesChecked(ev)
 	case Command:
 		acts, err = n.command(ev)
 		if err != nil {
@@ -425,6 +471,8 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 			m.count(s.Models[name])
 		}
 	}
+	acts = append(acts, n.pending...)
+	n.pending = nil
 	if c, ok := ev.(Command); ok {
 		result := "ok"
 		if m := n.Models[c.Model]; c.Op == OpPrune {
@@ -875,7 +923,7 @@ func (s *State) settle(m *ModelState, p Policy) {
 			v.HeldAt = p.Now
 		}
 		routersOK := s.routersScore(m, v, p) // either way: its reason stays current
-		if held && routersOK {
+		if held && routersOK && s.gatesPass(m, v, p) {
 			m.commit(target)
 		}
 	}
@@ -1043,6 +1091,72 @@ func (s *State) routersScore(m *ModelState, v *Version, p Policy) bool {
 		setReason("")
 	}
 	return true
+}
+
+// gatesPass reports whether staged version v has passed every staged
+// gate; if not, it asks for the ones it has not passed to run (once per
+// staging: a failed gate rejects the version).
+func (s *State) gatesPass(m *ModelState, v *Version, p Policy) bool {
+	var run []string
+	for _, g := range p.StagedGates {
+		if !v.passed(g) {
+			run = append(run, g)
+		}
+	}
+	if len(run) == 0 {
+		return true
+	}
+	if !v.Gating {
+		v.Gating = true
+		s.pending = append(s.pending, RunGates{Model: m.Name, Version: v.Version, Gates: run})
+	}
+	if v.Reason == "" || strings.HasPrefix(v.Reason, reasonGating) {
+		v.Reason = reasonGating + strings.Join(run, ", ")
+	}
+	return false
+}
+
+const reasonGating = "running gates: "
+
+// gatesChecked records a staged version's gate outcomes: a failed gate
+// rejects it, and the deltas built on it that are not served; settle
+// then stages the next target (the live version serves untouched).
+func (s *State) gatesChecked(ev GatesChecked) {
+	m := s.Models[ev.Model]
+	v := s.version(ev.Model, ev.Version)
+	if m == nil || v == nil || v.Phase != PhaseStaging {
+		return // no longer staged: the outcome is moot
+	}
+	v.Gating = false
+	gates := slices.Clone(v.Gates) // shared with the state Decide was given
+	var failed []string
+	for _, r := range ev.Results {
+		gates = slices.DeleteFunc(gates, func(g GateResult) bool { return g.Gate == r.Gate })
+		gates = append(gates, r)
+		if r.Outcome == "failed" {
+			failed = append(failed, fmt.Sprintf("gate %s failed: %s", r.Gate, r.Reason))
+		}
+	}
+	v.Gates = gates
+	if strings.HasPrefix(v.Reason, reasonGating) {
+		v.Reason = ""
+	}
+	if len(failed) == 0 {
+		return
+	}
+	v.Phase, v.Reason, v.Info = PhaseRejected, strings.Join(failed, "; "), nil
+	m.Staged = 0
+	for changed := true; changed; {
+		changed = false
+		for i := range m.Versions {
+			x := &m.Versions[i]
+			if x.Kind == "delta" && (x.Phase == PhaseReady || x.Phase == PhaseStaging || x.Phase.pending()) {
+				if pv := m.version(x.Parent); pv != nil && pv.Phase == PhaseRejected {
+					x.Phase, x.Reason, x.Info, changed = PhaseRejected, fmt.Sprintf("parent version %d is rejected", x.Parent), nil, true
+				}
+			}
+		}
+	}
 }
 
 // The reasons routersScore gives.

@@ -942,3 +942,53 @@ func TestDecideWaitsForRouters(t *testing.T) {
 		t.Fatalf("reason %q", r)
 	}
 }
+
+// TestDecideRunsStagedGates: once every shard holds the staged version,
+// its gates are asked for once; passing commits it, failing rejects it
+// (and the deltas on it) and unstages it, the live version untouched.
+func TestDecideRunsStagedGates(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20, StagedGates: []string{GateValidator}, Now: time.Unix(1000, 0)})
+	x.join("s0")
+	runs := func() (n int) {
+		for _, a := range x.acts {
+			if g, ok := a.(RunGates); ok && fmt.Sprint(g.Gates) == "[validator]" {
+				n++
+			}
+		}
+		return n
+	}
+	x.scan(1)
+	x.validate()
+	x.load()
+	x.expect(0, 1)
+	if runs() != 1 {
+		t.Fatalf("actions %+v, want one RunGates", x.acts)
+	}
+	x.load()
+	if runs() != 0 {
+		t.Fatal("gates asked for twice")
+	}
+	x.do(GatesChecked{Model: "m", Version: 1, Results: []GateResult{{Gate: GateValidator, Outcome: "passed"}}})
+	x.expect(1, 0)
+
+	x.parent[3] = 2
+	x.scan(1, 2, 3)
+	x.validate()
+	x.settleAll()
+	x.expect(1, 3) // the newest: the delta 3 on 2
+	x.do(GatesChecked{Model: "m", Version: 3, Results: []GateResult{{Gate: GateValidator, Outcome: "failed", Reason: "AUC too low"}}})
+	if v := x.s.Models["m"].version(3); v.Phase != PhaseRejected || v.Reason != "gate validator failed: AUC too low" {
+		t.Fatalf("v3 %+v", v)
+	}
+	x.settleAll()
+	x.expect(1, 2) // 2 is staged next, and gated
+	x.do(GatesChecked{Model: "m", Version: 2, Results: []GateResult{{Gate: GateValidator, Outcome: "failed", Reason: "bad"}}})
+	x.settleAll()
+	x.expect(1, 0)
+	if x.phase(2) != PhaseRejected {
+		t.Fatalf("v2 %s", x.phase(2))
+	}
+	// A stale outcome (for a version no longer staged) changes nothing.
+	x.do(GatesChecked{Model: "m", Version: 2, Results: []GateResult{{Gate: GateValidator, Outcome: "passed"}}})
+	x.expect(1, 0)
+}

@@ -253,6 +253,14 @@ func TestRouterHoldsBackTheRollout(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, lie := lyingCluster(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, RouterWait: 2 * time.Second})
+	// A router holds rollouts back once it is registered (it registers
+	// in the background, and may serve before).
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if len(c.Manager.Routers()) != 1 {
+			return errors.New("the router is not registered yet")
+		}
+		return nil
+	})
 	lie(true)
 	if _, err := repo.PublishDelta("dnn", loader.Delta{Dense: loader.GenDense(5, shape.DenseIn(), []int{4})}); err != nil {
 		t.Fatal(err)
@@ -262,7 +270,7 @@ func TestRouterHoldsBackTheRollout(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() error {
 		ms := c.Manager.State().Models["dnn"]
 		if ms == nil || ms.Staged != 2 {
-			return errors.New("v2 not staged")
+			return fmt.Errorf("v2 not staged: %+v", ms)
 		}
 		for _, v := range ms.Versions {
 			if v.Version == 2 && strings.Contains(v.Reason, "waiting for routers") && strings.Contains(v.Reason, "SHA-256") {

@@ -2,9 +2,12 @@ package router_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -78,5 +81,87 @@ func TestFiniteGate(t *testing.T) {
 	}
 	if g := ms.Versions[0].Gates; ms.Versions[0].Version != 1 || len(g) != 1 || g[0].Outcome != "passed" || g[0].At.IsZero() {
 		t.Fatalf("v1's gates: %+v", ms.Versions[0])
+	}
+}
+
+// TestValidatorGate: a staged version is committed only once the
+// operator's validator accepts its directory; one it refuses is rejected
+// with the validator's last stderr line, the deltas on it too, and the
+// live version serves untouched.
+func TestValidatorGate(t *testing.T) {
+	repoDir := t.TempDir()
+	repo := loader.Repo{Dir: repoDir}
+	validator := filepath.Join(t.TempDir(), "validate")
+	script := "#!/bin/sh\necho \"checking $1\" >&2\nif [ -e \"$1/refuse\" ]; then echo \"refused: $(cat \"$1/refuse\")\" >&2; exit 3; fi\n"
+	if err := os.WriteFile(validator, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	v1 := randomModel(model.LR, 0, 1000, 13)
+	if _, err := repo.Publish("lr", v1, 2, "test"); err != nil {
+		t.Fatal(err)
+	}
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, Validator: validator})
+	gates := func(v uint64) []manager.GateResult {
+		for _, x := range c.Manager.State().Models["lr"].Versions {
+			if x.Version == v {
+				return x.Gates
+			}
+		}
+		return nil
+	}
+	if g := gates(1); len(g) != 2 || g[1].Gate != manager.GateValidator || g[1].Outcome != "passed" {
+		t.Fatalf("v1's gates %+v", g)
+	}
+	// v2 is refused; then v3, a delta on it, is rejected for its parent.
+	// (The validator sees the staged version's own directory: a delta
+	// staged before its parent would be validated alone.)
+	m2, err := repo.Publish("lr", randomModel(model.LR, 0, 1000, 14), 2, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(repo.VersionDir("lr", m2.Version), "refuse"), []byte("AUC 0.51 on the holdout"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		ms := c.Manager.State().Models["lr"]
+		for _, v := range ms.Versions {
+			if v.Version == 2 && v.Phase == manager.PhaseRejected && strings.Contains(v.Reason, "gate validator failed: refused: AUC 0.51 on the holdout") {
+				return nil
+			}
+		}
+		return fmt.Errorf("v2 not rejected by the validator: %+v", ms.Versions)
+	})
+	if _, err := repo.PublishDelta("lr", loader.Delta{Parent: m2.Version, Deletes: []uint64{1}}); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		ms := c.Manager.State().Models["lr"]
+		for _, v := range ms.Versions {
+			if v.Version == 3 && v.Phase == manager.PhaseRejected && strings.Contains(v.Reason, "parent version 2 is rejected") && ms.Staged == 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("delta 3 on the refused version not rejected, or something staged: %+v staged %d", ms.Versions, ms.Staged)
+	})
+	req := randomRequest(rand.New(rand.NewPCG(4, 4)), "lr", v1, 10, 5, 2)
+	resp, err := c.Router.Predict(context.Background(), req)
+	if err != nil || resp.Version != 1 {
+		t.Fatalf("after the refusal: %v, %+v", err, resp)
+	}
+	// v4, accepted, goes live.
+	if _, err := repo.Publish("lr", randomModel(model.LR, 0, 1000, 15), 2, "test"); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if s, _ := c.Router.Model("lr"); s.Live != 4 {
+			return errors.New("v4 not live")
+		}
+		return nil
+	})
+	if g := gates(4); len(g) != 2 || g[1].Outcome != "passed" || g[1].At.IsZero() {
+		t.Fatalf("v4's gates %+v", g)
 	}
 }

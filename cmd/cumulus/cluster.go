@@ -237,7 +237,8 @@ func managerCommand() *cobra.Command {
 			defer cli.Close()
 			m, err := manager.Start(cmd.Context(), manager.Options{Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c,
 				Replicas: replicas, KeepVersions: keepVersions(policy.keepVersions), KeepDeltas: keepVersions(policy.keepDeltas),
-				ScanInterval: policy.scan, AutoPrune: policy.autoPrune, CompactAfter: keepVersions(policy.compactAfter), RouterWait: policy.routerWait, Registry: prometheus.DefaultRegisterer})
+				ScanInterval: policy.scan, AutoPrune: policy.autoPrune, CompactAfter: keepVersions(policy.compactAfter), RouterWait: policy.routerWait,
+				Validator: policy.validator, ValidatorTimeout: policy.validatorTimeout, Registry: prometheus.DefaultRegisterer})
 			if err != nil {
 				return err
 			}
@@ -267,6 +268,8 @@ type policyFlags struct {
 	keepVersions, keepDeltas int
 	autoPrune, compactAfter  int
 	scan, routerWait         time.Duration
+	validator                string
+	validatorTimeout         time.Duration
 }
 
 func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
@@ -275,6 +278,8 @@ func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
 	cmd.Flags().IntVar(&f.autoPrune, "auto-prune", 0, "after each commit, remove the directories of versions nothing needs, keeping this many of them (the newest); 0: never (needs write access to the repository)")
 	cmd.Flags().IntVar(&f.compactAfter, "compact-after", 200, "compact the live version's chain into a new full version once it has this many deltas; 0: never (needs write access to the repository)")
 	cmd.Flags().DurationVar(&f.routerWait, "router-wait", 30*time.Second, "how long, once the shards hold a staged version, a router that cannot score it (its dense part not fetched) holds the commit back; past it the version goes live and that router answers 503 for the model until it can (negative: wait for ever)")
+	cmd.Flags().StringVar(&f.validator, "validator", "", "a program run (without a shell) on each staged version's directory before it is committed: exit 0 accepts it, otherwise the version is rejected with its last stderr line as the reason (the validator gate)")
+	cmd.Flags().DurationVar(&f.validatorTimeout, "validator-timeout", 60*time.Second, "longest a --validator run may take; past it the version is rejected")
 	cmd.Flags().DurationVar(&f.scan, "scan-interval", scan, "how often the whole repository is listed, besides watching it for changes (on a network filesystem, which reports no changes made on other hosts, this is how soon a version is found)")
 }
 

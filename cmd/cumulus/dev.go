@@ -82,7 +82,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 			reg := prometheus.NewRegistry()
 			// The cluster outlives the signal until the front has drained.
 			c, err := devcluster.Start(context.WithoutCancel(ctx), devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
-				MemoryBudget: int64(budget), Cluster: cluster.c, KeepVersions: keepVersions(policy.keepVersions), KeepDeltas: keepVersions(policy.keepDeltas), RouterWait: policy.routerWait, ScanInterval: policy.scan, AutoPrune: policy.autoPrune, CompactAfter: keepVersions(policy.compactAfter), Build: buildinfo.String(),
+				MemoryBudget: int64(budget), Cluster: cluster.c, KeepVersions: keepVersions(policy.keepVersions), KeepDeltas: keepVersions(policy.keepDeltas), RouterWait: policy.routerWait, Validator: policy.validator, ValidatorTimeout: policy.validatorTimeout, ScanInterval: policy.scan, AutoPrune: policy.autoPrune, CompactAfter: keepVersions(policy.compactAfter), Build: buildinfo.String(),
 				Router: ropts, Shard: func(i int, o *shard.Options) {
 					if i == 0 {
 						o.Faults = fault.f

@@ -47,6 +47,10 @@ type Options struct {
 	KeepDeltas int
 	// RouterWait is the manager's (manager.Options.RouterWait).
 	RouterWait time.Duration
+	// Validator and ValidatorTimeout are the manager's (the validator
+	// gate).
+	Validator        string
+	ValidatorTimeout time.Duration
 	// AutoPrune and CompactAfter are the manager's (manager.Options).
 	AutoPrune, CompactAfter int
 	// Build is the version the shards report.
@@ -121,7 +125,8 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	// The manager starts after the shards have registered, so its first
 	// assignment already spreads partitions over all of them.
 	if c.Manager, err = manager.Start(ctx, manager.Options{Repo: repo, Etcd: c.Etcd, Cluster: o.Cluster, Replicas: o.Replicas,
-		KeepVersions: o.KeepVersions, KeepDeltas: o.KeepDeltas, AutoPrune: o.AutoPrune, CompactAfter: o.CompactAfter, ScanInterval: o.ScanInterval, RouterWait: o.RouterWait, Registry: o.Registry}); err != nil {
+		KeepVersions: o.KeepVersions, KeepDeltas: o.KeepDeltas, AutoPrune: o.AutoPrune, CompactAfter: o.CompactAfter, ScanInterval: o.ScanInterval, RouterWait: o.RouterWait,
+		Validator: o.Validator, ValidatorTimeout: o.ValidatorTimeout, Registry: o.Registry}); err != nil {
 		return nil, err
 	}
 	ro := o.Router
