@@ -58,6 +58,9 @@ func (m *Manager) runValidator(ctx context.Context, dir string) string {
 	ctx, cancel := context.WithTimeout(ctx, m.opts.ValidatorTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, m.opts.Validator, dir)
+	// Past the timeout the validator is killed; children it left holding
+	// its stderr are not waited for long.
+	cmd.WaitDelay = time.Second
 	var stderr tailBuffer
 	cmd.Stderr = &stderr
 	err := cmd.Run()

@@ -92,7 +92,8 @@ func TestValidatorGate(t *testing.T) {
 	repoDir := t.TempDir()
 	repo := loader.Repo{Dir: repoDir}
 	validator := filepath.Join(t.TempDir(), "validate")
-	script := "#!/bin/sh\necho \"checking $1\" >&2\nif [ -e \"$1/refuse\" ]; then echo \"refused: $(cat \"$1/refuse\")\" >&2; exit 3; fi\n"
+	script := "#!/bin/sh\necho \"checking $1\" >&2\nif [ -e \"$1/slow\" ]; then sleep 30; fi\n" +
+		"if [ -e \"$1/refuse\" ]; then echo \"refused: $(cat \"$1/refuse\")\" >&2; exit 3; fi\n"
 	if err := os.WriteFile(validator, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func TestValidatorGate(t *testing.T) {
 	if _, err := repo.Publish("lr", v1, 2, "test"); err != nil {
 		t.Fatal(err)
 	}
-	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, Validator: validator})
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, Validator: validator, ValidatorTimeout: 2 * time.Second})
 	gates := func(v uint64) []manager.GateResult {
 		for _, x := range c.Manager.State().Models["lr"].Versions {
 			if x.Version == v {
@@ -163,5 +164,25 @@ func TestValidatorGate(t *testing.T) {
 	})
 	if g := gates(4); len(g) != 2 || g[1].Outcome != "passed" || g[1].At.IsZero() {
 		t.Fatalf("v4's gates %+v", g)
+	}
+	// v5's validator does not finish in time: rejected, v4 serving.
+	m5, err := repo.Publish("lr", randomModel(model.LR, 0, 1000, 16), 2, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(repo.VersionDir("lr", m5.Version), "slow"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		for _, v := range c.Manager.State().Models["lr"].Versions {
+			if v.Version == 5 && v.Phase == manager.PhaseRejected && strings.Contains(v.Reason, "did not finish within 2s") {
+				return nil
+			}
+		}
+		return errors.New("v5 not rejected for its slow validator")
+	})
+	if s, _ := c.Router.Model("lr"); s.Live != 4 {
+		t.Fatalf("live %d after v5's rejection", s.Live)
 	}
 }
