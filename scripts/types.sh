@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The model types side by side: one generated model of each type (PARAMS
+# features, default 1,000,000: LR; FM dim 8; FFM 20 fields of dim 4; DNN
+# 20 fields of dim 16, hidden layers 256,128), each served by a fresh
+# `cumulus dev`, loaded through its gRPC front by a separate `cumulus
+# bench` process: rank200, closed loop at concurrency 4, REQUESTS requests
+# (default 5000), ROUNDS alternating rounds (default 3). It prints every
+# run, then each type's median QPS, p50, p99 and server CPU per request
+# (utime+stime of the dev process), and the CPU ratio to LR's.
+#
+#   scripts/types.sh WORKDIR
+# CUMULUS names the binary (default: cumulus on PATH).
+set -euo pipefail
+work=$1
+C=${CUMULUS:-cumulus}
+rounds=${ROUNDS:-3}
+requests=${REQUESTS:-5000}
+params=${PARAMS:-1000000}
+mkdir -p "$work"
+declare -A shape=(
+  [lr]="--type lr"
+  [fm]="--type fm --dim 8"
+  [ffm]="--type ffm --fields 20 --dim 4"
+  [dnn]="--type dnn --fields 20 --dim 16 --layers 256,128"
+)
+types="lr fm ffm dnn"
+for t in $types; do
+  if [ ! -d "$work/$t/bench" ]; then
+    # shellcheck disable=SC2086
+    "$C" model gen --name bench ${shape[$t]} --params "$params" --repo "$work/$t" > /dev/null 2>&1
+  fi
+done
+pid=
+trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null' EXIT
+run() { # type
+  local t=$1
+  "$C" dev --repo "$work/$t" --http-addr 127.0.0.1:29020 --grpc-addr 127.0.0.1:29021 \
+    --admin-addr 127.0.0.1:29022 > "$work/dev.out" 2> "$work/dev.err" &
+  pid=$!
+  until grep -q '^ready' "$work/dev.out"; do kill -0 $pid; sleep 0.2; done
+  "$C" bench --addr 127.0.0.1:29021 --repo "$work/$t" --model bench --workload rank200 --log-level warn \
+    --concurrency 4 --requests "$requests" --duration 10m --pid $pid --settle 0 |
+    awk -v name="$t" '
+      /^rank200 .*requests=/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] } }
+      /^rank200 .*cpu of pid/ { for (i = 1; i <= NF; i++) if ($i ~ /ms$/ && $(i+1) == "per") cpu = $i }
+      END { printf "%-4s %s %s %s %s %s\n", name, f["qps"], f["p50"], f["p99"], cpu, f["errors"] }' | tee -a "$work/runs.txt"
+  kill -INT $pid; wait $pid || true; pid=
+}
+: > "$work/runs.txt"
+echo "type qps p50 p99 cpu/request errors"
+for _ in $(seq "$rounds"); do
+  for t in $types; do run "$t"; done
+done
+# Medians per type; durations are printed by Go (µs, ms or s).
+awk '
+function ms(d) { if (d ~ /µs$/) return d / 1000; if (d ~ /ms$/) return d + 0; if (d ~ /s$/) return d * 1000; return d }
+function median(name, col,   n, i, j, t, v) {
+  n = 0; for (i = 1; i <= runs; i++) if (type[i] == name) v[++n] = val[i, col]
+  for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+  return v[int((n + 1) / 2)]
+}
+{ runs++; type[runs] = $1; val[runs, "qps"] = $2; val[runs, "p50"] = ms($3); val[runs, "p99"] = ms($4); val[runs, "cpu"] = ms($5) }
+END {
+  split("lr fm ffm dnn", names, " ")
+  printf "\nmedian of %d rounds  qps      p50      p99   cpu/request  x LR\n", runs / 4
+  lr = median("lr", "cpu")
+  for (k = 1; k <= 4; k++) printf "%-4s %14.0f %6.2fms %6.2fms %9.3fms %6.2f\n", names[k], median(names[k], "qps"), median(names[k], "p50"), median(names[k], "p99"), median(names[k], "cpu"), median(names[k], "cpu") / lr
+}' "$work/runs.txt"
