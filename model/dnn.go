@@ -151,11 +151,7 @@ func (m *dnnScorer) Score(out []float32, b *Batch, s *Scratch) {
 	// The first layer's base: b + W·shared, once.
 	l0 := m.layers[0]
 	copy(base[:l0.out], l0.b)
-	if l0.out == 1 {
-		base[0] += vec.Dot(shared, l0.wt)
-	} else {
-		vec.Gemm(base, l0.out, shared, in, l0.wt, l0.out, 1, l0.out, in)
-	}
+	multiply(base, shared, in, l0, 0, in, 1)
 	for c0 := 0; c0 < rows; c0 += C {
 		n := min(C, rows-c0)
 		R := (n + blk - 1) / blk * blk
@@ -213,11 +209,11 @@ func (m *dnnScorer) Score(out []float32, b *Batch, s *Scratch) {
 				for g < F && used[g] {
 					g++
 				}
-				m.multiply(h0[r0*l.out:], u[r0*in+f*k:], in, l, f*k, (g-f)*k, blk)
+				multiply(h0[r0*l.out:], u[r0*in+f*k:], in, l, f*k, (g-f)*k, blk)
 				f = g
 			}
 			if D > 0 {
-				m.multiply(h0[r0*l.out:], u[r0*in+F*k:], in, l, F*k, D, blk)
+				multiply(h0[r0*l.out:], u[r0*in+F*k:], in, l, F*k, D, blk)
 			}
 		}
 		// The other layers, each on the one before's ReLU.
@@ -226,13 +222,7 @@ func (m *dnnScorer) Score(out []float32, b *Batch, s *Scratch) {
 			for r := range R {
 				copy(h1[r*next.out:(r+1)*next.out], next.b)
 			}
-			if next.out == 1 {
-				for r := range n {
-					h1[r] += vec.Dot(h0[r*l.out:(r+1)*l.out], next.wt)
-				}
-			} else {
-				vec.Gemm(h1, next.out, h0, l.out, next.wt, next.out, R, next.out, l.out)
-			}
+			multiply(h1, h0, l.out, next, 0, l.out, R)
 			h0, h1, l = h1, h0, next
 		}
 		for r := range n {
@@ -241,9 +231,10 @@ func (m *dnnScorer) Score(out []float32, b *Batch, s *Scratch) {
 	}
 }
 
-// multiply adds the first layer's product with columns [c, c+n) of a
-// block of rows (x, row stride ldx, starting at column c) to h.
-func (m *dnnScorer) multiply(h, x []float32, ldx int, l dnnLayer, c, n, rows int) {
+// multiply adds layer l's product with its inputs [c, c+n) of rows rows
+// (x, row stride ldx, starting at input c) to h (row stride l.out): a
+// matrix product, or dot products for a one-output layer.
+func multiply(h, x []float32, ldx int, l dnnLayer, c, n, rows int) {
 	if l.out == 1 {
 		for r := range rows {
 			h[r] += vec.Dot(x[r*ldx:r*ldx+n], l.wt[c:c+n])
