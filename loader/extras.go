@@ -73,15 +73,11 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 // and its layers against the model's shape, and returns it with that
 // SHA-256.
 func (r Repo) Dense(chain []*codec.Manifest) (*model.Dense, string, error) {
-	_, e, ok := codec.ChainExtra(chain, codec.RoleDense)
+	from, e, ok := codec.ChainExtra(chain, codec.RoleDense)
 	if !ok {
 		return nil, "", fmt.Errorf("loader: %s version %d has no dense part", chain[0].Name, chain[0].Version)
 	}
-	b, err := r.DenseFile(chain, e.SHA256)
-	if err != nil {
-		return nil, "", err
-	}
-	d, err := ParseDense(b, chain[0].Shape)
+	_, d, err := r.readDense(from, e, chain[0].Shape)
 	return d, e.SHA256, err
 }
 
@@ -93,15 +89,24 @@ func (r Repo) DenseFile(chain []*codec.Manifest, sum string) ([]byte, error) {
 	if !ok || e.SHA256 != sum {
 		return nil, fmt.Errorf("loader: %s version %d: its dense part is not %q", chain[0].Name, chain[0].Version, sum)
 	}
-	p := filepath.Join(r.VersionDir(from.Name, from.Version), e.Path)
+	b, _, err := r.readDense(from, e, chain[0].Shape)
+	return b, err
+}
+
+// readDense reads the dense part e that version m lists, checks its size
+// and SHA-256 against e and its layers against shape, and returns the
+// file and the layers it holds.
+func (r Repo) readDense(m *codec.Manifest, e codec.Extra, shape model.Shape) ([]byte, *model.Dense, error) {
+	p := filepath.Join(r.VersionDir(m.Name, m.Version), e.Path)
 	b, err := readExtra(p, e)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if _, err := ParseDense(b, chain[0].Shape); err != nil {
-		return nil, fmt.Errorf("loader: %s: %w", p, err)
+	d, err := ParseDense(b, shape)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loader: %s: %w", p, err)
 	}
-	return b, nil
+	return b, d, nil
 }
 
 // ParseDense reads a dense part's file and checks its layers fit shape.
@@ -136,15 +141,12 @@ func readExtra(p string, e codec.Extra) ([]byte, error) {
 // verifyExtra checks version m's extra file e: its size and SHA-256, and
 // for a dense part, that it reads as layers the model's shape can use.
 func (r Repo) verifyExtra(m *codec.Manifest, e codec.Extra) error {
-	p := filepath.Join(r.VersionDir(m.Name, m.Version), e.Path)
-	b, err := readExtra(p, e)
-	if err != nil || e.Role != codec.RoleDense {
+	if e.Role == codec.RoleDense {
+		_, _, err := r.readDense(m, e, m.Shape)
 		return err
 	}
-	if _, err := ParseDense(b, m.Shape); err != nil {
-		return fmt.Errorf("loader: %s: %w", p, err)
-	}
-	return nil
+	_, err := readExtra(filepath.Join(r.VersionDir(m.Name, m.Version), e.Path), e)
+	return err
 }
 
 // linkOrCopy links src to dst, or copies it where links are refused, and
