@@ -1178,14 +1178,16 @@ func (s *State) routersAllScore(model string, v uint64) bool {
 
 // RouterDeadline is the earliest time a router's wait on a staged
 // version runs out (zero: none is waited on), when Decide should run
-// again.
+// again: from the state itself (the shards hold the version, some router
+// cannot score it), whatever its reason says. It may be past: the
+// manager arms its timer only for one to come.
 func (s *State) RouterDeadline(p Policy) time.Time {
 	var first time.Time
 	if p.RouterWait <= 0 {
 		return first
 	}
 	for _, m := range s.Models {
-		if v := m.version(m.Staged); v != nil && strings.HasPrefix(v.Reason, reasonWaitingRouters) && !v.HeldAt.IsZero() {
+		if v := m.version(m.Staged); v != nil && !v.HeldAt.IsZero() && !s.routersAllScore(m.Name, v.Version) {
 			if t := v.HeldAt.Add(p.RouterWait); first.IsZero() || t.Before(first) {
 				first = t
 			}
