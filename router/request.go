@@ -23,8 +23,8 @@ type Request struct {
 	Fields       []int32
 	SharedFields []int32
 	// Dense holds each row's continuous features, row after row, for a
-	// type that takes them; others ignore it. DenseShape is its shape as
-	// sent: [rows, D].
+	// type that takes them; others ignore it. Nil: not sent. DenseShape
+	// is its shape as sent: [rows, D].
 	Dense      []float32
 	DenseShape [2]int64
 }

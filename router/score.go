@@ -8,9 +8,6 @@ import "github.com/cumulus-serving/cumulus/model"
 func (vr *versionRoute) check(w *work, req *Request) error {
 	w.batch = model.Batch{RowSplits: req.RowSplits, Values: req.Values, SharedValues: req.SharedValues,
 		Fields: req.Fields, SharedFields: req.SharedFields, Dense: req.Dense}
-	if req.Dense == nil && req.DenseShape != [2]int64{} {
-		w.batch.Dense = []float32{} // sent, empty: not missing
-	}
 	if err := vr.shape.CheckRequest(&w.batch, len(req.IDs), len(req.SharedIDs)); err != nil {
 		return invalid("model %q version %d: %v", vr.model, vr.version, err)
 	}

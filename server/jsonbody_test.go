@@ -187,3 +187,18 @@ func members(n int) string {
 	}
 	return b.String()
 }
+
+// TestEmptyDenseIsSent: a dense input with no elements is sent, not
+// missing (the version's check then names its size).
+func TestEmptyDenseIsSent(t *testing.T) {
+	b, err := decodeString(`{"inputs":[{"name":"ids","datatype":"INT64","shape":[0],"data":[]},` +
+		`{"name":"row_splits","datatype":"INT64","shape":[3],"data":[0,0,0]},` +
+		`{"name":"dense","datatype":"FP32","shape":[2,0],"data":[]}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := buildRequest("m", "", b.inputs)
+	if err != nil || req.Dense == nil || len(req.Dense) != 0 || req.DenseShape != [2]int64{2, 0} {
+		t.Fatalf("request %+v, %v", req, err)
+	}
+}

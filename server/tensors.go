@@ -255,6 +255,9 @@ func buildRequest(model, version string, inputs []tensor) (*router.Request, erro
 			req.SharedValues = t.floats
 		case inDense:
 			req.Dense, req.DenseShape = t.floats, [2]int64{t.shape[0], t.shape[1]}
+			if req.Dense == nil {
+				req.Dense = []float32{} // sent, with no elements: not missing
+			}
 		case inFields, inSharedFields:
 			f, err := fieldNumbers(t)
 			if err != nil {
