@@ -32,6 +32,7 @@ type denseEntry struct {
 	d        *model.Dense
 	fetching bool
 	err      error     // the last fetch's failure
+	fails    int       // fetches failed in a row
 	retryAt  time.Time // when to fetch again after a failure
 }
 
@@ -44,8 +45,14 @@ type denseResult struct {
 // denseFetchTimeout bounds one attempt at one shard.
 const denseFetchTimeout = 30 * time.Second
 
-// denseRetry is how long a failed fetch waits before it is tried again.
-const denseRetry = time.Second
+// A failed fetch is tried again after denseRetry, doubling with each
+// failure in a row up to denseRetryMax: a part no shard serves right
+// costs a fetch (and a logged warning per shard) every 30s, not every
+// second, for as long as the map keeps it.
+const (
+	denseRetry    = time.Second
+	denseRetryMax = 30 * time.Second
+)
 
 // denseCache is the watch goroutine's record of dense parts.
 type denseCache struct {
@@ -127,7 +134,8 @@ func (c *denseCache) done(res denseResult) {
 	}
 	e.fetching, e.d, e.err = false, res.d, res.err
 	if res.err != nil {
-		e.retryAt = time.Now().Add(denseRetry)
+		e.retryAt = time.Now().Add(min(denseRetry<<min(e.fails, 5), denseRetryMax))
+		e.fails++
 	}
 }
 
