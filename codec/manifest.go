@@ -46,8 +46,8 @@ type Manifest struct {
 	Params     int64   `json:"params"`
 	Files      []File  `json:"files"`
 	// Extras are the version's other files, one per role. A delta
-	// inherits its parent's unless it lists one of the same role
-	// (ChainExtra).
+	// inherits its parent's dense part unless it lists its own
+	// (ChainExtra); golden requests are its own or none.
 	Extras    []Extra  `json:"extras,omitempty"`
 	Source    string   `json:"source,omitempty"` // free text: importer, generator flags
 	Generator *GenInfo `json:"generator,omitempty"`
@@ -73,15 +73,27 @@ type File struct {
 
 // Extra is a file of a version besides its partitions.
 type Extra struct {
-	Role   string `json:"role"` // RoleDense
+	Role   string `json:"role"` // RoleDense, RoleGolden
 	Path   string `json:"path"` // relative to the version directory
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
 }
 
-// RoleDense is the role of a version's dense part: its MLP layers, in
-// the safetensors format (model.ReadSafetensors).
-const RoleDense = "dense"
+// Roles of extra files.
+const (
+	// RoleDense is a version's dense part: its MLP layers, in the
+	// safetensors format (model.ReadSafetensors).
+	RoleDense = "dense"
+	// RoleGolden is a version's golden requests: KServe v2 JSON infer
+	// bodies, one per line, each with the scores the version must give
+	// ("want"); the manager's golden gate sends them (package golden).
+	// A delta does not inherit its parent's: their wants are the
+	// parent's scores.
+	RoleGolden = "golden"
+)
+
+// MaxGoldenBytes bounds a golden file: the manager reads it whole.
+const MaxGoldenBytes = 64 << 20
 
 // Extra is m's own extra file of role, if it lists one.
 func (m *Manifest) Extra(role string) (Extra, bool) {
@@ -159,7 +171,7 @@ func (m *Manifest) validateExtras() error {
 	roles := map[string]bool{}
 	for _, e := range m.Extras {
 		switch {
-		case e.Role != RoleDense:
+		case e.Role != RoleDense && e.Role != RoleGolden:
 			return fmt.Errorf("codec: manifest: extra file %q has unknown role %q", e.Path, e.Role)
 		case roles[e.Role]:
 			return fmt.Errorf("codec: manifest: two extra files of role %q", e.Role)
@@ -167,8 +179,8 @@ func (m *Manifest) validateExtras() error {
 			return fmt.Errorf("codec: manifest: extra file path %q must be relative, inside the version directory, and no other file's", e.Path)
 		case len(e.SHA256) != 64:
 			return fmt.Errorf("codec: manifest: extra file %s has no SHA-256", e.Path)
-		case e.Size <= 0 || e.Size > model.MaxDenseBytes:
-			return fmt.Errorf("codec: manifest: extra file %s size %d outside 1..%d", e.Path, e.Size, model.MaxDenseBytes)
+		case e.Size <= 0 || e.Size > maxExtraBytes(e.Role):
+			return fmt.Errorf("codec: manifest: extra file %s size %d outside 1..%d", e.Path, e.Size, maxExtraBytes(e.Role))
 		case e.Role == RoleDense && !m.HasDense():
 			return fmt.Errorf("codec: manifest: an %s model takes no dense part", m.Type)
 		}
@@ -178,6 +190,13 @@ func (m *Manifest) validateExtras() error {
 		return fmt.Errorf("codec: manifest: a full %s version needs its dense part (an extra file of role %q)", m.Type, RoleDense)
 	}
 	return nil
+}
+
+func maxExtraBytes(role string) int64 {
+	if role == RoleGolden {
+		return MaxGoldenBytes
+	}
+	return model.MaxDenseBytes
 }
 
 // localPath reports whether p is a clean relative path inside its

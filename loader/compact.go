@@ -67,9 +67,12 @@ func (r Repo) Compact(name string, v uint64) (*codec.Manifest, error) {
 		return nil, err
 	}
 	// The compaction is a full version: it holds the extra files the
-	// chain uses.
+	// chain uses (golden requests: only v's own, as they score v).
 	for _, m := range chain {
 		for _, e := range m.Extras {
+			if e.Role == codec.RoleGolden && m != top {
+				continue
+			}
 			if from, _, _ := codec.ChainExtra(chain, e.Role); from == m {
 				if err := w.copyExtra(m, e); err != nil {
 					w.Abort()

@@ -12,8 +12,11 @@ import (
 	"github.com/cumulus-serving/cumulus/model"
 )
 
-// DenseFileName is the name a version's dense part is written under.
-const DenseFileName = "dense.safetensors"
+// Extra files' names in a version directory.
+const (
+	DenseFileName  = "dense.safetensors"
+	GoldenFileName = "golden.jsonl"
+)
 
 // WriteExtra writes the version's extra file of role as name, filled by
 // write. A role may be written once.
@@ -44,6 +47,26 @@ func (w *VersionWriter) WriteDense(d *model.Dense) error {
 		return fmt.Errorf("loader: dense part for %s: %w", w.spec.Shape, err)
 	}
 	return w.WriteExtra(codec.RoleDense, DenseFileName, func(f io.Writer) error { return model.WriteSafetensors(f, d, "") })
+}
+
+// WriteGolden writes b as the version's golden requests (package
+// golden reads and writes their lines).
+func (w *VersionWriter) WriteGolden(b []byte) error {
+	if len(b) == 0 || len(b) > codec.MaxGoldenBytes {
+		return fmt.Errorf("loader: golden requests of %d bytes; 1 to %d are allowed", len(b), codec.MaxGoldenBytes)
+	}
+	return w.WriteExtra(codec.RoleGolden, GoldenFileName, func(f io.Writer) error { _, err := f.Write(b); return err })
+}
+
+// Golden reads version m's golden requests, checked against its
+// manifest; nil when it has none. Unlike a dense part, golden requests
+// are not inherited: their wants are one version's scores.
+func (r Repo) Golden(m *codec.Manifest) ([]byte, error) {
+	e, ok := m.Extra(codec.RoleGolden)
+	if !ok {
+		return nil, nil
+	}
+	return readExtra(filepath.Join(r.VersionDir(m.Name, m.Version), e.Path), e)
 }
 
 // copyExtra writes the extra file e of version from into w, linked where

@@ -60,14 +60,21 @@ func (r Repo) Publish(name string, s *Sparse, partitions uint32, source string) 
 // PublishEncoded is Publish with FM factors stored in encoding (fp32,
 // fp16 or int8; "" means fp32).
 func (r Repo) PublishEncoded(name string, s *Sparse, partitions uint32, encoding, source string) (*codec.Manifest, error) {
+	return r.PublishSpec(Spec{Name: name, Partitions: partitions, Encoding: encoding, Source: source}, s)
+}
+
+// PublishSpec publishes s as the next version of spec.Name, as spec's
+// Partitions, Encoding, Source and Golden say (its shape and bias are
+// s's).
+func (r Repo) PublishSpec(spec Spec, s *Sparse) (*codec.Manifest, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
 	if s.HasDense() && s.Dense == nil {
 		return nil, fmt.Errorf("loader: a %s model needs its dense part", s.Type)
 	}
-	return r.publish(Spec{Name: name, Shape: s.Shape, Bias: s.Bias, Partitions: partitions, Encoding: encoding, Source: source},
-		s.Keys, s.Values, s.Dense)
+	spec.Shape, spec.Bias, spec.Parent = s.Shape, s.Bias, 0
+	return r.publish(spec, s.Keys, s.Values, s.Dense)
 }
 
 // Delta is an increment to a version of a model.
@@ -82,6 +89,9 @@ type Delta struct {
 	// local checks (DeltaParent).
 	Parent uint64
 	Source string
+	// Golden, if set, are the delta's golden requests, scored on the new
+	// chain (see Spec.Golden); nil: the delta uses its parent's.
+	Golden Goldens
 }
 
 // DeltaParent is the version a delta is built on by default: the newest
@@ -168,7 +178,7 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 		return nil, fmt.Errorf("loader: an %s model takes no dense part", parent.Type)
 	}
 	return r.publish(Spec{Name: name, Shape: parent.Shape, Bias: bias, Partitions: parent.Partitions,
-		Encoding: parent.Encoding, Parent: latest, Source: d.Source}, keys, values, d.Dense)
+		Encoding: parent.Encoding, Parent: latest, Source: d.Source, Golden: d.Golden}, keys, values, d.Dense)
 }
 
 // publish splits keys by partition and writes them, and dense (if not
@@ -180,6 +190,12 @@ func (r Repo) publish(spec Spec, keys []uint64, values []float32, dense *model.D
 	}
 	if dense != nil {
 		if err := w.WriteDense(dense); err != nil {
+			w.Abort()
+			return nil, err
+		}
+	}
+	if spec.Golden != nil {
+		if err := r.writeGolden(w, spec, keys, values, dense); err != nil {
 			w.Abort()
 			return nil, err
 		}

@@ -34,6 +34,11 @@ type Spec struct {
 	// hidden, and deltas published later on SameAs land on it too; it
 	// fails with ErrSuperseded if a version off that line came since.
 	SameAs uint64
+	// Golden, if set, are golden requests to publish with the version
+	// (publish and PublishDelta write them; VersionWriter does not): the
+	// version's golden file, each request's want scored by its reference
+	// scorer.
+	Golden Goldens
 }
 
 // ErrSuperseded is returned by the Commit of a compaction when a version

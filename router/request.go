@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // Request is one batched predict call: rows of sparse features in the
@@ -127,4 +129,37 @@ func nonFinite(v []float32) int {
 		}
 	}
 	return -1
+}
+
+// ReferenceRows is the request as rows for a reference scorer
+// (model.Reference): each row's shared features, then its own, with
+// their values (1 when not sent) and fields (0 when not sent), and its
+// continuous features. The request must be valid (Validate).
+func (r *Request) ReferenceRows() []model.Row {
+	at := func(vs []float32, i int) float64 {
+		if vs == nil {
+			return 1
+		}
+		return float64(vs[i])
+	}
+	field := func(fs []int32, i int) int32 {
+		if fs == nil {
+			return 0
+		}
+		return fs[i]
+	}
+	rows := make([]model.Row, r.Rows())
+	for k := range rows {
+		row := &rows[k]
+		for i, id := range r.SharedIDs {
+			row.IDs, row.Xs, row.Fields = append(row.IDs, id), append(row.Xs, at(r.SharedValues, i)), append(row.Fields, field(r.SharedFields, i))
+		}
+		for i := int(r.RowSplits[k]); i < int(r.RowSplits[k+1]); i++ {
+			row.IDs, row.Xs, row.Fields = append(row.IDs, r.IDs[i]), append(row.Xs, at(r.Values, i)), append(row.Fields, field(r.Fields, i))
+		}
+		if D := int(r.DenseShape[1]); r.Dense != nil && D > 0 {
+			row.Dense = r.Dense[k*D : (k+1)*D]
+		}
+	}
+	return rows
 }

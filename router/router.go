@@ -59,6 +59,12 @@ type Options struct {
 	Advertise, Build string
 	// LeaseTTL is the registration lease in seconds. Default 10.
 	LeaseTTL int64
+	// Staged makes this the manager's gate router: requests pinned to a
+	// model's Staged version are routed too (the validation gates send
+	// them before the manager commits it), and the router does not
+	// register (the rollout does not wait for it). Routers that face
+	// users never set it.
+	Staged bool
 }
 
 // HedgeOptions set how shard calls are hedged (see internal/hedge).
@@ -201,9 +207,12 @@ func Start(ctx context.Context, opts Options) (*Router, error) {
 	}
 	r.tab.Store(&table{models: map[string]*modelRoute{}, replaced: make(chan struct{})})
 	r.regValue = r.registration(nil, newDenseCache())
-	r.done.Add(2)
-	go func() { defer r.done.Done(); r.register(ctx) }()
+	r.done.Add(1)
 	go func() { defer r.done.Done(); r.watch(ctx) }()
+	if !opts.Staged {
+		r.done.Add(1)
+		go func() { defer r.done.Done(); r.register(ctx) }()
+	}
 	return r, nil
 }
 
@@ -309,7 +318,7 @@ func (r *Router) watch(ctx context.Context) {
 		if next := dense.update(ctx, r, shards, assigns, backends); !next.IsZero() {
 			retry.Reset(time.Until(next))
 		}
-		tab := buildTable(shards, assigns, backends, dense)
+		tab := buildTable(shards, assigns, backends, dense, r.opts.Staged)
 		r.setRegistration(r.registration(assigns, dense))
 		tab.rev = rev
 		old := r.tab.Swap(tab)
@@ -462,6 +471,22 @@ func (r *Router) Ready() bool {
 		}
 	}
 	return len(t.models) > 0
+}
+
+// WaitRoutable waits until the routing table routes version v of model
+// (the gate router: its Staged version), or ctx ends.
+func (r *Router) WaitRoutable(ctx context.Context, model string, v uint64) error {
+	for {
+		t := r.tab.Load()
+		if mr := t.models[model]; mr != nil && mr.versions[v] != nil {
+			return nil
+		}
+		select {
+		case <-t.replaced:
+		case <-ctx.Done():
+			return ContextError(ctx, fmt.Sprintf("model %q version %d routed", model, v))
+		}
+	}
 }
 
 // maxAttempts bounds how often Predict runs a request against a newer

@@ -96,31 +96,7 @@ func scoresMatch(ref *reference.Model, req *router.Request, resp *router.Respons
 	if len(resp.Scores) != req.Rows() {
 		return fmt.Errorf("%d scores for %d rows", len(resp.Scores), req.Rows())
 	}
-	field := func(fs []int32, i int) int32 {
-		if fs == nil {
-			return 0
-		}
-		return fs[i]
-	}
-	for r := range req.Rows() {
-		var row model.Row
-		for i, id := range req.SharedIDs {
-			x := 1.0
-			if req.SharedValues != nil {
-				x = float64(req.SharedValues[i])
-			}
-			row.IDs, row.Xs, row.Fields = append(row.IDs, id), append(row.Xs, x), append(row.Fields, field(req.SharedFields, i))
-		}
-		for i := req.RowSplits[r]; i < req.RowSplits[r+1]; i++ {
-			x := 1.0
-			if req.Values != nil {
-				x = float64(req.Values[i])
-			}
-			row.IDs, row.Xs, row.Fields = append(row.IDs, req.IDs[i]), append(row.Xs, x), append(row.Fields, field(req.Fields, int(i)))
-		}
-		if D := int(req.DenseShape[1]); req.Dense != nil {
-			row.Dense = req.Dense[r*D : (r+1)*D]
-		}
+	for r, row := range req.ReferenceRows() {
 		// Written as "not within" so a NaN score fails.
 		if want := ref.ScoreRow(row); !(math.Abs(float64(resp.Scores[r])-want) <= 1e-5) {
 			return fmt.Errorf("row %d: score %.7f, reference %.7f", r, resp.Scores[r], want)

@@ -77,7 +77,8 @@ type table struct {
 
 // buildTable routes each model as the serving map says: unpinned
 // requests to its Live version, requests pinned to a version to Live or a
-// Standby version; never a Staged one. A partition goes only to shards
+// Standby version; never a Staged one, but for the manager's gate router
+// (staged), which routes pinned requests to it. A partition goes only to shards
 // the map assigns it to that are registered (alive under their lease) and
 // report exactly the content identity the map expects, so a shard loaded
 // from another repository, or a stale report, gets no traffic. A version
@@ -86,13 +87,17 @@ type table struct {
 //
 // A version of a type with a dense part is routed only once the router
 // holds it (dense, by SHA-256; see dense.go).
-func buildTable(shards map[string]topo.ShardInfo, assigns map[string]topo.Assignment, backends map[string]*backend, dense *denseCache) *table {
+func buildTable(shards map[string]topo.ShardInfo, assigns map[string]topo.Assignment, backends map[string]*backend, dense *denseCache, staged bool) *table {
 	t := &table{models: map[string]*modelRoute{}, replaced: make(chan struct{})}
 	held := dense.held()
 	for name, a := range assigns {
 		mr := &modelRoute{name: name, versions: map[uint64]*versionRoute{}}
 		t.models[name] = mr
-		for _, v := range append([]uint64{a.Live}, a.Standby...) {
+		versions := append([]uint64{a.Live}, a.Standby...)
+		if staged && a.Staged != 0 {
+			versions = append(versions, a.Staged)
+		}
+		for _, v := range versions {
 			if vr := route(a, v, shards, backends, held); vr != nil {
 				mr.versions[v] = vr
 			}

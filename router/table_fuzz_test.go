@@ -34,7 +34,7 @@ func FuzzBuildTable(f *testing.F) {
 		for _, si := range shards {
 			backends[si.Addr] = &backend{id: si.ID, addr: si.Addr}
 		}
-		tab := buildTable(shards, as, backends, newDenseCache())
+		tab := buildTable(shards, as, backends, newDenseCache(), false)
 		for name, mr := range tab.models {
 			a := as[name]
 			for v, vr := range mr.versions {

@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/model"
+	"github.com/cumulus-serving/cumulus/server"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 	"github.com/cumulus-serving/cumulus/shard"
 )
@@ -54,7 +55,7 @@ func TestDrainFinishesRequestsUnderWay(t *testing.T) {
 				}
 			}
 		}})
-	s, err := Start(Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Registry: reg, Gatherer: reg})
+	s, err := server.Start(server.Options{Predictor: c.Router, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Registry: reg, Gatherer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestDrainFinishesRequestsUnderWay(t *testing.T) {
 		answers <- err
 	}()
 	testenv.Eventually(t, 10*time.Second, func() error {
-		if n := s.inflight.Load(); n != 2 {
+		if n := s.Inflight(); n != 2 {
 			return fmt.Errorf("%d requests under way, want 2", n)
 		}
 		return nil
@@ -111,13 +112,13 @@ func TestDrainFinishesRequestsUnderWay(t *testing.T) {
 	// now, so the handlers are asked directly.)
 	testenv.Eventually(t, 10*time.Second, func() error {
 		rec := httptest.NewRecorder()
-		s.http.Handler.ServeHTTP(rec, httptest.NewRequest("GET", "/v2/health/ready", nil))
+		s.HTTPHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/v2/health/ready", nil))
 		if rec.Code != http.StatusServiceUnavailable || strings.TrimSpace(rec.Body.String()) != `{"ready":false}` {
 			return fmt.Errorf("/v2/health/ready: %d %s", rec.Code, rec.Body)
 		}
 		return nil
 	})
-	if r, err := (healthService{s: s}).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+	if r, err := s.Health().Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("gRPC health while draining: %v %v", r, err)
 	}
 	select {

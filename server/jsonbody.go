@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/cumulus-serving/cumulus/router"
 )
 
 // The JSON body of a KServe v2 infer request is decoded in one streaming
@@ -557,4 +559,26 @@ func appendJSONResponse(dst []byte, model string, version uint64, id string, idS
 		dst = strconv.AppendFloat(dst, float64(s), 'g', -1, 32)
 	}
 	return append(dst, `]}]}`...)
+}
+
+// DecodeJSON reads body, one KServe v2 JSON infer request (members it
+// does not know are skipped; inputs are inline, the binary extension
+// takes a header this has not), as a request for model within lim. The
+// golden files' tools and gate read their requests with it, as the
+// front would.
+func DecodeJSON(body []byte, model string, lim router.Limits) (*router.Request, error) {
+	lim, err := lim.OrDefault()
+	if err != nil {
+		return nil, err
+	}
+	b, err := newJSONDecoder(bytes.NewReader(body), bodyLimits{maxIDs: lim.MaxIDs, maxRows: lim.MaxRows}).decode()
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range b.inputs {
+		if t.binarySize >= 0 {
+			return nil, badInput("input %q has parameters.binary_data_size: a JSON request holds its inputs inline", t.name)
+		}
+	}
+	return buildRequest(model, "", b.inputs)
 }
