@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -63,6 +64,7 @@ const maxAdminBody = 64 << 10
 //	POST   /admin/v1/models/{name}/rollback   {"to": V} optional
 //	PUT    /admin/v1/models/{name}/pin        {"version": V}
 //	DELETE /admin/v1/models/{name}/pin
+//	POST   /admin/v1/models/{name}/accept     {"version": V, "reason": TEXT}
 //	POST   /admin/v1/rescan
 //	GET    /admin/v1/audit[?limit=N]
 //	GET    /admin/v1/routers
@@ -86,6 +88,7 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	mux.HandleFunc("PUT /admin/v1/models/{name}/pin", a.auth(a.pin))
 	mux.HandleFunc("DELETE /admin/v1/models/{name}/pin", a.auth(a.unpin))
 	mux.HandleFunc("POST /admin/v1/models/{name}/prune", a.auth(a.prune))
+	mux.HandleFunc("POST /admin/v1/models/{name}/accept", a.auth(a.accept))
 	mux.HandleFunc("POST /admin/v1/rescan", a.auth(a.rescan))
 	mux.HandleFunc("GET /admin/v1/audit", a.auth(a.audit))
 	mux.HandleFunc("GET /admin/v1/routers", a.auth(a.routers))
@@ -363,6 +366,30 @@ func (a *admin) pin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.do(w, r, Command{Op: OpPin, Model: r.PathValue("name"), Version: *body.Version, Expect: body.From})
+}
+
+// maxReason bounds an accept's reason: it is kept with the version and
+// in the audit log.
+const maxReason = 1024
+
+func (a *admin) accept(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Version *uint64 `json:"version"`
+		Reason  string  `json:"reason"`
+	}
+	if err := readBody(r, &body, false); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	switch {
+	case body.Version == nil || *body.Version == 0:
+		writeError(w, http.StatusBadRequest, `"version" must be a version ≥ 1`)
+		return
+	case strings.TrimSpace(body.Reason) == "" || len(body.Reason) > maxReason || !utf8.ValidString(body.Reason):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf(`"reason" is required (it is audited): text of 1 to %d bytes`, maxReason))
+		return
+	}
+	a.do(w, r, Command{Op: OpAccept, Model: r.PathValue("name"), Version: *body.Version, Reason: body.Reason})
 }
 
 func (a *admin) unpin(w http.ResponseWriter, r *http.Request) {

@@ -16,6 +16,8 @@ import (
 // runGates runs the gates RunGates actions ask for (the loop queues them
 // without waiting), one version at a time, and posts their outcomes.
 func (m *Manager) runGates(ctx context.Context) {
+	m.gr.ctx = ctx
+	defer m.gr.close()
 	for {
 		var g RunGates
 		select {
@@ -43,6 +45,11 @@ func (m *Manager) runGate(ctx context.Context, gate string, g RunGates) GateResu
 		if reason := m.runValidator(ctx, m.opts.Repo.VersionDir(g.Model, g.Version)); reason != "" {
 			res.Outcome, res.Reason = "failed", reason
 		}
+	case GateGolden, GateHoldout:
+		gctx, cancel := context.WithTimeout(ctx, m.opts.GateTimeout)
+		outcome, reason := m.runServedGate(gctx, gate, g)
+		cancel()
+		res.Outcome, res.Reason = outcome, reason
 	default:
 		res.Outcome, res.Reason = "failed", fmt.Sprintf("this manager has no gate %q", gate)
 	}

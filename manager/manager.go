@@ -71,6 +71,19 @@ type Options struct {
 	// (default 60s).
 	Validator        string
 	ValidatorTimeout time.Duration
+	// GoldenTolerance is how far a staged version's served score may be
+	// from a golden request's want (absolute, per score). Default 1e-4.
+	GoldenTolerance float64
+	// Holdout maps a model to its hold-out set, a file of requests with
+	// labels (package golden): a staged version's mean log-loss on it may
+	// exceed the live version's by at most HoldoutMargin (absolute;
+	// default 0.01). The file is read at each run.
+	Holdout       map[string]string
+	HoldoutMargin float64
+	// GateTimeout bounds one run of the golden or the hold-out gate,
+	// waiting for the gate router to route the staged version included.
+	// Default 60s.
+	GateTimeout time.Duration
 	// LeaderTTL is the lease, in seconds, under which this manager leads:
 	// if it dies, another takes over after at most this long. Default 5.
 	LeaderTTL int
@@ -112,6 +125,21 @@ func (o *Options) Validate() error {
 	if o.ValidatorTimeout == 0 {
 		o.ValidatorTimeout = 60 * time.Second
 	}
+	if o.GateTimeout == 0 {
+		o.GateTimeout = 60 * time.Second
+	}
+	switch {
+	case o.GoldenTolerance == 0:
+		o.GoldenTolerance = 1e-4
+	case !(o.GoldenTolerance > 0):
+		return errors.New("manager: GoldenTolerance must be positive")
+	}
+	switch {
+	case o.HoldoutMargin == 0:
+		o.HoldoutMargin = 0.01
+	case !(o.HoldoutMargin >= 0):
+		return errors.New("manager: HoldoutMargin must not be negative")
+	}
 	switch {
 	case o.RouterWait == 0:
 		o.RouterWait = 30 * time.Second
@@ -144,6 +172,7 @@ type Manager struct {
 	leading  atomic.Bool   // whether this manager acts (loop goroutine writes)
 	results  chan Event    // from the validator, one version at a time
 	gates    chan RunGates // to the gate runner
+	gr       gateRouter    // the gate runner's
 	queue    validateQueue
 	cancel   context.CancelFunc
 	done     sync.WaitGroup
@@ -199,7 +228,8 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions, KeepDeltas: opts.KeepDeltas, RouterWait: opts.RouterWait, StagedGates: stagedGates(opts)},
+	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions, KeepDeltas: opts.KeepDeltas, RouterWait: opts.RouterWait, StagedGates: stagedGates(opts),
+		Holdout: slices.Sorted(maps.Keys(opts.Holdout))},
 		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
 		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event), gates: make(chan RunGates, 64)}
 	m.queue.init()

@@ -116,5 +116,6 @@ func validate(repo loader.Repo, v Validate) Checked {
 	for _, f := range m.Files {
 		out.Bytes += f.Size
 	}
+	_, out.Golden = m.Extra(codec.RoleGolden)
 	return out
 }

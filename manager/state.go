@@ -85,15 +85,30 @@ type Version struct {
 	HeldAt time.Time `json:"held_at,omitzero"`
 	// Gates are the validation gates' outcomes, as last run.
 	Gates []GateResult `json:"gates,omitempty"`
+	// Golden: the version's chain has golden requests (golden.jsonl),
+	// which the golden gate sends.
+	Golden bool `json:"golden,omitempty"`
+	// Accepted: an operator accepted the version (OpAccept) after these
+	// gates failed on it; they run again and are recorded, but do not
+	// reject it.
+	Accepted *Acceptance `json:"accepted,omitempty"`
 	// Gating: the staged version's gates are running (not persisted: a
 	// manager that takes over runs them again).
 	Gating bool `json:"-"`
 }
 
+// Acceptance is an operator's acceptance of a rejected version.
+type Acceptance struct {
+	Gates  []string `json:"gates"`  // the gates that had failed
+	Reason string   `json:"reason"` // the operator's
+}
+
 // GateResult is one validation gate's outcome on a version.
 type GateResult struct {
-	Gate    string    `json:"gate"`    // GateFinite
-	Outcome string    `json:"outcome"` // "passed", "failed" or "skipped"
+	Gate string `json:"gate"` // GateFinite
+	// Outcome is "passed", "failed", "skipped" (nothing to check it
+	// against), or "accepted" (failed; an operator accepted the version).
+	Outcome string    `json:"outcome"`
 	Reason  string    `json:"reason,omitempty"`
 	At      time.Time `json:"at"`
 }
@@ -107,17 +122,13 @@ const (
 	// version's directory once every shard holds it, before it is
 	// committed.
 	GateValidator = "validator"
+	// GateGolden: the version's golden requests, sent to it staged, get
+	// the scores they want (within a tolerance).
+	GateGolden = "golden"
+	// GateHoldout: the version's mean log-loss on the model's hold-out
+	// set exceeds the live version's by at most a margin.
+	GateHoldout = "holdout"
 )
-
-// passed reports whether v's last run of gate passed.
-func (v *Version) passed(gate string) bool {
-	for _, g := range v.Gates {
-		if g.Gate == gate {
-			return g.Outcome == "passed"
-		}
-	}
-	return false
-}
 
 // ModelStateSchema is the schema ModelState records are written with (see
 // topo.Schema). 2: Floor, and VersionInfo's compact form; a schema 1
@@ -226,6 +237,8 @@ type Policy struct {
 	// holds it and every router can score it, before it is committed
 	// (GateValidator); a version failing one is rejected.
 	StagedGates []string
+	// Holdout lists the models with a hold-out set (GateHoldout).
+	Holdout []string
 }
 
 // keepRejected is how many rejected versions a model keeps listed, with
@@ -270,6 +283,7 @@ type Checked struct {
 	Info    *topo.VersionInfo
 	Bytes   int64
 	Gates   []GateResult // the gates that ran
+	Golden  bool         // the chain has golden requests
 }
 
 // ShardsChanged carries the shards' latest registrations.
@@ -289,7 +303,7 @@ type GatesChecked struct {
 
 // Command is an operator's call through the admin API.
 type Command struct {
-	Op      string // OpRollback, OpPin, OpUnpin, OpRescan
+	Op      string // OpRollback, OpPin, OpUnpin, OpRescan, OpPrune, OpAccept
 	Model   string
 	Version uint64 // rollback: the version to go to (0: the most recent standby); pin: the version
 	At      time.Time
@@ -306,6 +320,8 @@ type Command struct {
 	Keep     int
 	Listed   []uint64
 	ReadOnly string
+	// Reason is the operator's, for an accept (audited).
+	Reason string
 }
 
 // LiveMovedError refuses a call made against a live version that is no
@@ -341,6 +357,10 @@ const (
 	OpUnpin    = "unpin"
 	OpRescan   = "rescan"
 	OpPrune    = "prune"
+	// OpAccept accepts a version the staged gates rejected: it is
+	// validated again, and the gates that failed run again but do not
+	// reject it.
+	OpAccept = "accept"
 )
 
 func (Scanned) isEvent()        {}
@@ -366,6 +386,7 @@ type Validate struct {
 type RunGates struct {
 	Model   string
 	Version uint64
+	Live    uint64 // the live version, for gates that compare (0: none)
 	Gates   []string
 }
 
@@ -376,6 +397,7 @@ type AuditEntry struct {
 	Model   string    `json:"model,omitempty"`
 	Version uint64    `json:"version,omitempty"`
 	From    string    `json:"from,omitempty"`
+	Reason  string    `json:"reason,omitempty"` // the operator's (accept)
 	Result  string    `json:"result"`
 }
 
@@ -497,7 +519,7 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 }
 
 func audit(c Command, result string) AuditEntry {
-	return AuditEntry{Time: c.At, Op: c.Op, Model: c.Model, Version: c.Version, From: c.From, Result: result}
+	return AuditEntry{Time: c.At, Op: c.Op, Model: c.Model, Version: c.Version, From: c.From, Reason: c.Reason, Result: result}
 }
 
 func (s *State) version(model string, v uint64) *Version {
@@ -705,7 +727,7 @@ func (s *State) checked(ev Checked) {
 	if !v.Phase.pending() {
 		return
 	}
-	v.Checked, v.Gates = ev.Files, ev.Gates
+	v.Checked, v.Gates, v.Golden = ev.Files, ev.Gates, ev.Golden
 	if ev.Err != "" {
 		v.Phase, v.Reason, v.Info = PhaseRejected, ev.Err, nil
 		return
@@ -748,6 +770,8 @@ func (s *State) command(c Command) ([]Action, error) {
 	switch c.Op {
 	case OpPrune:
 		return m.prune(c)
+	case OpAccept:
+		return m.accept(c)
 	case OpUnpin:
 		m.Pin = 0
 	case OpPin:
@@ -982,7 +1006,7 @@ func resolve(m *ModelState) {
 				v.Phase, v.Reason, v.Info = PhaseRejected, fmt.Sprintf("parent version %d is not in the repository", v.Parent), nil
 				continue
 			case pv.Phase == PhaseRejected:
-				v.Phase, v.Reason, v.Info = PhaseRejected, fmt.Sprintf("parent version %d is rejected", v.Parent), nil
+				v.Phase, v.Reason, v.Info = PhaseRejected, parentRejected(v.Parent), nil
 				continue
 			case !pv.Phase.valid():
 				continue // wait for the parent's result
@@ -1091,72 +1115,6 @@ func (s *State) routersScore(m *ModelState, v *Version, p Policy) bool {
 		setReason("")
 	}
 	return true
-}
-
-// gatesPass reports whether staged version v has passed every staged
-// gate; if not, it asks for the ones it has not passed to run (once per
-// staging: a failed gate rejects the version).
-func (s *State) gatesPass(m *ModelState, v *Version, p Policy) bool {
-	var run []string
-	for _, g := range p.StagedGates {
-		if !v.passed(g) {
-			run = append(run, g)
-		}
-	}
-	if len(run) == 0 {
-		return true
-	}
-	if !v.Gating {
-		v.Gating = true
-		s.pending = append(s.pending, RunGates{Model: m.Name, Version: v.Version, Gates: run})
-	}
-	if v.Reason == "" || strings.HasPrefix(v.Reason, reasonGating) {
-		v.Reason = reasonGating + strings.Join(run, ", ")
-	}
-	return false
-}
-
-const reasonGating = "running gates: "
-
-// gatesChecked records a staged version's gate outcomes: a failed gate
-// rejects it, and the deltas built on it that are not served; settle
-// then stages the next target (the live version serves untouched).
-func (s *State) gatesChecked(ev GatesChecked) {
-	m := s.Models[ev.Model]
-	v := s.version(ev.Model, ev.Version)
-	if m == nil || v == nil || v.Phase != PhaseStaging {
-		return // no longer staged: the outcome is moot
-	}
-	v.Gating = false
-	gates := slices.Clone(v.Gates) // shared with the state Decide was given
-	var failed []string
-	for _, r := range ev.Results {
-		gates = slices.DeleteFunc(gates, func(g GateResult) bool { return g.Gate == r.Gate })
-		gates = append(gates, r)
-		if r.Outcome == "failed" {
-			failed = append(failed, fmt.Sprintf("gate %s failed: %s", r.Gate, r.Reason))
-		}
-	}
-	v.Gates = gates
-	if strings.HasPrefix(v.Reason, reasonGating) {
-		v.Reason = ""
-	}
-	if len(failed) == 0 {
-		return
-	}
-	v.Phase, v.Reason, v.Info = PhaseRejected, strings.Join(failed, "; "), nil
-	m.Staged = 0
-	for changed := true; changed; {
-		changed = false
-		for i := range m.Versions {
-			x := &m.Versions[i]
-			if x.Kind == "delta" && (x.Phase == PhaseReady || x.Phase == PhaseStaging || x.Phase.pending()) {
-				if pv := m.version(x.Parent); pv != nil && pv.Phase == PhaseRejected {
-					x.Phase, x.Reason, x.Info, changed = PhaseRejected, fmt.Sprintf("parent version %d is rejected", x.Parent), nil, true
-				}
-			}
-		}
-	}
 }
 
 // The reasons routersScore gives.

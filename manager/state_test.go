@@ -34,6 +34,8 @@ type sim struct {
 	removed map[uint64]bool
 	// digests: identities are SHA-256 hex, as codec gives them
 	digests bool
+	// golden: the versions with golden requests
+	golden map[uint64]bool
 	// trusting: do not check that Decide leaves its input alone (a long
 	// run checked elsewhere)
 	trusting bool
@@ -119,7 +121,7 @@ func (x *sim) validate() {
 		v := x.queue[0]
 		x.queue = x.queue[1:]
 		x.do(Started(v))
-		ev := Checked{Model: v.Model, Version: v.Version, Files: x.files[v.Version]}
+		ev := Checked{Model: v.Model, Version: v.Version, Files: x.files[v.Version], Golden: x.golden[v.Version]}
 		if why := x.broken[v.Version]; why != "" {
 			ev.Err = why
 		} else {
@@ -991,4 +993,87 @@ func TestDecideRunsStagedGates(t *testing.T) {
 	// A stale outcome (for a version no longer staged) changes nothing.
 	x.do(GatesChecked{Model: "m", Version: 2, Results: []GateResult{{Gate: GateValidator, Outcome: "passed"}}})
 	x.expect(1, 0)
+}
+
+// gateRuns lists the gates the last event asked to run, per version.
+func (x *sim) gateRuns() map[uint64]string {
+	out := map[uint64]string{}
+	for _, a := range x.acts {
+		if g, ok := a.(RunGates); ok {
+			out[g.Version] = fmt.Sprint(g.Live, g.Gates)
+		}
+	}
+	return out
+}
+
+// TestDecideGoldenHoldoutAccept: a version with golden requests runs the
+// golden gate, a model with a hold-out set the hold-out gate (told the
+// live version); a failed gate rejects, and an operator's accept, with
+// a reason, validates the version again and records the gate's failure
+// as accepted instead of rejecting it. Versions rejected otherwise, or
+// by the finite gate, cannot be accepted.
+func TestDecideGoldenHoldoutAccept(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20, Holdout: []string{"m"}, Now: time.Unix(1000, 0)})
+	x.golden = map[uint64]bool{1: true, 2: true}
+	x.join("s0")
+	x.scan(1)
+	x.validate()
+	x.load()
+	if r := x.gateRuns(); r[1] != "0 [golden holdout]" {
+		t.Fatalf("gates asked %v", r)
+	}
+	x.do(GatesChecked{Model: "m", Version: 1, Results: []GateResult{{Gate: GateGolden, Outcome: "passed"}, {Gate: GateHoldout, Outcome: "skipped", Reason: "no live version"}}})
+	x.expect(1, 0)
+
+	x.scan(1, 2)
+	x.validate()
+	x.load()
+	if r := x.gateRuns(); r[2] != "1 [golden holdout]" {
+		t.Fatalf("gates asked %v", r)
+	}
+	x.do(GatesChecked{Model: "m", Version: 2, Results: []GateResult{{Gate: GateGolden, Outcome: "failed", Reason: "line 1 row 0: served 0.5, want 0.6"}, {Gate: GateHoldout, Outcome: "passed"}}})
+	x.settleAll()
+	x.expect(1, 0)
+	if v := x.s.Models["m"].version(2); v.Phase != PhaseRejected || v.Reason != "gate golden failed: line 1 row 0: served 0.5, want 0.6" {
+		t.Fatalf("v2 %+v", v)
+	}
+	for _, c := range []struct {
+		v      uint64
+		reason string
+		err    error
+	}{{2, " ", ErrInvalid}, {1, "ok", ErrConflict}, {9, "ok", ErrNotFound}} {
+		if err := x.do(Command{Op: OpAccept, Model: "m", Version: c.v, Reason: c.reason, At: time.Unix(2, 0)}); !errors.Is(err, c.err) {
+			t.Fatalf("accept %d %q: %v, want %v", c.v, c.reason, err, c.err)
+		}
+	}
+	if err := x.do(Command{Op: OpAccept, Model: "m", Version: 2, Reason: "known drift, approved by J.", At: time.Unix(2, 0), From: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if a := x.audit[len(x.audit)-1]; a.Op != OpAccept || a.Reason != "known drift, approved by J." || !strings.HasPrefix(a.Result, "ok") {
+		t.Fatalf("audit %+v", a)
+	}
+	x.validate()
+	x.load()
+	if r := x.gateRuns(); r[2] != "1 [golden holdout]" {
+		t.Fatalf("gates asked again %v", r)
+	}
+	x.do(GatesChecked{Model: "m", Version: 2, Results: []GateResult{{Gate: GateGolden, Outcome: "failed", Reason: "line 1 row 0: served 0.5, want 0.6"}, {Gate: GateHoldout, Outcome: "passed"}}})
+	x.settleAll()
+	x.expect(2, 0, 1)
+	if g := x.s.Models["m"].version(2).Gates; len(g) != 2 || g[0].Outcome != "accepted" || !strings.Contains(g[0].Reason, "(accepted: known drift") {
+		t.Fatalf("v2's gates %+v", g)
+	}
+	// A version the finite gate rejected, or a damaged one, is not
+	// accepted.
+	x.scan(1, 2, 3, 4)
+	x.broken[4] = "part-00001.bin: damaged"
+	x.do(Started(Validate{Model: "m", Version: 3}))
+	x.do(Checked{Model: "m", Version: 3, Files: "f1", Err: "not finite", Gates: []GateResult{{Gate: GateFinite, Outcome: "failed", Reason: "not finite"}}})
+	x.queue = slices.DeleteFunc(x.queue, func(v Validate) bool { return v.Version == 3 })
+	x.validate()
+	for v, want := range map[uint64]string{3: "finite gate, which cannot be accepted", 4: "not rejected by a gate"} {
+		if err := x.do(Command{Op: OpAccept, Model: "m", Version: v, Reason: "please", At: time.Unix(3, 0)}); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("accept %d: %v", v, err)
+		}
+	}
 }

@@ -211,7 +211,8 @@ func TestDenseFetchTrustsNoShard(t *testing.T) {
 	}
 	// The router cannot score the version; it goes live once the
 	// router's wait (a second) runs out.
-	c, lie := lyingCluster(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, RouterWait: time.Second})
+	c, lie := lyingCluster(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour,
+		Manager: func(o *manager.Options) { o.RouterWait = time.Second }})
 	lie(true)
 	if _, err := (loader.Repo{Dir: repoDir}).Publish("dnn", m, 2, "test"); err != nil {
 		t.Fatal(err)
@@ -252,7 +253,8 @@ func TestRouterHoldsBackTheRollout(t *testing.T) {
 	if _, err := repo.Publish("dnn", v1, 2, "test"); err != nil {
 		t.Fatal(err)
 	}
-	c, lie := lyingCluster(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, RouterWait: 2 * time.Second})
+	c, lie := lyingCluster(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour,
+		Manager: func(o *manager.Options) { o.RouterWait = 2 * time.Second }})
 	// A router holds rollouts back once it is registered (it registers
 	// in the background, and may serve before).
 	testenv.Eventually(t, 30*time.Second, func() error {

@@ -8,18 +8,21 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
+	"github.com/cumulus-serving/cumulus/internal/golden"
 	"github.com/cumulus-serving/cumulus/internal/partition"
 	"github.com/cumulus-serving/cumulus/internal/reference"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/model"
+	"github.com/cumulus-serving/cumulus/router"
 )
 
 // TestFiniteGate: a version holding a NaN parameter (written around the
@@ -101,7 +104,8 @@ func TestValidatorGate(t *testing.T) {
 	if _, err := repo.Publish("lr", v1, 2, "test"); err != nil {
 		t.Fatal(err)
 	}
-	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour, Validator: validator, ValidatorTimeout: 2 * time.Second})
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour,
+		Manager: func(o *manager.Options) { o.Validator, o.ValidatorTimeout = validator, 2*time.Second }})
 	gates := func(v uint64) []manager.GateResult {
 		for _, x := range c.Manager.State().Models["lr"].Versions {
 			if x.Version == v {
@@ -185,4 +189,202 @@ func TestValidatorGate(t *testing.T) {
 	if s, _ := c.Router.Model("lr"); s.Live != 4 {
 		t.Fatalf("live %d after v5's rejection", s.Live)
 	}
+}
+
+// goldenFile writes requests as golden lines, each with want(i) (nil:
+// none) and labels(i) (nil: none).
+func goldenFile(t *testing.T, reqs []*router.Request, want, labels func(i int) []float64) []byte {
+	t.Helper()
+	var b []byte
+	for i, r := range reqs {
+		line, err := golden.Line(r, want(i), labels(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = append(append(b, line...), '\n')
+	}
+	return b
+}
+
+func none(int) []float64 { return nil }
+
+// versionOf is version v of the manager's state of model.
+func versionOf(c *devcluster.Cluster, model string, v uint64) *manager.Version {
+	for _, x := range c.Manager.State().Models[model].Versions {
+		if x.Version == v {
+			return &x
+		}
+	}
+	return nil
+}
+
+// gateOutcomes is v's gates as "gate outcome" strings.
+func gateOutcomes(v *manager.Version) string {
+	var out []string
+	for _, g := range v.Gates {
+		out = append(out, g.Gate+" "+g.Outcome)
+	}
+	return strings.Join(out, ", ")
+}
+
+// TestGoldenAndHoldoutGates, with real shards and the manager's own
+// router sending the requests: a version's golden requests and the
+// model's hold-out set are scored on the staged version before it is
+// committed. A delta's golden requests, scored again on its chain, pass;
+// wants a version does not give reject it, as does a version scoring the
+// hold-out set worse than the live one, the live version serving
+// untouched; an operator's accept lets a rejected version through.
+func TestGoldenAndHoldoutGates(t *testing.T) {
+	repoDir := t.TempDir()
+	repo := loader.Repo{Dir: repoDir}
+	v1 := randomModel(model.FM, 4, 1000, 21)
+	rng := rand.New(rand.NewPCG(21, 21))
+	var reqs, holdReqs []*router.Request
+	for range 4 {
+		reqs = append(reqs, randomRequest(rng, "fm", v1, 10, 5, 3))
+	}
+	// The hold-out set's labels are what v1 predicts (p > 0.5): v1 scores
+	// it well, and a version predicting the opposite badly.
+	ref1 := reference.New(v1)
+	for range 20 {
+		holdReqs = append(holdReqs, randomRequest(rng, "fm", v1, 10, 5, 3))
+	}
+	holdout := filepath.Join(t.TempDir(), "holdout.jsonl")
+	err := os.WriteFile(holdout, goldenFile(t, holdReqs, none, func(i int) []float64 {
+		var l []float64
+		for _, row := range holdReqs[i].ReferenceRows() {
+			l = append(l, float64(min(1, int(ref1.ScoreRow(row)*2))))
+		}
+		return l
+	}), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(m *loader.Sparse, file []byte) {
+		t.Helper()
+		set, err := golden.Parse(file, "fm", router.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		set.KeepWant = true
+		if _, err := repo.PublishSpec(loader.Spec{Name: "fm", Partitions: 2, Golden: set}, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(v1, goldenFile(t, reqs, none, none))
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour,
+		Manager: func(o *manager.Options) { o.Holdout = map[string]string{"fm": holdout} }})
+	waitLive := func(v uint64) {
+		t.Helper()
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if s, _ := c.Router.Model("fm"); s.Live != v {
+				return fmt.Errorf("live %d, waiting for %d: %+v", s.Live, v, versionOf(c, "fm", v))
+			}
+			return nil
+		})
+	}
+	waitRejected := func(v uint64, reason string) {
+		t.Helper()
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if x := versionOf(c, "fm", v); x == nil || x.Phase != manager.PhaseRejected || !strings.Contains(x.Reason, reason) {
+				return fmt.Errorf("v%d not rejected with %q: %+v", v, reason, x)
+			}
+			return nil
+		})
+	}
+	servesUntouched := func(live uint64, m *loader.Sparse) {
+		t.Helper()
+		req := randomRequest(rand.New(rand.NewPCG(live, 7)), "fm", m, 20, 5, 3)
+		resp, err := c.Router.Predict(context.Background(), req)
+		if err != nil || resp.Version != live {
+			t.Fatalf("serving after a rejection: %v, %+v", err, resp)
+		}
+		if err := scoresMatch(reference.New(m), req, resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g := gateOutcomes(versionOf(c, "fm", 1)); g != "finite passed, golden passed, holdout skipped" {
+		t.Fatalf("v1's gates: %s", g)
+	}
+
+	// v2, a delta on v1 changing 100 features: its golden requests are
+	// v1's scored again on the new chain. The hold-out set compares it
+	// with v1.
+	up := &loader.Sparse{Shape: v1.Shape}
+	for i := 0; i < len(v1.Keys); i += 10 {
+		up.Keys = append(up.Keys, v1.Keys[i])
+		up.Values = append(up.Values, v1.Values[i*5:(i+1)*5]...)
+		up.Values[len(up.Values)-5] += 0.05
+	}
+	m1, err := repo.Manifest("fm", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := repo.Golden(m1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parentSet, err := golden.Parse(b, "fm", router.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.PublishDelta("fm", loader.Delta{Upserts: up, Golden: parentSet}); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	waitLive(2)
+	v2 := versionOf(c, "fm", 2)
+	if g := gateOutcomes(v2); g != "finite passed, golden passed, holdout passed" || !strings.Contains(v2.Gates[2].Reason, "live version 1's") {
+		t.Fatalf("v2's gates: %+v", v2.Gates)
+	}
+
+	// v3, v1's content, with wants 0.01 off: rejected; v2 serves.
+	v1up := &loader.Sparse{Shape: v1.Shape, Bias: v1.Bias, Keys: v1.Keys, Values: slices.Clone(v1.Values)}
+	for i := 0; i < len(v1.Keys); i += 10 {
+		v1up.Values[i*5] += 0.05
+	}
+	ref2 := reference.New(v1up)
+	off := func(i int) []float64 {
+		var w []float64
+		for _, row := range reqs[i].ReferenceRows() {
+			w = append(w, ref2.ScoreRow(row)+0.01)
+		}
+		return w
+	}
+	publish(v1up, goldenFile(t, reqs, off, none))
+	c.Manager.Rescan()
+	waitRejected(3, "gate golden failed: ")
+	if x := versionOf(c, "fm", 3); !strings.Contains(x.Reason, "scores off by more than 0.0001; first line 1 row 0") {
+		t.Fatalf("v3's reason: %s", x.Reason)
+	}
+	servesUntouched(2, v1up)
+
+	// Accepted, it is validated again and goes live, its golden gate's
+	// failure recorded as accepted.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Manager.Do(ctx, manager.Command{Op: manager.OpAccept, Model: "fm", Version: 3, Reason: "wants computed before a fix", At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	waitLive(3)
+	if x := versionOf(c, "fm", 3); gateOutcomes(x) != "finite passed, golden accepted, holdout passed" || !strings.Contains(x.Gates[1].Reason, "(accepted: wants computed before a fix)") {
+		t.Fatalf("v3's gates after the accept: %+v", x.Gates)
+	}
+
+	// v4 is v3 with its linear part (weights and bias) negated: its
+	// log-loss on the hold-out set is worse; rejected, v3 serves.
+	v4 := &loader.Sparse{Shape: v1.Shape, Bias: -v1up.Bias, Keys: v1.Keys}
+	for i, x := range v1up.Values {
+		if i%5 == 0 {
+			x = -x
+		}
+		v4.Values = append(v4.Values, x)
+	}
+	if _, err := repo.Publish("fm", v4, 2, "test"); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	waitRejected(4, "gate holdout failed: mean log-loss")
+	t.Logf("v2's gates %+v; v4: %s", v2.Gates, versionOf(c, "fm", 4).Reason)
+	servesUntouched(3, v1up)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -118,7 +119,7 @@ func adminCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "admin",
-		Short: "Operate models through the manager's admin API: list, show, roll back, pin, rescan, audit",
+		Short: "Operate models through the manager's admin API: list, show, roll back, pin, accept, rescan, audit",
 		Long: `admin calls the manager's admin API (cumulus manager --admin-addr, or cumulus dev).
 The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `.`,
 		Args: cobra.NoArgs,
@@ -273,7 +274,20 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 			})
 		}}
 	prune.Flags().IntVar(&keep, "keep", 0, "removable versions to keep, the newest (required)")
-	cmd.AddCommand(rollback, audit, prune)
+	var reason string
+	accept := &cobra.Command{Use: "accept NAME VERSION", Short: "Accept a version a validation gate rejected: it is validated again, and the gates that failed no longer reject it", Args: cobra.ExactArgs(2),
+		RunE: func(c *cobra.Command, args []string) error {
+			v, err := strconv.ParseUint(args[1], 10, 64)
+			if err != nil || v == 0 {
+				return fmt.Errorf("version %q: want a number ≥ 1", args[1])
+			}
+			if strings.TrimSpace(reason) == "" {
+				return errors.New("--reason is required: why the version may serve despite its failed gates (it is audited)")
+			}
+			return run(http.MethodPost, model(args[0])+"/accept", map[string]any{"version": v, "reason": reason}, printChange(fmt.Sprintf("accepted version %d (validated again)", v)))
+		}}
+	accept.Flags().StringVar(&reason, "reason", "", "why the version may serve (required; audited)")
+	cmd.AddCommand(rollback, audit, prune, accept)
 	return cmd
 }
 
@@ -367,12 +381,20 @@ func printModel(b []byte) error {
 		}
 		gates := []string{}
 		for _, g := range v.Gates {
-			gates = append(gates, fmt.Sprintf("%s %s %s", g.Gate, g.Outcome, g.At.Format(time.TimeOnly)))
+			gates = append(gates, g.Gate+" "+g.Outcome)
 		}
 		if len(gates) == 0 {
 			gates = append(gates, "-")
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Version, kind, v.Phase, size, strings.Join(gates, ", "), v.Reason)
+	}
+	// Each gate's outcome with its time and reason (a passed golden
+	// gate's largest difference, a hold-out gate's log-losses).
+	fmt.Fprintln(w, "\nVERSION\tGATE\tOUTCOME\tAT\tREASON")
+	for _, v := range d.Versions {
+		for _, g := range v.Gates {
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", v.Version, g.Gate, g.Outcome, g.At.Format(time.DateTime), cmp.Or(g.Reason, "-"))
+		}
 	}
 	fmt.Fprintln(w, "\nSHARD\tADDR\tBUILD\tASSIGNED\tLOADED (version:partitions)\tMISMATCHED\tERRORS")
 	for _, s := range d.Shards {
@@ -424,7 +446,11 @@ func printAudit(b []byte) error {
 		if model == "" {
 			model = "-"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Time.Format(time.RFC3339), e.Op, model, versionOrDash(e.Version), e.From, e.Result)
+		result := e.Result
+		if e.Reason != "" {
+			result += " (reason: " + strconv.Quote(e.Reason) + ")"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Time.Format(time.RFC3339), e.Op, model, versionOrDash(e.Version), e.From, result)
 	}
 	return w.Flush()
 }

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/adminhttp"
 	"github.com/cumulus-serving/cumulus/internal/admit"
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
@@ -235,10 +238,11 @@ func managerCommand() *cobra.Command {
 				return err
 			}
 			defer cli.Close()
-			m, err := manager.Start(cmd.Context(), manager.Options{Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c,
-				Replicas: replicas, KeepVersions: keepVersions(policy.keepVersions), KeepDeltas: keepVersions(policy.keepDeltas),
-				ScanInterval: policy.scan, AutoPrune: policy.autoPrune, CompactAfter: keepVersions(policy.compactAfter), RouterWait: policy.routerWait,
-				Validator: policy.validator, ValidatorTimeout: policy.validatorTimeout, Registry: prometheus.DefaultRegisterer})
+			mo := manager.Options{Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Replicas: replicas, Registry: prometheus.DefaultRegisterer}
+			if err := policy.apply(&mo); err != nil {
+				return err
+			}
+			m, err := manager.Start(cmd.Context(), mo)
 			if err != nil {
 				return err
 			}
@@ -270,6 +274,41 @@ type policyFlags struct {
 	scan, routerWait         time.Duration
 	validator                string
 	validatorTimeout         time.Duration
+	goldenTolerance          float64
+	holdout                  []string // NAME=FILE
+	holdoutMargin            float64
+	gateTimeout              time.Duration
+}
+
+// apply sets the manager's policy options from the flags.
+func (f *policyFlags) apply(o *manager.Options) error {
+	o.KeepVersions, o.KeepDeltas = keepVersions(f.keepVersions), keepVersions(f.keepDeltas)
+	o.ScanInterval, o.AutoPrune, o.CompactAfter, o.RouterWait = f.scan, f.autoPrune, keepVersions(f.compactAfter), f.routerWait
+	o.Validator, o.ValidatorTimeout = f.validator, f.validatorTimeout
+	o.GoldenTolerance, o.HoldoutMargin, o.GateTimeout = f.goldenTolerance, f.holdoutMargin, f.gateTimeout
+	if !(f.goldenTolerance > 0) {
+		return fmt.Errorf("--golden-tolerance %v: must be positive", f.goldenTolerance)
+	}
+	if !(f.holdoutMargin >= 0) {
+		return fmt.Errorf("--holdout-margin %v: must not be negative", f.holdoutMargin)
+	}
+	for _, h := range f.holdout {
+		name, file, ok := strings.Cut(h, "=")
+		if !ok || !codec.ValidName(name) || file == "" {
+			return fmt.Errorf("--holdout %q: want MODEL=FILE", h)
+		}
+		if _, err := os.Stat(file); err != nil {
+			return fmt.Errorf("--holdout %s: %w", name, err)
+		}
+		if o.Holdout == nil {
+			o.Holdout = map[string]string{}
+		}
+		if o.Holdout[name] != "" {
+			return fmt.Errorf("--holdout: model %s given twice", name)
+		}
+		o.Holdout[name] = file
+	}
+	return nil
 }
 
 func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
@@ -280,6 +319,10 @@ func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
 	cmd.Flags().DurationVar(&f.routerWait, "router-wait", 30*time.Second, "how long, once the shards hold a staged version, a router that cannot score it (its dense part not fetched) holds the commit back; past it the version goes live and that router answers 503 for the model until it can (negative: wait for ever)")
 	cmd.Flags().StringVar(&f.validator, "validator", "", "a program run (without a shell) on each staged version's directory before it is committed: exit 0 accepts it, otherwise the version is rejected with its last stderr line as the reason (the validator gate)")
 	cmd.Flags().DurationVar(&f.validatorTimeout, "validator-timeout", 60*time.Second, "longest a --validator run may take; past it the version is rejected")
+	cmd.Flags().Float64Var(&f.goldenTolerance, "golden-tolerance", 1e-4, "the golden gate: how far a served score may be from a golden request's want (absolute, per score)")
+	cmd.Flags().StringArrayVar(&f.holdout, "holdout", nil, "MODEL=FILE: the hold-out gate's set for MODEL, requests with \"labels\" (one KServe v2 JSON body per line); a staged version's mean log-loss on it may exceed the live version's by at most --holdout-margin (repeatable)")
+	cmd.Flags().Float64Var(&f.holdoutMargin, "holdout-margin", 0.01, "the hold-out gate: how much a staged version's mean log-loss may exceed the live version's (absolute)")
+	cmd.Flags().DurationVar(&f.gateTimeout, "gate-timeout", 60*time.Second, "longest a golden or hold-out gate run may take; past it the version is rejected")
 	cmd.Flags().DurationVar(&f.scan, "scan-interval", scan, "how often the whole repository is listed, besides watching it for changes (on a network filesystem, which reports no changes made on other hosts, this is how soon a version is found)")
 }
 

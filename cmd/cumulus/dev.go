@@ -79,11 +79,15 @@ localhost, serves every model in --repo (or a generated demo model when no
 			if err := hedging.apply(&ropts); err != nil {
 				return err
 			}
+			if err := policy.apply(&manager.Options{}); err != nil {
+				return err
+			}
 			reg := prometheus.NewRegistry()
 			// The cluster outlives the signal until the front has drained.
 			c, err := devcluster.Start(context.WithoutCancel(ctx), devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
-				MemoryBudget: int64(budget), Cluster: cluster.c, KeepVersions: keepVersions(policy.keepVersions), KeepDeltas: keepVersions(policy.keepDeltas), RouterWait: policy.routerWait, Validator: policy.validator, ValidatorTimeout: policy.validatorTimeout, ScanInterval: policy.scan, AutoPrune: policy.autoPrune, CompactAfter: keepVersions(policy.compactAfter), Build: buildinfo.String(),
-				Router: ropts, Shard: func(i int, o *shard.Options) {
+				MemoryBudget: int64(budget), Cluster: cluster.c, ScanInterval: policy.scan, Build: buildinfo.String(),
+				Manager: func(o *manager.Options) { _ = policy.apply(o) }, // checked above
+				Router:  ropts, Shard: func(i int, o *shard.Options) {
 					if i == 0 {
 						o.Faults = fault.f
 					}

@@ -11,8 +11,10 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/cumulus-serving/cumulus/internal/golden"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/model"
+	"github.com/cumulus-serving/cumulus/router"
 )
 
 func modelCommand() *cobra.Command {
@@ -22,7 +24,7 @@ func modelCommand() *cobra.Command {
 }
 
 func modelImportCommand() *cobra.Command {
-	var format, name, repo, positive, encoding, dense string
+	var format, name, repo, positive, encoding, dense, goldenFile string
 	var partitions uint32
 	cmd := &cobra.Command{
 		Use:   "import MODEL_FILE",
@@ -32,7 +34,14 @@ func modelImportCommand() *cobra.Command {
 Cumulus's text format (docs/model-format.md), of any type. A dnn model's
 dense layers come from --dense, a safetensors file of F32 tensors named
 [PREFIX.]N.weight and [PREFIX.]N.bias, as state_dict() of a PyTorch
-nn.Sequential(Linear, ReLU, ..., Linear) holds them.`,
+nn.Sequential(Linear, ReLU, ..., Linear) holds them.
+--golden publishes golden requests with the version (golden.jsonl): a
+file of KServe v2 JSON infer bodies, one per line, each with the scores
+the version must give, "want": [one per row]; a line without "want" gets
+the scores of the imported model (its reference scorer, full precision:
+with --encoding fp16 or int8, the manager's --golden-tolerance must allow
+for the encoding's error). The manager's golden gate checks the staged
+version's served scores against them.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f, err := os.Open(args[0])
@@ -55,7 +64,13 @@ nn.Sequential(Linear, ReLU, ..., Linear) holds them.`,
 			if s.Dense, err = readDense(dense, s.Shape); err != nil {
 				return err
 			}
-			m, err := loader.Repo{Dir: repo}.PublishEncoded(name, s, partitions, encoding, fmt.Sprintf("import --format %s %s", format, args[0]))
+			spec := loader.Spec{Name: name, Partitions: partitions, Encoding: encoding, Source: fmt.Sprintf("import --format %s %s", format, args[0])}
+			if goldenFile != "" {
+				if spec.Golden, err = readGolden(goldenFile, name); err != nil {
+					return err
+				}
+			}
+			m, err := loader.Repo{Dir: repo}.PublishSpec(spec, s)
 			if err != nil {
 				return err
 			}
@@ -68,12 +83,46 @@ nn.Sequential(Linear, ReLU, ..., Linear) holds them.`,
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
 	cmd.Flags().StringVar(&positive, "positive-label", "1", "liblinear: the label whose probability is the score")
 	cmd.Flags().StringVar(&dense, "dense", "", "dnn: the dense layers, a safetensors file")
+	cmd.Flags().StringVar(&goldenFile, "golden", "", "golden requests to publish with the version: KServe v2 JSON bodies, one per line, with \"want\" scores")
 	cmd.Flags().Uint32Var(&partitions, "partitions", 8, "number of partitions")
 	cmd.Flags().StringVar(&encoding, "encoding", "fp32", "fm: factor storage, fp32, fp16 or int8")
 	for _, f := range []string{"format", "name", "repo"} {
 		cmd.MarkFlagRequired(f)
 	}
 	return cmd
+}
+
+// readGolden reads a golden request file for model name: lines with
+// "want" keep it, the others are scored by the version published.
+func readGolden(path, name string) (*golden.Set, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	set, err := golden.Parse(b, name, router.Limits{})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	set.KeepWant = true
+	return set, nil
+}
+
+// parentGolden is version parent's golden requests, to be scored again
+// on a delta over it; nil when it has none.
+func parentGolden(r loader.Repo, name string, parent uint64) (loader.Goldens, error) {
+	chain, err := r.Chain(name, parent)
+	if err != nil {
+		return nil, err
+	}
+	b, err := r.Golden(chain[0])
+	if b == nil || err != nil {
+		return nil, err
+	}
+	set, err := golden.Parse(b, name, router.Limits{})
+	if err != nil {
+		return nil, fmt.Errorf("%s version %d's golden requests: %w", name, parent, err)
+	}
+	return set, nil
 }
 
 // readDense reads the dense layers at path ("" for none) for a model of
@@ -229,7 +278,7 @@ The manager does this by itself when a chain reaches --compact-after deltas.`,
 }
 
 func modelDeltaCommand() *cobra.Command {
-	var name, repo, upserts, deletes, dense string
+	var name, repo, upserts, deletes, dense, goldenFile string
 	var bias float64
 	var parent uint64
 	cmd := &cobra.Command{
@@ -244,7 +293,10 @@ holding features to add or change, and, if it has a bias header, the new
 bias; --deletes is a file of feature ids to remove, one per line; --bias
 sets a new bias (refused if the upserts name another); --dense replaces a
 dnn model's dense layers (by default a delta keeps its parent's). Shards
-serve a delta over its parents until the next full version.`,
+serve a delta over its parents until the next full version.
+The parent's golden requests (golden.jsonl), if it has any, are scored
+again on the new chain by the reference scorer and published with the
+delta; --golden FILE publishes FILE's instead (as model import does).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			d := loader.Delta{Source: "cumulus model delta"}
@@ -302,6 +354,15 @@ serve a delta over its parents until the next full version.`,
 					return err
 				}
 			}
+			var err error
+			if goldenFile != "" {
+				d.Golden, err = readGolden(goldenFile, name)
+			} else {
+				d.Golden, err = parentGolden(r, name, d.Parent)
+			}
+			if err != nil {
+				return err
+			}
 			m, err := r.PublishDelta(name, d)
 			if err != nil {
 				return err
@@ -317,6 +378,7 @@ serve a delta over its parents until the next full version.`,
 	cmd.Flags().Float64Var(&bias, "bias", 0, "new bias (default: keep the parent's)")
 	cmd.Flags().StringVar(&dense, "dense", "", "dnn: new dense layers, a safetensors file (default: keep the parent's)")
 	cmd.Flags().Uint64Var(&parent, "parent", 0, "the version to build on (default: the newest that passes the local checks)")
+	cmd.Flags().StringVar(&goldenFile, "golden", "", "golden requests to publish with the delta (default: the parent's, scored again on the new chain)")
 	cmd.MarkFlagRequired("name")
 	cmd.MarkFlagRequired("repo")
 	return cmd

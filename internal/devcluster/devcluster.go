@@ -39,20 +39,6 @@ type Options struct {
 	Replicas int
 	// Cluster names the cluster in etcd. Default "default".
 	Cluster topo.Cluster
-	// KeepVersions is the manager's: full versions kept loaded for
-	// rollback besides the live one. Default 2; negative keeps none.
-	KeepVersions int
-	// KeepDeltas is the manager's: deltas kept loaded on each kept full
-	// version. Default 20; negative keeps none.
-	KeepDeltas int
-	// RouterWait is the manager's (manager.Options.RouterWait).
-	RouterWait time.Duration
-	// Validator and ValidatorTimeout are the manager's (the validator
-	// gate).
-	Validator        string
-	ValidatorTimeout time.Duration
-	// AutoPrune and CompactAfter are the manager's (manager.Options).
-	AutoPrune, CompactAfter int
 	// Build is the version the shards report.
 	Build string
 	// ScanInterval for new versions. Default 2s.
@@ -66,6 +52,9 @@ type Options struct {
 	MemoryBudget int64
 	// Shard, if set, adjusts shard i's options before it starts.
 	Shard func(i int, o *shard.Options)
+	// Manager, if set, adjusts the manager's options (its policy, its
+	// gates) before it starts.
+	Manager func(o *manager.Options)
 }
 
 // Cluster is a running dev cluster.
@@ -124,9 +113,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	repo := loader.Repo{Dir: o.Repo}
 	// The manager starts after the shards have registered, so its first
 	// assignment already spreads partitions over all of them.
-	if c.Manager, err = manager.Start(ctx, manager.Options{Repo: repo, Etcd: c.Etcd, Cluster: o.Cluster, Replicas: o.Replicas,
-		KeepVersions: o.KeepVersions, KeepDeltas: o.KeepDeltas, AutoPrune: o.AutoPrune, CompactAfter: o.CompactAfter, ScanInterval: o.ScanInterval, RouterWait: o.RouterWait,
-		Validator: o.Validator, ValidatorTimeout: o.ValidatorTimeout, Registry: o.Registry}); err != nil {
+	mo := manager.Options{Repo: repo, Etcd: c.Etcd, Cluster: o.Cluster, Replicas: o.Replicas, ScanInterval: o.ScanInterval, Registry: o.Registry}
+	if o.Manager != nil {
+		o.Manager(&mo)
+	}
+	if c.Manager, err = manager.Start(ctx, mo); err != nil {
 		return nil, err
 	}
 	ro := o.Router
