@@ -10,7 +10,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/golden"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
 
@@ -28,6 +31,11 @@ type FreshOptions struct {
 	KeySpace uint64
 	Timeout  time.Duration // per delta, until every router serves it; default 2 minutes
 	Seed     uint64
+	// Golden, if positive, publishes golden requests with each delta
+	// (the first delta this many, each later one its parent's, scored
+	// again on its chain, as cumulus model delta does): the manager's
+	// golden gate then checks every delta before it is served.
+	Golden int
 }
 
 // Fresh is one delta's result.
@@ -90,7 +98,13 @@ func Freshness(ctx context.Context, o FreshOptions, progress io.Writer) ([]Fresh
 			}
 		}
 		start := time.Now()
-		m, err := o.Repo.PublishDelta(o.Model, loader.Delta{Upserts: up, Parent: parent, Source: "cumulus bench freshness"})
+		d := loader.Delta{Upserts: up, Parent: parent, Source: "cumulus bench freshness"}
+		if o.Golden > 0 {
+			if d.Golden, err = freshGolden(o, rng, pm); err != nil {
+				return out, err
+			}
+		}
+		m, err := o.Repo.PublishDelta(o.Model, d)
 		if err != nil {
 			return out, err
 		}
@@ -189,4 +203,31 @@ func durations(ds []time.Duration) string {
 		s += d.Round(time.Millisecond).String()
 	}
 	return s
+}
+
+// freshGolden is the golden requests a delta is published with: its
+// parent's, or, when it has none, o.Golden requests of 10 rows of 20
+// features drawn from the key space, the probe among them.
+func freshGolden(o FreshOptions, rng *rand.Rand, parent *codec.Manifest) (*golden.Set, error) {
+	b, err := o.Repo.Golden(parent)
+	if err != nil {
+		return nil, err
+	}
+	if b == nil {
+		for range o.Golden {
+			req := &router.Request{RowSplits: []int64{0}, SharedIDs: []uint64{probeKey}}
+			for range 10 {
+				for range 20 {
+					req.IDs = append(req.IDs, rng.Uint64N(o.KeySpace))
+				}
+				req.RowSplits = append(req.RowSplits, int64(len(req.IDs)))
+			}
+			line, err := golden.Line(req, nil, nil)
+			if err != nil {
+				return nil, err
+			}
+			b = append(append(b, line...), '\n')
+		}
+	}
+	return golden.Parse(b, o.Model, router.Limits{})
 }

@@ -300,6 +300,7 @@ func generatedModel(repo, model string) (*codec.Manifest, error) {
 type localBench struct {
 	repo, model string
 	srv         *server.Server
+	cluster     *devcluster.Cluster
 	close       func()
 }
 
@@ -327,7 +328,7 @@ func startLocalBench(ctx context.Context, flags shapeFlags, params int64, o devc
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	lb.srv = srv
+	lb.srv, lb.cluster = srv, c
 	lb.close = func() { srv.Close(); c.Close(); os.RemoveAll(dir) }
 	return lb, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/cumulus-serving/cumulus/bench"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/model"
 )
 
@@ -49,8 +50,10 @@ Target (issue 13): every delta of 1,000,000 keys served within 1s.`,
 			if addrs != "" && (repo == "" || modelName == "") {
 				return fmt.Errorf("with --addr, give --repo and --model")
 			}
+			var lb *localBench
 			if addrs == "" {
-				lb, err := startLocalBench(ctx, shapeFlags{s: model.Shape{Type: model.LR}}, params, devcluster.Options{Shards: shards, ScanInterval: scan})
+				var err error
+				lb, err = startLocalBench(ctx, shapeFlags{s: model.Shape{Type: model.LR}}, params, devcluster.Options{Shards: shards, ScanInterval: scan})
 				if err != nil {
 					return err
 				}
@@ -93,6 +96,23 @@ Target (issue 13): every delta of 1,000,000 keys served within 1s.`,
 			s := bench.SummarizeFresh(fs)
 			fmt.Printf("served by every router: %d of %d within 1s; median %s, p90 %s, slowest %s\n",
 				s.WithinSecond, s.N, s.Median.Round(time.Millisecond), s.P90.Round(time.Millisecond), s.Slowest.Round(time.Millisecond))
+			if lb != nil && o.Golden > 0 {
+				// The gate ran on every delta served: its outcomes, as
+				// the manager recorded them.
+				outcomes := map[string]int{}
+				for _, f := range fs {
+					outcome := "not recorded"
+					for _, v := range lb.cluster.Manager.State().Models[modelName].Versions {
+						for _, g := range v.Gates {
+							if v.Version == f.Version && g.Gate == manager.GateGolden {
+								outcome = g.Outcome
+							}
+						}
+					}
+					outcomes[outcome]++
+				}
+				fmt.Printf("golden gate on the deltas: %v\n", outcomes)
+			}
 			return err
 		},
 	}
@@ -104,6 +124,7 @@ Target (issue 13): every delta of 1,000,000 keys served within 1s.`,
 	cmd.Flags().DurationVar(&scan, "scan-interval", 2*time.Second, "without --addr: the manager's full scan interval (it also watches the repository)")
 	cmd.Flags().IntVar(&o.Deltas, "deltas", 20, "deltas to publish")
 	cmd.Flags().IntVar(&o.Keys, "keys", 1_000_000, "keys each delta changes")
+	cmd.Flags().IntVar(&o.Golden, "golden", 0, "publish this many golden requests with the first delta, and each later delta's parent's scored again (the golden gate then checks every delta before it serves)")
 	cmd.Flags().IntVar(&load.Concurrency, "concurrency", 2, "rank200 callers on the first router meanwhile (0: none)")
 	return cmd
 }
