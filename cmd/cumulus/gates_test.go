@@ -119,7 +119,9 @@ func TestGatesEndToEnd(t *testing.T) {
 	dev := startProcess(t, []string{"http: http://", "admin: http://"}, "dev", "--repo", repo, "--shards", "2", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0",
 		"--admin-addr", "127.0.0.1:0", "--admin-token", "t", "--log-level", "warn", "--holdout", "fm="+holdout, "--validator", validator)
 	adminAddr, _, _ := strings.Cut(dev.out["admin: http://"], " ")
-	admin := func(args ...string) string { return cli(append(append([]string{"admin"}, args...), "--addr", adminAddr, "--admin-token", "t")...) }
+	admin := func(args ...string) string {
+		return cli(append(append([]string{"admin"}, args...), "--addr", adminAddr, "--admin-token", "t")...)
+	}
 	detail := func() manager.ModelDetail {
 		var d manager.ModelDetail
 		if err := json.Unmarshal([]byte(admin("show", "fm", "--json")), &d); err != nil {
