@@ -65,6 +65,9 @@ const maxAdminBody = 64 << 10
 //	PUT    /admin/v1/models/{name}/pin        {"version": V}
 //	DELETE /admin/v1/models/{name}/pin
 //	POST   /admin/v1/models/{name}/accept     {"version": V, "reason": TEXT}
+//	PUT    /admin/v1/models/{name}/canary     {"version": V, "fraction": F, "from": LIVE}
+//	DELETE /admin/v1/models/{name}/canary?from=LIVE
+//	POST   /admin/v1/models/{name}/promote    {"from": LIVE}
 //	POST   /admin/v1/rescan
 //	GET    /admin/v1/audit[?limit=N]
 //	GET    /admin/v1/routers
@@ -89,6 +92,9 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	mux.HandleFunc("DELETE /admin/v1/models/{name}/pin", a.auth(a.unpin))
 	mux.HandleFunc("POST /admin/v1/models/{name}/prune", a.auth(a.prune))
 	mux.HandleFunc("POST /admin/v1/models/{name}/accept", a.auth(a.accept))
+	mux.HandleFunc("PUT /admin/v1/models/{name}/canary", a.auth(a.canary))
+	mux.HandleFunc("DELETE /admin/v1/models/{name}/canary", a.auth(a.canaryOff))
+	mux.HandleFunc("POST /admin/v1/models/{name}/promote", a.auth(a.promote))
 	mux.HandleFunc("POST /admin/v1/rescan", a.auth(a.rescan))
 	mux.HandleFunc("GET /admin/v1/audit", a.auth(a.audit))
 	mux.HandleFunc("GET /admin/v1/routers", a.auth(a.routers))
@@ -128,6 +134,7 @@ type ModelSummary struct {
 	Live       uint64   `json:"live"`
 	Staged     uint64   `json:"staged,omitempty"`
 	Pin        uint64   `json:"pin,omitempty"`
+	Canary     *Canary  `json:"canary,omitempty"`
 	Standby    []uint64 `json:"standby"`
 	Versions   int      `json:"versions"`
 	Rejected   int      `json:"rejected"`
@@ -177,7 +184,7 @@ type ShardDetail struct {
 
 func summary(m *ModelState) ModelSummary {
 	s := ModelSummary{Name: m.Name, Partitions: m.Partitions, Live: m.Live, Staged: m.Staged, Pin: m.Pin,
-		Standby: m.Standby(), Versions: len(m.Versions)}
+		Standby: m.Standby(), Versions: len(m.Versions), Canary: m.Canary}
 	for _, v := range m.Versions {
 		if v.Phase == PhaseRejected {
 			s.Rejected++
@@ -393,17 +400,68 @@ func (a *admin) accept(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *admin) unpin(w http.ResponseWriter, r *http.Request) {
+	if from, ok := fromQuery(w, r); ok {
+		a.do(w, r, Command{Op: OpUnpin, Model: r.PathValue("name"), Expect: &from})
+	}
+}
+
+// fromQuery is a DELETE's ?from=LIVE precondition; ok is false once a
+// missing or bad one is answered.
+func fromQuery(w http.ResponseWriter, r *http.Request) (uint64, bool) {
 	q := r.URL.Query().Get("from")
 	if q == "" {
 		writeError(w, http.StatusBadRequest, strings.Replace(errNoFrom, `"from" is required`, `?from=V is required`, 1))
-		return
+		return 0, false
 	}
 	from, err := strconv.ParseUint(q, 10, 64)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("from %q is not a version (0 if none is live)", q))
+		return 0, false
+	}
+	return from, true
+}
+
+func (a *admin) canary(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Version  *uint64  `json:"version"`
+		Fraction *float64 `json:"fraction"`
+		From     *uint64  `json:"from"`
+	}
+	if err := readBody(r, &body, false); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	a.do(w, r, Command{Op: OpUnpin, Model: r.PathValue("name"), Expect: &from})
+	switch {
+	case body.Version == nil || *body.Version == 0:
+		writeError(w, http.StatusBadRequest, `"version" must be a version ≥ 1`)
+	case body.Fraction == nil || !(*body.Fraction > 0 && *body.Fraction <= MaxCanaryFraction):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf(`"fraction" must be above 0 and at most %g`, MaxCanaryFraction))
+	case body.From == nil:
+		writeError(w, http.StatusBadRequest, errNoFrom)
+	default:
+		a.do(w, r, Command{Op: OpCanary, Model: r.PathValue("name"), Version: *body.Version, Fraction: *body.Fraction, Expect: body.From})
+	}
+}
+
+func (a *admin) canaryOff(w http.ResponseWriter, r *http.Request) {
+	if from, ok := fromQuery(w, r); ok {
+		a.do(w, r, Command{Op: OpCanaryOff, Model: r.PathValue("name"), Expect: &from})
+	}
+}
+
+func (a *admin) promote(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		From *uint64 `json:"from"`
+	}
+	if err := readBody(r, &body, false); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if body.From == nil {
+		writeError(w, http.StatusBadRequest, errNoFrom)
+		return
+	}
+	a.do(w, r, Command{Op: OpPromote, Model: r.PathValue("name"), Expect: body.From})
 }
 
 // PruneResult is the answer to a prune: the versions whose directories

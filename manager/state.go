@@ -33,6 +33,7 @@ const (
 	PhaseReady      Phase = "ready"
 	PhaseStaging    Phase = "staging"
 	PhaseLive       Phase = "live"
+	PhaseCanary     Phase = "canary" // served to a share of the traffic beside the live version
 	PhaseStandby    Phase = "standby"
 	PhaseRetired    Phase = "retired" // only on its way out of the state
 )
@@ -40,7 +41,7 @@ const (
 // valid reports whether a version in phase p passed validation.
 func (p Phase) valid() bool {
 	switch p {
-	case PhaseReady, PhaseStaging, PhaseLive, PhaseStandby, PhaseRetired:
+	case PhaseReady, PhaseStaging, PhaseLive, PhaseCanary, PhaseStandby, PhaseRetired:
 		return true
 	}
 	return false
@@ -157,6 +158,9 @@ type ModelState struct {
 	Partitions uint32 `json:"partitions,omitempty"`
 	// Pin is the operator's intent: 0 follows the newest valid version.
 	Pin      uint64     `json:"pin,omitempty"`
+	// Canary is the operator's canary (OpCanary): while set, the live
+	// version does not move on by itself.
+	Canary   *Canary    `json:"canary,omitempty"`
 	Live     uint64     `json:"live,omitempty"`
 	Staged   uint64     `json:"staged,omitempty"`
 	Replicas [][]string `json:"replicas,omitempty"` // as last published
@@ -185,6 +189,10 @@ func (m *ModelState) clone() *ModelState {
 	n.Versions = slices.Clone(m.Versions)
 	n.Replicas = slices.Clone(m.Replicas)
 	n.Chained = maps.Clone(m.Chained)
+	if m.Canary != nil {
+		c := *m.Canary
+		n.Canary = &c
+	}
 	return &n
 }
 
@@ -322,6 +330,8 @@ type Command struct {
 	ReadOnly string
 	// Reason is the operator's, for an accept (audited).
 	Reason string
+	// Fraction is a canary's share of the traffic.
+	Fraction float64
 }
 
 // LiveMovedError refuses a call made against a live version that is no
@@ -361,6 +371,12 @@ const (
 	// validated again, and the gates that failed run again but do not
 	// reject it.
 	OpAccept = "accept"
+	// OpCanary gives Version, once staged and gated, Fraction of the
+	// model's unpinned requests; OpCanaryOff takes it away; OpPromote
+	// makes the serving canary live.
+	OpCanary    = "canary"
+	OpCanaryOff = "canary-off"
+	OpPromote   = "promote"
 )
 
 func (Scanned) isEvent()        {}
@@ -511,6 +527,9 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 			}
 			if m.Staged != 0 {
 				result += fmt.Sprintf(", staged %d", m.Staged)
+			}
+			if c := m.Canary; c != nil {
+				result += fmt.Sprintf(", canary %d at %g", c.Version, c.Fraction)
 			}
 		}
 		acts = append(acts, audit(c, result))
@@ -772,6 +791,15 @@ func (s *State) command(c Command) ([]Action, error) {
 		return m.prune(c)
 	case OpAccept:
 		return m.accept(c)
+	case OpCanary:
+		return nil, m.setCanary(c)
+	case OpCanaryOff:
+		if m.Canary == nil {
+			return nil, fmt.Errorf("%w: model %s has no canary", ErrConflict, m.Name)
+		}
+		m.dropCanary()
+	case OpPromote:
+		return nil, m.promote()
 	case OpUnpin:
 		m.Pin = 0
 	case OpPin:
@@ -793,6 +821,7 @@ func (s *State) command(c Command) ([]Action, error) {
 			return nil, fmt.Errorf("%w: model %s version %d cannot be loaded: %s", ErrConflict, m.Name, c.Version, v.Broken)
 		}
 		m.Pin = c.Version
+		m.dropCanary()
 	case OpRollback:
 		kept := m.Standby()
 		to := c.Version
@@ -821,6 +850,7 @@ func (s *State) command(c Command) ([]Action, error) {
 			return nil, fmt.Errorf("%w: model %s version %d cannot be loaded: %s; standby versions: %s", ErrConflict, m.Name, to, why, list(kept))
 		}
 		m.Pin = to
+		m.dropCanary()
 	default:
 		return nil, fmt.Errorf("%w: unknown operation %q", ErrInvalid, c.Op)
 	}
@@ -856,7 +886,7 @@ func (m *ModelState) prune(c Command) ([]Action, error) {
 			v = x.Parent
 		}
 	}
-	for _, v := range append([]uint64{m.Live, m.Staged, m.Pin}, m.Standby()...) {
+	for _, v := range append([]uint64{m.Live, m.Staged, m.Pin, m.canaryVersion()}, m.Standby()...) {
 		need(v)
 	}
 	for _, v := range m.Versions {
@@ -925,8 +955,8 @@ func (s *State) settle(m *ModelState, p Policy) {
 			lv.Reason = what + "; no longer held whole by the shards: the newest other valid version takes over"
 		}
 	}
-	target := m.target(liveServable)
-	if m.Staged != 0 && m.Staged != target {
+	stage, canary := m.canaryStage(m.target(liveServable), liveServable)
+	if m.Staged != 0 && m.Staged != stage {
 		if v := m.version(m.Staged); v != nil && v.Phase == PhaseStaging {
 			v.Phase = PhaseReady
 			if v.LiveSeq != 0 {
@@ -935,11 +965,11 @@ func (s *State) settle(m *ModelState, p Policy) {
 		}
 		m.Staged = 0
 	}
-	if target != 0 && target != m.Live {
-		v := m.version(target)
-		m.Staged = target
+	if stage != 0 && stage != m.Live {
+		v := m.version(stage)
+		m.Staged = stage
 		v.Phase = PhaseStaging
-		held := s.allHold(h, m, assign, target)
+		held := s.allHold(h, m, assign, stage)
 		switch {
 		case !held:
 			v.HeldAt = time.Time{}
@@ -947,8 +977,12 @@ func (s *State) settle(m *ModelState, p Policy) {
 			v.HeldAt = p.Now
 		}
 		routersOK := s.routersScore(m, v, p) // either way: its reason stays current
-		if held && routersOK && s.gatesPass(m, v, p) {
-			m.commit(target)
+		switch {
+		case !held || !routersOK || !s.gatesPass(m, v, p):
+		case canary:
+			v.Phase, m.Staged, m.Canary.Serving = PhaseCanary, 0, true
+		default:
+			m.commit(stage)
 		}
 	}
 	if lv := m.version(m.Live); lv != nil && strings.HasPrefix(lv.Reason, reasonWithoutRouters) && s.routersAllScore(m.Name, m.Live) {
@@ -1216,7 +1250,7 @@ func (m *ModelState) forget() {
 	}
 	ready, rejected := 0, 0
 	drop := func(v Version) bool {
-		if v.Version == m.Live || v.Version == m.Staged || v.Version == m.Pin || parents[v.Version] {
+		if v.Version == m.Live || v.Version == m.Staged || v.Version == m.Pin || v.Version == m.canaryVersion() || parents[v.Version] {
 			return false
 		}
 		switch v.Phase {
@@ -1459,8 +1493,16 @@ func (s *State) handover(h holding, m *ModelState, assign [][]string, trusted []
 
 // kept lists the versions shards keep loaded (topo.Assignment.Kept).
 func (m *ModelState) kept() []uint64 {
-	a := topo.Assignment{Live: m.Live, Staged: m.Staged, Standby: m.Standby()}
+	a := topo.Assignment{Live: m.Live, Staged: m.Staged, Standby: m.Standby(), Canary: m.canaryVersion()}
 	return a.Kept()
+}
+
+// canaryVersion is the canary's version, 0 when none.
+func (m *ModelState) canaryVersion() uint64 {
+	if m.Canary == nil {
+		return 0
+	}
+	return m.Canary.Version
 }
 
 // Assignment is the serving map record of m.
@@ -1469,6 +1511,9 @@ func (m *ModelState) Assignment() topo.Assignment {
 		Partitions: m.Partitions, Replicas: m.Replicas}
 	if a.Replicas == nil {
 		a.Replicas = make([][]string, m.Partitions)
+	}
+	if m.Canary != nil && m.Canary.Serving {
+		a.Canary, a.CanaryFraction = m.Canary.Version, m.Canary.Fraction
 	}
 	for _, v := range a.Kept() {
 		if x := m.version(v); x != nil && x.Info != nil {

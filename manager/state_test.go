@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -1075,5 +1076,119 @@ func TestDecideGoldenHoldoutAccept(t *testing.T) {
 		if err := x.do(Command{Op: OpAccept, Model: "m", Version: v, Reason: "please", At: time.Unix(3, 0)}); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), want) {
 			t.Fatalf("accept %d: %v", v, err)
 		}
+	}
+}
+
+// TestDecideCanary: a canary is staged and gated, then serves its share
+// beside the live version, which meanwhile does not move on by itself;
+// promote makes it live; off, a pin and a rollback drop it; a canary
+// failing its gates is dropped; the state with a canary is written with
+// the schema that reads it.
+func TestDecideCanary(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20, StagedGates: []string{GateValidator}, Now: time.Unix(1000, 0)})
+	x.join("s0")
+	pass := func(v uint64) {
+		x.t.Helper()
+		x.load()
+		x.do(GatesChecked{Model: "m", Version: v, Results: []GateResult{{Gate: GateValidator, Outcome: "passed"}}})
+		x.settleAll()
+	}
+	canary := func(v uint64, f float64) error {
+		live := x.s.Models["m"].Live
+		return x.do(Command{Op: OpCanary, Model: "m", Version: v, Fraction: f, Expect: &live, At: time.Unix(1, 0)})
+	}
+	x.scan(1)
+	x.validate()
+	pass(1)
+	x.expect(1, 0)
+	if err := canary(1, 0.1); !errors.Is(err, ErrConflict) {
+		t.Fatalf("canary of the live version: %v", err)
+	}
+	x.scan(1, 2)
+	x.validate()
+	x.load()
+	x.expect(1, 2) // staged to go live; the canary takes it over
+	for _, f := range []float64{0, -0.1, 0.51, math.NaN()} {
+		if err := canary(2, f); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("fraction %v: %v", f, err)
+		}
+	}
+	if err := canary(2, 0.1); err != nil {
+		t.Fatal(err)
+	}
+	if a := x.s.Models["m"].Assignment(); a.Canary != 0 {
+		t.Fatalf("canary serving before its gates: %+v", a)
+	}
+	pass(2)
+	m := x.s.Models["m"]
+	if a := m.Assignment(); m.Live != 1 || a.Canary != 2 || a.CanaryFraction != 0.1 || x.phase(2) != PhaseCanary || !slices.Contains(a.Kept(), 2) {
+		t.Fatalf("live %d, map %+v, v2 %s", m.Live, a, x.phase(2))
+	}
+	if b, _ := json.Marshal(m); !strings.Contains(string(b), `"schema":3`) {
+		t.Fatalf("a state with a canary written as %s", b)
+	}
+	// A new version waits while the canary serves; the share changes.
+	x.scan(1, 2, 3)
+	x.validate()
+	x.settleAll()
+	x.expect(1, 0)
+	if x.phase(3) != PhaseReady {
+		t.Fatalf("v3 %s", x.phase(3))
+	}
+	if err := canary(2, 0.3); err != nil || x.s.Models["m"].Assignment().CanaryFraction != 0.3 || !x.s.Models["m"].Canary.Serving {
+		t.Fatalf("%v %+v", err, x.s.Models["m"].Canary)
+	}
+	// Promote: 2 goes live, 1 standby; then the model follows the
+	// newest again, 3.
+	if err := x.cmd(OpPromote, 0); err != nil {
+		t.Fatal(err)
+	}
+	x.expect(2, 3, 1)
+	if b, _ := json.Marshal(x.s.Models["m"]); !strings.Contains(string(b), `"schema":2`) {
+		t.Fatalf("a state without a canary written as %s", b)
+	}
+	pass(3)
+	x.expect(3, 0, 2, 1)
+	if err := x.cmd(OpPromote, 0); !errors.Is(err, ErrConflict) {
+		t.Fatalf("promote with no canary: %v", err)
+	}
+	// Off, a pin and a rollback each drop the canary.
+	x.do(Command{Op: OpPin, Model: "m", Version: 3, At: time.Unix(1, 0)})
+	x.scan(1, 2, 3, 4)
+	x.validate()
+	x.settleAll()
+	x.expect(3, 0, 2, 1)
+	for _, drop := range []func() error{
+		func() error { return x.cmd(OpCanaryOff, 0) },
+		func() error { return x.cmd(OpPin, 3) },
+		func() error { return x.cmd(OpRollback, 2) },
+	} {
+		if err := canary(4, 0.05); err != nil {
+			t.Fatal(err)
+		}
+		pass(4)
+		if x.s.Models["m"].Assignment().Canary != 4 {
+			t.Fatalf("canary 4 not serving: %+v", x.s.Models["m"])
+		}
+		if err := drop(); err != nil {
+			t.Fatal(err)
+		}
+		x.settleAll()
+		if m := x.s.Models["m"]; m.Canary != nil || m.Assignment().Canary != 0 || x.phase(4) == PhaseCanary {
+			t.Fatalf("canary kept: %+v", m.Canary)
+		}
+	}
+	// A canary failing its gates is dropped with the version rejected.
+	x.expect(2, 0, 3, 1) // rolled back to 2, pinned
+	x.scan(1, 2, 3, 4, 5)
+	x.validate()
+	if err := canary(5, 0.1); err != nil {
+		t.Fatal(err)
+	}
+	x.load()
+	x.do(GatesChecked{Model: "m", Version: 5, Results: []GateResult{{Gate: GateValidator, Outcome: "failed", Reason: "no"}}})
+	x.settleAll()
+	if m := x.s.Models["m"]; m.Canary != nil || x.phase(5) != PhaseRejected || m.Live != 2 {
+		t.Fatalf("a rejected canary: %+v, v5 %s", m.Canary, x.phase(5))
 	}
 }

@@ -43,7 +43,7 @@ import (
 // record's schema to the first Schema that reads it. Each record type
 // has its own schema, below; Schema is at least the largest of them.
 // Readers are upgraded before writers: shards and routers, then managers.
-const Schema = 2
+const Schema = 3
 
 // The schema each record is written with: the oldest reader that may act
 // on it.
@@ -192,11 +192,12 @@ func (si ShardInfo) Holds(model string, version uint64, p uint32, id string) boo
 }
 
 // Assignment is the serving map of one model, written by the manager
-// alone. Routers answer unpinned requests from Live, and requests pinned
-// to a version from Live or a Standby version; Staged is loaded beside
-// Live and is never served before the manager commits it. Shards load
-// Live, Staged and Standby for the partitions assigned to them, and drop
-// everything else.
+// alone. Routers answer unpinned requests from Live (and a share of them
+// from Canary), and requests pinned to a version from Live, Canary or a
+// Standby version; Staged is loaded beside Live and is never served to
+// users before the manager commits it. Shards load Live, Canary, Staged
+// and Standby for the partitions assigned to them, and drop everything
+// else.
 type Assignment struct {
 	Schema int    `json:"schema"`
 	Model  string `json:"model"`
@@ -205,6 +206,12 @@ type Assignment struct {
 	Live       uint64     `json:"live,omitempty"`    // 0: nothing committed yet
 	Staged     uint64     `json:"staged,omitempty"`  // 0: no rollout under way
 	Standby    []uint64   `json:"standby,omitempty"` // kept loaded for rollback, newest-live first
+	// Canary, when set, is served beside Live to CanaryFraction of the
+	// unpinned requests (by their key's hash: see router). A reader that
+	// ignores it serves Live to all, as before the canary: no schema
+	// change.
+	Canary         uint64  `json:"canary,omitempty"`
+	CanaryFraction float64 `json:"canary_fraction,omitempty"`
 	Partitions uint32     `json:"partitions"`
 	Replicas   [][]string `json:"replicas"` // partition → shard IDs
 	// Versions has the scoring metadata and the expected content of
@@ -244,11 +251,11 @@ func (a *Assignment) Info(v uint64) *VersionInfo {
 	return nil
 }
 
-// Kept lists the versions shards keep loaded: Live, Staged and Standby,
-// without zeros or repeats.
+// Kept lists the versions shards keep loaded: Live, Canary, Staged and
+// Standby, without zeros or repeats.
 func (a *Assignment) Kept() []uint64 {
 	var out []uint64
-	for _, v := range append([]uint64{a.Live, a.Staged}, a.Standby...) {
+	for _, v := range append([]uint64{a.Live, a.Canary, a.Staged}, a.Standby...) {
 		if v != 0 && !slices.Contains(out, v) {
 			out = append(out, v)
 		}
