@@ -125,25 +125,23 @@ type rpcBuf struct {
 	buf      []byte // the encoded request
 }
 
-// version is the version of t's model that answers req.
-func (r *Router) version(t *table, req *Request) (*versionRoute, error) {
+// version is the version of t's model that answers req, given its draw
+// (canary.go), with its track's metrics (nil for a pinned request).
+func (r *Router) version(t *table, req *Request, d uint64) (*versionRoute, *trackMetrics, error) {
 	mr := t.models[req.Model]
 	if mr == nil {
-		return nil, fmt.Errorf("router: %w: model %q is not served", ErrNotFound, req.Model)
+		return nil, nil, fmt.Errorf("router: %w: model %q is not served", ErrNotFound, req.Model)
 	}
-	vr := mr.live
-	if req.Version != 0 {
-		if vr = mr.versions[req.Version]; vr == nil {
-			return nil, fmt.Errorf("router: %w: model %q version %d is not served (servable: %v)", ErrNotFound, req.Model, req.Version, r.status(t, req.Model).Versions)
-		}
+	vr, tm, err := mr.choose(req, d)
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case vr == nil && mr.why != "":
+		return nil, nil, fmt.Errorf("router: %w: %s", ErrUnavailable, mr.why)
+	case vr == nil:
+		return nil, nil, fmt.Errorf("router: %w: model %q has no version with every partition loaded yet", ErrUnavailable, req.Model)
 	}
-	if vr == nil && mr.why != "" {
-		return nil, fmt.Errorf("router: %w: %s", ErrUnavailable, mr.why)
-	}
-	if vr == nil {
-		return nil, fmt.Errorf("router: %w: model %q has no version with every partition loaded yet", ErrUnavailable, req.Model)
-	}
-	return vr, nil
+	return vr, tm, nil
 }
 
 // dedup numbers the distinct ids of the whole batch, shared features

@@ -29,6 +29,13 @@ type Request struct {
 	// is its shape as sent: [rows, D].
 	Dense      []float32
 	DenseShape [2]int64
+	// Track, for an unpinned request, names the arm that answers it:
+	// TrackStable (the live version) or TrackCanary; "" lets its key
+	// choose (see canary.go).
+	Track string
+	// CanaryKey places the request on one arm of a canary split: the
+	// same key, the same arm, on every router. "" draws at random.
+	CanaryKey string
 }
 
 // Rows is the batch size.
@@ -97,6 +104,10 @@ func (r *Request) Validate(l Limits) error {
 		return invalid("%d fields for %d ids", len(r.Fields), len(r.IDs))
 	case r.SharedFields != nil && len(r.SharedFields) != len(r.SharedIDs):
 		return invalid("%d shared fields for %d shared ids", len(r.SharedFields), len(r.SharedIDs))
+	case r.Track != "" && r.Track != TrackStable && r.Track != TrackCanary:
+		return invalid("track %q: want %q or %q", r.Track, TrackStable, TrackCanary)
+	case r.Track != "" && r.Version != 0:
+		return invalid("a request names a version or a track, not both")
 	case r.RowSplits[0] != 0:
 		return invalid("row_splits must start at 0, starts at %d", r.RowSplits[0])
 	case r.RowSplits[len(r.RowSplits)-1] != int64(len(r.IDs)):

@@ -164,6 +164,7 @@ type Router struct {
 	regMu    sync.Mutex
 	reg      *topo.Registration // nil until registered
 	regValue string             // what to register: the latest registration
+	tracks   *tracks            // the watch goroutine's
 }
 
 // Start begins watching etcd. It returns at once; Ready reports when
@@ -197,8 +198,9 @@ func Start(ctx context.Context, opts Options) (*Router, error) {
 		Name: "cumulus_router_retries_total",
 		Help: "Lookups asked again: of another replica of the same partitions (replica), or whole requests run again on a newer routing table (table).",
 	}, []string{"kind"})
+	r.tracks = newTracks()
 	if opts.Registry != nil {
-		for _, c := range []prometheus.Collector{r.shardRPC, r.delay, hedges, r.retries} {
+		for _, c := range append([]prometheus.Collector{r.shardRPC, r.delay, hedges, r.retries}, r.tracks.collectors()...) {
 			if err := opts.Registry.Register(c); err != nil {
 				cancel()
 				return nil, fmt.Errorf("router: metrics: %w", err)
@@ -319,6 +321,7 @@ func (r *Router) watch(ctx context.Context) {
 			retry.Reset(time.Until(next))
 		}
 		tab := buildTable(shards, assigns, backends, dense, r.opts.Staged)
+		r.tracks.label(tab)
 		r.setRegistration(r.registration(assigns, dense))
 		tab.rev = rev
 		old := r.tab.Swap(tab)
@@ -514,9 +517,12 @@ func (r *Router) Predict(ctx context.Context, req *Request) (*Response, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.DefaultTimeout)
 	defer cancel()
 	t := r.tab.Load()
+	d := draw(req)
+	start := time.Now()
 	for attempt := 1; ; attempt++ {
-		resp, err := r.predict(ctx, t, req)
+		resp, tm, err := r.predict(ctx, t, req, d)
 		if err == nil || attempt == maxAttempts || ctx.Err() != nil || status.Code(err) != codes.FailedPrecondition {
+			tm.observe(resp, err, start)
 			return resp, err
 		}
 		select {
@@ -529,12 +535,19 @@ func (r *Router) Predict(ctx context.Context, req *Request) (*Response, error) {
 	}
 }
 
-// predict answers req from routing table t.
-func (r *Router) predict(ctx context.Context, t *table, req *Request) (*Response, error) {
-	vr, err := r.version(t, req)
+// predict answers req from routing table t, given its draw; it returns
+// the metrics of the track it chose (nil: none).
+func (r *Router) predict(ctx context.Context, t *table, req *Request, d uint64) (*Response, *trackMetrics, error) {
+	vr, tm, err := r.version(t, req, d)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	resp, err := r.answer(ctx, vr, req)
+	return resp, tm, err
+}
+
+// answer scores req on version route vr.
+func (r *Router) answer(ctx context.Context, vr *versionRoute, req *Request) (*Response, error) {
 	// The calls still out when this attempt returns (hedges that lost, or
 	// all of them when it failed) are cancelled, not left holding the
 	// shards' admission while Predict waits for a newer table.

@@ -65,6 +65,12 @@ type modelRoute struct {
 	live     *versionRoute            // nil: no complete version yet
 	versions map[uint64]*versionRoute // every complete version
 	why      string                   // why live is nil, when the map names one
+	// canary answers the unpinned requests whose draw is below
+	// threshold (see canary.go); nil: none.
+	canary    *versionRoute
+	threshold uint64
+	// The tracks' metrics (tracks.label).
+	stableObs, canaryObs *trackMetrics
 }
 
 // table is an immutable routing snapshot; requests read it through an
@@ -76,8 +82,9 @@ type table struct {
 }
 
 // buildTable routes each model as the serving map says: unpinned
-// requests to its Live version, requests pinned to a version to Live or a
-// Standby version; never a Staged one, but for the manager's gate router
+// requests to its Live version (and a share to its Canary), requests
+// pinned to a version to Live, Canary or a Standby version; never a
+// Staged one, but for the manager's gate router
 // (staged), which routes pinned requests to it. A partition goes only to shards
 // the map assigns it to that are registered (alive under their lease) and
 // report exactly the content identity the map expects, so a shard loaded
@@ -93,7 +100,7 @@ func buildTable(shards map[string]topo.ShardInfo, assigns map[string]topo.Assign
 	for name, a := range assigns {
 		mr := &modelRoute{name: name, versions: map[uint64]*versionRoute{}}
 		t.models[name] = mr
-		versions := append([]uint64{a.Live}, a.Standby...)
+		versions := append([]uint64{a.Live, a.Canary}, a.Standby...)
 		if staged && a.Staged != 0 {
 			versions = append(versions, a.Staged)
 		}
@@ -103,6 +110,9 @@ func buildTable(shards map[string]topo.ShardInfo, assigns map[string]topo.Assign
 			}
 		}
 		mr.live = mr.versions[a.Live]
+		if mr.canary = mr.versions[a.Canary]; mr.canary != nil {
+			mr.threshold = threshold(a.CanaryFraction)
+		}
 		if info := a.Info(a.Live); mr.live == nil && info != nil && info.Dense != "" && held[info.Dense] == nil {
 			mr.why = fmt.Sprintf("model %q version %d cannot be scored yet: %s", name, a.Live, dense.reason(info.Dense))
 		}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -217,6 +218,14 @@ func (k *kserveGRPC) infer(ctx context.Context, r *kservepb.ModelInferRequest) (
 	req, err := buildRequest(r.ModelName, r.ModelVersion, inputs)
 	if err != nil {
 		return nil, err
+	}
+	req.CanaryKey = r.Id
+	if p := r.Parameters["canary_key"]; p != nil {
+		k, ok := p.ParameterChoice.(*kservepb.InferParameter_StringParam)
+		if !ok {
+			return nil, badInput("parameters.canary_key must be a string_param")
+		}
+		req.CanaryKey = cmp.Or(k.StringParam, r.Id)
 	}
 	// The slot was taken before decoding; the weight is known now.
 	t0 := time.Now()

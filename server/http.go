@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -137,6 +138,7 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 	if err != nil {
 		return err
 	}
+	req.CanaryKey = cmp.Or(ib.canaryKey, ib.id)
 	t1 := time.Now()
 	held, err := s.adm.bytes.Acquire(ctx, requestBytes(req))
 	if err != nil {

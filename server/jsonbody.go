@@ -39,9 +39,10 @@ const maxDataDepth = 4
 // inferBody is a decoded infer request: the JSON document, or the JSON
 // header of a binary-extension body with its binary inputs still to read.
 type inferBody struct {
-	id      string
-	idSet   bool
-	timeout time.Duration // parameters.timeout (µs); 0 if absent
+	id        string
+	idSet     bool
+	canaryKey string        // parameters.canary_key
+	timeout   time.Duration // parameters.timeout (µs); 0 if absent
 	// binaryDataOutput is parameters.binary_data_output; scoresBinary is
 	// the scores output's parameters.binary_data, which overrides it
 	// (0 unset, 1 false, 2 true).
@@ -257,6 +258,10 @@ func (d *jsonDecoder) decode() (*inferBody, error) {
 				case "timeout": // 0: none, as Triton reads it
 					us, err := d.integer("parameters.timeout (microseconds)", 0, math.MaxInt64/1000)
 					b.timeout = time.Duration(us) * time.Microsecond
+					return err
+				case "canary_key":
+					k, err := d.str("parameters.canary_key")
+					b.canaryKey = k
 					return err
 				case "binary_data_output":
 					v, err := d.boolean("parameters.binary_data_output")

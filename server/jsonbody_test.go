@@ -202,3 +202,26 @@ func TestEmptyDenseIsSent(t *testing.T) {
 		t.Fatalf("request %+v, %v", req, err)
 	}
 }
+
+// TestCanaryParameters: parameters.canary_key is read as a string, and a
+// model version may name a track.
+func TestCanaryParameters(t *testing.T) {
+	in := `"inputs":[{"name":"ids","datatype":"INT64","shape":[1],"data":[1]},{"name":"row_splits","datatype":"INT64","shape":[2],"data":[0,1]}]`
+	b, err := decodeString(`{"id":"r1","parameters":{"canary_key":"user-7"},` + in + `}`)
+	if err != nil || b.canaryKey != "user-7" || b.id != "r1" {
+		t.Fatalf("%+v %v", b, err)
+	}
+	if _, err := decodeString(`{"parameters":{"canary_key":7},` + in + `}`); err == nil || !strings.Contains(err.Error(), "parameters.canary_key") {
+		t.Fatalf("a numeric canary_key: %v", err)
+	}
+	b, _ = decodeString(`{` + in + `}`)
+	for version, want := range map[string]string{"canary": "canary", "stable": "stable", "": "", "3": ""} {
+		req, err := buildRequest("m", version, b.inputs)
+		if err != nil || req.Track != want {
+			t.Fatalf("version %q: %+v %v", version, req, err)
+		}
+	}
+	if _, err := buildRequest("m", "beta", b.inputs); err == nil || !strings.Contains(err.Error(), `"canary"`) {
+		t.Fatalf("version beta: %v", err)
+	}
+}

@@ -201,10 +201,14 @@ func knownInput(name string) error {
 // buildRequest turns decoded inputs into a router request.
 func buildRequest(model, version string, inputs []tensor) (*router.Request, error) {
 	req := &router.Request{Model: model}
-	if version != "" {
+	switch version {
+	case "":
+	case router.TrackStable, router.TrackCanary:
+		req.Track = version
+	default:
 		v, err := strconv.ParseUint(version, 10, 64)
 		if err != nil || v == 0 {
-			return nil, badInput("model version %q is not a positive integer", version)
+			return nil, badInput("model version %q is not a positive integer, %q or %q", version, router.TrackStable, router.TrackCanary)
 		}
 		req.Version = v
 	}

@@ -119,7 +119,7 @@ func adminCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "admin",
-		Short: "Operate models through the manager's admin API: list, show, roll back, pin, accept, rescan, audit",
+		Short: "Operate models through the manager's admin API: list, show, roll back, pin, canary, promote, accept, rescan, audit",
 		Long: `admin calls the manager's admin API (cumulus manager --admin-addr, or cumulus dev).
 The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `.`,
 		Args: cobra.NoArgs,
@@ -287,7 +287,54 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 			return run(http.MethodPost, model(args[0])+"/accept", map[string]any{"version": v, "reason": reason}, printChange(fmt.Sprintf("accepted version %d (validated again)", v)))
 		}}
 	accept.Flags().StringVar(&reason, "reason", "", "why the version may serve (required; audited)")
-	cmd.AddCommand(rollback, audit, prune, accept)
+	var fraction float64
+	var off bool
+	canary := &cobra.Command{Use: "canary NAME [VERSION]", Short: "Give VERSION --fraction of the model's traffic beside the live version (once staged and gated), or take it away (--off)", Args: cobra.RangeArgs(1, 2),
+		Long: `canary gives VERSION a share of the model's unpinned requests, --fraction
+(above 0, at most 0.5), once every shard holds it and its gates pass; the
+live version is the stable one, and does not move on by itself meanwhile.
+A request goes to the canary when xxh64(key)/2^64 < fraction, the key
+being its parameters.canary_key, else its id, else random: a key stays on
+one arm on every router. model_version "canary" or "stable" names an arm.
+promote makes the canary live; --off, a pin or a rollback drop it.`,
+		RunE: func(c *cobra.Command, args []string) error {
+			l, err := live(c, args[0])
+			if err != nil {
+				return err
+			}
+			if off {
+				if len(args) != 1 {
+					return errors.New("--off takes no VERSION")
+				}
+				return run(http.MethodDelete, model(args[0])+"/canary?from="+strconv.FormatUint(l, 10), nil, printChange("canary off"))
+			}
+			if len(args) != 2 {
+				return errors.New("give NAME VERSION (or NAME --off)")
+			}
+			v, err := strconv.ParseUint(args[1], 10, 64)
+			if err != nil || v == 0 {
+				return fmt.Errorf("version %q: want a number ≥ 1", args[1])
+			}
+			if !(fraction > 0 && fraction <= manager.MaxCanaryFraction) {
+				return fmt.Errorf("--fraction %v: want above 0 and at most %g", fraction, manager.MaxCanaryFraction)
+			}
+			return run(http.MethodPut, model(args[0])+"/canary", map[string]any{"version": v, "fraction": fraction, "from": l},
+				printChange(fmt.Sprintf("canary %d at %g (it serves once staged and gated)", v, fraction)))
+		}}
+	canary.Flags().Float64Var(&fraction, "fraction", 0, "the canary's share of the unpinned requests (above 0, at most 0.5)")
+	canary.Flags().BoolVar(&off, "off", false, "take the canary away")
+	promote := &cobra.Command{Use: "promote NAME", Short: "Make the serving canary the live version", Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			l, err := live(c, args[0])
+			if err != nil {
+				return err
+			}
+			return run(http.MethodPost, model(args[0])+"/promote", map[string]uint64{"from": l}, printChange("promoted the canary"))
+		}}
+	for _, c := range []*cobra.Command{canary, promote} {
+		c.Flags().Uint64Var(&from, "from", 0, "the live version this call acts on (default: the live version now); refused if it has moved")
+	}
+	cmd.AddCommand(rollback, audit, prune, accept, canary, promote)
 	return cmd
 }
 
@@ -347,12 +394,23 @@ func printModels(b []byte) error {
 		return fmt.Errorf("admin API answered badly: %w", err)
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "MODEL\tLIVE\tSTAGED\tPIN\tSTANDBY\tVERSIONS\tREJECTED")
+	fmt.Fprintln(w, "MODEL\tLIVE\tCANARY\tSTAGED\tPIN\tSTANDBY\tVERSIONS\tREJECTED")
 	for _, m := range out.Models {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", m.Name, versionOrDash(m.Live), versionOrDash(m.Staged), versionOrDash(m.Pin),
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", m.Name, versionOrDash(m.Live), canaryText(m.Canary), versionOrDash(m.Staged), versionOrDash(m.Pin),
 			joinVersions(m.Standby), m.Versions, m.Rejected)
 	}
 	return w.Flush()
+}
+
+// canaryText is a canary in a word or three.
+func canaryText(c *manager.Canary) string {
+	switch {
+	case c == nil:
+		return "-"
+	case c.Serving:
+		return fmt.Sprintf("%d at %g", c.Version, c.Fraction)
+	}
+	return fmt.Sprintf("%d at %g (staging)", c.Version, c.Fraction)
 }
 
 func printModel(b []byte) error {
@@ -365,6 +423,9 @@ func printModel(b []byte) error {
 		intent = fmt.Sprintf("pinned to %d", d.Pin)
 	}
 	fmt.Printf("model %s: %d partitions, live %s, %s\n", d.Name, d.Partitions, versionOrDash(d.Live), intent)
+	if d.Canary != nil {
+		fmt.Printf("canary: %s\n", canaryText(d.Canary))
+	}
 	if d.Rollout != nil {
 		fmt.Printf("rollout: version %d staged, %d of %d replicas hold it\n", d.Rollout.Version, d.Rollout.Holding, d.Rollout.Replicas)
 	}
@@ -424,7 +485,10 @@ func printChange(what string) func([]byte) error {
 			return fmt.Errorf("admin API answered badly: %w", err)
 		}
 		fmt.Printf("%s: %s; live %s", d.Name, what, versionOrDash(d.Live))
-		if d.Staged != 0 {
+		if d.Canary != nil {
+			fmt.Printf(", canary %s", canaryText(d.Canary))
+		}
+		if d.Staged != 0 && (d.Canary == nil || d.Canary.Version != d.Staged) {
 			fmt.Printf(", staging %d (live once every replica holds it)", d.Staged)
 		}
 		fmt.Printf(", standby %s\n", joinVersions(d.Standby))
