@@ -157,7 +157,7 @@ type ModelState struct {
 	// with another count is rejected.
 	Partitions uint32 `json:"partitions,omitempty"`
 	// Pin is the operator's intent: 0 follows the newest valid version.
-	Pin      uint64     `json:"pin,omitempty"`
+	Pin uint64 `json:"pin,omitempty"`
 	// Canary is the operator's canary (OpCanary): while set, the live
 	// version does not move on by itself.
 	Canary   *Canary    `json:"canary,omitempty"`

@@ -2,8 +2,8 @@ package router
 
 import (
 	"fmt"
-	"math"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -146,7 +146,6 @@ func (mr *modelRoute) choose(req *Request, d uint64) (*versionRoute, *trackMetri
 	}
 	return mr.live, mr.stableObs, nil
 }
-
 
 // observe records one request's outcome on its track (m nil: a pinned
 // request, or no version chosen).

@@ -202,18 +202,18 @@ type Assignment struct {
 	Schema int    `json:"schema"`
 	Model  string `json:"model"`
 	// Seq counts the record's changes; shards report the Seq they follow.
-	Seq        uint64     `json:"seq"`
-	Live       uint64     `json:"live,omitempty"`    // 0: nothing committed yet
-	Staged     uint64     `json:"staged,omitempty"`  // 0: no rollout under way
-	Standby    []uint64   `json:"standby,omitempty"` // kept loaded for rollback, newest-live first
+	Seq     uint64   `json:"seq"`
+	Live    uint64   `json:"live,omitempty"`    // 0: nothing committed yet
+	Staged  uint64   `json:"staged,omitempty"`  // 0: no rollout under way
+	Standby []uint64 `json:"standby,omitempty"` // kept loaded for rollback, newest-live first
 	// Canary, when set, is served beside Live to CanaryFraction of the
 	// unpinned requests (by their key's hash: see router). A reader that
 	// ignores it serves Live to all, as before the canary: no schema
 	// change.
-	Canary         uint64  `json:"canary,omitempty"`
-	CanaryFraction float64 `json:"canary_fraction,omitempty"`
-	Partitions uint32     `json:"partitions"`
-	Replicas   [][]string `json:"replicas"` // partition → shard IDs
+	Canary         uint64     `json:"canary,omitempty"`
+	CanaryFraction float64    `json:"canary_fraction,omitempty"`
+	Partitions     uint32     `json:"partitions"`
+	Replicas       [][]string `json:"replicas"` // partition → shard IDs
 	// Versions has the scoring metadata and the expected content of
 	// every version named above.
 	Versions []VersionInfo `json:"versions"`
