@@ -39,7 +39,7 @@ func (m *Manager) runGates(ctx context.Context) {
 
 // runGate runs one staged gate on version g.
 func (m *Manager) runGate(ctx context.Context, gate string, g RunGates) GateResult {
-	res := GateResult{Gate: gate, Outcome: "passed"}
+	res, start := GateResult{Gate: gate, Outcome: "passed"}, time.Now()
 	switch gate {
 	case GateValidator:
 		if reason := m.runValidator(ctx, m.opts.Repo.VersionDir(g.Model, g.Version)); reason != "" {
@@ -54,6 +54,7 @@ func (m *Manager) runGate(ctx context.Context, gate string, g RunGates) GateResu
 		res.Outcome, res.Reason = "failed", fmt.Sprintf("this manager has no gate %q", gate)
 	}
 	res.At = time.Now().UTC()
+	res.Took = res.At.Sub(start)
 	return res
 }
 

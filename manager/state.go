@@ -112,6 +112,9 @@ type GateResult struct {
 	Outcome string    `json:"outcome"`
 	Reason  string    `json:"reason,omitempty"`
 	At      time.Time `json:"at"`
+	// Took is how long the gate ran (0 for the finite gate, which runs
+	// within the files' verification).
+	Took time.Duration `json:"took,omitempty"`
 }
 
 // Validation gates.

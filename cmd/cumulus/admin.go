@@ -451,10 +451,14 @@ func printModel(b []byte) error {
 	}
 	// Each gate's outcome with its time and reason (a passed golden
 	// gate's largest difference, a hold-out gate's log-losses).
-	fmt.Fprintln(w, "\nVERSION\tGATE\tOUTCOME\tAT\tREASON")
+	fmt.Fprintln(w, "\nVERSION\tGATE\tOUTCOME\tAT\tTOOK\tREASON")
 	for _, v := range d.Versions {
 		for _, g := range v.Gates {
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", v.Version, g.Gate, g.Outcome, g.At.Format(time.DateTime), cmp.Or(g.Reason, "-"))
+			took := "-"
+			if g.Took > 0 {
+				took = g.Took.Round(time.Millisecond / 10).String()
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Version, g.Gate, g.Outcome, g.At.Format(time.DateTime), took, cmp.Or(g.Reason, "-"))
 		}
 	}
 	fmt.Fprintln(w, "\nSHARD\tADDR\tBUILD\tASSIGNED\tLOADED (version:partitions)\tMISMATCHED\tERRORS")

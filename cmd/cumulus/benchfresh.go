@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -100,18 +101,25 @@ Target (issue 13): every delta of 1,000,000 keys served within 1s.`,
 				// The gate ran on every delta served: its outcomes, as
 				// the manager recorded them.
 				outcomes := map[string]int{}
+				var took []time.Duration
 				for _, f := range fs {
 					outcome := "not recorded"
 					for _, v := range lb.cluster.Manager.State().Models[modelName].Versions {
 						for _, g := range v.Gates {
 							if v.Version == f.Version && g.Gate == manager.GateGolden {
 								outcome = g.Outcome
+								took = append(took, g.Took)
 							}
 						}
 					}
 					outcomes[outcome]++
 				}
-				fmt.Printf("golden gate on the deltas: %v\n", outcomes)
+				slices.Sort(took)
+				fmt.Printf("golden gate on the deltas: %v", outcomes)
+				if len(took) > 0 {
+					fmt.Printf("; each ran %s (median), %s (slowest)", took[len(took)/2].Round(time.Millisecond/10), took[len(took)-1].Round(time.Millisecond/10))
+				}
+				fmt.Println()
 			}
 			return err
 		},

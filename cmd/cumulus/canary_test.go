@@ -96,10 +96,14 @@ func TestCanaryEndToEnd(t *testing.T) {
 	waitFor("v1 live", func(d manager.ModelDetail) bool { return d.Live == 1 })
 	router2 := startProcess(t, []string{"http: http://"}, "router", "--etcd", dev.out["etcd: "], "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-level", "warn")
 	fronts := []string{dev.out["http: http://"], router2.out["http: http://"]}
-	waitRouterReady(t, fronts[1])
+	for _, f := range fronts {
+		waitRouterReady(t, f)
+	}
 
 	// The load: unkeyed requests to both routers all along.
 	var sent, failed atomic.Int64
+	var errMu sync.Mutex
+	var errs []string
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range 2 {
@@ -115,6 +119,11 @@ func TestCanaryEndToEnd(t *testing.T) {
 				sent.Add(1)
 				if _, err := inferVersion(fronts[i], "", canaryBody("")); err != nil {
 					failed.Add(1)
+					errMu.Lock()
+					if len(errs) < 5 {
+						errs = append(errs, fmt.Sprintf("router %d at %s: %v", i, time.Now().Format("15:04:05.000"), err))
+					}
+					errMu.Unlock()
 				}
 			}
 		}()
@@ -240,6 +249,6 @@ func TestCanaryEndToEnd(t *testing.T) {
 	stopLoad()
 	t.Logf("load: %d requests, %d failed", sent.Load(), failed.Load())
 	if failed.Load() != 0 {
-		t.Fatalf("%d of %d requests failed", failed.Load(), sent.Load())
+		t.Fatalf("%d of %d requests failed; the first: %s", failed.Load(), sent.Load(), strings.Join(errs, "; "))
 	}
 }

@@ -153,6 +153,7 @@ func TestGatesEndToEnd(t *testing.T) {
 		})
 	}
 	waitVersion(1, "live", "finite passed, golden passed, holdout skipped, validator passed", "")
+	waitRouterReady(t, dev.out["http: http://"])
 
 	// The load: every golden request in turn, over HTTP; each answer's
 	// version is recorded.
