@@ -122,6 +122,8 @@ func (m *ModelState) accept(c Command) ([]Action, error) {
 	switch {
 	case slices.Contains(failed, GateFinite):
 		return nil, fmt.Errorf("%w: model %s version %d failed the finite gate, which cannot be accepted: shards refuse to load non-finite parameters; publish a fixed version", ErrConflict, m.Name, c.Version)
+	case len(failed) == 0 && v.Kind == "delta" && v.Reason == parentRejected(v.Parent):
+		return nil, fmt.Errorf("%w: model %s version %d was rejected with its parent: accept version %d (the deltas on it are validated again with it)", ErrConflict, m.Name, c.Version, v.Parent)
 	case len(failed) == 0:
 		return nil, fmt.Errorf("%w: model %s version %d was not rejected by a gate but because %s; fix the cause (then rescan) rather than accept it", ErrConflict, m.Name, c.Version, v.Reason)
 	}

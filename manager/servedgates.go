@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/golden"
@@ -127,20 +128,36 @@ func (m *Manager) gateSet(gate string, g RunGates) (*golden.Set, error) {
 }
 
 // score sends every request of set to version v, in order, and returns
-// the scores, row after row.
+// the scores, row after row. A request that finds a shard unavailable or
+// overloaded (restarting, say) is sent again after a pause, within ctx:
+// a gate judges the version, not the cluster's passing trouble.
 func score(ctx context.Context, r *router.Router, set *golden.Set, v uint64) ([]float32, error) {
 	out := make([]float32, 0, set.Rows())
 	for _, c := range set.Cases {
 		req := *c.Req
 		req.Version = v
-		resp, err := r.Predict(ctx, &req)
-		if err != nil {
-			return nil, fmt.Errorf("line %d: %v", c.Line, err)
+		for {
+			resp, err := r.Predict(ctx, &req)
+			if err == nil {
+				out = append(out, resp.Scores...)
+				break
+			}
+			if !errors.Is(err, router.ErrUnavailable) && !errors.Is(err, router.ErrResourceExhausted) {
+				return nil, fmt.Errorf("line %d: %v", c.Line, err)
+			}
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("line %d: %v (until the gate's time ran out)", c.Line, err)
+			case <-time.After(gateRetryPause):
+			}
 		}
-		out = append(out, resp.Scores...)
 	}
 	return out, nil
 }
+
+// gateRetryPause is how long a gate's request waits before it is sent
+// again after a transient failure.
+const gateRetryPause = 100 * time.Millisecond
 
 // compareGolden checks every served score against its want.
 func (m *Manager) compareGolden(set *golden.Set, scores []float32) (outcome, reason string) {

@@ -23,6 +23,7 @@ import (
 	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
+	"github.com/cumulus-serving/cumulus/shard"
 )
 
 // TestFiniteGate: a version holding a NaN parameter (written around the
@@ -210,7 +211,11 @@ func none(int) []float64 { return nil }
 
 // versionOf is version v of the manager's state of model.
 func versionOf(c *devcluster.Cluster, model string, v uint64) *manager.Version {
-	for _, x := range c.Manager.State().Models[model].Versions {
+	m := c.Manager.State().Models[model]
+	if m == nil {
+		return nil
+	}
+	for _, x := range m.Versions {
 		if x.Version == v {
 			return &x
 		}
@@ -387,4 +392,41 @@ func TestGoldenAndHoldoutGates(t *testing.T) {
 	waitRejected(4, "gate holdout failed: mean log-loss")
 	t.Logf("v2's gates %+v; v4: %s", v2.Gates, versionOf(c, "fm", 4).Reason)
 	servesUntouched(3, v1up)
+}
+
+// TestGoldenGateRidesOutShardErrors: a shard failing half its lookups
+// (unavailable) does not fail the golden gate: its requests are sent
+// again until they are answered, and the version goes live.
+func TestGoldenGateRidesOutShardErrors(t *testing.T) {
+	repoDir := t.TempDir()
+	repo := loader.Repo{Dir: repoDir}
+	v1 := randomModel(model.LR, 0, 1000, 31)
+	rng := rand.New(rand.NewPCG(31, 31))
+	var reqs []*router.Request
+	for range 10 {
+		reqs = append(reqs, randomRequest(rng, "lr", v1, 10, 5, 3))
+	}
+	set, err := golden.Parse(goldenFile(t, reqs, none, none), "lr", router.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.PublishSpec(loader.Spec{Name: "lr", Partitions: 2, Golden: set}, v1); err != nil {
+		t.Fatal(err)
+	}
+	faults, err := shard.ParseFaults("error=unavailable,fraction=0.5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := devcluster.Start(context.Background(), devcluster.Options{Repo: repoDir, DataDir: t.TempDir(), Shards: 2, ScanInterval: time.Hour,
+		Shard: func(i int, o *shard.Options) { o.Faults = faults }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if x := versionOf(c, "lr", 1); x == nil || x.Phase != manager.PhaseLive || gateOutcomes(x) != "finite passed, golden passed" {
+			return fmt.Errorf("v1: %+v", x)
+		}
+		return nil
+	})
 }
