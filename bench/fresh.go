@@ -206,28 +206,45 @@ func durations(ds []time.Duration) string {
 }
 
 // freshGolden is the golden requests a delta is published with: its
-// parent's, or, when it has none, o.Golden requests of 10 rows of 20
-// features drawn from the key space, the probe among them.
+// parent's, or, when it has none, o.Golden requests drawn from the key
+// space (GateRequests), the probe among each one's features.
 func freshGolden(o FreshOptions, rng *rand.Rand, parent *codec.Manifest) (*golden.Set, error) {
 	b, err := o.Repo.Golden(parent)
 	if err != nil {
 		return nil, err
 	}
 	if b == nil {
-		for range o.Golden {
-			req := &router.Request{RowSplits: []int64{0}, SharedIDs: []uint64{probeKey}}
-			for range 10 {
-				for range 20 {
-					req.IDs = append(req.IDs, rng.Uint64N(o.KeySpace))
-				}
-				req.RowSplits = append(req.RowSplits, int64(len(req.IDs)))
-			}
-			line, err := golden.Line(req, nil, nil)
-			if err != nil {
-				return nil, err
-			}
-			b = append(append(b, line...), '\n')
+		b, err = GateRequests(rng, o.Golden, o.KeySpace, false)
+		if err != nil {
+			return nil, err
 		}
 	}
 	return golden.Parse(b, o.Model, router.Limits{})
+}
+
+// GateRequests is a file of n requests for the gates (package golden),
+// each of 10 rows of 20 features drawn from [0, keySpace) and the probe
+// feature shared; with labels, each row labeled 0 or 1 at random.
+func GateRequests(rng *rand.Rand, n int, keySpace uint64, labels bool) ([]byte, error) {
+	var b []byte
+	for range n {
+		req := &router.Request{RowSplits: []int64{0}, SharedIDs: []uint64{probeKey}}
+		var l []float64
+		for range 10 {
+			for range 20 {
+				req.IDs = append(req.IDs, rng.Uint64N(keySpace))
+			}
+			req.RowSplits = append(req.RowSplits, int64(len(req.IDs)))
+			l = append(l, float64(rng.IntN(2)))
+		}
+		if !labels {
+			l = nil
+		}
+		line, err := golden.Line(req, nil, l)
+		if err != nil {
+			return nil, err
+		}
+		b = append(append(b, line...), '\n')
+	}
+	return b, nil
 }
