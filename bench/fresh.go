@@ -226,25 +226,22 @@ func freshGolden(o FreshOptions, rng *rand.Rand, parent *codec.Manifest) (*golde
 // each of 10 rows of 20 features drawn from [0, keySpace) and the probe
 // feature shared; with labels, each row labeled 0 or 1 at random.
 func GateRequests(rng *rand.Rand, n int, keySpace uint64, labels bool) ([]byte, error) {
-	var b []byte
-	for range n {
+	reqs := make([]*router.Request, n)
+	ls := make([][]float64, n)
+	for i := range reqs {
 		req := &router.Request{RowSplits: []int64{0}, SharedIDs: []uint64{probeKey}}
-		var l []float64
 		for range 10 {
 			for range 20 {
 				req.IDs = append(req.IDs, rng.Uint64N(keySpace))
 			}
 			req.RowSplits = append(req.RowSplits, int64(len(req.IDs)))
-			l = append(l, float64(rng.IntN(2)))
+			ls[i] = append(ls[i], float64(rng.IntN(2)))
 		}
-		if !labels {
-			l = nil
-		}
-		line, err := golden.Line(req, nil, l)
-		if err != nil {
-			return nil, err
-		}
-		b = append(append(b, line...), '\n')
+		reqs[i] = req
 	}
-	return b, nil
+	label := golden.None
+	if labels {
+		label = func(i int) []float64 { return ls[i] }
+	}
+	return golden.Lines(reqs, golden.None, label)
 }

@@ -192,22 +192,18 @@ func TestValidatorGate(t *testing.T) {
 	}
 }
 
-// goldenFile writes requests as golden lines, each with want(i) (nil:
-// none) and labels(i) (nil: none).
+// goldenFile is requests as golden lines, each with want(i) (nil: none)
+// and labels(i) (nil: none).
 func goldenFile(t *testing.T, reqs []*router.Request, want, labels func(i int) []float64) []byte {
 	t.Helper()
-	var b []byte
-	for i, r := range reqs {
-		line, err := golden.Line(r, want(i), labels(i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b = append(append(b, line...), '\n')
+	b, err := golden.Lines(reqs, want, labels)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return b
 }
 
-func none(int) []float64 { return nil }
+var none = golden.None
 
 // versionOf is version v of the manager's state of model.
 func versionOf(c *devcluster.Cluster, model string, v uint64) *manager.Version {

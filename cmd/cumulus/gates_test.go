@@ -77,17 +77,13 @@ func TestGatesEndToEnd(t *testing.T) {
 		return req
 	}
 	lines := func(reqs []*router.Request, want, labels func(int) []float64) []byte {
-		var b []byte
-		for i, r := range reqs {
-			line, err := golden.Line(r, want(i), labels(i))
-			if err != nil {
-				t.Fatal(err)
-			}
-			b = append(append(b, line...), '\n')
+		b, err := golden.Lines(reqs, want, labels)
+		if err != nil {
+			t.Fatal(err)
 		}
 		return b
 	}
-	noneOf := func(int) []float64 { return nil }
+	noneOf := golden.None
 	var reqs, hold []*router.Request
 	for range 5 {
 		reqs = append(reqs, request())

@@ -262,3 +262,20 @@ func Line(req *router.Request, want, labels []float64) ([]byte, error) {
 	}
 	return json.Marshal(body)
 }
+
+// Lines is reqs as a file: request i's line with want(i) and labels(i)
+// (nil: none), each line ended by a newline.
+func Lines(reqs []*router.Request, want, labels func(i int) []float64) ([]byte, error) {
+	var b []byte
+	for i, r := range reqs {
+		line, err := Line(r, want(i), labels(i))
+		if err != nil {
+			return nil, err
+		}
+		b = append(append(b, line...), '\n')
+	}
+	return b, nil
+}
+
+// None is a want or labels function for Lines that gives none.
+func None(int) []float64 { return nil }

@@ -87,13 +87,9 @@ func randomRequests(rng *rand.Rand, m *loader.Sparse, n int) []*router.Request {
 }
 
 func file(t *testing.T, reqs []*router.Request, want func(i int) []float64) []byte {
-	var b []byte
-	for i, r := range reqs {
-		line, err := golden.Line(r, want(i), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b = append(append(b, line...), '\n')
+	b, err := golden.Lines(reqs, want, golden.None)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return b
 }
