@@ -90,7 +90,8 @@ type Delta struct {
 	Parent uint64
 	Source string
 	// Golden, if set, are the delta's golden requests, scored on the new
-	// chain (see Spec.Golden); nil: the delta uses its parent's.
+	// chain (see Spec.Golden); nil: the delta has none (golden requests
+	// are not inherited: their wants are one version's scores).
 	Golden Goldens
 }
 

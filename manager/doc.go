@@ -9,14 +9,23 @@
 // actions) in state.go: events are repository scans, validation results,
 // shard reports and operator commands; actions are validations to run and
 // audit entries. Every version has a phase (discovered, validating,
-// rejected with its reason, ready, staging, live, standby, retired) and
-// every model the operator's intent (follow the newest valid version, or
-// a pin). A rollout stages the target, commits it once every assigned
+// rejected with its reason, ready, staging, live, canary, standby,
+// retired) and every model the operator's intent (follow the newest valid
+// version, or a pin, and perhaps a canary). A rollout stages the target, commits it once every assigned
 // replica reports it with the content the manager validated, and keeps
 // the previous version on standby; a rollback pins a standby version and,
 // since it is loaded, commits at once: only the map changes. Moves are
 // make before break. Tests replay scenarios event by event with no clock
 // or socket (state_test.go).
+//
+// Gates (gatestate.go, gates.go, servedgates.go): a staged version is
+// committed only once its gates pass — finite (checked with its files),
+// golden requests and a hold-out set (sent to it where it is served, by
+// a router of the manager's own that alone routes staged versions), and
+// the operator's validator program. A failed gate rejects it; a gate that
+// could not run is asked again. A canary (canary.go) is a version staged
+// and gated like a rollout, then served to a share of the traffic beside
+// the live version, which meanwhile stays where it is.
 //
 // Trust: shards report the content identity of each partition they
 // verified (codec.PartitionIdentity); only reports matching the identity
@@ -26,9 +35,11 @@
 // (ModelState.Seq, ShardInfo.Applied), since an older one may list what
 // the shard is about to drop.
 //
-// Runtime (manager.go): one goroutine applies events in order; a
-// validator goroutine checks files off that loop; a watch follows the
-// shards, another the guard key. The state is persisted under
+// Runtime (manager.go): one goroutine applies events in order; validator
+// goroutines check files off that loop; the gate runner (gates.go) runs
+// one staged version's gates at a time, with its router started when a
+// gate first needs it; watches follow the shards, the routers and the
+// guard key. The state is persisted under
 // /cumulus/CLUSTER/manager/ in the same etcd transaction as the map it
 // derives, conditional on the guard key's revision (store.go), so a
 // manager with a stale view cannot overwrite a newer map: its write fails,
@@ -40,5 +51,5 @@
 // and audited.
 //
 // Not yet here (later work): raft-replicated manager state (the next
-// control-plane step), canary labels, draining a shard before it leaves.
+// control-plane step), draining a shard before it leaves.
 package manager

@@ -26,8 +26,19 @@ func (m *Manager) runGates(ctx context.Context) {
 		case g = <-m.gates:
 		}
 		ev := GatesChecked{Model: g.Model, Version: g.Version}
+		pause := time.Duration(0)
 		for _, gate := range g.Gates {
-			ev.Results = append(ev.Results, m.runGate(ctx, gate, g))
+			res := m.runGate(ctx, gate, g)
+			if res.Outcome == outcomeError {
+				// Asked again as soon as it is posted: not in a loop.
+				pause = m.opts.GateRetry
+			}
+			ev.Results = append(ev.Results, res)
+		}
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return
 		}
 		select {
 		case m.results <- ev:

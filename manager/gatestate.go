@@ -6,11 +6,13 @@ import (
 	"strings"
 )
 
-// passed reports whether v's last run of gate let it through.
+// passed reports whether v's last run of gate let it through: it
+// passed, had nothing to check against, or failed on a version an
+// operator accepted.
 func (v *Version) passed(gate string) bool {
 	for _, g := range v.Gates {
 		if g.Gate == gate {
-			return g.Outcome != "failed"
+			return g.Outcome == "passed" || g.Outcome == "skipped" || g.Outcome == "accepted"
 		}
 	}
 	return false
@@ -51,7 +53,11 @@ func (s *State) gatesPass(m *ModelState, v *Version, p Policy) bool {
 	return false
 }
 
-const reasonGating = "running gates: "
+// The reasons a staged version waits on its gates with.
+const (
+	reasonGating    = "running gates: "
+	reasonGateError = "a gate could not run (it is tried again): "
+)
 
 // gatesChecked records a staged version's gate outcomes: a failed gate
 // rejects it, and the deltas built on it that are not served; settle
@@ -59,25 +65,36 @@ const reasonGating = "running gates: "
 func (s *State) gatesChecked(ev GatesChecked) {
 	m := s.Models[ev.Model]
 	v := s.version(ev.Model, ev.Version)
+	if v != nil {
+		v.Gating = false // the run is over, whatever became of the version
+	}
 	if m == nil || v == nil || v.Phase != PhaseStaging {
 		return // no longer staged: the outcome is moot
 	}
-	v.Gating = false
 	gates := slices.Clone(v.Gates) // shared with the state Decide was given
-	var failed []string
+	var failed, errs []string
 	for _, r := range ev.Results {
 		if r.Outcome == "failed" && v.Accepted != nil && slices.Contains(v.Accepted.Gates, r.Gate) {
 			r.Outcome, r.Reason = "accepted", r.Reason+" (accepted: "+v.Accepted.Reason+")"
 		}
 		gates = slices.DeleteFunc(gates, func(g GateResult) bool { return g.Gate == r.Gate })
 		gates = append(gates, r)
-		if r.Outcome == "failed" {
+		switch r.Outcome {
+		case "failed":
 			failed = append(failed, fmt.Sprintf("gate %s failed: %s", r.Gate, r.Reason))
+		case "error":
+			errs = append(errs, fmt.Sprintf("gate %s: %s", r.Gate, r.Reason))
 		}
 	}
 	v.Gates = gates
-	if strings.HasPrefix(v.Reason, reasonGating) {
+	if strings.HasPrefix(v.Reason, reasonGating) || strings.HasPrefix(v.Reason, reasonGateError) {
 		v.Reason = ""
+	}
+	if len(failed) == 0 && len(errs) > 0 {
+		// Not the version's fault (the hold-out set unreadable, the
+		// cluster unable to answer): settle asks for the gate again.
+		v.Reason = reasonGateError + strings.Join(errs, "; ")
+		return
 	}
 	if len(failed) == 0 {
 		return

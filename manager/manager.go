@@ -77,13 +77,18 @@ type Options struct {
 	// Holdout maps a model to its hold-out set, a file of requests with
 	// labels (package golden): a staged version's mean log-loss on it may
 	// exceed the live version's by at most HoldoutMargin (absolute;
-	// default 0.01). The file is read at each run.
+	// default 0.01; negative: 0, no worse at all). The file is read at
+	// each run.
 	Holdout       map[string]string
 	HoldoutMargin float64
 	// GateTimeout bounds one run of the golden or the hold-out gate,
 	// waiting for the gate router to route the staged version included.
 	// Default 60s.
 	GateTimeout time.Duration
+	// GateRetry is how long a gate that could not run (its hold-out set
+	// unreadable, the cluster unable to answer) waits before it is asked
+	// for again. Default 5s.
+	GateRetry time.Duration
 	// LeaderTTL is the lease, in seconds, under which this manager leads:
 	// if it dies, another takes over after at most this long. Default 5.
 	LeaderTTL int
@@ -125,8 +130,14 @@ func (o *Options) Validate() error {
 	if o.ValidatorTimeout == 0 {
 		o.ValidatorTimeout = 60 * time.Second
 	}
-	if o.GateTimeout == 0 {
+	if o.GateRetry <= 0 {
+		o.GateRetry = 5 * time.Second
+	}
+	switch {
+	case o.GateTimeout == 0:
 		o.GateTimeout = 60 * time.Second
+	case o.GateTimeout < 0:
+		return errors.New("manager: GateTimeout must not be negative")
 	}
 	switch {
 	case o.GoldenTolerance == 0:
@@ -137,8 +148,10 @@ func (o *Options) Validate() error {
 	switch {
 	case o.HoldoutMargin == 0:
 		o.HoldoutMargin = 0.01
-	case !(o.HoldoutMargin >= 0):
-		return errors.New("manager: HoldoutMargin must not be negative")
+	case o.HoldoutMargin < 0:
+		o.HoldoutMargin = 0
+	case !(o.HoldoutMargin > 0):
+		return errors.New("manager: HoldoutMargin is not a number")
 	}
 	switch {
 	case o.RouterWait == 0:

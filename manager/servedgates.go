@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
@@ -24,18 +23,21 @@ import (
 // gateRouter is the manager's router, started when a gate first needs
 // it; the gate runner's goroutine only.
 type gateRouter struct {
-	ctx  context.Context // the gate runner's: the router lives as long as it
-	once sync.Once
-	r    *router.Router
-	err  error
+	ctx context.Context // the gate runner's: the router lives as long as it
+	r   *router.Router
 }
 
 func (g *gateRouter) get(m *Manager) (*router.Router, error) {
-	g.once.Do(func() {
-		g.r, g.err = router.Start(g.ctx, router.Options{Etcd: m.opts.Etcd, Cluster: m.opts.Cluster, Staged: true,
-			ID: "gates-" + m.opts.Writer, DefaultTimeout: m.opts.GateTimeout})
-	})
-	return g.r, g.err
+	if g.r != nil {
+		return g.r, nil
+	}
+	r, err := router.Start(g.ctx, router.Options{Etcd: m.opts.Etcd, Cluster: m.opts.Cluster, Staged: true,
+		ID: "gates-" + m.opts.Writer, DefaultTimeout: m.opts.GateTimeout})
+	if err != nil {
+		return nil, err
+	}
+	g.r = r
+	return r, nil
 }
 
 func (g *gateRouter) close() {
@@ -44,44 +46,66 @@ func (g *gateRouter) close() {
 	}
 }
 
+// Outcomes of a gate that did not pass.
+const (
+	outcomeFailed = "failed" // the version's fault: it is rejected
+	outcomeError  = "error"  // the gate could not run: tried again
+)
+
 // runServedGate runs the golden or the hold-out gate on version g and
-// returns its outcome and reason.
+// returns its outcome and reason: failed for what the version does
+// (wrong scores, a worse log-loss, golden requests it does not take),
+// error for what it does not (the hold-out set unreadable, the cluster
+// unable to answer in time).
 func (m *Manager) runServedGate(ctx context.Context, gate string, g RunGates) (outcome, reason string) {
-	set, err := m.gateSet(gate, g)
-	if err != nil {
-		return "failed", err.Error()
-	}
 	if gate == GateHoldout && g.Live == 0 {
 		return "skipped", "no live version to compare with"
 	}
+	set, err := m.gateSet(gate, g)
+	if err != nil {
+		if gate == GateHoldout {
+			return outcomeError, err.Error()
+		}
+		return outcomeFailed, err.Error()
+	}
 	r, err := m.gr.get(m)
 	if err != nil {
-		return "failed", fmt.Sprintf("the manager's router did not start: %v", err)
+		return outcomeError, fmt.Sprintf("the manager's router did not start: %v", err)
 	}
-	if err := r.WaitRoutable(ctx, g.Model, g.Version); err != nil {
-		return "failed", fmt.Sprintf("the manager's router could not route the staged version: %v", err)
-	}
-	scores, err := score(ctx, r, set, g.Version)
+	scores, err := score(ctx, r, set, g.Model, g.Version)
 	if err != nil {
-		return "failed", err.Error()
+		return gateErrorOutcome(err), err.Error()
 	}
 	if gate == GateGolden {
 		return m.compareGolden(set, scores)
 	}
-	if err := r.WaitRoutable(ctx, g.Model, g.Live); err != nil {
-		return "failed", fmt.Sprintf("the manager's router could not route the live version %d: %v", g.Live, err)
-	}
-	live, err := score(ctx, r, set, g.Live)
+	live, err := score(ctx, r, set, g.Model, g.Live)
 	if err != nil {
-		return "failed", fmt.Sprintf("scoring the live version %d: %v", g.Live, err)
+		return outcomeError, fmt.Sprintf("scoring the live version %d: %v", g.Live, err)
 	}
-	cand, _ := set.LogLoss(scores)
-	base, _ := set.LogLoss(live)
+	cand, err := set.LogLoss(scores)
+	if err != nil {
+		return outcomeError, err.Error()
+	}
+	base, err := set.LogLoss(live)
+	if err != nil {
+		return outcomeError, err.Error()
+	}
 	msg := fmt.Sprintf("mean log-loss %.6f on %d rows; live version %d's %.6f (margin %g)", cand, len(scores), g.Live, base, m.opts.HoldoutMargin)
 	if !(cand <= base+m.opts.HoldoutMargin) {
-		return "failed", msg
+		return outcomeFailed, msg
 	}
 	return "passed", msg
+}
+
+// gateErrorOutcome is the outcome of a gate whose requests failed with
+// err: failed when the version refused them (they do not fit it), error
+// otherwise.
+func gateErrorOutcome(err error) string {
+	if errors.Is(err, router.ErrInvalidArgument) {
+		return outcomeFailed
+	}
+	return outcomeError
 }
 
 // gateSet reads the requests gate sends: the version's golden requests,
@@ -90,11 +114,11 @@ func (m *Manager) gateSet(gate string, g RunGates) (*golden.Set, error) {
 	var b []byte
 	var what string
 	if gate == GateGolden {
-		chain, err := m.opts.Repo.Chain(g.Model, g.Version)
+		mf, err := m.opts.Repo.Manifest(g.Model, g.Version)
 		if err != nil {
 			return nil, err
 		}
-		if b, err = m.opts.Repo.Golden(chain[0]); err != nil {
+		if b, err = m.opts.Repo.Golden(mf); err != nil {
 			return nil, err
 		}
 		if b == nil {
@@ -103,13 +127,8 @@ func (m *Manager) gateSet(gate string, g RunGates) (*golden.Set, error) {
 		what = "golden requests"
 	} else {
 		path := m.opts.Holdout[g.Model]
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("hold-out set: %w", err)
-		}
-		defer f.Close()
-		// One byte past the limit: Parse refuses a file that long.
-		if b, err = io.ReadAll(io.LimitReader(f, codec.MaxGoldenBytes+1)); err != nil {
+		var err error
+		if b, err = readHoldout(path); err != nil {
 			return nil, fmt.Errorf("hold-out set %s: %w", path, err)
 		}
 		what = "hold-out set " + path
@@ -127,27 +146,58 @@ func (m *Manager) gateSet(gate string, g RunGates) (*golden.Set, error) {
 	return set, nil
 }
 
-// score sends every request of set to version v, in order, and returns
-// the scores, row after row. A request that finds a shard unavailable or
-// overloaded (restarting, say) is sent again after a pause, within ctx:
-// a gate judges the version, not the cluster's passing trouble.
-func score(ctx context.Context, r *router.Router, set *golden.Set, v uint64) ([]float32, error) {
+// readHoldout reads a hold-out set: a regular file (not a pipe or a
+// device, which could block the gate runner), of at most
+// codec.MaxGoldenBytes.
+func readHoldout(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, errors.New("not a regular file")
+	}
+	if st.Size() > codec.MaxGoldenBytes {
+		return nil, fmt.Errorf("%d bytes, over the limit of %d", st.Size(), codec.MaxGoldenBytes)
+	}
+	// One byte past the limit: Parse refuses a file that grew that long.
+	return io.ReadAll(io.LimitReader(f, codec.MaxGoldenBytes+1))
+}
+
+// score sends every request of set to version v of model, in order, and
+// returns the scores, row after row. The version must be routable first
+// (a router that has just started has not read the map yet). A request
+// that finds a shard unavailable or overloaded (restarting, say), or the
+// version not routable a moment, is sent again after a pause, within
+// ctx: a gate judges the version, not the cluster's passing trouble.
+func score(ctx context.Context, r *router.Router, set *golden.Set, model string, v uint64) ([]float32, error) {
 	out := make([]float32, 0, set.Rows())
 	for _, c := range set.Cases {
 		req := *c.Req
 		req.Version = v
 		for {
+			if err := r.WaitRoutable(ctx, model, v); err != nil {
+				return nil, fmt.Errorf("the manager's router could not route version %d: %v", v, err)
+			}
 			resp, err := r.Predict(ctx, &req)
 			if err == nil {
+				if len(resp.Scores) != req.Rows() {
+					return nil, fmt.Errorf("line %d: %d scores for %d rows", c.Line, len(resp.Scores), req.Rows())
+				}
 				out = append(out, resp.Scores...)
 				break
 			}
-			if !errors.Is(err, router.ErrUnavailable) && !errors.Is(err, router.ErrResourceExhausted) {
-				return nil, fmt.Errorf("line %d: %v", c.Line, err)
+			if !errors.Is(err, router.ErrUnavailable) && !errors.Is(err, router.ErrResourceExhausted) && !errors.Is(err, router.ErrNotFound) {
+				return nil, fmt.Errorf("line %d: %w", c.Line, err)
 			}
 			select {
 			case <-ctx.Done():
-				return nil, fmt.Errorf("line %d: %v (until the gate's time ran out)", c.Line, err)
+				return nil, fmt.Errorf("line %d: %w (until the gate's time ran out)", c.Line, err)
 			case <-time.After(gateRetryPause):
 			}
 		}

@@ -86,8 +86,8 @@ type Version struct {
 	HeldAt time.Time `json:"held_at,omitzero"`
 	// Gates are the validation gates' outcomes, as last run.
 	Gates []GateResult `json:"gates,omitempty"`
-	// Golden: the version's chain has golden requests (golden.jsonl),
-	// which the golden gate sends.
+	// Golden: the version has golden requests of its own
+	// (golden.jsonl), which the golden gate sends.
 	Golden bool `json:"golden,omitempty"`
 	// Accepted: an operator accepted the version (OpAccept) after these
 	// gates failed on it; they run again and are recorded, but do not
@@ -108,7 +108,8 @@ type Acceptance struct {
 type GateResult struct {
 	Gate string `json:"gate"` // GateFinite
 	// Outcome is "passed", "failed", "skipped" (nothing to check it
-	// against), or "accepted" (failed; an operator accepted the version).
+	// against), "accepted" (failed; an operator accepted the version), or
+	// "error" (it could not run: the version waits, and it runs again).
 	Outcome string    `json:"outcome"`
 	Reason  string    `json:"reason,omitempty"`
 	At      time.Time `json:"at"`
@@ -294,7 +295,7 @@ type Checked struct {
 	Info    *topo.VersionInfo
 	Bytes   int64
 	Gates   []GateResult // the gates that ran
-	Golden  bool         // the chain has golden requests
+	Golden  bool         // the version has golden requests
 }
 
 // ShardsChanged carries the shards' latest registrations.
@@ -314,7 +315,7 @@ type GatesChecked struct {
 
 // Command is an operator's call through the admin API.
 type Command struct {
-	Op      string // OpRollback, OpPin, OpUnpin, OpRescan, OpPrune, OpAccept
+	Op      string // OpRollback, OpPin, OpUnpin, OpRescan, OpPrune, OpAccept, OpCanary, OpCanaryOff, OpPromote
 	Model   string
 	Version uint64 // rollback: the version to go to (0: the most recent standby); pin: the version
 	At      time.Time
@@ -775,8 +776,7 @@ func (s *State) command(c Command) ([]Action, error) {
 			m := s.Models[name]
 			for i := range m.Versions {
 				if v := &m.Versions[i]; v.Phase == PhaseRejected {
-					v.Phase, v.Reason, v.Checked = PhaseDiscovered, "", ""
-					acts = append(acts, Validate{Model: name, Version: v.Version})
+					acts = append(acts, m.rediscover(v))
 				}
 			}
 		}
@@ -797,10 +797,7 @@ func (s *State) command(c Command) ([]Action, error) {
 	case OpCanary:
 		return nil, m.setCanary(c)
 	case OpCanaryOff:
-		if m.Canary == nil {
-			return nil, fmt.Errorf("%w: model %s has no canary", ErrConflict, m.Name)
-		}
-		m.dropCanary()
+		return nil, m.canaryOff()
 	case OpPromote:
 		return nil, m.promote()
 	case OpUnpin:
@@ -958,13 +955,13 @@ func (s *State) settle(m *ModelState, p Policy) {
 			lv.Reason = what + "; no longer held whole by the shards: the newest other valid version takes over"
 		}
 	}
-	stage, canary := m.canaryStage(m.target(liveServable), liveServable)
+	stage, canary, dropped := m.canaryStage(m.target(liveServable), liveServable)
+	if dropped != "" {
+		s.pending = append(s.pending, AuditEntry{Time: p.Now, Op: "canary-dropped", Model: m.Name, From: "manager", Result: dropped})
+	}
 	if m.Staged != 0 && m.Staged != stage {
 		if v := m.version(m.Staged); v != nil && v.Phase == PhaseStaging {
-			v.Phase = PhaseReady
-			if v.LiveSeq != 0 {
-				v.Phase = PhaseStandby // it was a rollback target; the keep policy decides
-			}
+			v.unstage()
 		}
 		m.Staged = 0
 	}
@@ -1193,6 +1190,16 @@ func (s *State) RouterDeadline(p Policy) time.Time {
 
 // commit makes v live; the previous live version becomes standby (or is
 // forgotten, if it left the repository).
+// unstage sends a version that is no longer staged (or no longer the
+// canary) back to ready, or to standby if it was live before (a rollback
+// target: the keep policy decides); a gate run under way is moot.
+func (v *Version) unstage() {
+	v.Phase, v.Gating = PhaseReady, false
+	if v.LiveSeq != 0 {
+		v.Phase = PhaseStandby
+	}
+}
+
 func (m *ModelState) commit(v uint64) {
 	if old := m.version(m.Live); old != nil {
 		if old.Gone {

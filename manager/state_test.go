@@ -1138,15 +1138,20 @@ func TestDecideCanary(t *testing.T) {
 	if err := canary(2, 0.3); err != nil || x.s.Models["m"].Assignment().CanaryFraction != 0.3 || !x.s.Models["m"].Canary.Serving {
 		t.Fatalf("%v %+v", err, x.s.Models["m"].Canary)
 	}
-	// Promote: 2 goes live, 1 standby; then the model follows the
-	// newest again, 3.
+	// Promote: 2 goes live, 1 standby, pinned (3 waits); unpinned, the
+	// model follows the newest again, 3.
 	if err := x.cmd(OpPromote, 0); err != nil {
 		t.Fatal(err)
 	}
-	x.expect(2, 3, 1)
+	x.settleAll()
+	x.expect(2, 0, 1)
+	if m := x.s.Models["m"]; m.Pin != 2 {
+		t.Fatalf("pin %d after promote", m.Pin)
+	}
 	if b, _ := json.Marshal(x.s.Models["m"]); !strings.Contains(string(b), `"schema":2`) {
 		t.Fatalf("a state without a canary written as %s", b)
 	}
+	x.cmd(OpUnpin, 0)
 	pass(3)
 	x.expect(3, 0, 2, 1)
 	if err := x.cmd(OpPromote, 0); !errors.Is(err, ErrConflict) {
@@ -1190,5 +1195,93 @@ func TestDecideCanary(t *testing.T) {
 	x.settleAll()
 	if m := x.s.Models["m"]; m.Canary != nil || x.phase(5) != PhaseRejected || m.Live != 2 {
 		t.Fatalf("a rejected canary: %+v, v5 %s", m.Canary, x.phase(5))
+	}
+}
+
+// TestDecideCanaryEnds: however a canary ends, nothing moves without
+// the operator: a canary dropped because it was rejected pins the live
+// version (audited), so a version that waited does not go live, nor does
+// the rejected one once accepted; off pins the live version; promoting a
+// canary older than the newest valid version keeps it live. A version
+// unstaged while its gates run has them asked again when staged again.
+func TestDecideCanaryEnds(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20, StagedGates: []string{GateValidator}, Now: time.Unix(1000, 0)})
+	x.join("s0")
+	gate := func(v uint64, outcome string) {
+		x.t.Helper()
+		x.load()
+		x.do(GatesChecked{Model: "m", Version: v, Results: []GateResult{{Gate: GateValidator, Outcome: outcome, Reason: outcome}}})
+		x.settleAll()
+	}
+	canary := func(v uint64) error {
+		live := x.s.Models["m"].Live
+		return x.do(Command{Op: OpCanary, Model: "m", Version: v, Fraction: 0.1, Expect: &live, At: time.Unix(1, 0)})
+	}
+	x.scan(1)
+	x.validate()
+	gate(1, "passed")
+	// 2 staged; a canary of 2 while its gates run; 3 waits.
+	x.scan(1, 2)
+	x.validate()
+	x.load()
+	if err := canary(2); err != nil {
+		t.Fatal(err)
+	}
+	x.scan(1, 2, 3)
+	x.validate()
+	gate(2, "failed")
+	m := x.s.Models["m"]
+	if m.Canary != nil || m.Live != 1 || m.Pin != 1 || m.Staged != 0 {
+		t.Fatalf("after the canary's rejection: live %d pin %d staged %d canary %+v", m.Live, m.Pin, m.Staged, m.Canary)
+	}
+	if a := x.audit[len(x.audit)-1]; a.Op != "canary-dropped" || !strings.Contains(a.Result, "canary 2 dropped: it was rejected: gate validator failed") {
+		t.Fatalf("audit %+v", a)
+	}
+	if err := x.do(Command{Op: OpAccept, Model: "m", Version: 2, Reason: "ok", At: time.Unix(2, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	x.validate()
+	x.settleAll()
+	x.expect(1, 0)
+	// Off pins the live version: 3 still waits.
+	x.cmd(OpUnpin, 0)
+	x.validate()
+	x.load() // 3 staged, its gates asked
+	if err := canary(3); err != nil {
+		t.Fatal(err)
+	}
+	if err := canary(2); err != nil { // 3, gating, is unstaged
+		t.Fatal(err)
+	}
+	if v := x.s.Models["m"].version(3); v.Gating || v.Phase != PhaseReady {
+		t.Fatalf("v3 unstaged while gating: %+v", v)
+	}
+	gate(2, "passed")
+	if err := x.cmd(OpCanaryOff, 0); err != nil {
+		t.Fatal(err)
+	}
+	x.settleAll()
+	if m := x.s.Models["m"]; m.Live != 1 || m.Pin != 1 || m.Canary != nil {
+		t.Fatalf("after off: live %d pin %d", m.Live, m.Pin)
+	}
+	// Unpinned, 3 is staged again and its gates asked again.
+	x.cmd(OpUnpin, 0)
+	x.load()
+	if r := x.gateRuns(); r[3] == "" {
+		t.Fatalf("v3's gates not asked again: %v, v3 %+v", r, x.s.Models["m"].version(3))
+	}
+	// A canary older than the newest valid version, promoted, stays.
+	x.cmd(OpPin, 1)
+	x.settleAll()
+	if err := canary(2); err != nil {
+		t.Fatal(err)
+	}
+	x.settleAll()
+	if err := x.cmd(OpPromote, 0); err != nil {
+		t.Fatal(err)
+	}
+	x.settleAll()
+	if m := x.s.Models["m"]; m.Live != 2 || m.Pin != 2 {
+		t.Fatalf("promoted 2, now live %d pin %d", m.Live, m.Pin)
 	}
 }

@@ -120,8 +120,13 @@ func (t *tracks) label(tab *table) {
 	}
 	for name := range t.versions {
 		if tab.models[name] == nil {
-			t.version.DeleteLabelValues(name, TrackStable)
-			t.version.DeleteLabelValues(name, TrackCanary)
+			// The model left: its label sets go, so that they do not
+			// pile up as models come and go.
+			for _, vec := range []interface{ DeletePartialMatch(prometheus.Labels) int }{t.version, t.requests, t.latency, t.rows, t.scores} {
+				vec.DeletePartialMatch(prometheus.Labels{"model": name})
+			}
+			delete(t.made, [2]string{name, TrackStable})
+			delete(t.made, [2]string{name, TrackCanary})
 			delete(t.versions, name)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"testing"
+	"time"
 )
 
 // TestCanaryChoice: a request's key decides its arm (xxh64(key)/2^64 <
@@ -64,5 +65,23 @@ func TestCanaryChoice(t *testing.T) {
 		if err := r.Validate(Limits{}); !errors.Is(err, ErrInvalidArgument) {
 			t.Fatalf("%+v: %v", r, err)
 		}
+	}
+}
+
+// TestCanaryChoiceAllocs: choosing an arm and counting the answer on its
+// track allocate nothing.
+func TestCanaryChoiceAllocs(t *testing.T) {
+	tr := newTracks()
+	live, canary := &versionRoute{version: 1}, &versionRoute{version: 2}
+	mr := &modelRoute{name: "m", live: live, canary: canary, threshold: threshold(0.1),
+		versions: map[uint64]*versionRoute{1: live, 2: canary}, stableObs: tr.of("m", TrackStable), canaryObs: tr.of("m", TrackCanary)}
+	req := &Request{CanaryKey: "user-42"}
+	resp := &Response{Scores: []float32{0.25, 0.5}}
+	start := time.Now()
+	if n := testing.AllocsPerRun(1000, func() {
+		_, tm, _ := mr.choose(req, draw(req))
+		tm.observe(resp, nil, start)
+	}); n != 0 {
+		t.Fatalf("%v allocations per request", n)
 	}
 }

@@ -10,9 +10,12 @@
 //
 // Routing state is an immutable table swapped atomically when etcd
 // changes (watch in router.go, table.go); requests never lock. The router
-// follows the serving map: unpinned requests go to the live version,
-// requests pinned to a version to the live or a standby one, never to a
-// staged one. A partition goes only to shards the map assigns it to that
+// follows the serving map: unpinned requests go to the live version, or
+// to a canary for the share of keys the map gives it (canary.go: the
+// same key, the same arm, on every router), requests pinned to a version
+// to the live, canary or a standby one, never to a staged one — but in
+// the manager's own gate router (Options.Staged), which routes staged
+// versions to pinned requests for the validation gates. A partition goes only to shards the map assigns it to that
 // are registered and report exactly the content identity the map
 // expects. One watch covers the whole cluster prefix, so shard reports and
 // the map arrive in etcd's revision order.

@@ -426,3 +426,44 @@ func TestGoldenGateRidesOutShardErrors(t *testing.T) {
 		return nil
 	})
 }
+
+// TestGateErrorIsTriedAgain: a hold-out set that cannot be read does not
+// reject the version (it is not its fault): it waits, saying why, and
+// passes once the file is there.
+func TestGateErrorIsTriedAgain(t *testing.T) {
+	repoDir := t.TempDir()
+	repo := loader.Repo{Dir: repoDir}
+	v1 := randomModel(model.LR, 0, 1000, 41)
+	if _, err := repo.Publish("lr", v1, 2, "test"); err != nil {
+		t.Fatal(err)
+	}
+	holdout := filepath.Join(t.TempDir(), "holdout.jsonl")
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour,
+		Manager: func(o *manager.Options) { o.Holdout, o.GateRetry = map[string]string{"lr": holdout}, 200*time.Millisecond }})
+	if g := gateOutcomes(versionOf(c, "lr", 1)); g != "finite passed, holdout skipped" {
+		t.Fatalf("v1's gates: %s", g)
+	}
+	if _, err := repo.Publish("lr", v1, 2, "test"); err != nil {
+		t.Fatal(err)
+	}
+	c.Manager.Rescan()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		x := versionOf(c, "lr", 2)
+		if x == nil || x.Phase != manager.PhaseStaging || !strings.Contains(x.Reason, "a gate could not run (it is tried again): gate holdout: hold-out set") ||
+			gateOutcomes(x) != "finite passed, holdout error" {
+			return fmt.Errorf("v2: %+v", x)
+		}
+		return nil
+	})
+	rng := rand.New(rand.NewPCG(41, 41))
+	reqs := []*router.Request{randomRequest(rng, "lr", v1, 10, 5, 3)}
+	if err := os.WriteFile(holdout, goldenFile(t, reqs, none, func(int) []float64 { return make([]float64, 10) }), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if x := versionOf(c, "lr", 2); x == nil || x.Phase != manager.PhaseLive || gateOutcomes(x) != "finite passed, holdout passed" {
+			return fmt.Errorf("v2: %+v", x)
+		}
+		return nil
+	})
+}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -25,6 +26,10 @@ func FuzzBuildTable(f *testing.F) {
 	f.Add([]byte(`{"schema":1,"model":"m","live":1,"partitions":3,"replicas":[["s0"]],"versions":[]}`), s)
 	f.Add([]byte(`{"schema":1,"model":"m","live":1,"partitions":1,"replicas":[["s0"]],"versions":[{"version":1,"type":"lr","dim":-5,"ids":["a"]}]}`),
 		[]byte(`{"schema":1,"id":"s0","addr":"x:1","loaded":[{"model":"m","version":1,"have":[4294967295,0],"ids":["a"]}]}`))
+	staged := good
+	staged.Live, staged.Staged, staged.Canary, staged.CanaryFraction = 1, 2, 0, 0
+	a2, _ := json.Marshal(staged)
+	f.Add(a2, s)
 	f.Add([]byte(`{"schema":2}`), []byte(`{"schema":1,"loaded":[{"have":[0,0,0],"ids":[]}]}`))
 	f.Fuzz(func(t *testing.T, assign, report []byte) {
 		c := topo.DefaultCluster
@@ -37,7 +42,13 @@ func FuzzBuildTable(f *testing.F) {
 		tab := buildTable(shards, as, backends, newDenseCache(), false)
 		for name, mr := range tab.models {
 			a := as[name]
+			if mr.canary != nil && (a.Canary == 0 || mr.canary.version != a.Canary) {
+				t.Fatalf("canary %d routed; the map names %d", mr.canary.version, a.Canary)
+			}
 			for v, vr := range mr.versions {
+				if v != a.Live && v != a.Canary && !slices.Contains(a.Standby, v) {
+					t.Fatalf("version %d routed to users: live %d, canary %d, standby %v (staged %d)", v, a.Live, a.Canary, a.Standby, a.Staged)
+				}
 				info := a.Info(v)
 				if info == nil || len(vr.replicas) != int(a.Partitions) || vr.partitions != a.Partitions {
 					t.Fatalf("version %d routed with %d replica lists for %d partitions (info %v)", v, len(vr.replicas), a.Partitions, info)

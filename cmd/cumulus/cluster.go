@@ -286,6 +286,12 @@ func (f *policyFlags) apply(o *manager.Options) error {
 	o.ScanInterval, o.AutoPrune, o.CompactAfter, o.RouterWait = f.scan, f.autoPrune, keepVersions(f.compactAfter), f.routerWait
 	o.Validator, o.ValidatorTimeout = f.validator, f.validatorTimeout
 	o.GoldenTolerance, o.HoldoutMargin, o.GateTimeout = f.goldenTolerance, f.holdoutMargin, f.gateTimeout
+	if f.holdoutMargin == 0 {
+		o.HoldoutMargin = -1 // Options: none
+	}
+	if f.gateTimeout <= 0 {
+		return fmt.Errorf("--gate-timeout %v: must be positive", f.gateTimeout)
+	}
 	if !(f.goldenTolerance > 0) {
 		return fmt.Errorf("--golden-tolerance %v: must be positive", f.goldenTolerance)
 	}

@@ -36,8 +36,15 @@ type Case struct {
 	Req    *router.Request
 	Want   []float64 // nil: the line has none
 	Labels []float64 // nil: the line has none
-	body   map[string]json.RawMessage
+	raw    []byte    // the line, as read
 }
+
+// Bounds on a file, besides codec.MaxGoldenBytes: a gate sends every
+// request, one after another, within its timeout.
+const (
+	MaxRequests  = 10_000
+	MaxLineBytes = 16 << 20
+)
 
 // Set is a file's requests, for one model.
 type Set struct {
@@ -63,8 +70,13 @@ func Parse(b []byte, modelName string, lim router.Limits) (*Set, error) {
 	s := &Set{}
 	for n, line := range bytes.Split(b, []byte("\n")) {
 		line = bytes.TrimSpace(line)
-		if len(line) == 0 {
+		switch {
+		case len(line) == 0:
 			continue
+		case len(line) > MaxLineBytes:
+			return nil, fmt.Errorf("%w: line %d: %d bytes, over the limit of %d", ErrFormat, n+1, len(line), MaxLineBytes)
+		case len(s.Cases) == MaxRequests:
+			return nil, fmt.Errorf("%w: more than %d requests", ErrFormat, MaxRequests)
 		}
 		c, err := parseLine(line, modelName, lim)
 		if err != nil {
@@ -80,8 +92,12 @@ func Parse(b []byte, modelName string, lim router.Limits) (*Set, error) {
 }
 
 func parseLine(line []byte, modelName string, lim router.Limits) (Case, error) {
-	var c Case
-	if err := json.Unmarshal(line, &c.body); err != nil {
+	c := Case{raw: line}
+	var extra struct {
+		Want   json.RawMessage `json:"want"`
+		Labels json.RawMessage `json:"labels"`
+	}
+	if err := json.Unmarshal(line, &extra); err != nil {
 		return c, err
 	}
 	req, err := server.DecodeJSON(line, modelName, lim)
@@ -92,12 +108,12 @@ func parseLine(line []byte, modelName string, lim router.Limits) (Case, error) {
 		return c, err
 	}
 	c.Req = req
-	if raw, ok := c.body["want"]; ok {
+	if raw := extra.Want; raw != nil {
 		if err := json.Unmarshal(raw, &c.Want); err != nil || len(c.Want) != req.Rows() {
 			return c, fmt.Errorf(`"want" must be an array of %d numbers, one per row`, req.Rows())
 		}
 	}
-	if raw, ok := c.body["labels"]; ok {
+	if raw := extra.Labels; raw != nil {
 		if err := json.Unmarshal(raw, &c.Labels); err != nil || len(c.Labels) != req.Rows() {
 			return c, fmt.Errorf(`"labels" must be an array of %d numbers, one per row`, req.Rows())
 		}
@@ -175,9 +191,9 @@ func (s *Set) File(ref *model.Reference) ([]byte, error) {
 			}
 			want = append(want, p)
 		}
-		body := make(map[string]json.RawMessage, len(c.body)+1)
-		for k, v := range c.body {
-			body[k] = v
+		var body map[string]json.RawMessage
+		if err := json.Unmarshal(c.raw, &body); err != nil {
+			return nil, err
 		}
 		delete(body, "labels")
 		w, err := json.Marshal(want)

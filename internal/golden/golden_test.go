@@ -34,6 +34,13 @@ func TestParseRefuses(t *testing.T) {
 			t.Errorf("%q: %v, want an error naming %q", c.file, err, c.want)
 		}
 	}
+	many := strings.Repeat(ok+"}\n", golden.MaxRequests)
+	if _, err := golden.Parse([]byte(many), "m", router.Limits{}); err != nil {
+		t.Fatalf("%d requests: %v", golden.MaxRequests, err)
+	}
+	if _, err := golden.Parse([]byte(many+ok+"}"), "m", router.Limits{}); !errors.Is(err, golden.ErrFormat) || !strings.Contains(err.Error(), "more than 10000 requests") {
+		t.Fatalf("one request too many: %v", err)
+	}
 	set, err := golden.Parse([]byte("\n"+ok+`,"want":[0.25,0.75],"labels":[1,0]}`+"\n"), "m", router.Limits{})
 	if err != nil || len(set.Cases) != 1 || set.Cases[0].Line != 2 || !slices.Equal(set.Cases[0].Want, []float64{0.25, 0.75}) ||
 		set.Rows() != 2 || set.RequireWant() != nil || set.RequireLabels() != nil {

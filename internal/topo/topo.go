@@ -207,9 +207,10 @@ type Assignment struct {
 	Staged  uint64   `json:"staged,omitempty"`  // 0: no rollout under way
 	Standby []uint64 `json:"standby,omitempty"` // kept loaded for rollback, newest-live first
 	// Canary, when set, is served beside Live to CanaryFraction of the
-	// unpinned requests (by their key's hash: see router). A reader that
-	// ignores it serves Live to all, as before the canary: no schema
-	// change.
+	// unpinned requests (by their key's hash: see router). No schema
+	// change: an older router ignores it and serves Live to all, and an
+	// older shard leaves the canary unloaded, so routers see it
+	// incomplete and serve Live to all: safe, if not a canary.
 	Canary         uint64     `json:"canary,omitempty"`
 	CanaryFraction float64    `json:"canary_fraction,omitempty"`
 	Partitions     uint32     `json:"partitions"`
