@@ -201,7 +201,7 @@ func (r Repo) stageCopy(x *codec.Manifest) (*stagedCopy, error) {
 
 // copyFile copies src to a new file dst, synced.
 func copyFile(src, dst string) error {
-	in, err := os.Open(src)
+	in, _, err := OpenRegular(src)
 	if err != nil {
 		return err
 	}

@@ -143,9 +143,9 @@ func ParseDense(b []byte, shape model.Shape) (*model.Dense, error) {
 
 // readExtra reads extra file p, which must have e's size and SHA-256.
 func readExtra(p string, e codec.Extra) ([]byte, error) {
-	f, err := os.Open(p)
+	f, _, err := OpenRegular(p)
 	if err != nil {
-		return nil, fmt.Errorf("loader: %w", err)
+		return nil, err
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, e.Size+1))

@@ -10,7 +10,9 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/model"
@@ -143,5 +145,52 @@ func TestVerifyRefusesNonFinite(t *testing.T) {
 	err = repo.Verify(m)
 	if !errors.Is(err, codec.ErrNotFinite) || !strings.Contains(err.Error(), "feature id 8") || !strings.Contains(err.Error(), "part-00000.bin") {
 		t.Fatalf("verify: %v", err)
+	}
+}
+
+// TestNamedPipesAreRefused: a named pipe where a version has a file (a
+// partition, an extra file, the manifest) is refused as damaged at once,
+// not opened and waited on.
+func TestNamedPipesAreRefused(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	m, err := repo.Publish("m", &Sparse{Shape: model.Shape{Type: model.LR}, Keys: []uint64{1, 2}, Values: []float32{0.5, -0.5}}, 2, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := repo.VersionDir("m", m.Version)
+	fifo := func(name string) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		if err := syscall.Mkfifo(p, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fifo(m.Files[1].Path)
+	done := make(chan error, 1)
+	go func() { done <- repo.Verify(m) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, codec.ErrCorrupt) || !strings.Contains(err.Error(), "not a regular file") {
+			t.Fatalf("a named pipe as a partition file: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Verify blocked on a named pipe")
+	}
+	if _, err := repo.ReadPartition(m, 1); !errors.Is(err, codec.ErrCorrupt) {
+		t.Fatalf("ReadPartition: %v", err)
+	}
+	fifo(codec.ManifestName)
+	if _, err := repo.Manifest("m", m.Version); !errors.Is(err, codec.ErrCorrupt) || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("a named pipe as the manifest: %v", err)
+	}
+	p := filepath.Join(t.TempDir(), "holdout")
+	if err := syscall.Mkfifo(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadRegular(p, 100); !errors.Is(err, codec.ErrCorrupt) {
+		t.Fatalf("ReadRegular of a named pipe: %v", err)
 	}
 }

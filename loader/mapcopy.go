@@ -79,15 +79,11 @@ func (r Repo) MapPartitionCopy(m *codec.Manifest, part uint32, dir string) (*cod
 // the create and the flock removes it; the Map that follows then fails,
 // and the load with it.)
 func copyVerified(src string, f codec.File, dir, pattern string) (_ *os.File, err error) {
-	in, err := os.Open(src)
+	in, st, err := OpenRegular(src)
 	if err != nil {
-		return nil, fmt.Errorf("loader: %w", err)
+		return nil, err
 	}
 	defer in.Close()
-	st, err := in.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("loader: %w", err)
-	}
 	if st.Size() != f.Size {
 		return nil, fmt.Errorf("loader: %s: %w: size %d, manifest says %d", src, codec.ErrCorrupt, st.Size(), f.Size)
 	}

@@ -100,12 +100,12 @@ func (r Repo) Latest(name string) (uint64, error) {
 // was one, or nothing was published yet).
 func (r Repo) highWater(name string) (uint64, error) {
 	p := filepath.Join(r.Dir, name, highWaterName)
-	b, err := os.ReadFile(p)
+	b, err := ReadRegular(p, 1<<10)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("loader: %w", err)
+		return 0, err
 	}
 	text := strings.TrimSpace(string(b))
 	v, err := strconv.ParseUint(text, 10, 64)
@@ -119,6 +119,9 @@ func (r Repo) highWater(name string) (uint64, error) {
 	return v, nil
 }
 
+// maxManifestBytes bounds a manifest (about 150 bytes a partition).
+const maxManifestBytes = 64 << 20
+
 // VersionDir is the directory holding one version.
 func (r Repo) VersionDir(name string, version uint64) string {
 	return filepath.Join(r.Dir, name, strconv.FormatUint(version, 10))
@@ -128,12 +131,12 @@ func (r Repo) VersionDir(name string, version uint64) string {
 // describes the model and version it is filed under.
 func (r Repo) Manifest(name string, version uint64) (*codec.Manifest, error) {
 	p := filepath.Join(r.VersionDir(name, version), codec.ManifestName)
-	b, err := os.ReadFile(p)
+	b, err := ReadRegular(p, maxManifestBytes)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: model %q version %d", ErrNotFound, name, version)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("loader: %w", err)
+		return nil, err
 	}
 	m, err := codec.ParseManifest(b)
 	if err != nil {
@@ -195,15 +198,11 @@ func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, e
 // readWhole reads a file of the expected size with one read into memory
 // that will serve lookups in place (huge pages where possible).
 func readWhole(path string, size int64) (*tablemem.Buffer, error) {
-	f, err := os.Open(path)
+	f, st, err := OpenRegular(path)
 	if err != nil {
-		return nil, fmt.Errorf("loader: %w", err)
+		return nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("loader: %w", err)
-	}
 	if st.Size() != size {
 		return nil, fmt.Errorf("loader: %s: %w: size %d, manifest says %d", path, codec.ErrCorrupt, st.Size(), size)
 	}
@@ -253,15 +252,11 @@ func (d damaged) Error() string {
 func (d damaged) Unwrap() []error { return d }
 
 func verifyFile(p string, f codec.File) error {
-	fh, err := os.Open(p)
+	fh, st, err := OpenRegular(p)
 	if err != nil {
-		return fmt.Errorf("loader: %w", err)
+		return err
 	}
 	defer fh.Close()
-	st, err := fh.Stat()
-	if err != nil {
-		return fmt.Errorf("loader: %w", err)
-	}
 	if st.Size() != f.Size {
 		return fmt.Errorf("loader: %s: %w: size %d, manifest says %d", p, codec.ErrCorrupt, st.Size(), f.Size)
 	}

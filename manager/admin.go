@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -392,8 +393,8 @@ func (a *admin) accept(w http.ResponseWriter, r *http.Request) {
 	case body.Version == nil || *body.Version == 0:
 		writeError(w, http.StatusBadRequest, `"version" must be a version ≥ 1`)
 		return
-	case strings.TrimSpace(body.Reason) == "" || len(body.Reason) > maxReason || !utf8.ValidString(body.Reason):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf(`"reason" is required (it is audited): text of 1 to %d bytes`, maxReason))
+	case strings.TrimSpace(body.Reason) == "" || len(body.Reason) > maxReason || !utf8.ValidString(body.Reason) || strings.ContainsFunc(body.Reason, unicode.IsControl):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf(`"reason" is required (it is audited): one line of printable text, 1 to %d bytes`, maxReason))
 		return
 	}
 	a.do(w, r, Command{Op: OpAccept, Model: r.PathValue("name"), Version: *body.Version, Reason: body.Reason})

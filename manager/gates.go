@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -77,12 +78,19 @@ func (m *Manager) runValidator(ctx context.Context, dir string) string {
 	ctx, cancel := context.WithTimeout(ctx, m.opts.ValidatorTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, m.opts.Validator, dir)
-	// Past the timeout the validator is killed; children it left holding
-	// its stderr are not waited for long.
+	// The validator runs in a process group of its own: past the timeout
+	// the whole group is killed, children it started included, and
+	// children left holding its stderr are not waited for long. Once it
+	// exits, what it left running is killed too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = time.Second
 	var stderr tailBuffer
 	cmd.Stderr = &stderr
 	err := cmd.Run()
+	if cmd.Process != nil {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
 	if err == nil {
 		return ""
 	}

@@ -124,7 +124,7 @@ func (m *ModelState) accept(c Command) ([]Action, error) {
 	v := m.version(c.Version)
 	switch {
 	case v == nil:
-		return nil, fmt.Errorf("%w: model %s has no version %d (versions: %s)", ErrNotFound, m.Name, c.Version, list(m.numbers()))
+		return nil, fmt.Errorf("%w: model %s has no version %d (versions: %s)", ErrConflict, m.Name, c.Version, list(m.numbers()))
 	case strings.TrimSpace(c.Reason) == "":
 		return nil, fmt.Errorf("%w: an accept needs a reason (it is audited)", ErrInvalid)
 	case v.Phase != PhaseRejected:

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"os"
 	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/golden"
+	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/router"
 )
 
@@ -146,27 +145,10 @@ func (m *Manager) gateSet(gate string, g RunGates) (*golden.Set, error) {
 	return set, nil
 }
 
-// readHoldout reads a hold-out set: a regular file (not a pipe or a
-// device, which could block the gate runner), of at most
-// codec.MaxGoldenBytes.
+// readHoldout reads a hold-out set: a regular file (a pipe would block
+// the gate runner), of at most codec.MaxGoldenBytes.
 func readHoldout(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, errors.New("not a regular file")
-	}
-	if st.Size() > codec.MaxGoldenBytes {
-		return nil, fmt.Errorf("%d bytes, over the limit of %d", st.Size(), codec.MaxGoldenBytes)
-	}
-	// One byte past the limit: Parse refuses a file that grew that long.
-	return io.ReadAll(io.LimitReader(f, codec.MaxGoldenBytes+1))
+	return loader.ReadRegular(path, codec.MaxGoldenBytes)
 }
 
 // score sends every request of set to version v of model, in order, and

@@ -1042,7 +1042,7 @@ func TestDecideGoldenHoldoutAccept(t *testing.T) {
 		v      uint64
 		reason string
 		err    error
-	}{{2, " ", ErrInvalid}, {1, "ok", ErrConflict}, {9, "ok", ErrNotFound}} {
+	}{{2, " ", ErrInvalid}, {1, "ok", ErrConflict}, {9, "ok", ErrConflict}} {
 		if err := x.do(Command{Op: OpAccept, Model: "m", Version: c.v, Reason: c.reason, At: time.Unix(2, 0)}); !errors.Is(err, c.err) {
 			t.Fatalf("accept %d %q: %v, want %v", c.v, c.reason, err, c.err)
 		}

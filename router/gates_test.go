@@ -96,7 +96,7 @@ func TestValidatorGate(t *testing.T) {
 	repoDir := t.TempDir()
 	repo := loader.Repo{Dir: repoDir}
 	validator := filepath.Join(t.TempDir(), "validate")
-	script := "#!/bin/sh\necho \"checking $1\" >&2\nif [ -e \"$1/slow\" ]; then sleep 30; fi\n" +
+	script := "#!/bin/sh\necho \"checking $1\" >&2\nif [ -e \"$1/slow\" ]; then sleep 31.4159; fi\n" +
 		"if [ -e \"$1/refuse\" ]; then echo \"refused: $(cat \"$1/refuse\")\" >&2; exit 3; fi\n"
 	if err := os.WriteFile(validator, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
@@ -190,6 +190,16 @@ func TestValidatorGate(t *testing.T) {
 	if s, _ := c.Router.Model("lr"); s.Live != 4 {
 		t.Fatalf("live %d after v5's rejection", s.Live)
 	}
+	// The validator's children were killed with it.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		cmds, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range cmds {
+			if b, _ := os.ReadFile(p); strings.Contains(string(b), "31.4159") {
+				return fmt.Errorf("the slow validator's sleep still runs: %s", p)
+			}
+		}
+		return nil
+	})
 }
 
 // goldenFile is requests as golden lines, each with want(i) (nil: none)

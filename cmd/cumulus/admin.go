@@ -15,6 +15,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
@@ -306,7 +307,7 @@ promote makes the canary live; --off, a pin or a rollback drop it.`,
 				if len(args) != 1 {
 					return errors.New("--off takes no VERSION")
 				}
-				return run(http.MethodDelete, model(args[0])+"/canary?from="+strconv.FormatUint(l, 10), nil, printChange("canary off"))
+				return run(http.MethodDelete, model(args[0])+"/canary?from="+strconv.FormatUint(l, 10), nil, printChange("canary off, the live version pinned"))
 			}
 			if len(args) != 2 {
 				return errors.New("give NAME VERSION (or NAME --off)")
@@ -402,6 +403,25 @@ func printModels(b []byte) error {
 	return w.Flush()
 }
 
+// printable is text that came from elsewhere (a validator's stderr, a
+// file's name) with its control characters escaped, so that it cannot
+// forge lines or drive the terminal.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
 // canaryText is a canary in a word or three.
 func canaryText(c *manager.Canary) string {
 	switch {
@@ -447,7 +467,7 @@ func printModel(b []byte) error {
 		if len(gates) == 0 {
 			gates = append(gates, "-")
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Version, kind, v.Phase, size, strings.Join(gates, ", "), v.Reason)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Version, kind, v.Phase, size, strings.Join(gates, ", "), printable(v.Reason))
 	}
 	// Each gate's outcome with its time and reason (a passed golden
 	// gate's largest difference, a hold-out gate's log-losses).
@@ -458,7 +478,7 @@ func printModel(b []byte) error {
 			if g.Took > 0 {
 				took = g.Took.Round(time.Millisecond / 10).String()
 			}
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Version, g.Gate, g.Outcome, g.At.Format(time.DateTime), took, cmp.Or(g.Reason, "-"))
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Version, g.Gate, g.Outcome, g.At.Format(time.DateTime), took, printable(cmp.Or(g.Reason, "-")))
 		}
 	}
 	fmt.Fprintln(w, "\nSHARD\tADDR\tBUILD\tASSIGNED\tLOADED (version:partitions)\tMISMATCHED\tERRORS")

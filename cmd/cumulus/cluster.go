@@ -277,7 +277,7 @@ type policyFlags struct {
 	goldenTolerance          float64
 	holdout                  []string // NAME=FILE
 	holdoutMargin            float64
-	gateTimeout              time.Duration
+	gateTimeout, gateRetry   time.Duration
 }
 
 // apply sets the manager's policy options from the flags.
@@ -285,7 +285,7 @@ func (f *policyFlags) apply(o *manager.Options) error {
 	o.KeepVersions, o.KeepDeltas = keepVersions(f.keepVersions), keepVersions(f.keepDeltas)
 	o.ScanInterval, o.AutoPrune, o.CompactAfter, o.RouterWait = f.scan, f.autoPrune, keepVersions(f.compactAfter), f.routerWait
 	o.Validator, o.ValidatorTimeout = f.validator, f.validatorTimeout
-	o.GoldenTolerance, o.HoldoutMargin, o.GateTimeout = f.goldenTolerance, f.holdoutMargin, f.gateTimeout
+	o.GoldenTolerance, o.HoldoutMargin, o.GateTimeout, o.GateRetry = f.goldenTolerance, f.holdoutMargin, f.gateTimeout, f.gateRetry
 	if f.holdoutMargin == 0 {
 		o.HoldoutMargin = -1 // Options: none
 	}
@@ -298,13 +298,18 @@ func (f *policyFlags) apply(o *manager.Options) error {
 	if !(f.holdoutMargin >= 0) {
 		return fmt.Errorf("--holdout-margin %v: must not be negative", f.holdoutMargin)
 	}
+	if f.validator != "" {
+		if st, err := os.Stat(f.validator); err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+			return fmt.Errorf("--validator %s: not an executable file (%v)", f.validator, err)
+		}
+	}
 	for _, h := range f.holdout {
 		name, file, ok := strings.Cut(h, "=")
 		if !ok || !codec.ValidName(name) || file == "" {
 			return fmt.Errorf("--holdout %q: want MODEL=FILE", h)
 		}
-		if _, err := os.Stat(file); err != nil {
-			return fmt.Errorf("--holdout %s: %w", name, err)
+		if st, err := os.Stat(file); err != nil || !st.Mode().IsRegular() {
+			return fmt.Errorf("--holdout %s: %s is not a readable regular file (%v)", name, file, err)
 		}
 		if o.Holdout == nil {
 			o.Holdout = map[string]string{}
@@ -328,7 +333,8 @@ func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
 	cmd.Flags().Float64Var(&f.goldenTolerance, "golden-tolerance", 1e-4, "the golden gate: how far a served score may be from a golden request's want (absolute, per score)")
 	cmd.Flags().StringArrayVar(&f.holdout, "holdout", nil, "MODEL=FILE: the hold-out gate's set for MODEL, requests with \"labels\" (one KServe v2 JSON body per line); a staged version's mean log-loss on it may exceed the live version's by at most --holdout-margin (repeatable)")
 	cmd.Flags().Float64Var(&f.holdoutMargin, "holdout-margin", 0.01, "the hold-out gate: how much a staged version's mean log-loss may exceed the live version's (absolute)")
-	cmd.Flags().DurationVar(&f.gateTimeout, "gate-timeout", 60*time.Second, "longest a golden or hold-out gate run may take; past it the version is rejected")
+	cmd.Flags().DurationVar(&f.gateTimeout, "gate-timeout", 60*time.Second, "longest a golden or hold-out gate run may take")
+	cmd.Flags().DurationVar(&f.gateRetry, "gate-retry", 5*time.Second, "how long a gate that could not run (its hold-out set unreadable, the cluster not answering in time) waits before it runs again; the version waits meanwhile")
 	cmd.Flags().DurationVar(&f.scan, "scan-interval", scan, "how often the whole repository is listed, besides watching it for changes (on a network filesystem, which reports no changes made on other hosts, this is how soon a version is found)")
 }
 

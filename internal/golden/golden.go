@@ -109,13 +109,13 @@ func parseLine(line []byte, modelName string, lim router.Limits) (Case, error) {
 	}
 	c.Req = req
 	if raw := extra.Want; raw != nil {
-		if err := json.Unmarshal(raw, &c.Want); err != nil || len(c.Want) != req.Rows() {
-			return c, fmt.Errorf(`"want" must be an array of %d numbers, one per row`, req.Rows())
+		if c.Want, err = numbers(raw, req.Rows(), "want"); err != nil {
+			return c, err
 		}
 	}
 	if raw := extra.Labels; raw != nil {
-		if err := json.Unmarshal(raw, &c.Labels); err != nil || len(c.Labels) != req.Rows() {
-			return c, fmt.Errorf(`"labels" must be an array of %d numbers, one per row`, req.Rows())
+		if c.Labels, err = numbers(raw, req.Rows(), "labels"); err != nil {
+			return c, err
 		}
 		for i, l := range c.Labels {
 			if l != 0 && l != 1 {
@@ -124,6 +124,29 @@ func parseLine(line []byte, modelName string, lim router.Limits) (Case, error) {
 		}
 	}
 	return c, nil
+}
+
+// numbers reads raw as an array of n numbers: null (which a trainer's
+// NaN becomes) is refused, not read as 0.
+func numbers(raw json.RawMessage, n int, what string) ([]float64, error) {
+	var elems []json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil || len(elems) != n {
+		return nil, fmt.Errorf(`%q must be an array of %d numbers, one per row`, what, n)
+	}
+	out := make([]float64, n)
+	for i, e := range elems {
+		if err := json.Unmarshal(e, &out[i]); err != nil || string(e) == "null" {
+			return nil, fmt.Errorf(`%q[%d] is %s, not a number`, what, i, short(e))
+		}
+	}
+	return out, nil
+}
+
+func short(b []byte) string {
+	if len(b) > 32 {
+		return string(b[:32]) + "…"
+	}
+	return string(b)
 }
 
 // Rows is the number of rows of all the requests.
