@@ -110,11 +110,11 @@ func readGolden(path, name string) (*golden.Set, error) {
 // parentGolden is version parent's golden requests, to be scored again
 // on a delta over it; nil when it has none.
 func parentGolden(r loader.Repo, name string, parent uint64) (loader.Goldens, error) {
-	chain, err := r.Chain(name, parent)
+	m, err := r.Manifest(name, parent)
 	if err != nil {
 		return nil, err
 	}
-	b, err := r.Golden(chain[0])
+	b, err := r.Golden(m)
 	if b == nil || err != nil {
 		return nil, err
 	}
