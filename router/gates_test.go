@@ -449,7 +449,9 @@ func TestGateErrorIsTriedAgain(t *testing.T) {
 	}
 	holdout := filepath.Join(t.TempDir(), "holdout.jsonl")
 	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 2, ScanInterval: time.Hour,
-		Manager: func(o *manager.Options) { o.Holdout, o.GateRetry = map[string]string{"lr": holdout}, 200*time.Millisecond }})
+		Manager: func(o *manager.Options) {
+			o.Holdout, o.GateRetry = map[string]string{"lr": holdout}, 200*time.Millisecond
+		}})
 	if g := gateOutcomes(versionOf(c, "lr", 1)); g != "finite passed, holdout skipped" {
 		t.Fatalf("v1's gates: %s", g)
 	}
