@@ -1,26 +1,30 @@
 package manager
 
 import (
-	"github.com/cespare/xxhash/v2"
+	"github.com/cumulus-serving/cumulus/internal/placement"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
 // Assign decides which shards hold each partition of a model: a pure
 // function of its inputs, so every manager replica and every test replays
-// it identically. shards must be sorted. Partition p goes to
-// shards[(offset + p + r) mod S] for replica r, where offset spreads
-// different models' first partitions across shards. Replicas beyond the
-// number of shards are not made; with no shards, every list is empty.
-func Assign(model string, partitions uint32, shards []string, replicas int) [][]string {
-	out := make([][]string, partitions)
-	if len(shards) == 0 {
-		return out
-	}
-	replicas = max(1, min(replicas, len(shards)))
-	offset := int(xxhash.Sum64String(model) % uint64(len(shards)))
-	for p := range out {
-		for r := range replicas {
-			out[p] = append(out[p], shards[(offset+p+r)%len(shards)])
+// it identically (see internal/placement). It starts from current, the
+// placement as last published (a move in progress lists its target
+// first), and moves only what must move: to take in shards that joined,
+// to leave shards that went, or to follow the shards' weights (their
+// registrations' Weight and Zone). Replicas beyond the number of shards
+// are not made; with no shards, every list is empty.
+func Assign(model string, current [][]string, partitions uint32, shards []string, infos map[string]topo.ShardInfo, replicas int) [][]string {
+	ps := make([]placement.Shard, len(shards))
+	for i, id := range shards {
+		si := infos[id]
+		ps[i] = placement.Shard{ID: id, Weight: si.Weight, Zone: si.Zone}
+		if !(ps[i].Weight > 0) || ps[i].Weight > maxWeight {
+			ps[i].Weight = 1 // a report that says nothing usable: an equal share
 		}
 	}
-	return out
+	return placement.Place(model, current, int(partitions), replicas, ps)
 }
+
+// maxWeight bounds a shard's weight: a shard's report is not trusted to
+// claim the whole cluster.
+const maxWeight = 1 << 20

@@ -941,7 +941,7 @@ func (s *State) settle(m *ModelState, p Policy) {
 	}
 	trusted := s.trusted(m)
 	h := s.holding(m.Name)
-	assign := Assign(m.Name, m.Partitions, trusted, p.Replicas)
+	assign := Assign(m.Name, m.Replicas, m.Partitions, trusted, s.Shards, p.Replicas)
 	liveServable := true // only a removed live version can stop being so (nobody can load it again)
 	if lv := m.version(m.Live); lv != nil && (lv.Gone || lv.Broken != "") {
 		liveServable = s.servable(m, m.Live, trusted)

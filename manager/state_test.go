@@ -142,7 +142,7 @@ func (x *sim) load(only ...string) {
 		if len(only) > 0 && !slices.Contains(only, id) {
 			continue
 		}
-		si := topo.ShardInfo{Schema: topo.Schema, ID: id, Applied: map[string]uint64{"m": a.Seq}}
+		si := topo.ShardInfo{Schema: topo.Schema, ID: id, Applied: map[string]uint64{"m": a.Seq}, Weight: x.shards[id].Weight, Zone: x.shards[id].Zone}
 		for _, v := range a.Kept() {
 			if x.removed[v] {
 				// what it held of a removed version it keeps; it cannot load more
@@ -1283,5 +1283,57 @@ func TestDecideCanaryEnds(t *testing.T) {
 	x.settleAll()
 	if m := x.s.Models["m"]; m.Live != 2 || m.Pin != 2 {
 		t.Fatalf("promoted 2, now live %d pin %d", m.Live, m.Pin)
+	}
+}
+
+// TestDecideScaleOutMovesLittle: a 5th shard joining 4 (64 partitions,
+// one replica) takes at most 13 partitions, the others staying put; a
+// shard of weight 3 takes three times the share; when it leaves, only its
+// partitions move.
+func TestDecideScaleOutMovesLittle(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20, Now: time.Unix(1000, 0)})
+	x.parts = 64
+	x.join("s0", "s1", "s2", "s3")
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	before := slices.Clone(x.s.Models["m"].Replicas)
+	moves := func(from, to [][]string) (n int, onto map[string]int) {
+		onto = map[string]int{}
+		for p := range to {
+			if fmt.Sprint(from[p]) != fmt.Sprint(to[p]) {
+				n++
+				onto[to[p][0]]++
+			}
+		}
+		return n, onto
+	}
+	x.join("s4")
+	x.settleAll()
+	after := x.s.Models["m"].Replicas
+	if n, onto := moves(before, after); n > 13 || onto["s4"] != n {
+		t.Fatalf("a 5th shard: %d partitions moved, onto %v", n, onto)
+	}
+	// s5, of weight 3 (a budget three times the others'), joins: it
+	// takes 3/8 of the partitions.
+	x.shards["s5"] = topo.ShardInfo{Schema: topo.Schema, ID: "s5", Weight: 3}
+	x.report()
+	x.settleAll()
+	count := map[string]int{}
+	for _, r := range x.s.Models["m"].Replicas {
+		count[r[0]]++
+	}
+	if count["s5"] != 24 {
+		t.Fatalf("weight 3 of 8: %v", count)
+	}
+	// s5 leaves: only its partitions move.
+	held := slices.Clone(x.s.Models["m"].Replicas)
+	delete(x.shards, "s5")
+	x.report()
+	x.settleAll()
+	for p, r := range x.s.Models["m"].Replicas {
+		if held[p][0] != "s5" && r[0] != held[p][0] {
+			t.Fatalf("partition %d moved off %s when s5 left", p, held[p][0])
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"maps"
+	"math"
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,6 +54,11 @@ type Options struct {
 	// kernel keeps its hot pages in memory and reads the rest from disk.
 	// 0 means no bound: everything resident.
 	MemoryBudget int64
+	// Weight is the shard's share of partitions, reported to the manager
+	// (topo.ShardInfo.Weight). Default: MemoryBudget in GiB, or 1 with no
+	// budget. Zone is its failure domain, reported likewise; optional.
+	Weight float64
+	Zone   string
 	// DataDir holds the copies of partitions served mapped: never the
 	// repository's files, which may change under a mapping. Copies are
 	// unlinked once mapped, so it needs disk space but holds no files;
@@ -88,6 +94,18 @@ type Options struct {
 	Faults *Faults
 }
 
+// weight is the share the shard reports: Weight, else its memory budget
+// in GiB, else 1.
+func (o *Options) weight() float64 {
+	switch {
+	case o.Weight > 0:
+		return o.Weight
+	case o.MemoryBudget > 0:
+		return float64(o.MemoryBudget) / (1 << 30)
+	}
+	return 1
+}
+
 // Validate checks required fields and fills defaults.
 func (o *Options) Validate() error {
 	switch {
@@ -97,6 +115,10 @@ func (o *Options) Validate() error {
 		return errors.New("shard: Options.Etcd is required")
 	case o.Repo.Dir == "":
 		return errors.New("shard: Options.Repo is required")
+	case o.Weight < 0 || math.IsNaN(o.Weight) || math.IsInf(o.Weight, 0):
+		return errors.New("shard: Options.Weight must be a positive number (0: the default)")
+	case len(o.Zone) > 64:
+		return errors.New("shard: Options.Zone is at most 64 bytes")
 	}
 	o.Cluster = o.Cluster.OrDefault()
 	if err := o.Cluster.Validate(); err != nil {
@@ -333,7 +355,7 @@ func (s *Shard) halt(crash bool) {
 
 func (s *Shard) info() string {
 	info := topo.ShardInfo{Schema: topo.ShardInfoSchema, ID: s.opts.ID, Addr: s.opts.AdvertiseAddr, Build: s.opts.Build,
-		Applied: s.applied, Loaded: s.Loaded()}
+		Applied: s.applied, Loaded: s.Loaded(), Weight: s.opts.weight(), Zone: s.opts.Zone}
 	// What fails now, not a history: a load that later succeeds, or is no
 	// longer asked for, leaves the report.
 	for _, k := range slices.Sorted(maps.Keys(s.failed)) {

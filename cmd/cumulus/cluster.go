@@ -24,7 +24,8 @@ import (
 )
 
 func shardCommand() *cobra.Command {
-	var id, repo, etcd, addr, advertise, dataDir string
+	var id, repo, etcd, addr, advertise, dataDir, zone string
+	var weight float64
 	var cluster clusterFlag
 	var budget byteSize
 	var drain drainFlag
@@ -62,7 +63,7 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 				fmt.Printf("memory budget: %s resident\n", &budget)
 			}
 			// The shard outlives the signal: Drain stops it.
-			s, err := shard.Start(context.WithoutCancel(cmd.Context()), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(),
+			s, err := shard.Start(context.WithoutCancel(cmd.Context()), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(), Weight: weight, Zone: zone,
 				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget), DataDir: dataDir,
 				MaxInflight: adm.inflight, MaxInflightBytes: int64(adm.bytes), MaxQueueTime: adm.queue, Faults: fault.f})
 			if err != nil {
@@ -94,6 +95,8 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address routers dial (default: the listen address)")
 	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes (e.g. 8GB); partitions beyond it are served from mapped files, and a version being loaded beside the live one stays within it (default: half the machine's memory or cgroup limit; 0: no bound)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory, on disk, for the shard's own copies of partitions it serves mapped (default: cumulus-shard-ID in the temporary directory)")
+	cmd.Flags().Float64Var(&weight, "weight", 0, "this shard's share of the partitions, in GiB of memory budget (default: its --memory-budget in GiB); give it on every shard or none")
+	cmd.Flags().StringVar(&zone, "zone", "", "failure domain (a rack, an availability zone): replicas of a partition go to distinct zones where there are enough")
 	adm.register(cmd, "lookups", "ResourceExhausted: the router asks another replica", 8)
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "HTTP address for /metrics, /healthz, /readyz and /admin/v1/fault (default: none)")
 	admin.register(cmd.Flags(), "")

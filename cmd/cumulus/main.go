@@ -38,7 +38,7 @@ func rootCommand() *cobra.Command {
 	var logLevel string
 	root := &cobra.Command{
 		Use:           "cumulus",
-		Short:         "Low-latency serving of huge sparse models (LR, FM)",
+		Short:         "Low-latency serving of huge sparse models (LR, FM, FFM, embedding + MLP)",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {

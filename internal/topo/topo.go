@@ -155,6 +155,12 @@ type ShardInfo struct {
 	// Errors lists loads this shard refused (damaged or missing files),
 	// newest first; the versions it already held keep serving.
 	Errors []string `json:"errors,omitempty"`
+	// Weight is the shard's share of the partitions (its memory budget
+	// in GiB, or an operator's --weight); 0: 1. Zone, if set, is its
+	// failure domain: replicas of a partition go to distinct zones. An
+	// older manager ignores both and spreads evenly: no schema change.
+	Weight float64 `json:"weight,omitempty"`
+	Zone   string  `json:"zone,omitempty"`
 }
 
 // Loaded is one model version a shard holds: the partitions, ascending,

@@ -1,0 +1,193 @@
+package placement
+
+import (
+	"cmp"
+	"math"
+	"slices"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Shard is a place replicas can go.
+type Shard struct {
+	ID string
+	// Weight is the shard's share of the work: its memory budget, or an
+	// operator's --weight. Must be positive.
+	Weight float64
+	// Zone, if set, is the failure domain the shard is in: a partition's
+	// replicas go to distinct zones where there are enough.
+	Zone string
+}
+
+// Place returns, for each of partitions partitions, the shards holding its
+// replicas (replicas of them, or as many as there are shards), given the
+// current placement (partition → shard IDs; may be shorter, or name
+// shards that are gone). shards must have distinct IDs; their order does
+// not matter.
+func Place(model string, current [][]string, partitions, replicas int, shards []Shard) [][]string {
+	out := make([][]string, partitions)
+	if len(shards) == 0 || partitions == 0 {
+		return out
+	}
+	shards = slices.Clone(shards)
+	slices.SortFunc(shards, func(a, b Shard) int { return cmp.Compare(a.ID, b.ID) })
+	replicas = max(1, min(replicas, len(shards)))
+	zones := map[string]bool{}
+	for _, s := range shards {
+		zones[s.Zone] = true
+	}
+	zoned := len(zones) >= replicas && !(len(zones) == 1 && shards[0].Zone == "")
+	quota := quotas(model, shards, partitions*replicas, partitions)
+	index := make(map[string]int, len(shards))
+	for i, s := range shards {
+		index[s.ID] = i
+	}
+	load := make([]int, len(shards))
+
+	// Keep what may stay: a current replica on a shard still here, not
+	// twice on one shard or (zoned) in one zone, while its shard is within
+	// quota. Partitions are visited in an order of their own per shard
+	// (a hash), so that which replicas an over-full shard gives up is
+	// spread, and the same on every manager.
+	type held struct {
+		p    int
+		rank uint64
+	}
+	byShard := make([][]held, len(shards))
+	for p := 0; p < partitions && p < len(current); p++ {
+		seen := map[int]bool{}
+		seenZone := map[string]bool{}
+		for _, id := range current[p] {
+			i, ok := index[id]
+			if !ok || seen[i] || zoned && seenZone[shards[i].Zone] || len(seen) == replicas {
+				continue
+			}
+			seen[i], seenZone[shards[i].Zone] = true, true
+			byShard[i] = append(byShard[i], held{p, rank(model, p, id)})
+		}
+	}
+	for i, hs := range byShard {
+		slices.SortFunc(hs, func(a, b held) int { return cmp.Compare(a.rank, b.rank) })
+		for _, h := range hs[:min(len(hs), quota[i])] {
+			out[h.p] = append(out[h.p], shards[i].ID)
+			load[i]++
+		}
+	}
+
+	// Fill: each missing replica goes to the shard with the most room
+	// (quota - load, then weight, then a hash) that does not hold the
+	// partition already and, zoned, is in a zone the partition does not
+	// use — or, failing that, any shard not holding it.
+	for p := range out {
+		for len(out[p]) < replicas {
+			best, bestZoned := -1, false
+			for i, s := range shards {
+				if slices.Contains(out[p], s.ID) {
+					continue
+				}
+				zoneOK := !zoned || !usesZone(out[p], s.Zone, shards, index)
+				if best >= 0 && bestZoned && !zoneOK {
+					continue
+				}
+				if best < 0 || zoneOK && !bestZoned || better(model, p, i, best, quota, load, shards) {
+					best, bestZoned = i, zoneOK
+				}
+			}
+			out[p] = append(out[p], shards[best].ID)
+			load[best]++
+		}
+		slices.Sort(out[p]) // one order, however the list was made
+	}
+	return out
+}
+
+// better reports whether shard i has more room for partition p than
+// shard j.
+func better(model string, p, i, j int, quota, load []int, shards []Shard) bool {
+	ri, rj := quota[i]-load[i], quota[j]-load[j]
+	if ri != rj {
+		return ri > rj
+	}
+	if shards[i].Weight != shards[j].Weight {
+		return shards[i].Weight > shards[j].Weight
+	}
+	return rank(model, p, shards[i].ID) < rank(model, p, shards[j].ID)
+}
+
+func usesZone(ids []string, zone string, shards []Shard, index map[string]int) bool {
+	for _, id := range ids {
+		if shards[index[id]].Zone == zone {
+			return true
+		}
+	}
+	return false
+}
+
+// rank is a partition's place in a shard's order of its own (rendezvous
+// hashing): deterministic, and spread.
+func rank(model string, p int, shard string) uint64 {
+	var b [8]byte
+	for i := range b {
+		b[i] = byte(p >> (8 * i))
+	}
+	return xxhash.Sum64String(model + "\x00" + shard + "\x00" + string(b[:]))
+}
+
+// quotas splits slots among shards by weight, each at most perShard (a
+// shard holds one replica of a partition): the largest remainder method,
+// ties broken by a hash of the model and the shard. A shard's quota
+// capped at perShard gives its excess to the others, by weight.
+func quotas(model string, shards []Shard, slots, perShard int) []int {
+	q := make([]int, len(shards))
+	capped := make([]bool, len(shards))
+	for left := slots; left > 0; {
+		var total float64
+		for i, s := range shards {
+			if !capped[i] {
+				total += s.Weight
+			}
+		}
+		if total <= 0 {
+			break
+		}
+		type rem struct {
+			i    int
+			frac float64
+			tie  uint64
+		}
+		var rems []rem
+		given := 0
+		share := make([]int, len(shards))
+		for i, s := range shards {
+			if capped[i] {
+				continue
+			}
+			exact := float64(left) * s.Weight / total
+			share[i] = int(math.Floor(exact))
+			given += share[i]
+			rems = append(rems, rem{i, exact - float64(share[i]), xxhash.Sum64String(model + "\x00" + s.ID)})
+		}
+		slices.SortFunc(rems, func(a, b rem) int {
+			if c := cmp.Compare(b.frac, a.frac); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.tie, b.tie)
+		})
+		for k := 0; k < left-given && k < len(rems); k++ {
+			share[rems[k].i]++
+		}
+		left = 0
+		for i := range shards {
+			if capped[i] {
+				continue
+			}
+			q[i] += share[i]
+			if q[i] > perShard {
+				left += q[i] - perShard
+				q[i] = perShard
+				capped[i] = true
+			}
+		}
+	}
+	return q
+}
