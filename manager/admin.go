@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -72,6 +73,9 @@ const maxAdminBody = 64 << 10
 //	POST   /admin/v1/rescan
 //	GET    /admin/v1/audit[?limit=N]
 //	GET    /admin/v1/routers
+//	GET    /admin/v1/shards
+//	POST   /admin/v1/shards/{id}/cordon
+//	DELETE /admin/v1/shards/{id}/cordon
 //	GET    /metrics, /healthz                 (no token)
 //
 // Errors are {"error": "..."} with 400, 401, 404, 409 (or 503 when the
@@ -99,6 +103,13 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	mux.HandleFunc("POST /admin/v1/rescan", a.auth(a.rescan))
 	mux.HandleFunc("GET /admin/v1/audit", a.auth(a.audit))
 	mux.HandleFunc("GET /admin/v1/routers", a.auth(a.routers))
+	mux.HandleFunc("GET /admin/v1/shards", a.auth(a.shards))
+	mux.HandleFunc("POST /admin/v1/shards/{id}/cordon", a.auth(func(w http.ResponseWriter, r *http.Request) {
+		a.do(w, r, Command{Op: OpCordon, Shard: r.PathValue("id")})
+	}))
+	mux.HandleFunc("DELETE /admin/v1/shards/{id}/cordon", a.auth(func(w http.ResponseWriter, r *http.Request) {
+		a.do(w, r, Command{Op: OpUncordon, Shard: r.PathValue("id")})
+	}))
 	mux.HandleFunc("/admin/", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no admin call %s %s", r.Method, r.URL.Path))
 	}))
@@ -177,6 +188,8 @@ type ShardDetail struct {
 	Addr     string `json:"addr"`
 	Build    string `json:"build,omitempty"`
 	Assigned int    `json:"assigned"` // partitions of the model assigned to it
+	// Partitions are the partitions assigned to it, ascending.
+	Partitions []uint32 `json:"partitions"`
 	// Loaded maps each version it reports to how many partitions.
 	Loaded     map[string]int `json:"loaded"`
 	Mismatched []uint64       `json:"mismatched,omitempty"`
@@ -234,9 +247,11 @@ func detail(st *State, m *ModelState) ModelDetail {
 				sd.Errors = append(sd.Errors, e)
 			}
 		}
-		for _, reps := range m.Replicas {
+		sd.Partitions = []uint32{}
+		for p, reps := range m.Replicas {
 			if slices.Contains(reps, id) {
 				sd.Assigned++
+				sd.Partitions = append(sd.Partitions, uint32(p))
 			}
 		}
 		for _, l := range si.Loaded {
@@ -317,6 +332,9 @@ func (a *admin) do(w http.ResponseWriter, r *http.Request, c Command) {
 		writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("no answer within %s: the call may still be applied; see the model and the audit log", a.opts.CommandTimeout))
 	case err != nil:
 		writeError(w, http.StatusServiceUnavailable, err.Error())
+	case c.Op == OpCordon || c.Op == OpUncordon:
+		slog.Info("manager: admin call applied", "op", c.Op, "shard", c.Shard, "from", c.From)
+		writeJSON(w, http.StatusOK, shardList(st))
 	case c.Model == "":
 		a.models(w, r)
 	case c.Op == OpPrune:
@@ -502,6 +520,68 @@ func (a *admin) routers(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, struct {
 		Routers []topo.RouterInfo `json:"routers"`
 	}{out})
+}
+
+// ShardSummary is one shard in GET /admin/v1/shards.
+type ShardSummary struct {
+	ID     string  `json:"id"`
+	Addr   string  `json:"addr,omitempty"` // "": not registered (a cordon on a shard not running)
+	Zone   string  `json:"zone,omitempty"`
+	Weight float64 `json:"weight"`
+	// State is "active", "cordoned" (it still holds partitions assigned
+	// to it) or "empty" (cordoned, assigned nothing: it can be stopped).
+	State string `json:"state"`
+	// Assigned is the partition replicas assigned to it, every model;
+	// Bytes their size (the files of each model's live version and the
+	// versions its chain stacks on that the manager keeps, an equal part
+	// per partition).
+	Assigned int   `json:"assigned"`
+	Bytes    int64 `json:"bytes"`
+	// Held is the partitions it reports loaded, every model and version.
+	Held int `json:"held"`
+}
+
+// shardList lists the registered and the cordoned shards of st.
+func shardList(st *State) any {
+	ids := slices.Sorted(maps.Keys(st.Shards))
+	for _, id := range st.Cordoned {
+		if _, ok := st.Shards[id]; !ok {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	out := []ShardSummary{}
+	for _, id := range ids {
+		si := st.Shards[id]
+		s := ShardSummary{ID: id, Addr: si.Addr, Zone: si.Zone, Weight: cmp.Or(si.Weight, 1), State: st.ShardState(id)}
+		for _, m := range st.Models {
+			per := int64(0)
+			if lv := m.version(m.Live); lv != nil && lv.Info != nil && m.Partitions > 0 {
+				for _, c := range lv.Info.Chain {
+					if x := m.version(c); x != nil {
+						per += x.Bytes / int64(m.Partitions)
+					}
+				}
+			}
+			for _, reps := range m.Replicas {
+				if slices.Contains(reps, id) {
+					s.Assigned++
+					s.Bytes += per
+				}
+			}
+		}
+		for _, l := range si.Loaded {
+			s.Held += len(l.Have)
+		}
+		out = append(out, s)
+	}
+	return struct {
+		Shards []ShardSummary `json:"shards"`
+	}{out}
+}
+
+func (a *admin) shards(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, shardList(a.m.State()))
 }
 
 func (a *admin) audit(w http.ResponseWriter, r *http.Request) {

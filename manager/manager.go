@@ -271,12 +271,12 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 		}
 	}
 	lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
-	models, err := m.st.load(lctx)
+	loaded, err := m.st.load(lctx)
 	lcancel()
 	if err != nil {
 		return nil, fmt.Errorf("%w (is etcd reachable at the given endpoints?)", err)
 	}
-	m.persisted = &State{Models: models}
+	m.persisted = loaded
 	m.view.Store(m.persisted)
 	ctx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
@@ -585,7 +585,7 @@ func (m *Manager) refresh(ctx context.Context) bool {
 	if err == nil && (len(resp.Kvs) == 0 && m.st.rev == 0 || len(resp.Kvs) == 1 && resp.Kvs[0].ModRevision == m.st.rev) {
 		return true // etcd holds what this manager last read or wrote
 	}
-	models, err := m.st.load(rctx)
+	fresh, err := m.st.load(rctx)
 	if err != nil {
 		slog.Error("manager: reading the state from etcd", "err", err)
 		return false
@@ -595,7 +595,7 @@ func (m *Manager) refresh(ctx context.Context) bool {
 	} else {
 		slog.Debug("manager: following the leading manager's state")
 	}
-	fresh := &State{Models: models, Shards: m.view.Load().Shards, Routers: m.view.Load().Routers}
+	fresh.Shards, fresh.Routers = m.view.Load().Shards, m.view.Load().Routers
 	m.view.Store(fresh)
 	m.persisted, m.held = fresh, false
 	return true
@@ -754,6 +754,9 @@ func (m *Manager) changes(cur, next *State, acts []Action) change {
 		}
 	}
 	slices.Sort(c.gone)
+	if !slices.Equal(cur.Cordoned, next.Cordoned) {
+		c.cordons, _ = json.Marshal(cordonRecord{Schema: recordSchema, Shards: append([]string{}, next.Cordoned...)})
+	}
 	for _, a := range acts {
 		if e, ok := a.(AuditEntry); ok {
 			c.audit = append(c.audit, e)

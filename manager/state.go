@@ -222,6 +222,10 @@ func (m *ModelState) Standby() []uint64 {
 type State struct {
 	Models map[string]*ModelState
 	Shards map[string]topo.ShardInfo
+	// Cordoned lists, sorted, the shards an operator cordoned
+	// (OpCordon): they are given nothing, and keep serving what they hold
+	// until its replicas are loaded elsewhere. Persisted.
+	Cordoned []string
 	// pending are actions settle decided (the gates to run), which
 	// Decide returns.
 	pending []Action
@@ -315,7 +319,8 @@ type GatesChecked struct {
 
 // Command is an operator's call through the admin API.
 type Command struct {
-	Op      string // OpRollback, OpPin, OpUnpin, OpRescan, OpPrune, OpAccept, OpCanary, OpCanaryOff, OpPromote
+	Op      string // OpRollback, OpPin, OpUnpin, OpRescan, OpPrune, OpAccept, OpCanary, OpCanaryOff, OpPromote, OpCordon, OpUncordon
+	Shard   string // cordon, uncordon: the shard
 	Model   string
 	Version uint64 // rollback: the version to go to (0: the most recent standby); pin: the version
 	At      time.Time
@@ -381,6 +386,10 @@ const (
 	OpCanary    = "canary"
 	OpCanaryOff = "canary-off"
 	OpPromote   = "promote"
+	// OpCordon gives shard Shard nothing new, and moves what it holds
+	// to other shards (make before break); OpUncordon undoes it.
+	OpCordon   = "cordon"
+	OpUncordon = "uncordon"
 )
 
 func (Scanned) isEvent()        {}
@@ -417,6 +426,7 @@ type AuditEntry struct {
 	Model   string    `json:"model,omitempty"`
 	Version uint64    `json:"version,omitempty"`
 	From    string    `json:"from,omitempty"`
+	Shard   string    `json:"shard,omitempty"`
 	Reason  string    `json:"reason,omitempty"` // the operator's (accept)
 	Result  string    `json:"result"`
 }
@@ -453,7 +463,7 @@ var (
 // other model with s, unchanged, so what an event costs — here and in
 // what the manager then writes — does not grow with the other models.
 func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
-	n := &State{Models: maps.Clone(s.Models), Shards: s.Shards, Routers: s.Routers}
+	n := &State{Models: maps.Clone(s.Models), Shards: s.Shards, Routers: s.Routers, Cordoned: s.Cordoned}
 	if n.Models == nil {
 		n.Models = map[string]*ModelState{}
 	}
@@ -466,7 +476,7 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 	case GatesChecked:
 		touched = []string{ev.Model}
 	case Command:
-		if ev.Op != OpRescan {
+		if ev.Model != "" {
 			touched = []string{ev.Model}
 		}
 	case Scanned:
@@ -542,7 +552,7 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 }
 
 func audit(c Command, result string) AuditEntry {
-	return AuditEntry{Time: c.At, Op: c.Op, Model: c.Model, Version: c.Version, From: c.From, Reason: c.Reason, Result: result}
+	return AuditEntry{Time: c.At, Op: c.Op, Model: c.Model, Version: c.Version, From: c.From, Shard: c.Shard, Reason: c.Reason, Result: result}
 }
 
 func (s *State) version(model string, v uint64) *Version {
@@ -770,6 +780,10 @@ func (s *State) checked(ev Checked) {
 
 // command applies an operator's call.
 func (s *State) command(c Command) ([]Action, error) {
+	switch c.Op {
+	case OpCordon, OpUncordon:
+		return nil, s.cordon(c)
+	}
 	if c.Op == OpRescan {
 		var acts []Action
 		for _, name := range slices.Sorted(maps.Keys(s.Models)) {
@@ -941,7 +955,7 @@ func (s *State) settle(m *ModelState, p Policy) {
 	}
 	trusted := s.trusted(m)
 	h := s.holding(m.Name)
-	assign := Assign(m.Name, m.Replicas, m.Partitions, trusted, s.Shards, p.Replicas)
+	assign := Assign(m.Name, m.Replicas, m.Partitions, s.placeable(m, trusted), s.Shards, p.Replicas)
 	liveServable := true // only a removed live version can stop being so (nobody can load it again)
 	if lv := m.version(m.Live); lv != nil && (lv.Gone || lv.Broken != "") {
 		liveServable = s.servable(m, m.Live, trusted)

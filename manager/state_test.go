@@ -1337,3 +1337,59 @@ func TestDecideScaleOutMovesLittle(t *testing.T) {
 		}
 	}
 }
+
+// TestDecideCordon: a cordoned shard is given nothing, and keeps what it
+// holds until the new replicas hold it (make before break), then is
+// empty; cordoning every shard empties none; uncordoned, it takes its
+// share again.
+func TestDecideCordon(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20, Now: time.Unix(1000, 0)})
+	x.parts = 8
+	x.join("s0", "s1")
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	cordon := func(op, id string) {
+		t.Helper()
+		if err := x.do(Command{Op: op, Shard: id, At: time.Unix(1, 0), From: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	on := func(id string) (n int) {
+		for _, r := range x.s.Models["m"].Replicas {
+			if slices.Contains(r, id) {
+				n++
+			}
+		}
+		return n
+	}
+	if on("s0") != 4 {
+		t.Fatalf("s0 holds %d of 8", on("s0"))
+	}
+	cordon(OpCordon, "s0")
+	if on("s0") != 4 || on("s1") != 8 || x.s.ShardState("s0") != "cordoned" {
+		t.Fatalf("before s1 loads: s0 %d, s1 %d, %s", on("s0"), on("s1"), x.s.ShardState("s0"))
+	}
+	x.load("s1")
+	if on("s0") != 0 || x.s.ShardState("s0") != "empty" || x.s.ShardState("s1") != "active" {
+		t.Fatalf("after s1 loads: s0 %d, %s", on("s0"), x.s.ShardState("s0"))
+	}
+	if a := x.audit[len(x.audit)-1]; a.Op != OpCordon || a.Shard != "s0" {
+		t.Fatalf("audit %+v", a)
+	}
+	// Every shard cordoned: nothing moves.
+	cordon(OpCordon, "s1")
+	x.settleAll()
+	if on("s1") != 8 {
+		t.Fatalf("with every shard cordoned, s1 holds %d", on("s1"))
+	}
+	cordon(OpUncordon, "s1")
+	cordon(OpUncordon, "s0")
+	x.settleAll()
+	if on("s0") != 4 || x.s.ShardState("s0") != "active" {
+		t.Fatalf("uncordoned, s0 holds %d", on("s0"))
+	}
+	if err := x.do(Command{Op: OpCordon, Shard: "a/b"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a bad shard name: %v", err)
+	}
+}

@@ -21,6 +21,7 @@ import (
 //	MANAGER/guard          guardRecord: bumped by every write
 //	MANAGER/models/NAME    ModelState
 //	MANAGER/audit/SEQ      AuditEntry (the newest maxAudit)
+//	MANAGER/cordons        cordonRecord: the cordoned shards
 //
 // Every write is one transaction conditional on the guard's revision as
 // this manager last read or wrote it, so a manager with a stale view (a
@@ -41,7 +42,12 @@ type guardRecord struct {
 	Audit  uint64 `json:"audit"`
 }
 
-// recordSchema is the schema of the guard and audit records (see
+type cordonRecord struct {
+	Schema int      `json:"schema"`
+	Shards []string `json:"shards"`
+}
+
+// recordSchema is the schema of the guard, audit and cordon records (see
 // topo.Schema); ModelStateSchema is the models' own.
 const recordSchema = 1
 
@@ -56,16 +62,18 @@ func (st *store) guardKey() string         { return st.cluster.ManagerPrefix() +
 func (st *store) modelsPrefix() string     { return st.cluster.ManagerPrefix() + "models/" }
 func (st *store) auditPrefix() string      { return st.cluster.ManagerPrefix() + "audit/" }
 func (st *store) auditKey(n uint64) string { return fmt.Sprintf("%s%020d", st.auditPrefix(), n) }
+func (st *store) cordonKey() string        { return st.cluster.ManagerPrefix() + "cordons" }
 
-// load reads the persisted models and the guard's revision. A model
-// record that does not decode is reported: starting without it would
-// forget what is live.
-func (st *store) load(ctx context.Context) (map[string]*ModelState, error) {
+// load reads the persisted models and cordons, and the guard's revision.
+// A record that does not decode is reported: starting without it would
+// forget what is live, or what is cordoned.
+func (st *store) load(ctx context.Context) (*State, error) {
 	resp, err := st.cli.Get(ctx, st.cluster.ManagerPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("manager: reading state: %w", err)
 	}
 	models := map[string]*ModelState{}
+	var cordoned []string
 	st.rev, st.audit = 0, 0
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key)
@@ -83,9 +91,15 @@ func (st *store) load(ctx context.Context) (map[string]*ModelState, error) {
 			}
 			m.Schema = ModelStateSchema // rewritten in this build's form
 			models[m.Name] = &m
+		case key == st.cordonKey():
+			c, err := topo.Decode[cordonRecord](key, kv.Value)
+			if err != nil {
+				return nil, fmt.Errorf("manager: %w", err)
+			}
+			cordoned = c.Shards
 		}
 	}
-	return models, nil
+	return &State{Models: models, Cordoned: cordoned}, nil
 }
 
 // change is what one decision writes.
@@ -94,10 +108,12 @@ type change struct {
 	maps   map[string][]byte // model → Assignment JSON
 	gone   []string          // models that left the state (nothing of them served)
 	audit  []AuditEntry
+	// cordons is the cordon record to write; nil: unchanged.
+	cordons []byte
 }
 
 func (c *change) empty() bool {
-	return len(c.states) == 0 && len(c.maps) == 0 && len(c.gone) == 0 && len(c.audit) == 0
+	return len(c.states) == 0 && len(c.maps) == 0 && len(c.gone) == 0 && len(c.audit) == 0 && c.cordons == nil
 }
 
 // maxTxnOps is etcd's default limit on operations in one transaction.
@@ -141,6 +157,11 @@ func (st *store) commit(ctx context.Context, c change) error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.states)) {
 		if err := put(st.modelsPrefix()+name, c.states[name]); err != nil {
+			return err
+		}
+	}
+	if c.cordons != nil {
+		if err := put(st.cordonKey(), c.cordons); err != nil {
 			return err
 		}
 	}

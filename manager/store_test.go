@@ -104,10 +104,11 @@ func TestOlderStateRewritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := &store{cli: cli, cluster: topo.DefaultCluster, writer: "a"}
-	models, err := st.load(ctx)
+	loaded, err := st.load(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	models := loaded.Models
 	m := models["m"]
 	if m == nil || m.Schema != ModelStateSchema || m.version(1).Info.IDs[0] != "x" {
 		t.Fatalf("read %+v", m)

@@ -24,6 +24,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/shard"
@@ -445,5 +446,59 @@ func TestShardLeavingFinishesCallsUnderWay(t *testing.T) {
 	}
 	if err := <-drained; err != nil {
 		t.Errorf("shard-0's drain: %v", err)
+	}
+}
+
+// TestScaleInNeverFails: with one replica, a cordoned shard keeps serving
+// until its partitions are loaded elsewhere, is then shown empty, and can
+// be killed with no request failing or answered wrongly.
+func TestScaleInNeverFails(t *testing.T) {
+	repoDir := t.TempDir()
+	m := randomModel(model.LR, 0, 4000, 23)
+	if _, err := (loader.Repo{Dir: repoDir}).Publish("lr", m, 8, "test"); err != nil {
+		t.Fatal(err)
+	}
+	c := devclustertest.Start(t, devcluster.Options{Repo: repoDir, Shards: 3, ScanInterval: time.Hour})
+	ref := reference.New(m)
+	req := randomRequest(rand.New(rand.NewPCG(23, 23)), "lr", m, 50, 20, 5)
+	var trs []*traffic
+	for range 2 {
+		trs = append(trs, startTraffic(t, c.Router, req, func(resp *router.Response) error { return scoresMatch(ref, req, resp) }))
+	}
+	trs[0].await(t, 10)
+	held := 0
+	for _, reps := range assignment(t, c, "lr").Replicas {
+		if slices.Contains(reps, "shard-0") {
+			held++
+		}
+	}
+	if held == 0 {
+		t.Fatal("shard-0 holds nothing to hand over")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Manager.Do(ctx, manager.Command{Op: manager.OpCordon, Shard: "shard-0", At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	trs[0].until(t, func() error {
+		if st := c.Manager.State().ShardState("shard-0"); st != "empty" {
+			return fmt.Errorf("shard-0 is %s", st)
+		}
+		return nil
+	})
+	for p, reps := range assignment(t, c, "lr").Replicas {
+		if slices.Contains(reps, "shard-0") {
+			t.Fatalf("partition %d still on the empty shard-0: %v", p, reps)
+		}
+	}
+	trs[0].await(t, 10)
+	c.Shards[0].Crash() // as kill -9: its registration stays until its lease runs out
+	trs[0].await(t, 50)
+	for i, tr := range trs {
+		n, err := tr.Stop()
+		if err != nil {
+			t.Fatalf("traffic %d: %v", i, err)
+		}
+		t.Logf("traffic %d: %d requests answered through the cordon and the kill; shard-0 held %d of 8 partitions", i, n, held)
 	}
 }

@@ -335,7 +335,22 @@ promote makes the canary live; --off, a pin or a rollback drop it.`,
 	for _, c := range []*cobra.Command{canary, promote} {
 		c.Flags().Uint64Var(&from, "from", 0, "the live version this call acts on (default: the live version now); refused if it has moved")
 	}
-	cmd.AddCommand(rollback, audit, prune, accept, canary, promote)
+	shards := &cobra.Command{Use: "shards", Short: "List the shards: zone, weight, state (active, cordoned, empty), partitions assigned and held", Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			return run(http.MethodGet, "/admin/v1/shards", nil, printShards)
+		}}
+	cordonCmd := func(use, short, method string) *cobra.Command {
+		return &cobra.Command{Use: use + " SHARD", Short: short, Args: cobra.ExactArgs(1),
+			RunE: func(_ *cobra.Command, args []string) error {
+				if strings.ContainsAny(args[0], "/?#") || args[0] == "" {
+					return fmt.Errorf("invalid shard name %q", args[0])
+				}
+				return run(method, "/admin/v1/shards/"+args[0]+"/cordon", nil, printShards)
+			}}
+	}
+	cmd.AddCommand(rollback, audit, prune, accept, canary, promote, shards,
+		cordonCmd("cordon", "Give SHARD nothing new and move what it holds elsewhere (it serves until the new replicas hold it, then is empty and can be stopped)", http.MethodPost),
+		cordonCmd("uncordon", "Let SHARD take partitions again", http.MethodDelete))
 	return cmd
 }
 
@@ -481,7 +496,7 @@ func printModel(b []byte) error {
 			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Version, g.Gate, g.Outcome, g.At.Format(time.DateTime), took, printable(cmp.Or(g.Reason, "-")))
 		}
 	}
-	fmt.Fprintln(w, "\nSHARD\tADDR\tBUILD\tASSIGNED\tLOADED (version:partitions)\tMISMATCHED\tERRORS")
+	fmt.Fprintln(w, "\nSHARD\tADDR\tBUILD\tASSIGNED (partitions)\tLOADED (version:partitions)\tMISMATCHED\tERRORS")
 	for _, s := range d.Shards {
 		var loaded []string
 		for v, n := range s.Loaded {
@@ -496,7 +511,47 @@ func printModel(b []byte) error {
 		if build == "" {
 			build = "-"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.ID, s.Addr, build, s.Assigned, strings.Join(loaded, " "), joinVersions(s.Mismatched), errs)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d (%s)\t%s\t%s\t%s\n", s.ID, s.Addr, build, s.Assigned, ranges(s.Partitions), strings.Join(loaded, " "), joinVersions(s.Mismatched), errs)
+	}
+	return w.Flush()
+}
+
+// ranges writes ascending partition numbers compactly: 0-3,7,9-10.
+func ranges(ps []uint32) string {
+	if len(ps) == 0 {
+		return "-"
+	}
+	var b strings.Builder
+	for i := 0; i < len(ps); {
+		j := i
+		for j+1 < len(ps) && ps[j+1] == ps[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		if j > i {
+			fmt.Fprintf(&b, "%d-%d", ps[i], ps[j])
+		} else {
+			fmt.Fprintf(&b, "%d", ps[i])
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+func printShards(b []byte) error {
+	var out struct {
+		Shards []manager.ShardSummary `json:"shards"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("admin API answered badly: %w", err)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "SHARD\tADDR\tZONE\tWEIGHT\tSTATE\tASSIGNED\tBYTES\tHELD")
+	for _, s := range out.Shards {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%g\t%s\t%d\t%s\t%d\n", printable(s.ID), cmp.Or(s.Addr, "(not running)"), cmp.Or(printable(s.Zone), "-"), s.Weight, s.State,
+			s.Assigned, humanize.IBytes(uint64(s.Bytes)), s.Held)
 	}
 	return w.Flush()
 }
