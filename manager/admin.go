@@ -74,6 +74,7 @@ const maxAdminBody = 64 << 10
 //	GET    /admin/v1/audit[?limit=N]
 //	GET    /admin/v1/routers
 //	GET    /admin/v1/shards
+//	GET    /admin/v1/plan
 //	POST   /admin/v1/shards/{id}/cordon
 //	DELETE /admin/v1/shards/{id}/cordon
 //	GET    /metrics, /healthz                 (no token)
@@ -104,6 +105,11 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	mux.HandleFunc("GET /admin/v1/audit", a.auth(a.audit))
 	mux.HandleFunc("GET /admin/v1/routers", a.auth(a.routers))
 	mux.HandleFunc("GET /admin/v1/shards", a.auth(a.shards))
+	mux.HandleFunc("GET /admin/v1/plan", a.auth(func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, struct {
+			Moves []Move `json:"moves"`
+		}{append([]Move{}, a.m.State().Plan(a.m.policy)...)})
+	}))
 	mux.HandleFunc("POST /admin/v1/shards/{id}/cordon", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		a.do(w, r, Command{Op: OpCordon, Shard: r.PathValue("id")})
 	}))

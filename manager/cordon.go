@@ -2,6 +2,7 @@ package manager
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"unicode"
@@ -74,4 +75,89 @@ func (s *State) ShardState(id string) string {
 		}
 	}
 	return "empty"
+}
+
+// limitMoves defers the moves of assign beyond max partitions loading at
+// once onto any one shard (0: no bound), so that a rebalance does not
+// load every partition at once while the cluster serves: a partition
+// whose move would exceed it keeps its current replicas, and moves once
+// the shard has loaded what it was given. A partition counts as loading
+// onto a shard it is newly assigned to until the shard holds every
+// version kept of it. Deterministic: partitions in order.
+func (s *State) limitMoves(h holding, m *ModelState, assign [][]string, max int) [][]string {
+	prev := m.Replicas
+	if max <= 0 || len(prev) != len(assign) {
+		return assign
+	}
+	var kept []*Version
+	for _, v := range m.kept() {
+		kept = append(kept, m.version(v))
+	}
+	holdsAll := func(id string, p int) bool {
+		return !slices.ContainsFunc(kept, func(x *Version) bool { return !s.holdsVersion(h, m, id, x, p) })
+	}
+	// Moves under way: published (in prev and assign), not held yet. A
+	// first placement (nothing held anywhere) is not a move.
+	loading := map[string]int{}
+	moving := func(p int, id string) bool {
+		return slices.ContainsFunc(prev[p], func(o string) bool { return o != id && holdsAll(o, p) }) && !holdsAll(id, p)
+	}
+	for p, reps := range assign {
+		for _, id := range reps {
+			if slices.Contains(prev[p], id) && moving(p, id) {
+				loading[id]++
+			}
+		}
+	}
+	out := slices.Clone(assign)
+	for p, reps := range assign {
+		var onto []string
+		for _, id := range reps {
+			if !slices.Contains(prev[p], id) && slices.ContainsFunc(prev[p], func(o string) bool { return holdsAll(o, p) }) {
+				onto = append(onto, id)
+			}
+		}
+		if slices.ContainsFunc(onto, func(id string) bool { return loading[id] >= max }) {
+			out[p] = prev[p]
+			continue
+		}
+		for _, id := range onto {
+			loading[id]++
+		}
+	}
+	return out
+}
+
+// Move is a change of a partition's replicas the manager makes or would
+// make (Plan).
+type Move struct {
+	Model     string   `json:"model"`
+	Partition uint32   `json:"partition"`
+	From      []string `json:"from"` // the replicas published now
+	To        []string `json:"to"`   // where placement puts it
+}
+
+// Plan lists, for every model, the partitions whose published replicas
+// differ from where placement puts them now: moves under way, and moves
+// waiting for a shard to finish loading (Policy.MaxMoves). It changes
+// nothing.
+func (s *State) Plan(p Policy) []Move {
+	var out []Move
+	for _, name := range slices.Sorted(maps.Keys(s.Models)) {
+		m := s.Models[name]
+		if m.Partitions == 0 || s.Shards == nil {
+			continue
+		}
+		target := Assign(m.Name, m.Replicas, m.Partitions, s.placeable(m, s.trusted(m)), s.Shards, p.Replicas)
+		for i, to := range target {
+			var from []string
+			if i < len(m.Replicas) {
+				from = m.Replicas[i]
+			}
+			if !slices.Equal(from, to) {
+				out = append(out, Move{Model: name, Partition: uint32(i), From: append([]string{}, from...), To: to})
+			}
+		}
+	}
+	return out
 }

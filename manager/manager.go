@@ -85,6 +85,11 @@ type Options struct {
 	// waiting for the gate router to route the staged version included.
 	// Default 60s.
 	GateTimeout time.Duration
+	// MaxMoves bounds the partitions of a model moving onto one shard at
+	// once: a rebalance loads at most this many at a time per shard, so
+	// that serving does not suffer (a partition whose shard left moves at
+	// once regardless). Default 4; negative: no bound.
+	MaxMoves int
 	// GateRetry is how long a gate that could not run (its hold-out set
 	// unreadable, the cluster unable to answer) waits before it is asked
 	// for again. Default 5s.
@@ -129,6 +134,12 @@ func (o *Options) Validate() error {
 	}
 	if o.ValidatorTimeout == 0 {
 		o.ValidatorTimeout = 60 * time.Second
+	}
+	switch {
+	case o.MaxMoves == 0:
+		o.MaxMoves = 4
+	case o.MaxMoves < 0:
+		o.MaxMoves = 0 // Policy: no bound
 	}
 	if o.GateRetry <= 0 {
 		o.GateRetry = 5 * time.Second
@@ -242,7 +253,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions, KeepDeltas: opts.KeepDeltas, RouterWait: opts.RouterWait, StagedGates: stagedGates(opts),
-		Holdout: slices.Sorted(maps.Keys(opts.Holdout))},
+		Holdout: slices.Sorted(maps.Keys(opts.Holdout)), MaxMoves: opts.MaxMoves},
 		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
 		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event), gates: make(chan RunGates, 64)}
 	m.queue.init()

@@ -255,6 +255,9 @@ type Policy struct {
 	StagedGates []string
 	// Holdout lists the models with a hold-out set (GateHoldout).
 	Holdout []string
+	// MaxMoves bounds the partitions of a model moving onto one shard at
+	// once (0: no bound); see limitMoves.
+	MaxMoves int
 }
 
 // keepRejected is how many rejected versions a model keeps listed, with
@@ -955,7 +958,7 @@ func (s *State) settle(m *ModelState, p Policy) {
 	}
 	trusted := s.trusted(m)
 	h := s.holding(m.Name)
-	assign := Assign(m.Name, m.Replicas, m.Partitions, s.placeable(m, trusted), s.Shards, p.Replicas)
+	assign := s.limitMoves(h, m, Assign(m.Name, m.Replicas, m.Partitions, s.placeable(m, trusted), s.Shards, p.Replicas), p.MaxMoves)
 	liveServable := true // only a removed live version can stop being so (nobody can load it again)
 	if lv := m.version(m.Live); lv != nil && (lv.Gone || lv.Broken != "") {
 		liveServable = s.servable(m, m.Live, trusted)

@@ -1393,3 +1393,51 @@ func TestDecideCordon(t *testing.T) {
 		t.Fatalf("a bad shard name: %v", err)
 	}
 }
+
+// TestDecideMaxMoves: with MaxMoves 1, a shard joining takes its share
+// one partition at a time, each moving once the last has loaded; a
+// partition whose shard left moves at once, whatever the bound.
+func TestDecideMaxMoves(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20, MaxMoves: 1, Now: time.Unix(1000, 0)})
+	x.parts = 16
+	x.join("s0", "s1", "s2", "s3")
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	onto := func(id string) (n int) {
+		for _, r := range x.s.Models["m"].Replicas {
+			if slices.Contains(r, id) {
+				n++
+			}
+		}
+		return n
+	}
+	x.join("s4")
+	if plan := x.s.Plan(x.p); len(plan) != 3 || !slices.Contains(plan[0].To, "s4") {
+		t.Fatalf("plan after s4 joined: %+v", plan)
+	}
+	steps := 0
+	for ; onto("s4") < 3 && steps < 10; steps++ {
+		before := onto("s4")
+		x.load("s0", "s1", "s2", "s3") // s4 has loaded nothing yet
+		if onto("s4") > before+1 {
+			t.Fatalf("step %d: %d partitions onto s4 at once", steps, onto("s4")-before)
+		}
+		x.load()
+	}
+	if onto("s4") != 3 {
+		t.Fatalf("s4 holds %d after %d steps", onto("s4"), steps)
+	}
+	x.settleAll()
+	if plan := x.s.Plan(x.p); len(plan) != 0 {
+		t.Fatalf("plan once balanced: %+v", plan)
+	}
+	// s0 leaves: its 3 partitions move at once.
+	delete(x.shards, "s0")
+	x.report()
+	for p, r := range x.s.Models["m"].Replicas {
+		if len(r) == 0 || slices.Contains(r, "s0") {
+			t.Fatalf("partition %d: %v after s0 left", p, r)
+		}
+	}
+}

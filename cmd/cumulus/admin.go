@@ -348,7 +348,28 @@ promote makes the canary live; --off, a pin or a rollback drop it.`,
 				return run(method, "/admin/v1/shards/"+args[0]+"/cordon", nil, printShards)
 			}}
 	}
-	cmd.AddCommand(rollback, audit, prune, accept, canary, promote, shards,
+	plan := &cobra.Command{Use: "plan", Short: "Show the partition moves under way or waiting (shards joining, leaving, cordoned), without making any", Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			return run(http.MethodGet, "/admin/v1/plan", nil, func(b []byte) error {
+				var out struct {
+					Moves []manager.Move `json:"moves"`
+				}
+				if err := json.Unmarshal(b, &out); err != nil {
+					return fmt.Errorf("admin API answered badly: %w", err)
+				}
+				if len(out.Moves) == 0 {
+					fmt.Println("nothing to move: every partition is where placement puts it")
+					return nil
+				}
+				w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(w, "MODEL\tPARTITION\tFROM\tTO")
+				for _, mv := range out.Moves {
+					fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", mv.Model, mv.Partition, cmp.Or(strings.Join(mv.From, ","), "-"), strings.Join(mv.To, ","))
+				}
+				return w.Flush()
+			})
+		}}
+	cmd.AddCommand(rollback, audit, prune, accept, canary, promote, shards, plan,
 		cordonCmd("cordon", "Give SHARD nothing new and move what it holds elsewhere (it serves until the new replicas hold it, then is empty and can be stopped)", http.MethodPost),
 		cordonCmd("uncordon", "Let SHARD take partitions again", http.MethodDelete))
 	return cmd

@@ -281,6 +281,7 @@ type policyFlags struct {
 	holdout                  []string // NAME=FILE
 	holdoutMargin            float64
 	gateTimeout, gateRetry   time.Duration
+	maxMoves                 int
 }
 
 // apply sets the manager's policy options from the flags.
@@ -288,6 +289,10 @@ func (f *policyFlags) apply(o *manager.Options) error {
 	o.KeepVersions, o.KeepDeltas = keepVersions(f.keepVersions), keepVersions(f.keepDeltas)
 	o.ScanInterval, o.AutoPrune, o.CompactAfter, o.RouterWait = f.scan, f.autoPrune, keepVersions(f.compactAfter), f.routerWait
 	o.Validator, o.ValidatorTimeout = f.validator, f.validatorTimeout
+	o.MaxMoves = f.maxMoves
+	if f.maxMoves == 0 {
+		o.MaxMoves = -1 // Options: no bound
+	}
 	o.GoldenTolerance, o.HoldoutMargin, o.GateTimeout, o.GateRetry = f.goldenTolerance, f.holdoutMargin, f.gateTimeout, f.gateRetry
 	if f.holdoutMargin == 0 {
 		o.HoldoutMargin = -1 // Options: none
@@ -338,6 +343,7 @@ func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
 	cmd.Flags().Float64Var(&f.holdoutMargin, "holdout-margin", 0.01, "the hold-out gate: how much a staged version's mean log-loss may exceed the live version's (absolute)")
 	cmd.Flags().DurationVar(&f.gateTimeout, "gate-timeout", 60*time.Second, "longest a golden or hold-out gate run may take")
 	cmd.Flags().DurationVar(&f.gateRetry, "gate-retry", 5*time.Second, "how long a gate that could not run (its hold-out set unreadable, the cluster not answering in time) waits before it runs again; the version waits meanwhile")
+	cmd.Flags().IntVar(&f.maxMoves, "max-moves", 4, "partitions of a model moving onto one shard at once when the manager rebalances (shards join, leave or are cordoned); 0: no bound")
 	cmd.Flags().DurationVar(&f.scan, "scan-interval", scan, "how often the whole repository is listed, besides watching it for changes (on a network filesystem, which reports no changes made on other hosts, this is how soon a version is found)")
 }
 
