@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/manager"
+	"github.com/cumulus-serving/cumulus/server/kservepb"
+)
+
+// TestCordonScaleInEndToEnd: separate shard, manager and router
+// processes, one replica per partition, load running: a third shard
+// joins and takes its share; `cumulus admin cordon` empties another,
+// which is then killed (SIGKILL). No request fails or is answered
+// differently at any point.
+func TestCordonScaleInEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "repo")
+	if b, err := cumulus("model", "gen", "--name", "ctr", "--repo", repo, "--params", "20000", "--partitions", "8", "--ids", "dense").CombinedOutput(); err != nil {
+		t.Fatalf("model gen: %v\n%s", err, b)
+	}
+	cli := testenv.Etcd(t)
+	common := []string{"--etcd", cli.Endpoints()[0], "--log-level", "warn"}
+	startShard := func(id string) *process {
+		args := append([]string{"shard", "--id", id, "--repo", repo, "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, id)}, common...)
+		return startProcess(t, []string{"shard " + id + " serving on "}, args...)
+	}
+	shards := map[string]*process{"s0": startShard("s0"), "s1": startShard("s1")}
+	mgr := startProcess(t, []string{"admin: http://"}, append([]string{"manager", "--repo", repo, "--replicas", "1", "--admin-addr", "127.0.0.1:0", "--admin-token", "t"}, common...)...)
+	rt := startProcess(t, []string{"http: http://", "grpc: "}, append([]string{"router", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"}, common...)...)
+	waitRouterReady(t, rt.out["http: http://"])
+	admin := func(args ...string) string {
+		t.Helper()
+		out, err := cumulus(append(append([]string{"admin"}, args...), "--addr", mgr.out["admin: http://"], "--admin-token", "t")...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("cumulus admin %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	shardStates := func() map[string]manager.ShardSummary {
+		var out struct {
+			Shards []manager.ShardSummary `json:"shards"`
+		}
+		if err := json.Unmarshal([]byte(admin("shards", "--json")), &out); err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]manager.ShardSummary{}
+		for _, s := range out.Shards {
+			m[s.ID] = s
+		}
+		return m
+	}
+
+	conn, err := grpc.NewClient(rt.out["grpc: "], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := kservepb.NewGRPCInferenceServiceClient(conn)
+	req := rollingRequest()
+	want, err := client.ModelInfer(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok, failed atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				resp, err := client.ModelInfer(ctx, req)
+				cancel()
+				if err == nil && !slices.Equal(resp.Outputs[0].Contents.Fp32Contents, want.Outputs[0].Contents.Fp32Contents) {
+					err = fmt.Errorf("answer changed: %v", resp.Outputs[0].Contents.Fp32Contents)
+				}
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+					continue
+				}
+				ok.Add(1)
+			}
+		}()
+	}
+	stopLoad := func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+			wg.Wait()
+		}
+	}
+	defer stopLoad()
+	awaitLoad := func(n int64) {
+		t.Helper()
+		until := ok.Load() + n
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if ok.Load() < until {
+				return fmt.Errorf("%d of %d answered", ok.Load(), until)
+			}
+			return nil
+		})
+	}
+	awaitLoad(20)
+
+	// Scale out: s2 joins and takes about a third.
+	t0 := time.Now()
+	shards["s2"] = startShard("s2")
+	testenv.Eventually(t, 60*time.Second, func() error {
+		st := shardStates()
+		if st["s2"].Assigned < 2 || st["s2"].Held < st["s2"].Assigned || len(strings.Split(strings.TrimSpace(admin("plan")), "\n")) != 1 {
+			return fmt.Errorf("s2: %+v", st["s2"])
+		}
+		return nil
+	})
+	t.Logf("scale-out to 3 shards balanced in %v: %s", time.Since(t0).Round(time.Millisecond), strings.TrimSpace(admin("plan")))
+	awaitLoad(20)
+
+	// Scale in: cordon s0, wait for empty, kill it.
+	t0 = time.Now()
+	if out := admin("cordon", "s0"); !strings.Contains(out, "s0") {
+		t.Fatalf("cordon: %s", out)
+	}
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if st := shardStates()["s0"]; st.State != "empty" {
+			return fmt.Errorf("s0: %+v", st)
+		}
+		return nil
+	})
+	t.Logf("cordoned s0 empty in %v", time.Since(t0).Round(time.Millisecond))
+	shards["s0"].cmd.Process.Signal(syscall.SIGKILL)
+	awaitLoad(100)
+	stopLoad()
+	if failed.Load() != 0 {
+		t.Fatalf("%d of %d requests failed; the first: %v", failed.Load(), ok.Load()+failed.Load(), firstErr.Load())
+	}
+	t.Logf("%d requests answered, none failed or changed, through the scale-out, the cordon and the kill", ok.Load())
+	if out := admin("shards"); !strings.Contains(out, "empty") {
+		t.Fatalf("shards after the kill:\n%s", out)
+	}
+}
