@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -146,5 +149,34 @@ func TestLeftoversRemoved(t *testing.T) {
 		if _, err := os.Stat(d); (err == nil) != want {
 			t.Errorf("%s: exists %v, want %v", d, err == nil, want)
 		}
+	}
+}
+
+// TestCordonsPersist: cordons are written with the state and read back
+// by a manager starting afresh.
+func TestCordonsPersist(t *testing.T) {
+	cli := testenv.Etcd(t)
+	ctx := context.Background()
+	a := &store{cli: cli, cluster: topo.DefaultCluster, writer: "a"}
+	if _, err := a.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m := &Manager{}
+	cur := &State{Models: map[string]*ModelState{}}
+	next, _, err := Decide(cur, Command{Op: OpCordon, Shard: "s7", At: time.Unix(1, 0)}, Policy{Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.metrics.compared = prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
+	if err := a.commit(ctx, m.changes(cur, next, nil)); err != nil {
+		t.Fatal(err)
+	}
+	b := &store{cli: cli, cluster: topo.DefaultCluster, writer: "b"}
+	loaded, err := b.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(loaded.Cordoned, []string{"s7"}) || loaded.ShardState("s7") != "empty" {
+		t.Fatalf("read back %v", loaded.Cordoned)
 	}
 }
