@@ -93,14 +93,28 @@ func (s *State) limitMoves(h holding, m *ModelState, assign [][]string, max int)
 	for _, v := range m.kept() {
 		kept = append(kept, m.version(v))
 	}
+	// holdsAll: id holds partition p of every kept version, by a report
+	// that follows the latest placement (the shard has loaded it).
 	holdsAll := func(id string, p int) bool {
 		return !slices.ContainsFunc(kept, func(x *Version) bool { return !s.holdsVersion(h, m, id, x, p) })
+	}
+	// reports: id's report lists partition p of every kept version, however
+	// old the report (it holds it, if it may be about to drop it): a
+	// partition with such a holder is moving, not being placed for the
+	// first time. (Every placement change makes reports briefly older than
+	// it: holdsAll would then see no holder at all, and let every move
+	// through at once.)
+	reports := func(id string, p int) bool {
+		si, ok := s.Shards[id]
+		return ok && !slices.ContainsFunc(kept, func(x *Version) bool {
+			return x == nil || x.Info == nil || p >= len(x.Info.IDs) || !si.Holds(m.Name, x.Version, uint32(p), x.Info.IDs[p])
+		})
 	}
 	// Moves under way: published (in prev and assign), not held yet. A
 	// first placement (nothing held anywhere) is not a move.
 	loading := map[string]int{}
 	moving := func(p int, id string) bool {
-		return slices.ContainsFunc(prev[p], func(o string) bool { return o != id && holdsAll(o, p) }) && !holdsAll(id, p)
+		return slices.ContainsFunc(prev[p], func(o string) bool { return o != id && reports(o, p) }) && !holdsAll(id, p)
 	}
 	for p, reps := range assign {
 		for _, id := range reps {
@@ -113,7 +127,7 @@ func (s *State) limitMoves(h holding, m *ModelState, assign [][]string, max int)
 	for p, reps := range assign {
 		var onto []string
 		for _, id := range reps {
-			if !slices.Contains(prev[p], id) && slices.ContainsFunc(prev[p], func(o string) bool { return holdsAll(o, p) }) {
+			if !slices.Contains(prev[p], id) && slices.ContainsFunc(prev[p], func(o string) bool { return reports(o, p) }) {
 				onto = append(onto, id)
 			}
 		}

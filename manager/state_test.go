@@ -1413,6 +1413,10 @@ func TestDecideMaxMoves(t *testing.T) {
 		return n
 	}
 	x.join("s4")
+	x.report() // the shards' reports now lag the placement just published
+	if n := onto("s4"); n != 1 {
+		t.Fatalf("%d partitions onto s4 at once, with reports older than the placement", n)
+	}
 	if plan := x.s.Plan(x.p); len(plan) != 3 || !slices.Contains(plan[0].To, "s4") {
 		t.Fatalf("plan after s4 joined: %+v", plan)
 	}

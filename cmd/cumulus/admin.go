@@ -571,7 +571,7 @@ func printShards(b []byte) error {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "SHARD\tADDR\tZONE\tWEIGHT\tSTATE\tASSIGNED\tBYTES\tHELD")
 	for _, s := range out.Shards {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%g\t%s\t%d\t%s\t%d\n", printable(s.ID), cmp.Or(s.Addr, "(not running)"), cmp.Or(printable(s.Zone), "-"), s.Weight, s.State,
+		fmt.Fprintf(w, "%s\t%s\t%s\t%.3g\t%s\t%d\t%s\t%d\n", printable(s.ID), cmp.Or(s.Addr, "(not running)"), cmp.Or(printable(s.Zone), "-"), s.Weight, s.State,
 			s.Assigned, humanize.IBytes(uint64(s.Bytes)), s.Held)
 	}
 	return w.Flush()

@@ -392,3 +392,62 @@ func shardCallErrors(t *testing.T, httpAddr string) string {
 	}
 	return strings.Join(out, ", ")
 }
+
+// checkedLoad is closed-loop load on a router from callers goroutines:
+// every answer must equal want, and nothing is asked again.
+type checkedLoad struct {
+	ok, failed atomic.Int64
+	first      atomic.Value // the first failure
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	once       sync.Once
+}
+
+func startCheckedLoad(t *testing.T, client kservepb.GRPCInferenceServiceClient, req *kservepb.ModelInferRequest, want []float32, callers int) *checkedLoad {
+	l := &checkedLoad{stop: make(chan struct{})}
+	for range callers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				resp, err := client.ModelInfer(ctx, req)
+				cancel()
+				if err == nil && !slices.Equal(resp.Outputs[0].Contents.Fp32Contents, want) {
+					err = fmt.Errorf("scores %v, want %v", resp.Outputs[0].Contents.Fp32Contents, want)
+				}
+				if err != nil {
+					l.failed.Add(1)
+					l.first.CompareAndSwap(nil, err)
+					continue
+				}
+				l.ok.Add(1)
+			}
+		}()
+	}
+	t.Cleanup(l.halt)
+	return l
+}
+
+// await waits until n more requests have been answered.
+func (l *checkedLoad) await(t *testing.T, n int64) {
+	t.Helper()
+	target := l.ok.Load() + n
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if got := l.ok.Load(); got < target {
+			return fmt.Errorf("%d requests answered, waiting for %d", got, target)
+		}
+		return nil
+	})
+}
+
+// halt stops the load and waits for its callers.
+func (l *checkedLoad) halt() {
+	l.once.Do(func() { close(l.stop) })
+	l.wg.Wait()
+}

@@ -5,10 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -75,54 +72,8 @@ func TestCordonScaleInEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ok, failed atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				resp, err := client.ModelInfer(ctx, req)
-				cancel()
-				if err == nil && !slices.Equal(resp.Outputs[0].Contents.Fp32Contents, want.Outputs[0].Contents.Fp32Contents) {
-					err = fmt.Errorf("answer changed: %v", resp.Outputs[0].Contents.Fp32Contents)
-				}
-				if err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-					continue
-				}
-				ok.Add(1)
-			}
-		}()
-	}
-	stopLoad := func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-			wg.Wait()
-		}
-	}
-	defer stopLoad()
-	awaitLoad := func(n int64) {
-		t.Helper()
-		until := ok.Load() + n
-		testenv.Eventually(t, 30*time.Second, func() error {
-			if ok.Load() < until {
-				return fmt.Errorf("%d of %d answered", ok.Load(), until)
-			}
-			return nil
-		})
-	}
+	calls := startCheckedLoad(t, client, req, want.Outputs[0].Contents.Fp32Contents, 3)
+	awaitLoad := func(n int64) { t.Helper(); calls.await(t, n) }
 	awaitLoad(20)
 
 	// Scale out: s2 joins and takes about a third.
@@ -152,11 +103,11 @@ func TestCordonScaleInEndToEnd(t *testing.T) {
 	t.Logf("cordoned s0 empty in %v", time.Since(t0).Round(time.Millisecond))
 	shards["s0"].cmd.Process.Signal(syscall.SIGKILL)
 	awaitLoad(100)
-	stopLoad()
-	if failed.Load() != 0 {
-		t.Fatalf("%d of %d requests failed; the first: %v", failed.Load(), ok.Load()+failed.Load(), firstErr.Load())
+	calls.halt()
+	if n := calls.failed.Load(); n != 0 {
+		t.Fatalf("%d of %d requests failed; the first: %v", n, calls.ok.Load()+n, calls.first.Load())
 	}
-	t.Logf("%d requests answered, none failed or changed, through the scale-out, the cordon and the kill", ok.Load())
+	t.Logf("%d requests answered, none failed or changed, through the scale-out, the cordon and the kill", calls.ok.Load())
 	if out := admin("shards"); !strings.Contains(out, "empty") {
 		t.Fatalf("shards after the kill:\n%s", out)
 	}

@@ -6,11 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -96,53 +93,8 @@ func TestSlowAndKilledShards(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ok, failed atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				resp, err := client.ModelInfer(ctx, req)
-				cancel()
-				if err == nil && !slices.Equal(resp.Outputs[0].Contents.Fp32Contents, want.Outputs[0].Contents.Fp32Contents) {
-					err = fmt.Errorf("scores %v, want %v", resp.Outputs[0].Contents.Fp32Contents, want.Outputs[0].Contents.Fp32Contents)
-				}
-				if err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-					continue
-				}
-				ok.Add(1)
-			}
-		}()
-	}
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-			wg.Wait()
-		}
-	}()
-	answered := func(n int64) {
-		t.Helper()
-		target := ok.Load() + n
-		testenv.Eventually(t, 60*time.Second, func() error {
-			if got := ok.Load(); got < target {
-				return fmt.Errorf("%d requests answered, waiting for %d", got, target)
-			}
-			return nil
-		})
-	}
+	calls := startCheckedLoad(t, client, req, want.Outputs[0].Contents.Fp32Contents, 4)
+	answered := func(n int64) { t.Helper(); calls.await(t, n) }
 	answered(200)
 
 	// A straggler: s1 answers a fifth of its lookups 30ms late.
@@ -151,7 +103,7 @@ func TestSlowAndKilledShards(t *testing.T) {
 	}
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if won := metricSum(t, routerHTTP, `cumulus_router_hedges_total{outcome="won"}`); won == 0 {
-			return fmt.Errorf("no hedge has won yet (%d requests answered)", ok.Load())
+			return fmt.Errorf("no hedge has won yet (%d requests answered)", calls.ok.Load())
 		}
 		return nil
 	})
@@ -179,17 +131,16 @@ func TestSlowAndKilledShards(t *testing.T) {
 	<-shards[0].exited
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if n := metricSum(t, routerHTTP, `cumulus_router_shard_call_seconds_count{outcome="ok",shard="s0"}`); n > 0 {
-			return fmt.Errorf("the router still routes to s0 (%d requests answered)", ok.Load())
+			return fmt.Errorf("the router still routes to s0 (%d requests answered)", calls.ok.Load())
 		}
 		return nil
 	})
 	answered(500)
-	close(stop)
-	wg.Wait()
+	calls.halt()
 	t.Logf("%d requests answered, %d failed; router: hedges %v sent, %v won; %v calls asked again",
-		ok.Load(), failed.Load(), metricSum(t, routerHTTP, `cumulus_router_hedges_total{outcome="sent"}`),
+		calls.ok.Load(), calls.failed.Load(), metricSum(t, routerHTTP, `cumulus_router_hedges_total{outcome="sent"}`),
 		metricSum(t, routerHTTP, `cumulus_router_hedges_total{outcome="won"}`), metricSum(t, routerHTTP, `cumulus_router_retries_total{kind="replica"}`))
-	if n := failed.Load(); n > 0 {
-		t.Errorf("%d predict calls failed; the first: %v", n, firstErr.Load())
+	if n := calls.failed.Load(); n > 0 {
+		t.Errorf("%d predict calls failed; the first: %v", n, calls.first.Load())
 	}
 }
