@@ -44,9 +44,10 @@ bench() { # name; runs the load for $duration and prints a line
       for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
       printf "%-10s %s %s %s %s %s\n", name, f["qps"], f["p50"], f["p99"], f["errors"], bal }'
 }
-balanced_out() { # the new shard holds its share and nothing waits to move
-  "$C" admin plan "${admin[@]}" | grep -q '^nothing to move' &&
-    "$C" admin shards "${admin[@]}" | awk '$1 == "shard-x" && $6 > 0 { ok = 1 } END { exit !ok }'
+balanced_out() { # the new shard holds all it is assigned, and nothing waits to move
+  # (shards first: a plan read before the shard joined is empty too)
+  "$C" admin shards "${admin[@]}" | awk '$1 == "shard-x" && $6 > 0 && $NF == $6 { ok = 1 } END { exit !ok }' &&
+    "$C" admin plan "${admin[@]}" | grep -q '^nothing to move'
 }
 empty_in() { "$C" admin shards "${admin[@]}" | awk '$1 == "shard-x" && $5 == "empty" { ok = 1 } END { exit !ok }'; }
 : > "$work/runs.txt"
