@@ -1,6 +1,8 @@
 package manager
 
 import (
+	"slices"
+
 	"github.com/cumulus-serving/cumulus/internal/placement"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 )
@@ -15,16 +17,29 @@ import (
 // are not made; with no shards, every list is empty.
 func Assign(model string, current [][]string, partitions uint32, shards []string, infos map[string]topo.ShardInfo, replicas int) [][]string {
 	ps := make([]placement.Shard, len(shards))
+	weights := make([]float64, len(shards))
 	for i, id := range shards {
 		si := infos[id]
 		ps[i] = placement.Shard{ID: id, Weight: si.Weight, Zone: si.Zone}
-		if !(ps[i].Weight > 0) || ps[i].Weight > maxWeight {
+		if !(ps[i].Weight > 0) || ps[i].Weight > 1<<20 {
 			ps[i].Weight = 1 // a report that says nothing usable: an equal share
+		}
+		if len(ps[i].Zone) > 64 {
+			ps[i].Zone = ps[i].Zone[:64]
+		}
+		weights[i] = ps[i].Weight
+	}
+	// A shard's report is not trusted to claim the cluster: a weight is
+	// held to maxWeightRatio times the median.
+	slices.Sort(weights)
+	if len(weights) > 0 {
+		limit := maxWeightRatio * weights[len(weights)/2]
+		for i := range ps {
+			ps[i].Weight = min(ps[i].Weight, limit)
 		}
 	}
 	return placement.Place(model, current, int(partitions), replicas, ps)
 }
 
-// maxWeight bounds a shard's weight: a shard's report is not trusted to
-// claim the whole cluster.
-const maxWeight = 1 << 20
+// maxWeightRatio bounds a shard's weight against the median shard's.
+const maxWeightRatio = 16

@@ -77,14 +77,17 @@ func (s *State) ShardState(id string) string {
 	return "empty"
 }
 
-// limitMoves defers the moves of assign beyond max partitions loading at
-// once onto any one shard (0: no bound), so that a rebalance does not
-// load every partition at once while the cluster serves: a partition
-// whose move would exceed it keeps its current replicas, and moves once
-// the shard has loaded what it was given. A partition counts as loading
-// onto a shard it is newly assigned to until the shard holds every
-// version kept of it. Deterministic: partitions in order.
-func (s *State) limitMoves(h holding, m *ModelState, assign [][]string, max int) [][]string {
+// limitMoves defers the moves of assign beyond max partitions of m
+// loading at once onto any one shard (0: no bound), so that a rebalance
+// does not load everything at once while the cluster serves: a
+// partition whose move would exceed it keeps its current replicas that
+// are still trusted, and moves once the shard has loaded what it was
+// given. A partition with fewer trusted holders than replicas (a shard
+// left, or was found holding other content) is never deferred. A
+// partition counts as loading onto a shard it is newly assigned to until
+// the shard holds every version kept of it. Deterministic: partitions in
+// order.
+func (s *State) limitMoves(h holding, m *ModelState, assign [][]string, trusted []string, replicas, max int) [][]string {
 	prev := m.Replicas
 	if max <= 0 || len(prev) != len(assign) {
 		return assign
@@ -125,14 +128,15 @@ func (s *State) limitMoves(h holding, m *ModelState, assign [][]string, max int)
 	}
 	out := slices.Clone(assign)
 	for p, reps := range assign {
+		holders := slices.DeleteFunc(slices.Clone(prev[p]), func(o string) bool { return !slices.Contains(trusted, o) || !reports(o, p) })
 		var onto []string
 		for _, id := range reps {
-			if !slices.Contains(prev[p], id) && slices.ContainsFunc(prev[p], func(o string) bool { return reports(o, p) }) {
+			if !slices.Contains(prev[p], id) && len(holders) > 0 {
 				onto = append(onto, id)
 			}
 		}
-		if slices.ContainsFunc(onto, func(id string) bool { return loading[id] >= max }) {
-			out[p] = prev[p]
+		if len(holders) >= min(replicas, len(trusted)) && slices.ContainsFunc(onto, func(id string) bool { return loading[id] >= max }) {
+			out[p] = holders
 			continue
 		}
 		for _, id := range onto {

@@ -85,10 +85,11 @@ type Options struct {
 	// waiting for the gate router to route the staged version included.
 	// Default 60s.
 	GateTimeout time.Duration
-	// MaxMoves bounds the partitions of a model moving onto one shard at
-	// once: a rebalance loads at most this many at a time per shard, so
-	// that serving does not suffer (a partition whose shard left moves at
-	// once regardless). Default 4; negative: no bound.
+	// MaxMoves bounds the partitions of each model moving onto one shard
+	// at once: a rebalance loads at most this many of a model at a time
+	// per shard, so that serving does not suffer (a partition with fewer
+	// holders than replicas, because a shard left, moves at once
+	// regardless). Default 4; negative: no bound.
 	MaxMoves int
 	// GateRetry is how long a gate that could not run (its hold-out set
 	// unreadable, the cluster unable to answer) waits before it is asked

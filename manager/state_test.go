@@ -1445,3 +1445,48 @@ func TestDecideMaxMoves(t *testing.T) {
 		}
 	}
 }
+
+// TestDecideMaxMovesShardLeaves: with two replicas and MaxMoves 1, a
+// shard leaving while another joins is never kept in the map: partitions
+// it held get a new replica at once.
+func TestDecideMaxMovesShardLeaves(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 2, KeepVersions: 2, KeepDeltas: 20, MaxMoves: 1, Now: time.Unix(1000, 0)})
+	x.parts = 16
+	x.join("s0", "s1", "s2", "s3")
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	x.join("s4")
+	delete(x.shards, "s0")
+	x.report()
+	for p, r := range x.s.Models["m"].Replicas {
+		if slices.Contains(r, "s0") {
+			t.Fatalf("partition %d still published on s0, gone: %v", p, r)
+		}
+		if len(r) < 2 {
+			t.Fatalf("partition %d has %d replicas: %v", p, len(r), r)
+		}
+	}
+}
+
+// TestAssignDistrustsWeights: a shard reporting a huge weight gets at
+// most 16 times the median share.
+func TestAssignDistrustsWeights(t *testing.T) {
+	var ids []string
+	infos := map[string]topo.ShardInfo{}
+	for i := range 10 {
+		id := fmt.Sprintf("s%d", i)
+		ids = append(ids, id)
+		infos[id] = topo.ShardInfo{ID: id, Weight: 1}
+	}
+	infos["s9"] = topo.ShardInfo{ID: "s9", Weight: 1 << 19}
+	count := 0
+	for _, r := range Assign("m", nil, 1000, ids, infos, 1) {
+		if r[0] == "s9" {
+			count++
+		}
+	}
+	if count > 1000*16/25+1 {
+		t.Fatalf("s9 took %d of 1000 partitions", count)
+	}
+}

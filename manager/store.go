@@ -96,7 +96,8 @@ func (st *store) load(ctx context.Context) (*State, error) {
 			if err != nil {
 				return nil, fmt.Errorf("manager: %w", err)
 			}
-			cordoned = c.Shards
+			cordoned = slices.Compact(slices.Sorted(slices.Values(c.Shards)))
+			cordoned = cordoned[:min(len(cordoned), maxCordons)]
 		}
 	}
 	return &State{Models: models, Cordoned: cordoned}, nil

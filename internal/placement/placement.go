@@ -25,6 +25,25 @@ type Shard struct {
 // shards that are gone). shards must have distinct IDs; their order does
 // not matter.
 func Place(model string, current [][]string, partitions, replicas int, shards []Shard) [][]string {
+	// One pass may leave a zone-forced replica on a shard past its quota,
+	// which the next pass trims, moving another partition: passes are
+	// repeated until the answer stands (it always does at once without
+	// zones), so that placing again moves nothing.
+	out := place(model, current, partitions, replicas, shards)
+	for range maxPasses {
+		next := place(model, out, partitions, replicas, shards)
+		if slices.EqualFunc(next, out, slices.Equal) {
+			break
+		}
+		out = next
+	}
+	return out
+}
+
+// maxPasses bounds Place's repeated passes.
+const maxPasses = 16
+
+func place(model string, current [][]string, partitions, replicas int, shards []Shard) [][]string {
 	out := make([][]string, partitions)
 	if len(shards) == 0 || partitions == 0 {
 		return out
@@ -32,11 +51,14 @@ func Place(model string, current [][]string, partitions, replicas int, shards []
 	shards = slices.Clone(shards)
 	slices.SortFunc(shards, func(a, b Shard) int { return cmp.Compare(a.ID, b.ID) })
 	replicas = max(1, min(replicas, len(shards)))
+	// Zones count only when every shard names one (a shard without one
+	// would be a zone of its own, and take a replica of every partition),
+	// and there are as many as replicas.
 	zones := map[string]bool{}
 	for _, s := range shards {
 		zones[s.Zone] = true
 	}
-	zoned := len(zones) >= replicas && !(len(zones) == 1 && shards[0].Zone == "")
+	zoned := len(zones) >= replicas && !zones[""]
 	quota := quotas(model, shards, partitions*replicas, partitions)
 	index := make(map[string]int, len(shards))
 	for i, s := range shards {

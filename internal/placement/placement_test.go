@@ -169,3 +169,20 @@ func TestReplicasAndZones(t *testing.T) {
 		t.Fatalf("%v", r)
 	}
 }
+
+// TestPlaceStands: placing again what Place gave moves nothing, with
+// zones and weights too, over random clusters.
+func TestPlaceStands(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	for c := range 2000 {
+		var shards []Shard
+		for i := range 2 + rng.IntN(8) {
+			shards = append(shards, Shard{ID: fmt.Sprintf("s%d", i), Weight: float64(1 + rng.IntN(4)), Zone: fmt.Sprintf("z%d", rng.IntN(3))})
+		}
+		parts, reps := 1+rng.IntN(40), 1+rng.IntN(3)
+		got := Place("m", nil, parts, reps, shards)
+		if again := Place("m", got, parts, reps, shards); !reflect.DeepEqual(again, got) {
+			t.Fatalf("case %d (%d partitions, %d replicas, %v): placing again moved %d", c, parts, reps, shards, moved(got, again))
+		}
+	}
+}
