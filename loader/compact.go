@@ -104,9 +104,7 @@ func (r Repo) mergeChain(chain []*codec.Manifest, p uint32) ([]byte, error) {
 			}
 			newest[h] = slices.Clone(rec)
 		}
-		if b, ok := pt.Owner.(interface{ Free() }); ok {
-			b.Free()
-		}
+		freePartition(pt)
 	}
 	var out []byte
 	for _, h := range slices.Sorted(maps.Keys(newest)) {

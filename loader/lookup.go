@@ -22,9 +22,11 @@ func (r Repo) Lookup(chain []*codec.Manifest, ids []uint64) (map[uint64][]float3
 		return nil, fmt.Errorf("loader: %s version %d: unknown partition hash %q", top.Name, top.Version, top.Hash)
 	}
 	byPart := map[uint32][]uint64{}
+	seen := make(map[uint64]bool, len(ids))
 	for _, id := range ids {
-		p := partition.Of(id, top.Partitions)
-		if !slices.Contains(byPart[p], id) {
+		if !seen[id] {
+			seen[id] = true
+			p := partition.Of(id, top.Partitions)
 			byPart[p] = append(byPart[p], id)
 		}
 	}
@@ -52,9 +54,7 @@ func (r Repo) Lookup(chain []*codec.Manifest, ids []uint64) (map[uint64][]float3
 				}
 				return true
 			})
-			if b, ok := pt.Owner.(interface{ Free() }); ok {
-				b.Free()
-			}
+			freePartition(pt)
 		}
 	}
 	return out, nil

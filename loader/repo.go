@@ -195,6 +195,14 @@ func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, e
 	return pt, nil
 }
 
+// freePartition releases the memory ReadPartition read pt into; pt
+// must not be used after.
+func freePartition(pt *codec.Partition) {
+	if b, ok := pt.Owner.(interface{ Free() }); ok {
+		b.Free()
+	}
+}
+
 // readWhole reads a file of the expected size with one read into memory
 // that will serve lookups in place (huge pages where possible).
 func readWhole(path string, size int64) (*tablemem.Buffer, error) {
