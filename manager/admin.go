@@ -556,23 +556,26 @@ func shardList(st *State) any {
 		}
 	}
 	slices.Sort(ids)
+	// A partition's bytes, per model.
+	per := map[string]int64{}
+	for name, m := range st.Models {
+		if lv := m.version(m.Live); lv != nil && lv.Info != nil && m.Partitions > 0 {
+			for _, c := range lv.Info.Chain {
+				if x := m.version(c); x != nil {
+					per[name] += x.Bytes / int64(m.Partitions)
+				}
+			}
+		}
+	}
 	out := []ShardSummary{}
 	for _, id := range ids {
 		si := st.Shards[id]
 		s := ShardSummary{ID: id, Addr: si.Addr, Zone: si.Zone, Weight: cmp.Or(si.Weight, 1), State: st.ShardState(id)}
-		for _, m := range st.Models {
-			per := int64(0)
-			if lv := m.version(m.Live); lv != nil && lv.Info != nil && m.Partitions > 0 {
-				for _, c := range lv.Info.Chain {
-					if x := m.version(c); x != nil {
-						per += x.Bytes / int64(m.Partitions)
-					}
-				}
-			}
+		for name, m := range st.Models {
 			for _, reps := range m.Replicas {
 				if slices.Contains(reps, id) {
 					s.Assigned++
-					s.Bytes += per
+					s.Bytes += per[name]
 				}
 			}
 		}

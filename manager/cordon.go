@@ -39,6 +39,12 @@ func (s *State) cordon(c Command) error {
 // maxCordons bounds the cordon record.
 const maxCordons = 1024
 
+// placement is where m's partitions go now, from where they are: on the
+// trusted shards that are not cordoned, before limitMoves.
+func (s *State) placement(m *ModelState, trusted []string, p Policy) [][]string {
+	return Assign(m.Name, m.Replicas, m.Partitions, s.placeable(m, trusted), s.Shards, p.Replicas)
+}
+
 // placeable is trusted without the cordoned shards: where m's partitions
 // may go. With every trusted shard cordoned, a cordon cannot empty the
 // cluster: the shards m is placed on now stay placeable (nothing moves),
@@ -166,7 +172,7 @@ func (s *State) Plan(p Policy) []Move {
 		if m.Partitions == 0 || s.Shards == nil {
 			continue
 		}
-		target := Assign(m.Name, m.Replicas, m.Partitions, s.placeable(m, s.trusted(m)), s.Shards, p.Replicas)
+		target := s.placement(m, s.trusted(m), p)
 		for i, to := range target {
 			var from []string
 			if i < len(m.Replicas) {

@@ -958,7 +958,7 @@ func (s *State) settle(m *ModelState, p Policy) {
 	}
 	trusted := s.trusted(m)
 	h := s.holding(m.Name)
-	assign := s.limitMoves(h, m, Assign(m.Name, m.Replicas, m.Partitions, s.placeable(m, trusted), s.Shards, p.Replicas), trusted, p.Replicas, p.MaxMoves)
+	assign := s.limitMoves(h, m, s.placement(m, trusted, p), trusted, p.Replicas, p.MaxMoves)
 	liveServable := true // only a removed live version can stop being so (nobody can load it again)
 	if lv := m.version(m.Live); lv != nil && (lv.Gone || lv.Broken != "") {
 		liveServable = s.servable(m, m.Live, trusted)
