@@ -393,8 +393,9 @@ func shardCallErrors(t *testing.T, httpAddr string) string {
 	return strings.Join(out, ", ")
 }
 
-// checkedLoad is closed-loop load on a router from callers goroutines:
-// every answer must equal want, and nothing is asked again.
+// checkedLoad is closed-loop load on a router from callers goroutines,
+// sending rollingRequest: every answer must equal the first, and nothing
+// is asked again.
 type checkedLoad struct {
 	ok, failed atomic.Int64
 	first      atomic.Value // the first failure
@@ -403,7 +404,20 @@ type checkedLoad struct {
 	once       sync.Once
 }
 
-func startCheckedLoad(t *testing.T, client kservepb.GRPCInferenceServiceClient, req *kservepb.ModelInferRequest, want []float32, callers int) *checkedLoad {
+func startCheckedLoad(t *testing.T, grpcAddr string, callers int) *checkedLoad {
+	t.Helper()
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := kservepb.NewGRPCInferenceServiceClient(conn)
+	req := rollingRequest()
+	first, err := client.ModelInfer(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := first.Outputs[0].Contents.Fp32Contents
 	l := &checkedLoad{stop: make(chan struct{})}
 	for range callers {
 		l.wg.Add(1)
