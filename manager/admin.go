@@ -340,7 +340,7 @@ func (a *admin) do(w http.ResponseWriter, r *http.Request, c Command) {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 	case c.Op == OpCordon || c.Op == OpUncordon:
 		slog.Info("manager: admin call applied", "op", c.Op, "shard", c.Shard, "from", c.From)
-		writeJSON(w, http.StatusOK, shardList(st))
+		writeJSON(w, http.StatusOK, shardList(st, a.m.ShardState))
 	case c.Model == "":
 		a.models(w, r)
 	case c.Op == OpPrune:
@@ -547,8 +547,9 @@ type ShardSummary struct {
 	Held int `json:"held"`
 }
 
-// shardList lists the registered and the cordoned shards of st.
-func shardList(st *State) any {
+// shardList lists the registered and the cordoned shards of st, each in
+// the state state gives.
+func shardList(st *State, state func(id string) string) any {
 	ids := slices.Sorted(maps.Keys(st.Shards))
 	for _, id := range st.Cordoned {
 		if _, ok := st.Shards[id]; !ok {
@@ -570,7 +571,7 @@ func shardList(st *State) any {
 	out := []ShardSummary{}
 	for _, id := range ids {
 		si := st.Shards[id]
-		s := ShardSummary{ID: id, Addr: si.Addr, Zone: si.Zone, Weight: cmp.Or(si.Weight, 1), State: st.ShardState(id)}
+		s := ShardSummary{ID: id, Addr: si.Addr, Zone: si.Zone, Weight: cmp.Or(si.Weight, 1), State: state(id)}
 		for name, m := range st.Models {
 			for _, reps := range m.Replicas {
 				if slices.Contains(reps, id) {
@@ -590,7 +591,7 @@ func shardList(st *State) any {
 }
 
 func (a *admin) shards(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, shardList(a.m.State()))
+	writeJSON(w, http.StatusOK, shardList(a.m.State(), a.m.ShardState))
 }
 
 func (a *admin) audit(w http.ResponseWriter, r *http.Request) {

@@ -204,8 +204,11 @@ type Manager struct {
 	view     atomic.Pointer[State] // the newest state; never modified
 	// persisted is the state as last written; loop goroutine only.
 	persisted *State
-	written   time.Time // when persisted was written
-	held      bool      // the view has changes apply held back
+	// stored is persisted, for other goroutines: what the serving map in
+	// etcd says (the view may hold decisions not yet written).
+	stored  atomic.Pointer[State]
+	written time.Time // when persisted was written
+	held    bool      // the view has changes apply held back
 	// removed is what the last prune removed; loop goroutine only.
 	removed []uint64
 	// compacting holds the models being compacted (auto-compaction).
@@ -288,7 +291,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (is etcd reachable at the given endpoints?)", err)
 	}
-	m.persisted = loaded
+	m.setPersisted(loaded)
 	m.view.Store(m.persisted)
 	ctx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
@@ -609,7 +612,8 @@ func (m *Manager) refresh(ctx context.Context) bool {
 	}
 	fresh.Shards, fresh.Routers = m.view.Load().Shards, m.view.Load().Routers
 	m.view.Store(fresh)
-	m.persisted, m.held = fresh, false
+	m.setPersisted(fresh)
+	m.held = false
 	return true
 }
 
@@ -708,9 +712,28 @@ func (m *Manager) write(ctx context.Context, next *State, acts []Action) error {
 		return err
 	}
 	prev := m.persisted
-	m.persisted, m.written, m.held = next, time.Now(), false
+	m.setPersisted(next)
+	m.written, m.held = time.Now(), false
 	m.carryOut(ctx, prev, next, acts)
 	return nil
+}
+
+// setPersisted records s as the state last written. Loop goroutine
+// only.
+func (m *Manager) setPersisted(s *State) {
+	m.persisted = s
+	m.stored.Store(s)
+}
+
+// ShardState is a shard's state in placement (State.ShardState), but
+// "empty" only once the serving map in etcd assigns it nothing: a shard
+// shown empty can be stopped without a router still sending to it.
+func (m *Manager) ShardState(id string) string {
+	st := m.State().ShardState(id)
+	if st == "empty" && m.stored.Load().ShardState(id) != "empty" {
+		return "cordoned"
+	}
+	return st
 }
 
 // unhold drops decisions not written (held back, or whose write failed):

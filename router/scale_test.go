@@ -481,7 +481,7 @@ func TestScaleInNeverFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	trs[0].until(t, func() error {
-		if st := c.Manager.State().ShardState("shard-0"); st != "empty" {
+		if st := c.Manager.ShardState("shard-0"); st != "empty" {
 			return fmt.Errorf("shard-0 is %s", st)
 		}
 		return nil
