@@ -17,6 +17,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/dustin/go-humanize"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -165,6 +166,11 @@ type ModelDetail struct {
 	// Rollout is the staged version's progress; nil when none.
 	Rollout *Rollout      `json:"rollout,omitempty"`
 	Shards  []ShardDetail `json:"shards"`
+	// OverBudget, when set, says the model does not fit: shards it is
+	// placed on are assigned more than their memory budgets, with no
+	// other shard having room (what is beyond is served from mapped
+	// files).
+	OverBudget string `json:"over_budget,omitempty"`
 }
 
 // VersionDetail is one version in ModelDetail.
@@ -245,6 +251,8 @@ func detail(st *State, m *ModelState) ModelDetail {
 		}
 	}
 	mismatches := st.Mismatches(m.Name)
+	over := st.overBudget()
+	var overs []string
 	for _, id := range slices.Sorted(maps.Keys(st.Shards)) {
 		si := st.Shards[id]
 		sd := ShardDetail{ID: id, Addr: si.Addr, Build: si.Build, Loaded: map[string]int{}, Mismatched: mismatches[id]}
@@ -260,12 +268,18 @@ func detail(st *State, m *ModelState) ModelDetail {
 				sd.Partitions = append(sd.Partitions, uint32(p))
 			}
 		}
+		if b, ok := over[id]; ok && sd.Assigned > 0 {
+			overs = append(overs, fmt.Sprintf("%s is assigned %s of its %s budget", id, humanize.IBytes(uint64(b)), humanize.IBytes(uint64(si.Budget))))
+		}
 		for _, l := range si.Loaded {
 			if l.Model == m.Name {
 				sd.Loaded[strconv.FormatUint(l.Version, 10)] = len(l.Have)
 			}
 		}
 		d.Shards = append(d.Shards, sd)
+	}
+	if len(overs) > 0 {
+		d.OverBudget = "does not fit the shards' memory budgets: " + strings.Join(overs, "; ")
 	}
 	return d
 }
@@ -538,11 +552,14 @@ type ShardSummary struct {
 	// to it) or "empty" (cordoned, assigned nothing: it can be stopped).
 	State string `json:"state"`
 	// Assigned is the partition replicas assigned to it, every model;
-	// Bytes their size (the files of each model's live version and the
-	// versions its chain stacks on that the manager keeps, an equal part
-	// per partition).
+	// Bytes their size (the files of the versions each model keeps
+	// loaded, with the versions their chains stack on, an equal part per
+	// partition). Budget is the memory budget it reports (0: none); Bytes
+	// beyond it are served from mapped files, and mean the models
+	// assigned to it do not fit the cluster's budgets.
 	Assigned int   `json:"assigned"`
 	Bytes    int64 `json:"bytes"`
+	Budget   int64 `json:"budget,omitempty"`
 	// Held is the partitions it reports loaded, every model and version.
 	Held int `json:"held"`
 }
@@ -557,21 +574,14 @@ func shardList(st *State, state func(id string) string) any {
 		}
 	}
 	slices.Sort(ids)
-	// A partition's bytes, per model.
-	per := map[string]int64{}
+	per := map[string]int64{} // a partition's bytes, per model
 	for name, m := range st.Models {
-		if lv := m.version(m.Live); lv != nil && lv.Info != nil && m.Partitions > 0 {
-			for _, c := range lv.Info.Chain {
-				if x := m.version(c); x != nil {
-					per[name] += x.Bytes / int64(m.Partitions)
-				}
-			}
-		}
+		per[name] = m.partitionBytes()
 	}
 	out := []ShardSummary{}
 	for _, id := range ids {
 		si := st.Shards[id]
-		s := ShardSummary{ID: id, Addr: si.Addr, Zone: si.Zone, Weight: cmp.Or(si.Weight, 1), State: state(id)}
+		s := ShardSummary{ID: id, Addr: si.Addr, Zone: si.Zone, Weight: cmp.Or(si.Weight, 1), State: state(id), Budget: si.Budget}
 		for name, m := range st.Models {
 			for _, reps := range m.Replicas {
 				if slices.Contains(reps, id) {

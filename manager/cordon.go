@@ -40,9 +40,10 @@ func (s *State) cordon(c Command) error {
 const maxCordons = 1024
 
 // placement is where m's partitions go now, from where they are: on the
-// trusted shards that are not cordoned, before limitMoves.
+// trusted shards that are not cordoned, within their budgets, before
+// limitMoves.
 func (s *State) placement(m *ModelState, trusted []string, p Policy) [][]string {
-	return Assign(m.Name, m.Replicas, m.Partitions, s.placeable(m, trusted), s.Shards, p.Replicas)
+	return Assign(m.Name, m.Replicas, m.Partitions, s.placeable(m, trusted), s.Shards, p.Replicas, s.fit(m))
 }
 
 // placeable is trusted without the cordoned shards: where m's partitions

@@ -40,7 +40,9 @@ type sim struct {
 	// trusting: do not check that Decide leaves its input alone (a long
 	// run checked elsewhere)
 	trusting bool
-	acts     []Action // the last event's
+	// size is each version's files' bytes (0: none given)
+	size int64
+	acts []Action // the last event's
 }
 
 func newSim(t *testing.T, p Policy) *sim {
@@ -122,7 +124,7 @@ func (x *sim) validate() {
 		v := x.queue[0]
 		x.queue = x.queue[1:]
 		x.do(Started(v))
-		ev := Checked{Model: v.Model, Version: v.Version, Files: x.files[v.Version], Golden: x.golden[v.Version]}
+		ev := Checked{Model: v.Model, Version: v.Version, Files: x.files[v.Version], Golden: x.golden[v.Version], Bytes: x.size}
 		if why := x.broken[v.Version]; why != "" {
 			ev.Err = why
 		} else {
@@ -142,7 +144,7 @@ func (x *sim) load(only ...string) {
 		if len(only) > 0 && !slices.Contains(only, id) {
 			continue
 		}
-		si := topo.ShardInfo{Schema: topo.Schema, ID: id, Applied: map[string]uint64{"m": a.Seq}, Weight: x.shards[id].Weight, Zone: x.shards[id].Zone}
+		si := topo.ShardInfo{Schema: topo.Schema, ID: id, Applied: map[string]uint64{"m": a.Seq}, Weight: x.shards[id].Weight, Zone: x.shards[id].Zone, Budget: x.shards[id].Budget}
 		for _, v := range a.Kept() {
 			if x.removed[v] {
 				// what it held of a removed version it keeps; it cannot load more
@@ -1338,6 +1340,62 @@ func TestDecideScaleOutMovesLittle(t *testing.T) {
 	}
 }
 
+// TestDecideBudgets: a shard with room for fewer partitions than its
+// weight's share takes what fits while others have room; what fits
+// nowhere goes by weight, and the admin view says the model does not
+// fit; other models' bytes count against a budget.
+func TestDecideBudgets(t *testing.T) {
+	x := newSim(t, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20, Now: time.Unix(1000, 0)})
+	x.parts, x.size = 8, 800 // 100 bytes a partition
+	for id, budget := range map[string]int64{"s0": 250, "s1": 10000, "s2": 10000} {
+		x.shards[id] = topo.ShardInfo{Schema: topo.Schema, ID: id, Weight: 1, Budget: budget}
+	}
+	x.report()
+	x.scan(1)
+	x.validate()
+	x.settleAll()
+	x.expect(1, 0)
+	count := func() map[string]int {
+		n := map[string]int{}
+		for _, r := range x.s.Models["m"].Replicas {
+			n[r[0]]++
+		}
+		return n
+	}
+	if n := count(); n["s0"] != 2 || n["s0"]+n["s1"]+n["s2"] != 8 || n["s1"] < 3 || n["s2"] < 3 {
+		t.Fatalf("s0 with room for 2 of 8: %v", n)
+	}
+	if d := detail(x.s, x.s.Models["m"]); d.OverBudget != "" {
+		t.Fatalf("fits, but shown %q", d.OverBudget)
+	}
+	// Every budget shrinks to room for 2: 6 fit, 2 go beyond, and the
+	// model is shown as not fitting.
+	for id, si := range x.shards {
+		si.Budget = 250
+		x.shards[id] = si
+	}
+	x.report()
+	x.settleAll()
+	if n := count(); n["s0"] < 2 || n["s1"] < 2 || n["s2"] < 2 {
+		t.Fatalf("room for 2 each: %v", n)
+	}
+	if d := detail(x.s, x.s.Models["m"]); !strings.Contains(d.OverBudget, "does not fit") {
+		t.Fatalf("8 partitions in room for 6, shown %q", d.OverBudget)
+	}
+	// Another model's replicas count against the budgets.
+	st := *x.s
+	st.Models = maps.Clone(st.Models)
+	n := x.s.Models["m"].clone()
+	n.Name = "n"
+	for p := range n.Replicas {
+		n.Replicas[p] = []string{"s1"}
+	}
+	st.Models["n"] = n
+	if f := st.fit(x.s.Models["m"]); f.PartitionBytes != 100 || f.Used["s1"] != 800 || f.Used["s0"] != 0 {
+		t.Fatalf("fit beside n: %+v", f)
+	}
+}
+
 // TestDecideCordon: a cordoned shard is given nothing, and keeps what it
 // holds until the new replicas hold it (make before break), then is
 // empty; cordoning every shard empties none; uncordoned, it takes its
@@ -1481,7 +1539,7 @@ func TestAssignDistrustsWeights(t *testing.T) {
 	}
 	infos["s9"] = topo.ShardInfo{ID: "s9", Weight: 1 << 19}
 	count := 0
-	for _, r := range Assign("m", nil, 1000, ids, infos, 1) {
+	for _, r := range Assign("m", nil, 1000, ids, infos, 1, Fit{}) {
 		if r[0] == "s9" {
 			count++
 		}

@@ -355,7 +355,7 @@ func (s *Shard) halt(crash bool) {
 
 func (s *Shard) info() string {
 	info := topo.ShardInfo{Schema: topo.ShardInfoSchema, ID: s.opts.ID, Addr: s.opts.AdvertiseAddr, Build: s.opts.Build,
-		Applied: s.applied, Loaded: s.Loaded(), Weight: s.opts.weight(), Zone: s.opts.Zone}
+		Applied: s.applied, Loaded: s.Loaded(), Weight: s.opts.weight(), Zone: s.opts.Zone, Budget: s.opts.MemoryBudget}
 	// What fails now, not a history: a load that later succeeds, or is no
 	// longer asked for, leaves the report.
 	for _, k := range slices.Sorted(maps.Keys(s.failed)) {

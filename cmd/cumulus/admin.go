@@ -485,6 +485,9 @@ func printModel(b []byte) error {
 	if d.Rollout != nil {
 		fmt.Printf("rollout: version %d staged, %d of %d replicas hold it\n", d.Rollout.Version, d.Rollout.Holding, d.Rollout.Replicas)
 	}
+	if d.OverBudget != "" {
+		fmt.Printf("placement: %s\n", printable(d.OverBudget))
+	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "\nVERSION\tKIND\tPHASE\tSIZE\tGATES\tREASON")
 	for _, v := range d.Versions {
@@ -569,12 +572,26 @@ func printShards(b []byte) error {
 		return fmt.Errorf("admin API answered badly: %w", err)
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "SHARD\tADDR\tZONE\tWEIGHT\tSTATE\tASSIGNED\tBYTES\tHELD")
+	fmt.Fprintln(w, "SHARD\tADDR\tZONE\tWEIGHT\tSTATE\tASSIGNED\tBYTES\tBUDGET\tHELD")
+	var over []string
 	for _, s := range out.Shards {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%.3g\t%s\t%d\t%s\t%d\n", printable(s.ID), cmp.Or(s.Addr, "(not running)"), cmp.Or(printable(s.Zone), "-"), s.Weight, s.State,
-			s.Assigned, humanize.IBytes(uint64(s.Bytes)), s.Held)
+		budget := "-"
+		if s.Budget > 0 {
+			budget = humanize.IBytes(uint64(s.Budget))
+			if s.Bytes > s.Budget {
+				over = append(over, printable(s.ID))
+			}
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%.3g\t%s\t%d\t%s\t%s\t%d\n", printable(s.ID), cmp.Or(s.Addr, "(not running)"), cmp.Or(printable(s.Zone), "-"), s.Weight, s.State,
+			s.Assigned, humanize.IBytes(uint64(s.Bytes)), budget, s.Held)
 	}
-	return w.Flush()
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if len(over) > 0 {
+		fmt.Printf("over budget: %s (the models do not fit the shards' budgets: what is beyond is served from mapped files; add shards or raise budgets)\n", strings.Join(over, ", "))
+	}
+	return nil
 }
 
 // printChange prints the state after a rollback, pin or unpin.

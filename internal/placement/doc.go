@@ -13,6 +13,11 @@
 // of the replicas, all to the new one, and removing a shard moves only its
 // own.
 //
+// A shard may be bounded by its room (what fits in its memory budget
+// beside other models): its quota is then at most its room while other
+// shards have room; the replicas that fit nowhere are shared by weight
+// all the same.
+//
 // Cost: O(partitions × replicas × shards); 10,000 partitions over 100
 // shards take about 18 ms (BenchmarkPlace10k). Tests: movement bounds
 // over random shard names, weighted balance, zones, determinism

@@ -17,6 +17,13 @@ type Shard struct {
 	// Zone, if set, is the failure domain the shard is in: a partition's
 	// replicas go to distinct zones where there are enough.
 	Zone string
+	// Bounded says Room bounds the replicas of this model the shard may
+	// take: what fits in its memory budget beside what other models take
+	// there. Replicas beyond every shard's room go by weight all the same
+	// (a shard past its budget serves from mapped files): the caller
+	// shows the model as not fitting.
+	Bounded bool
+	Room    int
 }
 
 // Place returns, for each of partitions partitions, the shards holding its
@@ -156,22 +163,68 @@ func rank(model string, p int, shard string) uint64 {
 }
 
 // quotas splits slots among shards by weight, each at most perShard (a
-// shard holds one replica of a partition): the largest remainder method,
-// ties broken by a hash of the model and the shard. A shard's quota
-// capped at perShard gives its excess to the others, by weight.
+// shard holds one replica of a partition) and, first, at most its Room
+// where Bounded: the largest remainder method, ties broken by a hash of
+// the model and the shard. A shard's quota capped gives its excess to
+// the others, by weight; what no shard has room for is then split by
+// weight up to perShard.
 func quotas(model string, shards []Shard, slots, perShard int) []int {
 	q := make([]int, len(shards))
+	limit := make([]int, len(shards))
+	for i, s := range shards {
+		limit[i] = perShard
+		if s.Bounded {
+			limit[i] = max(0, min(perShard, s.Room))
+		}
+	}
+	left := slots - share(model, shards, q, slots, limit)
+	if left > 0 {
+		for i := range limit {
+			limit[i] = perShard
+		}
+		share(model, shards, q, left, limit)
+	}
+	return q
+}
+
+// share adds slots to q by weight, each q[i] at most limit[i] (water
+// filling: a shard whose share would pass its limit takes its limit, and
+// the rest is shared again among the others), and returns how many it
+// placed: fewer than slots only when every shard is at its limit.
+func share(model string, shards []Shard, q []int, slots int, limit []int) int {
 	capped := make([]bool, len(shards))
-	for left := slots; left > 0; {
-		var total float64
+	for {
+		rest, total := slots, 0.0
 		for i, s := range shards {
-			if !capped[i] {
+			if capped[i] || q[i] >= limit[i] {
+				capped[i] = true
+				rest -= limit[i] - q[i]
+			} else {
 				total += s.Weight
 			}
 		}
-		if total <= 0 {
-			break
+		if rest <= 0 || total <= 0 {
+			// Whoever is capped takes its limit; anything beyond fits nowhere.
+			placed := 0
+			for i := range shards {
+				if capped[i] {
+					placed += limit[i] - q[i]
+					q[i] = limit[i]
+				}
+			}
+			return placed
 		}
+		more := false
+		for i, s := range shards {
+			if !capped[i] && float64(rest)*s.Weight/total >= float64(limit[i]-q[i]) {
+				capped[i], more = true, true
+			}
+		}
+		if more {
+			continue
+		}
+		// Every uncapped share is below its limit: the largest remainder
+		// method among them, ties by a hash of the model and the shard.
 		type rem struct {
 			i    int
 			frac float64
@@ -179,15 +232,16 @@ func quotas(model string, shards []Shard, slots, perShard int) []int {
 		}
 		var rems []rem
 		given := 0
-		share := make([]int, len(shards))
+		add := make([]int, len(shards))
 		for i, s := range shards {
 			if capped[i] {
+				add[i] = limit[i] - q[i]
 				continue
 			}
-			exact := float64(left) * s.Weight / total
-			share[i] = int(math.Floor(exact))
-			given += share[i]
-			rems = append(rems, rem{i, exact - float64(share[i]), xxhash.Sum64String(model + "\x00" + s.ID)})
+			exact := float64(rest) * s.Weight / total
+			add[i] = int(math.Floor(exact))
+			given += add[i]
+			rems = append(rems, rem{i, exact - float64(add[i]), xxhash.Sum64String(model + "\x00" + s.ID)})
 		}
 		slices.SortFunc(rems, func(a, b rem) int {
 			if c := cmp.Compare(b.frac, a.frac); c != 0 {
@@ -195,21 +249,12 @@ func quotas(model string, shards []Shard, slots, perShard int) []int {
 			}
 			return cmp.Compare(a.tie, b.tie)
 		})
-		for k := 0; k < left-given && k < len(rems); k++ {
-			share[rems[k].i]++
+		for k := 0; k < rest-given && k < len(rems); k++ {
+			add[rems[k].i]++
 		}
-		left = 0
 		for i := range shards {
-			if capped[i] {
-				continue
-			}
-			q[i] += share[i]
-			if q[i] > perShard {
-				left += q[i] - perShard
-				q[i] = perShard
-				capped[i] = true
-			}
+			q[i] += add[i]
 		}
+		return slots
 	}
-	return q
 }

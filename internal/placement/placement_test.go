@@ -176,13 +176,89 @@ func TestPlaceStands(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 4))
 	for c := range 2000 {
 		var shards []Shard
-		for i := range 2 + rng.IntN(8) {
-			shards = append(shards, Shard{ID: fmt.Sprintf("s%d", i), Weight: float64(1 + rng.IntN(4)), Zone: fmt.Sprintf("z%d", rng.IntN(3))})
-		}
+		zoned := c%2 == 0
 		parts, reps := 1+rng.IntN(40), 1+rng.IntN(3)
+		for i := range 2 + rng.IntN(8) {
+			s := Shard{ID: fmt.Sprintf("s%d", i), Weight: float64(1 + rng.IntN(4))}
+			if zoned {
+				s.Zone = fmt.Sprintf("z%d", rng.IntN(3))
+			}
+			if rng.IntN(2) == 0 {
+				s.Bounded, s.Room = true, rng.IntN(parts+1)
+			}
+			shards = append(shards, s)
+		}
 		got := Place("m", nil, parts, reps, shards)
 		if again := Place("m", got, parts, reps, shards); !reflect.DeepEqual(again, got) {
 			t.Fatalf("case %d (%d partitions, %d replicas, %v): placing again moved %d", c, parts, reps, shards, moved(got, again))
 		}
+		if zoned {
+			continue // a zone may force a replica past a shard's room
+		}
+		// When the rooms hold every replica, no shard is past its room.
+		room, n := 0, map[string]int{}
+		for _, s := range shards {
+			if s.Bounded {
+				room += s.Room
+			} else {
+				room += parts
+			}
+		}
+		for _, r := range got {
+			for _, id := range r {
+				n[id]++
+			}
+		}
+		for _, s := range shards {
+			if room >= parts*min(reps, len(shards)) && s.Bounded && n[s.ID] > s.Room {
+				t.Fatalf("case %d (%d partitions, %d replicas, %v): %s holds %d, room for %d", c, parts, reps, shards, s.ID, n[s.ID], s.Room)
+			}
+		}
+	}
+}
+
+// TestRoom: a shard bounded by its room takes no more replicas than fit
+// while others have room; what fits nowhere goes by weight all the same;
+// placing again moves nothing.
+func TestRoom(t *testing.T) {
+	count := func(reps [][]string) map[string]int {
+		n := map[string]int{}
+		for _, r := range reps {
+			for _, id := range r {
+				n[id]++
+			}
+		}
+		return n
+	}
+	shards := equalShards("a", "b", "c")
+	shards[0].Bounded, shards[0].Room = true, 2
+	got := Place("m", nil, 12, 1, shards)
+	if n := count(got); n["a"] != 2 || n["b"] != 5 || n["c"] != 5 {
+		t.Fatalf("a with room for 2 of 12: %v", n)
+	}
+	if again := Place("m", got, 12, 1, shards); !reflect.DeepEqual(again, got) {
+		t.Fatalf("placing again moved %d", moved(got, again))
+	}
+	// Room for 8 of 12 in all: the 4 left go by weight (equal), and a
+	// shard already at its room takes its weight's share of them.
+	for i := range shards {
+		shards[i].Bounded = true
+	}
+	shards[0].Room, shards[1].Room, shards[2].Room = 2, 6, 0
+	// Each takes a third of the 4 (one, and one of them a second).
+	n := count(Place("m", nil, 12, 1, shards))
+	if n["a"]+n["b"]+n["c"] != 12 || n["a"] < 3 || n["b"] < 7 || n["c"] < 1 {
+		t.Fatalf("room for 8 of 12, the 4 beyond split by weight: %v", n)
+	}
+	// A room beyond the partitions, or negative, is one replica per
+	// partition, or none.
+	shards = equalShards("a", "b")
+	shards[0].Bounded, shards[0].Room = true, 1000
+	shards[1].Bounded, shards[1].Room = true, -5
+	if n := count(Place("m", nil, 4, 2, shards)); n["a"] != 4 || n["b"] != 4 {
+		t.Fatalf("two replicas of 4 on two shards: %v", n)
+	}
+	if n := count(Place("m", nil, 4, 1, shards)); n["a"] != 4 || n["b"] != 0 {
+		t.Fatalf("b has no room: %v", n)
 	}
 }

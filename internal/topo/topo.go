@@ -161,6 +161,10 @@ type ShardInfo struct {
 	// older manager ignores both and spreads evenly: no schema change.
 	Weight float64 `json:"weight,omitempty"`
 	Zone   string  `json:"zone,omitempty"`
+	// Budget is the shard's resident table budget in bytes (0: none): the
+	// manager places no more on it than fits while another shard has
+	// room. A new field: an older manager ignores it.
+	Budget int64 `json:"budget,omitempty"`
 }
 
 // Loaded is one model version a shard holds: the partitions, ascending,
