@@ -40,7 +40,7 @@ func (r Repo) MapPartitionCopy(m *codec.Manifest, part uint32, dir string) (*cod
 	if err != nil {
 		return nil, err
 	}
-	copyFile, err := copyVerified(p, f, dir, fmt.Sprintf("%s-%d-%d-*%s", m.Name, m.Version, part, copySuffix))
+	copyFile, err := copyVerified(p, f, dir, r.Throttle, fmt.Sprintf("%s-%d-%d-*%s", m.Name, m.Version, part, copySuffix))
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +78,7 @@ func (r Repo) MapPartitionCopy(m *codec.Manifest, part uint32, dir string) (*cod
 // in another process sharing dir leaves it alone. (One that runs between
 // the create and the flock removes it; the Map that follows then fails,
 // and the load with it.)
-func copyVerified(src string, f codec.File, dir, pattern string) (_ *os.File, err error) {
+func copyVerified(src string, f codec.File, dir string, throttle *Throttle, pattern string) (_ *os.File, err error) {
 	in, st, err := OpenRegular(src)
 	if err != nil {
 		return nil, err
@@ -100,7 +100,7 @@ func copyVerified(src string, f codec.File, dir, pattern string) (_ *os.File, er
 	if err := unix.Flock(int(out.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return nil, fmt.Errorf("loader: locking %s: %w", out.Name(), err)
 	}
-	tee := &teeReaderAt{r: in, w: out}
+	tee := &teeReaderAt{r: in, w: out, throttle: throttle}
 	sum, err := codec.VerifyStream(tee, f.Size)
 	switch {
 	case tee.werr != nil:
@@ -118,15 +118,19 @@ func copyVerified(src string, f codec.File, dir, pattern string) (_ *os.File, er
 	return out, nil
 }
 
-// teeReaderAt writes everything read from r to the same offset of w. A
-// write error is kept in werr and ends the reading.
+// teeReaderAt writes everything read from r to the same offset of w, at
+// throttle's pace. A write error is kept in werr and ends the reading.
 type teeReaderAt struct {
-	r    io.ReaderAt
-	w    io.WriterAt
-	werr error
+	r        io.ReaderAt
+	w        io.WriterAt
+	throttle *Throttle
+	werr     error
 }
 
 func (t *teeReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	if err := t.throttle.wait(len(p)); err != nil {
+		return 0, err
+	}
 	n, err := t.r.ReadAt(p, off)
 	if n > 0 {
 		if _, t.werr = t.w.WriteAt(p[:n], off); t.werr != nil {

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +33,9 @@ var ErrNotFound = errors.New("loader: not found")
 // reused) and the lock writers hold while they take a number.
 type Repo struct {
 	Dir string
+	// Throttle, if set, bounds how fast partitions are read to be served
+	// (ReadPartition, MapPartitionCopy).
+	Throttle *Throttle
 }
 
 // Files kept beside a model's versions; see Repo.
@@ -166,29 +168,34 @@ func matchesManifest(pt *codec.Partition, m *codec.Manifest, part uint32, f code
 	return nil
 }
 
-// ReadPartition reads one partition file of a version and verifies its
-// size, SHA-256 and block checksums. Errors name the file.
+// ReadPartition reads one partition file of a version (at the pace of
+// r.Throttle) and verifies its size, SHA-256 and structure. Errors name
+// the file.
 func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, error) {
 	f, p, err := r.partFile(m, part)
 	if err != nil {
 		return nil, err
 	}
-	mem, err := readWhole(p, f.Size)
+	h := sha256.New()
+	mem, err := readWhole(p, f.Size, h, r.Throttle)
 	if err != nil {
 		return nil, err
 	}
-	b := mem.Bytes
-	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != f.SHA256 {
+	if hex.EncodeToString(h.Sum(nil)) != f.SHA256 {
+		mem.Free()
 		return nil, fmt.Errorf("loader: %s: %w: SHA-256 does not match the manifest", p, codec.ErrCorrupt)
 	}
-	pt, err := codec.ParsePartitionStructure(b)
-	if err == nil {
-		err = pt.VerifyBlocks(runtime.GOMAXPROCS(0))
-	}
+	// The file is, byte for byte, the one the manifest names: its block
+	// checksums add nothing to the SHA-256 (they say which block a
+	// damaged file lost, and VerifyStream checks them when a version is
+	// validated).
+	pt, err := codec.ParsePartitionStructure(mem.Bytes)
 	if err != nil {
+		mem.Free()
 		return nil, fmt.Errorf("loader: %s: %w", p, err)
 	}
 	if err := matchesManifest(pt, m, part, f, p); err != nil {
+		mem.Free()
 		return nil, err
 	}
 	pt.Owner = mem
@@ -203,9 +210,10 @@ func freePartition(pt *codec.Partition) {
 	}
 }
 
-// readWhole reads a file of the expected size with one read into memory
-// that will serve lookups in place (huge pages where possible).
-func readWhole(path string, size int64) (*tablemem.Buffer, error) {
+// readWhole reads a file of the expected size into memory that will
+// serve lookups in place (huge pages where possible), writing what it
+// reads to sum as it goes (while it is in the cache), at throttle's pace.
+func readWhole(path string, size int64, sum io.Writer, throttle *Throttle) (*tablemem.Buffer, error) {
 	f, st, err := OpenRegular(path)
 	if err != nil {
 		return nil, err
@@ -215,7 +223,8 @@ func readWhole(path string, size int64) (*tablemem.Buffer, error) {
 		return nil, fmt.Errorf("loader: %s: %w: size %d, manifest says %d", path, codec.ErrCorrupt, st.Size(), size)
 	}
 	mem := tablemem.Alloc(int(size))
-	if _, err := io.ReadFull(f, mem.Bytes); err != nil {
+	if _, err := io.ReadFull(io.TeeReader(throttle.reader(f), sum), mem.Bytes); err != nil {
+		mem.Free()
 		return nil, fmt.Errorf("loader: reading %s: %w", path, err)
 	}
 	return mem, nil

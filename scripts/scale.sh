@@ -10,7 +10,8 @@
 #   scale-out  a 5th shard (a separate `cumulus shard` process) joins 1s in
 #   scale-in   it is cordoned 1s in, and killed (SIGKILL) once empty
 #
-# MAX_MOVES sets the dev manager's --max-moves (default: its default, 4).
+# MAX_MOVES sets the dev manager's --max-moves (default: its default, 4),
+# LOAD_RATE the shards' --load-rate (default: theirs).
 #
 # It prints every run (QPS, p50, p99, errors, and the time from the change
 # to a balanced placement: `cumulus admin plan` empty, the new shard
@@ -27,6 +28,8 @@ duration=${DURATION:-8s}
 params=${PARAMS:-20000000}
 moves=()
 [ -n "${MAX_MOVES:-}" ] && moves=(--max-moves "$MAX_MOVES")
+rate=()
+[ -n "${LOAD_RATE:-}" ] && rate=(--load-rate "$LOAD_RATE")
 repo=$work/models
 mkdir -p "$work"
 if [ ! -d "$repo/bench" ]; then
@@ -54,7 +57,7 @@ empty_in() { "$C" admin shards "${admin[@]}" | awk '$1 == "shard-x" && $5 == "em
 echo "run        qps p50 p99 errors balance-seconds"
 for _ in $(seq "$rounds"); do
   "$C" dev --repo "$repo" --replicas 1 --shards 4 --memory-budget 2GB --http-addr 127.0.0.1:29030 --grpc-addr 127.0.0.1:29031 \
-    --admin-addr 127.0.0.1:29032 "${moves[@]}" --log-level warn > "$work/dev.out" 2> "$work/dev.err" &
+    --admin-addr 127.0.0.1:29032 "${moves[@]}" "${rate[@]}" --log-level warn > "$work/dev.out" 2> "$work/dev.err" &
   dev=$!
   until grep -q '^ready' "$work/dev.out"; do kill -0 $dev; sleep 0.2; done
   etcd=$(awk '/^etcd: / { print $2 }' "$work/dev.out")
@@ -64,7 +67,7 @@ for _ in $(seq "$rounds"); do
   b=$!
   sleep 1
   t0=$(now)
-  "$C" shard --id shard-x --etcd "$etcd" --repo "$repo" --memory-budget 2GB --addr 127.0.0.1:0 --data-dir "$work/shard-x" --log-level warn > "$work/shard.out" 2>&1 &
+  "$C" shard --id shard-x --etcd "$etcd" --repo "$repo" --memory-budget 2GB "${rate[@]}" --addr 127.0.0.1:0 --data-dir "$work/shard-x" --log-level warn > "$work/shard.out" 2>&1 &
   shard=$!
   until balanced_out; do sleep 0.05; done
   t=$(awk -v a="$(now)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')

@@ -59,6 +59,13 @@ type Options struct {
 	// budget. Zone is its failure domain, reported likewise; optional.
 	Weight float64
 	Zone   string
+	// LoadRate bounds the bytes a second the shard reads from the
+	// repository to load partitions while it serves anything (a shard
+	// holding nothing loads at full speed): reading and checking a
+	// partition costs about a nanosecond a byte of the CPU that answers
+	// lookups, so a rebalance or rollout loading at full speed shows in
+	// the serving p99. 0: no bound.
+	LoadRate int64
 	// DataDir holds the copies of partitions served mapped: never the
 	// repository's files, which may change under a mapping. Copies are
 	// unlinked once mapped, so it needs disk space but holds no files;
@@ -119,6 +126,8 @@ func (o *Options) Validate() error {
 		return errors.New("shard: Options.Weight must be a positive number (0: the default)")
 	case len(o.Zone) > 64:
 		return errors.New("shard: Options.Zone is at most 64 bytes")
+	case o.LoadRate < 0:
+		return errors.New("shard: Options.LoadRate must not be negative (0: no bound)")
 	}
 	o.Cluster = o.Cluster.OrDefault()
 	if err := o.Cluster.Validate(); err != nil {
@@ -215,6 +224,9 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		opts.AdvertiseAddr = lis.Addr().String()
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	if opts.LoadRate > 0 {
+		opts.Repo.Throttle = loader.NewThrottle(ctx, opts.LoadRate)
+	}
 	s := &Shard{opts: opts, lis: lis, cancel: cancel, pending: make(chan map[string]topo.Assignment, 1), failed: map[string]*failure{},
 		mismatched: map[string]topo.Loaded{},
 		slots:      admit.NewGate(int64(opts.MaxInflight), opts.MaxQueueTime), bytes: admit.NewGate(opts.MaxInflightBytes, opts.MaxQueueTime)}

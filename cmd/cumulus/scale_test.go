@@ -27,7 +27,10 @@ func TestCordonScaleInEndToEnd(t *testing.T) {
 	cli := testenv.Etcd(t)
 	common := []string{"--etcd", cli.Endpoints()[0], "--log-level", "warn"}
 	startShard := func(id string) *process {
-		args := append([]string{"shard", "--id", id, "--repo", repo, "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, id)}, common...)
+		// The moves are loaded at a bounded rate, and each shard reports
+		// its budget.
+		args := append([]string{"shard", "--id", id, "--repo", repo, "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, id),
+			"--load-rate", "1MB", "--memory-budget", "64MiB"}, common...)
 		return startProcess(t, []string{"shard " + id + " serving on "}, args...)
 	}
 	shards := map[string]*process{"s0": startShard("s0"), "s1": startShard("s1")}
@@ -70,6 +73,9 @@ func TestCordonScaleInEndToEnd(t *testing.T) {
 		}
 		return nil
 	})
+	if b := shardStates()["s2"].Budget; b != 64<<20 {
+		t.Errorf("s2 reports a budget of %d bytes, started with 64 MiB", b)
+	}
 	t.Logf("scale-out to 3 shards balanced in %v: %s", time.Since(t0).Round(time.Millisecond), strings.TrimSpace(admin("plan")))
 	awaitLoad(20)
 
