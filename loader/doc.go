@@ -7,8 +7,9 @@
 // never reused: writers take the model's lock (an flock, so it holds
 // across processes) and number past the model's high-water mark, a file
 // kept beside the versions. ReadPartition verifies
-// size, SHA-256 and block checksums before returning a partition and
-// names the damaged file otherwise. MapPartitionCopy does the same for a
+// size, SHA-256 and structure before returning a partition and names the
+// damaged file otherwise (a file whose SHA-256 matches is the one
+// validated: its block checksums, checked by Verify, add nothing). MapPartitionCopy does the same for a
 // partition served mapped, from a copy in a directory the caller owns:
 // repository files are never mapped, since a mapping would show any later
 // change to them.

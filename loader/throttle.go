@@ -13,7 +13,7 @@ import (
 // rollout's new version — leaves CPU and disk to the serving it runs
 // beside: reading, hashing and checking a partition cost about a
 // nanosecond a byte, all of it on the cores that answer lookups.
-// Reads wait their turn in slices of throttleChunk, while the process
+// Reads wait their turn in slices of throttleChunk once the process
 // serves (SetServing): one that serves nothing yet loads at full speed.
 // A nil Throttle does not wait.
 type Throttle struct {
@@ -34,13 +34,16 @@ func NewThrottle(ctx context.Context, bytesPerSecond int64) *Throttle {
 	return &Throttle{ctx: ctx, lim: rate.NewLimiter(rate.Limit(bytesPerSecond), throttleChunk)}
 }
 
-// SetServing says whether the process serves anything: reads wait their
-// turn only while it does.
+// SetServing says whether the process serves: reads wait their turn
+// only while it does.
 func (t *Throttle) SetServing(on bool) {
 	if t != nil {
 		t.serving.Store(on)
 	}
 }
+
+// Tokens is the bytes that may be read now without waiting.
+func (t *Throttle) Tokens() float64 { return t.lim.Tokens() }
 
 // wait takes n bytes' worth of turns.
 func (t *Throttle) wait(n int) error {

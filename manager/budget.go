@@ -5,22 +5,26 @@ import (
 )
 
 // Shards that report a memory budget (topo.ShardInfo.Budget) are given
-// no more partitions than fit in it while another shard has room. A
-// partition's size is its share of the files of every version the
-// shards keep loaded (live, staged, canary and standby, with the
-// versions their chains stack on): what a shard holding it keeps
-// resident, as near as the manager knows without asking.
+// no more than fits in it while another shard has room. Each model gets
+// a slice of every shard's budget in proportion to its size among all
+// the models: its room on a shard does not depend on where the other
+// models are placed, so placing one model never moves another (rooms
+// that followed the other models' placements could chase each other for
+// ever), and when every model fits the cluster's budgets, every shard's
+// slices add up to its budget. A partition's size is its share of the
+// files of the live and canary versions' chains: what a shard keeps
+// resident (a staged or standby version beyond the budget is mapped).
 
-// partitionBytes is the bytes one replica of one partition of m takes on
-// a shard: the kept versions' chains' files, an equal part per
-// partition. 0 when m has no partitions or no verified version kept.
+// partitionBytes is the resident bytes one replica of one partition of
+// m takes: the live and canary chains' files, an equal part per
+// partition. 0 when m has no partitions or nothing live.
 func (m *ModelState) partitionBytes() int64 {
 	if m.Partitions == 0 {
 		return 0
 	}
 	var total int64
 	var seen []uint64
-	for _, k := range m.kept() {
+	for _, k := range []uint64{m.Live, m.canaryVersion()} {
 		v := m.version(k)
 		if v == nil || v.Info == nil {
 			continue
@@ -35,14 +39,43 @@ func (m *ModelState) partitionBytes() int64 {
 	return total / int64(m.Partitions)
 }
 
-// assignedBytes is, per shard, the bytes the placements of every model
-// but except assign to it.
-func (s *State) assignedBytes(except string) map[string]int64 {
-	out := map[string]int64{}
-	for name, m := range s.Models {
-		if name == except {
-			continue
+// budgetTotal is the bytes of one replica of every model: as Decide
+// found them when it began (models settled meanwhile count as they were,
+// the same on every manager), else computed now.
+func (s *State) budgetTotal() int64 {
+	if s.replicaBytes != 0 {
+		return max(s.replicaBytes, 0)
+	}
+	return s.computeReplicaBytes()
+}
+
+func (s *State) computeReplicaBytes() int64 {
+	var total int64
+	for _, m := range s.Models {
+		total += m.partitionBytes() * int64(m.Partitions)
+	}
+	return total
+}
+
+// fit is what m's placement must fit: the zero Fit (no bound) when no
+// shard reports a budget or nothing is live.
+func (s *State) fit(m *ModelState) Fit {
+	for _, si := range s.Shards {
+		if si.Budget > 0 {
+			if m.partitionBytes() == 0 {
+				return Fit{} // nothing of it resident yet
+			}
+			return Fit{ReplicaBytes: s.budgetTotal()}
 		}
+	}
+	return Fit{}
+}
+
+// assignedBytes is, per shard, the resident bytes every model's
+// placement assigns it.
+func (s *State) assignedBytes() map[string]int64 {
+	out := map[string]int64{}
+	for _, m := range s.Models {
 		b := m.partitionBytes()
 		if b == 0 {
 			continue
@@ -56,22 +89,11 @@ func (s *State) assignedBytes(except string) map[string]int64 {
 	return out
 }
 
-// fit is what m's placement must fit beside; the zero Fit when no
-// shard reports a budget (nothing to compute).
-func (s *State) fit(m *ModelState) Fit {
-	for _, si := range s.Shards {
-		if si.Budget > 0 {
-			return Fit{PartitionBytes: m.partitionBytes(), Used: s.assignedBytes(m.Name)}
-		}
-	}
-	return Fit{}
-}
-
 // overBudget lists the shards assigned more bytes than their budget, with
 // the bytes assigned: the models on them do not fit the budgets.
 func (s *State) overBudget() map[string]int64 {
 	out := map[string]int64{}
-	for id, b := range s.assignedBytes("") {
+	for id, b := range s.assignedBytes() {
 		if budget := s.Shards[id].Budget; budget > 0 && b > budget {
 			out[id] = b
 		}

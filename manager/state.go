@@ -229,6 +229,9 @@ type State struct {
 	// pending are actions settle decided (the gates to run), which
 	// Decide returns.
 	pending []Action
+	// replicaBytes is budgetTotal as Decide found it when it began (-1:
+	// nothing live; 0: not computed). Set before settling, then only read.
+	replicaBytes int64
 	// Routers are the routers' latest registrations (not persisted; nil:
 	// not tracked, see routersScore).
 	Routers map[string]topo.RouterInfo
@@ -470,6 +473,7 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 	if n.Models == nil {
 		n.Models = map[string]*ModelState{}
 	}
+	n.replicaBytes = max(n.computeReplicaBytes(), -1) // once, not once per model settled
 	touched := slices.Sorted(maps.Keys(s.Models))
 	switch ev := ev.(type) {
 	case Started:

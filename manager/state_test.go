@@ -1382,7 +1382,7 @@ func TestDecideBudgets(t *testing.T) {
 	if d := detail(x.s, x.s.Models["m"]); !strings.Contains(d.OverBudget, "does not fit") {
 		t.Fatalf("8 partitions in room for 6, shown %q", d.OverBudget)
 	}
-	// Another model's replicas count against the budgets.
+	// Another model of the same size halves m's slice of each budget.
 	st := *x.s
 	st.Models = maps.Clone(st.Models)
 	n := x.s.Models["m"].clone()
@@ -1391,7 +1391,8 @@ func TestDecideBudgets(t *testing.T) {
 		n.Replicas[p] = []string{"s1"}
 	}
 	st.Models["n"] = n
-	if f := st.fit(x.s.Models["m"]); f.PartitionBytes != 100 || f.Used["s1"] != 800 || f.Used["s0"] != 0 {
+	st.replicaBytes = 0
+	if f := st.fit(x.s.Models["m"]); f.ReplicaBytes != 1600 {
 		t.Fatalf("fit beside n: %+v", f)
 	}
 }
@@ -1546,5 +1547,20 @@ func TestAssignDistrustsWeights(t *testing.T) {
 	}
 	if count > 1000*16/25+1 {
 		t.Fatalf("s9 took %d of 1000 partitions", count)
+	}
+	// Nor a budget: nine shards with room for 10 partitions each, and s9
+	// claiming 2^62 bytes. Its budget is held to 16 times the median (room
+	// for 160), and what fits nowhere is shared by weight (75 each).
+	for i := range 10 {
+		id := fmt.Sprintf("s%d", i)
+		infos[id] = topo.ShardInfo{ID: id, Weight: 1, Budget: 1000}
+	}
+	infos["s9"] = topo.ShardInfo{ID: "s9", Weight: 1, Budget: 1 << 62}
+	n := map[string]int{}
+	for _, r := range Assign("m", nil, 1000, ids, infos, 1, Fit{ReplicaBytes: 100_000}) {
+		n[r[0]]++
+	}
+	if n["s9"] > 160+75 || n["s0"] < 85 {
+		t.Fatalf("s9 claiming a huge budget: %v", n)
 	}
 }

@@ -37,9 +37,6 @@ func (sn *snapshot) done() { sn.readers.Add(-1) }
 // for reclaim. Loader goroutine only.
 func (s *Shard) install(next *snapshot) {
 	s.retired = append(s.retired, s.snap.Swap(next))
-	// Loads wait their turn (Options.LoadRate) once there is something
-	// to serve beside them.
-	s.opts.Repo.Throttle.SetServing(len(next.models) > 0)
 }
 
 // reclaim frees the tables of drained snapshots that the current one and

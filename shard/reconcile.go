@@ -36,7 +36,7 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 	for _, name := range slices.Sorted(maps.Keys(want)) {
 		a := as[name]
 		for _, v := range a.Kept() {
-			if ctx.Err() != nil {
+			if s.superseded(ctx) {
 				return
 			}
 			s.loadVersion(ctx, a, v, want[name][v])
@@ -49,6 +49,14 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 	s.retire(want)
 	s.promote(ctx, as)
 	s.reg.Set(s.info())
+}
+
+// superseded reports whether reconcile should stop between two loads:
+// the shard closes, or a newer serving map waits (it may withdraw what is
+// being loaded; with a bounded load rate, finishing first could take
+// minutes). The next reconcile, on the newer map, goes on from there.
+func (s *Shard) superseded(ctx context.Context) bool {
+	return ctx.Err() != nil || len(s.pending) > 0
 }
 
 // wanted is, per model and version the map keeps, the partitions
@@ -139,7 +147,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 	}
 	var wrong topo.Loaded
 	for _, p := range missing {
-		if ctx.Err() != nil {
+		if s.superseded(ctx) {
 			return
 		}
 		pkey := fmt.Sprintf("%s/%d", vkey, p)

@@ -158,7 +158,11 @@ func (s *Shard) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 // lookup is Lookup, its response appended to prefix (a lookup stream's
 // reply header): the response is built once, where it is sent from.
 func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) {
-	s.begun.Add(1)
+	if s.begun.Add(1) == 1 {
+		// Routers send it lookups: loads from now on take their turns
+		// (Options.LoadRate).
+		s.opts.Repo.Throttle.SetServing(true)
+	}
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
 	bound := "lookups"

@@ -60,8 +60,9 @@ type Options struct {
 	Weight float64
 	Zone   string
 	// LoadRate bounds the bytes a second the shard reads from the
-	// repository to load partitions while it serves anything (a shard
-	// holding nothing loads at full speed): reading and checking a
+	// repository to load partitions once it has answered a lookup (a
+	// shard starting, or joining, loads at full speed until routers send
+	// it lookups): reading and checking a
 	// partition costs about a nanosecond a byte of the CPU that answers
 	// lookups, so a rebalance or rollout loading at full speed shows in
 	// the serving p99. 0: no bound.

@@ -29,7 +29,7 @@ import (
 // four times as long, and the p99 over it higher.
 const defaultLoadRate = 0
 
-const loadRateUsage = "bytes a second a shard reads from the repository to load partitions while it serves anything (a rebalance, a rollout), so that loading leaves CPU to serving, e.g. 128MB; one holding nothing loads at full speed (0: no bound)"
+const loadRateUsage = "bytes a second a shard reads from the repository to load partitions once it serves (a rebalance, a rollout), so that loading leaves CPU to serving, e.g. 128MB; a shard that has answered no lookup yet (starting, joining) loads at full speed (0: no bound)"
 
 func shardCommand() *cobra.Command {
 	var id, repo, etcd, addr, advertise, dataDir, zone string

@@ -229,7 +229,11 @@ func modelInspectCommand() *cobra.Command {
 			bad := 0
 			for p := range m.Partitions {
 				status := "ok"
-				if _, err := r.ReadPartition(m, p); err != nil {
+				pt, err := r.ReadPartition(m, p)
+				if err == nil {
+					err = pt.VerifyBlocks(1) // ReadPartition trusts a matching SHA-256; this names the block
+				}
+				if err != nil {
 					status, bad = "DAMAGED: "+err.Error(), bad+1
 				}
 				fmt.Printf("partition %d  %s  %d keys  %d bytes  %s\n", p, m.Files[p].Path, m.Files[p].Keys, m.Files[p].Size, status)

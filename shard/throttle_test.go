@@ -1,0 +1,83 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
+)
+
+// publishLoadTest publishes model m, 4 partitions of about 1.5 MiB.
+func publishLoadTest(t *testing.T) loader.Repo {
+	repo := loader.Repo{Dir: t.TempDir()}
+	sp := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
+	for k := range uint64(1 << 19) {
+		sp.Keys = append(sp.Keys, k*2654435761+1)
+		sp.Values = append(sp.Values, float32(k%7))
+	}
+	if _, err := repo.Publish("m", sp, 4, ""); err != nil {
+		t.Fatal(err)
+	}
+	return repo
+}
+
+// TestLoadRateNotBeforeServing: a shard that has answered no lookup (it
+// is starting, or joining) loads at full speed: its throttle's bucket is
+// untouched after 6 MiB.
+func TestLoadRateNotBeforeServing(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := publishLoadTest(t)
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir(), LoadRate: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	putMap(t, cli, repo, 4, 1, 0)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if l := s.Loaded(); len(l) == 0 || len(l[0].Have) < 4 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if tokens := s.opts.Repo.Throttle.Tokens(); tokens < 1<<20-1 {
+		t.Fatalf("loading before serving took turns: %v bytes left of 1 MiB", tokens)
+	}
+}
+
+// TestLoadRateYieldsToNewerMap: a shard that serves loads at its
+// LoadRate, and a newer map (here withdrawing the version being loaded)
+// is taken between two partitions, not after the whole version.
+func TestLoadRateYieldsToNewerMap(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := publishLoadTest(t)
+	// About 1.5 MiB a partition, read at 1 MiB/s once serving.
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir(), LoadRate: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	s.Lookup(context.Background(), []byte("not a request")) // it has been asked: it serves
+	putMap(t, cli, repo, 4, 0, 1)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if len(s.Loaded()) == 0 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	writeMap(t, cli, []byte(`{"schema":1,"model":"m","seq":2,"partitions":4,"replicas":[[],[],[],[]]}`))
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if len(s.Loaded()) > 0 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if n := testutil.ToFloat64(s.metrics.loads); n >= 4 {
+		t.Fatalf("%v partitions loaded: the withdrawn version was loaded whole before the newer map was read", n)
+	}
+}
