@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/loader"
@@ -27,17 +28,23 @@ func publishLoadTest(t *testing.T) loader.Repo {
 	return repo
 }
 
+// startThrottled starts shard s1 loading at 1 MiB/s once it serves.
+func startThrottled(t *testing.T, cli *clientv3.Client, repo loader.Repo) *Shard {
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir(), LoadRate: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
 // TestLoadRateNotBeforeServing: a shard that has answered no lookup (it
 // is starting, or joining) loads at full speed: its throttle's bucket is
 // untouched after 6 MiB.
 func TestLoadRateNotBeforeServing(t *testing.T) {
 	cli := testenv.Etcd(t)
 	repo := publishLoadTest(t)
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir(), LoadRate: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
+	s := startThrottled(t, cli, repo)
 	putMap(t, cli, repo, 4, 1, 0)
 	testenv.Eventually(t, 30*time.Second, func() error {
 		if l := s.Loaded(); len(l) == 0 || len(l[0].Have) < 4 {
@@ -57,11 +64,7 @@ func TestLoadRateYieldsToNewerMap(t *testing.T) {
 	cli := testenv.Etcd(t)
 	repo := publishLoadTest(t)
 	// About 1.5 MiB a partition, read at 1 MiB/s once serving.
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir(), LoadRate: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
+	s := startThrottled(t, cli, repo)
 	s.Lookup(context.Background(), []byte("not a request")) // it has been asked: it serves
 	putMap(t, cli, repo, 4, 0, 1)
 	testenv.Eventually(t, 30*time.Second, func() error {
