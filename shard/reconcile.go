@@ -19,6 +19,7 @@ import (
 // version itself.
 func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 	s.reclaim(0)
+	s.passLoads = 0
 	want := s.wanted(as)
 	// From here on the report follows these records: nothing they keep
 	// here is dropped before a newer record says so.
@@ -54,9 +55,11 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 // superseded reports whether reconcile should stop between two loads:
 // the shard closes, or a newer serving map waits (it may withdraw what is
 // being loaded; with a bounded load rate, finishing first could take
-// minutes). The next reconcile, on the newer map, goes on from there.
+// minutes) and this reconcile has loaded something (so that maps coming
+// faster than a load cannot starve loading). The next reconcile, on the
+// newer map, goes on from there.
 func (s *Shard) superseded(ctx context.Context) bool {
-	return ctx.Err() != nil || len(s.pending) > 0
+	return ctx.Err() != nil || len(s.pending) > 0 && s.passLoads > 0
 }
 
 // wanted is, per model and version the map keeps, the partitions
@@ -385,6 +388,7 @@ func (s *Shard) loadStack(chain []*codec.Manifest, p uint32, mapped bool) ([]*Ta
 		t.sha = c.Files[p].SHA256
 		layers[i] = t
 		s.metrics.loads.Inc()
+		s.passLoads++
 		slog.Info("shard: loaded partition", "shard", s.opts.ID, "model", c.Name, "version", c.Version, "kind", c.Kind, "partition", p,
 			"keys", t.Len(), "bytes", t.Bytes(), "mapped", t.Mapped, "took", time.Since(t0).Round(time.Millisecond))
 	}

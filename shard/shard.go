@@ -197,6 +197,7 @@ type Shard struct {
 	failed     map[string]*failure    // "model/version[/partition]" → why, and when to try again
 	mismatched map[string]topo.Loaded // "model/version" → partitions refused for content other than the map expects
 	applied    map[string]uint64      // model → Seq of the map record reconciled to
+	passLoads  int                    // partition files loaded by this reconcile; loader goroutine only
 	hot        hotState
 	ready      bool // health says SERVING
 	// reported is when loadVersion last reported progress; loader
