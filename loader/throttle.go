@@ -3,6 +3,7 @@ package loader
 import (
 	"context"
 	"io"
+	"math"
 	"sync/atomic"
 
 	"golang.org/x/time/rate"
@@ -43,7 +44,12 @@ func (t *Throttle) SetServing(on bool) {
 }
 
 // Tokens is the bytes that may be read now without waiting.
-func (t *Throttle) Tokens() float64 { return t.lim.Tokens() }
+func (t *Throttle) Tokens() float64 {
+	if t == nil {
+		return math.Inf(1)
+	}
+	return t.lim.Tokens()
+}
 
 // wait takes n bytes' worth of turns.
 func (t *Throttle) wait(n int) error {

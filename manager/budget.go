@@ -14,17 +14,30 @@ import (
 // slices add up to its budget. A partition's size is its share of the
 // files of the live and canary versions' chains: what a shard keeps
 // resident (a staged or standby version beyond the budget is mapped).
+// A model's size changes as versions go live, and with it every model's
+// slice: the next event that places every model moves what must move.
 
 // partitionBytes is the resident bytes one replica of one partition of
 // m takes: the live and canary chains' files, an equal part per
-// partition. 0 when m has no partitions or nothing live.
+// partition; with nothing live, the newest verified version's chain
+// (the first version is loaded resident). 0 when m has no partitions or
+// no verified version.
 func (m *ModelState) partitionBytes() int64 {
 	if m.Partitions == 0 {
 		return 0
 	}
+	sized := []uint64{m.Live, m.canaryVersion()}
+	if m.Live == 0 {
+		for _, v := range slices.Backward(m.Versions) {
+			if v.Info != nil && v.Phase != PhaseRejected {
+				sized = append(sized, v.Version)
+				break
+			}
+		}
+	}
 	var total int64
 	var seen []uint64
-	for _, k := range []uint64{m.Live, m.canaryVersion()} {
+	for _, k := range sized {
 		v := m.version(k)
 		if v == nil || v.Info == nil {
 			continue
@@ -39,14 +52,20 @@ func (m *ModelState) partitionBytes() int64 {
 	return total / int64(m.Partitions)
 }
 
-// budgetTotal is the bytes of one replica of every model: as Decide
-// found them when it began (models settled meanwhile count as they were,
-// the same on every manager), else computed now.
+// budgetTotal is the bytes of one replica of every model. Within Decide
+// it is computed once, when the first model is placed (models settled
+// after count as they were then, the same on every manager).
 func (s *State) budgetTotal() int64 {
-	if s.replicaBytes != 0 {
-		return max(s.replicaBytes, 0)
+	if !s.deciding {
+		return s.computeReplicaBytes()
 	}
-	return s.computeReplicaBytes()
+	if s.replicaBytes == 0 {
+		s.replicaBytes = max(s.computeReplicaBytes(), 0)
+		if s.replicaBytes == 0 {
+			s.replicaBytes = -1
+		}
+	}
+	return max(s.replicaBytes, 0)
 }
 
 func (s *State) computeReplicaBytes() int64 {

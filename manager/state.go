@@ -229,9 +229,11 @@ type State struct {
 	// pending are actions settle decided (the gates to run), which
 	// Decide returns.
 	pending []Action
-	// replicaBytes is budgetTotal as Decide found it when it began (-1:
-	// nothing live; 0: not computed). Set before settling, then only read.
+	// replicaBytes is budgetTotal as first computed by this Decide (-1:
+	// nothing sized; 0: not computed), kept only while deciding (a State
+	// Decide returned is shared, and never written).
 	replicaBytes int64
+	deciding     bool
 	// Routers are the routers' latest registrations (not persisted; nil:
 	// not tracked, see routersScore).
 	Routers map[string]topo.RouterInfo
@@ -473,7 +475,8 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 	if n.Models == nil {
 		n.Models = map[string]*ModelState{}
 	}
-	n.replicaBytes = max(n.computeReplicaBytes(), -1) // once, not once per model settled
+	n.deciding = true // n is Decide's own until it returns: budgetTotal may keep its sum in it
+	defer func() { n.deciding, n.replicaBytes = false, 0 }()
 	touched := slices.Sorted(maps.Keys(s.Models))
 	switch ev := ev.(type) {
 	case Started:

@@ -242,7 +242,10 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 		for p, l := range v.layers {
 			// Deltas are small and loaded resident; the base is what may
 			// be mapped.
-			if ctx.Err() != nil || l == nil || !l[len(l)-1].Mapped {
+			if s.superseded(ctx) {
+				return // a newer map first (a rollback need not wait for promotions)
+			}
+			if l == nil || !l[len(l)-1].Mapped {
 				continue
 			}
 			if need := l[len(l)-1].Bytes(); !s.fits(need) {
@@ -269,6 +272,7 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 			layers[len(layers)-1].sha = base.Files[p].SHA256
 			s.install(s.snap.Load().with(v.m, v.chain, uint32(p), layers, v.ids[p], nil))
 			s.reclaim(reclaimWait) // the mapping goes before the next partition comes in
+			s.passLoads++
 			slog.Info("shard: partition now resident", "shard", s.opts.ID, "model", name, "version", a.Live, "partition", p)
 		}
 	}
