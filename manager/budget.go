@@ -8,9 +8,9 @@ import (
 // no more than fits in it while another shard has room. Each model gets
 // a slice of every shard's budget in proportion to its size among all
 // the models: its room on a shard does not depend on where the other
-// models are placed, so placing one model never moves another (rooms
-// that followed the other models' placements could chase each other for
-// ever), and when every model fits the cluster's budgets, every shard's
+// models are placed, so where one model is placed never moves another
+// (rooms that followed the other models' placements could chase each
+// other for ever), and when every model fits the cluster's budgets, every shard's
 // slices add up to its budget. A partition's size is its share of the
 // files of the live and canary versions' chains: what a shard keeps
 // resident (a staged or standby version beyond the budget is mapped).
@@ -77,7 +77,7 @@ func (s *State) computeReplicaBytes() int64 {
 }
 
 // fit is what m's placement must fit: the zero Fit (no bound) when no
-// shard reports a budget or nothing is live.
+// shard reports a budget or m has no verified version to size it by.
 func (s *State) fit(m *ModelState) Fit {
 	for _, si := range s.Shards {
 		if si.Budget > 0 {
