@@ -172,6 +172,17 @@ func (x *sim) load(only ...string) {
 
 func (x *sim) report() { x.do(ShardsChanged{Shards: maps.Clone(x.shards)}) }
 
+// replicasOn counts, per shard, the replicas of m's partitions placed on it.
+func (x *sim) replicasOn() map[string]int {
+	n := map[string]int{}
+	for _, r := range x.s.Models["m"].Replicas {
+		for _, id := range r {
+			n[id]++
+		}
+	}
+	return n
+}
+
 func (x *sim) join(ids ...string) {
 	for _, id := range ids {
 		x.shards[id] = topo.ShardInfo{Schema: topo.Schema, ID: id}
@@ -1321,11 +1332,7 @@ func TestDecideScaleOutMovesLittle(t *testing.T) {
 	x.shards["s5"] = topo.ShardInfo{Schema: topo.Schema, ID: "s5", Weight: 3}
 	x.report()
 	x.settleAll()
-	count := map[string]int{}
-	for _, r := range x.s.Models["m"].Replicas {
-		count[r[0]]++
-	}
-	if count["s5"] != 24 {
+	if count := x.replicasOn(); count["s5"] != 24 {
 		t.Fatalf("weight 3 of 8: %v", count)
 	}
 	// s5 leaves: only its partitions move.
@@ -1353,13 +1360,7 @@ func TestDecideBudgets(t *testing.T) {
 	x.report()
 	x.scan(1)
 	x.validate()
-	count := func() map[string]int {
-		n := map[string]int{}
-		for _, r := range x.s.Models["m"].Replicas {
-			n[r[0]]++
-		}
-		return n
-	}
+	count := x.replicasOn
 	// The first version, staged (loaded resident), is sized already.
 	if n := count(); n["s0"] > 2 {
 		t.Fatalf("staging the first version, s0 with room for 2 of 8: %v", n)
@@ -1418,14 +1419,7 @@ func TestDecideCordon(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	on := func(id string) (n int) {
-		for _, r := range x.s.Models["m"].Replicas {
-			if slices.Contains(r, id) {
-				n++
-			}
-		}
-		return n
-	}
+	on := func(id string) int { return x.replicasOn()[id] }
 	if on("s0") != 4 {
 		t.Fatalf("s0 holds %d of 8", on("s0"))
 	}
@@ -1467,14 +1461,7 @@ func TestDecideMaxMoves(t *testing.T) {
 	x.scan(1)
 	x.validate()
 	x.settleAll()
-	onto := func(id string) (n int) {
-		for _, r := range x.s.Models["m"].Replicas {
-			if slices.Contains(r, id) {
-				n++
-			}
-		}
-		return n
-	}
+	onto := func(id string) int { return x.replicasOn()[id] }
 	x.join("s4")
 	x.report() // the shards' reports now lag the placement just published
 	if n := onto("s4"); n != 1 {
