@@ -87,13 +87,7 @@ for _ in $(seq "$rounds"); do
   rm -rf "$work/shard-x"
   kill -INT $dev; wait $dev || true; dev=
 done
-awk '
-function ms(d) { if (d ~ /µs$/) return d / 1000; if (d ~ /ms$/) return d + 0; if (d ~ /s$/) return d * 1000; return d }
-function median(name, col,   n, i, j, t, v) {
-  n = 0; for (i = 1; i <= runs; i++) if (setup[i] == name) v[++n] = val[i, col]
-  for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
-  return v[int((n + 1) / 2)]
-}
+awk "$(cat "$(dirname "$0")/median.awk")"'
 { runs++; setup[runs] = $1; val[runs, "qps"] = $2; val[runs, "p99"] = ms($4); val[runs, "err"] = $5; val[runs, "bal"] = $6 }
 END {
   split("steady scale-out scale-in", names, " ")

@@ -51,13 +51,7 @@ for _ in $(seq "$rounds"); do
   run straggler-hedged --fault "$fault"
 done
 # Medians per setup; durations are printed by Go (µs, ms or s).
-awk '
-function ms(d) { if (d ~ /µs$/) return d / 1000; if (d ~ /ms$/) return d + 0; if (d ~ /s$/) return d * 1000; return d }
-function median(name, col,   n, i, j, t, v) {
-  n = 0; for (i = 1; i <= runs; i++) if (setup[i] == name) v[++n] = val[i, col]
-  for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
-  return v[int((n + 1) / 2)]
-}
+awk "$(cat "$(dirname "$0")/median.awk")"'
 { runs++; setup[runs] = $1; val[runs, "qps"] = $2; val[runs, "p99"] = ms($4); val[runs, "p999"] = ms($5) }
 END {
   split("no-fault-hedged no-fault-unhedged straggler-unhedged straggler-hedged", names, " ")
