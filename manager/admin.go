@@ -552,9 +552,8 @@ type ShardSummary struct {
 	// to it) or "empty" (cordoned, assigned nothing: it can be stopped).
 	State string `json:"state"`
 	// Assigned is the partition replicas assigned to it, every model;
-	// Bytes their size (the files of the versions each model keeps
-	// loaded, with the versions their chains stack on, an equal part per
-	// partition). Budget is the memory budget it reports (0: none); Bytes
+	// Bytes their resident size (each model's live and canary chains, an
+	// equal part per partition: see budget.go). Budget is the memory budget it reports (0: none); Bytes
 	// beyond it are served from mapped files, and mean the models
 	// assigned to it do not fit the cluster's budgets.
 	Assigned int   `json:"assigned"`
@@ -574,22 +573,12 @@ func shardList(st *State, state func(id string) string) any {
 		}
 	}
 	slices.Sort(ids)
-	per := map[string]int64{} // a partition's bytes, per model
-	for name, m := range st.Models {
-		per[name] = m.partitionBytes()
-	}
+	replicas, bytes := st.assigned()
 	out := []ShardSummary{}
 	for _, id := range ids {
 		si := st.Shards[id]
-		s := ShardSummary{ID: id, Addr: si.Addr, Zone: si.Zone, Weight: cmp.Or(si.Weight, 1), State: state(id), Budget: si.Budget}
-		for name, m := range st.Models {
-			for _, reps := range m.Replicas {
-				if slices.Contains(reps, id) {
-					s.Assigned++
-					s.Bytes += per[name]
-				}
-			}
-		}
+		s := ShardSummary{ID: id, Addr: si.Addr, Zone: si.Zone, Weight: cmp.Or(si.Weight, 1), State: state(id), Budget: si.Budget,
+			Assigned: replicas[id], Bytes: bytes[id]}
 		for _, l := range si.Loaded {
 			s.Held += len(l.Have)
 		}

@@ -90,29 +90,28 @@ func (s *State) fit(m *ModelState) Fit {
 	return Fit{}
 }
 
-// assignedBytes is, per shard, the resident bytes every model's
-// placement assigns it.
-func (s *State) assignedBytes() map[string]int64 {
-	out := map[string]int64{}
+// assigned is, per shard, the partition replicas every model's placement
+// assigns it, and their resident bytes.
+func (s *State) assigned() (replicas map[string]int, bytes map[string]int64) {
+	replicas, bytes = map[string]int{}, map[string]int64{}
 	for _, m := range s.Models {
 		b := m.partitionBytes()
-		if b == 0 {
-			continue
-		}
 		for _, reps := range m.Replicas {
 			for _, id := range reps {
-				out[id] += b
+				replicas[id]++
+				bytes[id] += b
 			}
 		}
 	}
-	return out
+	return replicas, bytes
 }
 
 // overBudget lists the shards assigned more bytes than their budget, with
 // the bytes assigned: the models on them do not fit the budgets.
 func (s *State) overBudget() map[string]int64 {
 	out := map[string]int64{}
-	for id, b := range s.assignedBytes() {
+	_, bytes := s.assigned()
+	for id, b := range bytes {
 		if budget := s.Shards[id].Budget; budget > 0 && b > budget {
 			out[id] = b
 		}
