@@ -11,7 +11,10 @@
 #   scale-in   it is cordoned 1s in, and killed (SIGKILL) once empty
 #
 # MAX_MOVES sets the dev manager's --max-moves (default: its default, 4),
-# LOAD_RATE the shards' --load-rate (default: theirs).
+# LOAD_RATE the shards' --load-rate (default: theirs). RATE makes the load
+# open loop at that many requests a second (the latency of a request then
+# counts from when it was due, and errors counts every request not
+# answered OK).
 #
 # It prints every run (QPS, p50, p99, errors, and the time from the change
 # to a balanced placement: `cumulus admin plan` empty, the new shard
@@ -40,11 +43,14 @@ admin=(--addr 127.0.0.1:29032)
 dev= shard=
 trap '[ -n "$shard" ] && kill -9 $shard 2>/dev/null; [ -n "$dev" ] && kill $dev 2>/dev/null; wait 2>/dev/null' EXIT
 now() { date +%s.%N; }
+load=(--concurrency 4 --requests 100000000)
+[ -n "${RATE:-}" ] && load=(--rate "$RATE")
 bench() { # name; runs the load for $duration and prints a line
   "$C" bench --addr 127.0.0.1:29031 --repo "$repo" --model bench --workload rank200 --log-level warn \
-    --concurrency 4 --requests 100000000 --duration "$duration" |
-    awk -v name="$1" -v bal="${2:--}" '/^rank200 .*requests=/ {
+    "${load[@]}" --duration "$duration" | tee -a "$work/raw.txt" |
+    awk -v name="$1" -v bal="${2:--}" '/^rank200 .*(requests|offered)=/ {
       for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+      if ("offered" in f) { f["qps"] = f["goodput"]; sub("/s", "", f["qps"]); f["errors"] = f["offered"] - f["ok"] }
       printf "%-10s %s %s %s %s %s\n", name, f["qps"], f["p50"], f["p99"], f["errors"], bal }'
 }
 balanced_out() { # the new shard holds all it is assigned, and nothing waits to move
@@ -54,6 +60,7 @@ balanced_out() { # the new shard holds all it is assigned, and nothing waits to 
 }
 empty_in() { "$C" admin shards "${admin[@]}" | awk '$1 == "shard-x" && $5 == "empty" { ok = 1 } END { exit !ok }'; }
 : > "$work/runs.txt"
+: > "$work/raw.txt"
 echo "run        qps p50 p99 errors balance-seconds"
 for _ in $(seq "$rounds"); do
   "$C" dev --repo "$repo" --replicas 1 --shards 4 --memory-budget 2GB --http-addr 127.0.0.1:29030 --grpc-addr 127.0.0.1:29031 \

@@ -67,6 +67,12 @@ type Options struct {
 	// lookups, so a rebalance or rollout loading at full speed shows in
 	// the serving p99. 0: no bound.
 	LoadRate int64
+	// LoadTurn, if set, is shared by the shards of one process (cumulus
+	// dev's): they then load one partition at a time between them, as a
+	// shard process alone does. A load holds the turn while it waits for
+	// LoadRate. Reading and checking a partition is CPU work, and four
+	// in-process shards loading at once crowded out their lookups.
+	LoadTurn chan struct{}
 	// DataDir holds the copies of partitions served mapped: never the
 	// repository's files, which may change under a mapping. Copies are
 	// unlinked once mapped, so it needs disk space but holds no files;
@@ -407,6 +413,7 @@ func (s *Shard) fits(n int64) bool {
 // loadPartition loads into resident memory if the budget allows and
 // mapped is false, else maps the shard's own copy of the file.
 func (s *Shard) loadPartition(m *codec.Manifest, p uint32, mapped bool) (*Table, error) {
+	defer s.turn()()
 	read := s.opts.Repo.ReadPartition
 	if mapped || !s.fits(m.Files[p].Size) {
 		read = s.mapCopy

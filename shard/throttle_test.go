@@ -84,3 +84,45 @@ func TestLoadRateYieldsToNewerMap(t *testing.T) {
 		t.Fatalf("%v partitions loaded: the withdrawn version was loaded whole before the newer map was read", n)
 	}
 }
+
+// TestLoadTurn: a shard given a LoadTurn another shard of its process
+// holds loads nothing until that shard's load ends, then loads all.
+func TestLoadTurn(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := publishLoadTest(t)
+	turn := make(chan struct{}, 1)
+	turn <- struct{}{} // another shard's load, under way
+	asked := make(chan uint32, 4)
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir(), LoadTurn: turn,
+		BeforeLoad: func(_ context.Context, _ string, _ uint64, p uint32) error { asked <- p; return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	putMap(t, cli, repo, 4, 1, 0)
+	select {
+	case <-asked: // at the first load, waiting for its turn
+	case <-time.After(30 * time.Second):
+		t.Fatal("the shard never began to load")
+	}
+	// Without the turn, the first partition loads in milliseconds and
+	// the second is asked for.
+	select {
+	case p := <-asked:
+		t.Fatalf("partition %d asked for while another shard held the turn", p)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if l := s.Loaded(); len(l) > 0 && len(l[0].Have) > 0 {
+		t.Fatalf("loaded %v while another shard held the turn", l[0].Have)
+	}
+	<-turn // that load ends
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if l := s.Loaded(); len(l) == 0 || len(l[0].Have) < 4 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if len(turn) != 0 {
+		t.Fatal("the shard kept the turn after loading")
+	}
+}

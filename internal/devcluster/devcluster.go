@@ -69,6 +69,7 @@ type Cluster struct {
 	cancel   context.CancelFunc
 	opts     Options
 	EtcdAddr string
+	loadTurn chan struct{} // the shards load one partition at a time between them
 }
 
 // Start starts everything; it does not wait for models to load (see
@@ -84,7 +85,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		o.ScanInterval = 2 * time.Second
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	c = &Cluster{ctx: ctx, cancel: cancel, opts: o}
+	c = &Cluster{ctx: ctx, cancel: cancel, opts: o, loadTurn: make(chan struct{}, 1)}
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -169,7 +170,8 @@ func (c *Cluster) RestartShard(i int) (*shard.Shard, error) {
 
 func (c *Cluster) startShard(i int) (*shard.Shard, error) {
 	so := shard.Options{ID: fmt.Sprintf("shard-%d", i), Repo: loader.Repo{Dir: c.opts.Repo}, Etcd: c.Etcd, Cluster: c.opts.Cluster,
-		Build: c.opts.Build, Registry: c.opts.Registry, MemoryBudget: c.opts.MemoryBudget, DataDir: filepath.Join(c.opts.DataDir, fmt.Sprintf("shard-%d", i))}
+		Build: c.opts.Build, Registry: c.opts.Registry, MemoryBudget: c.opts.MemoryBudget, DataDir: filepath.Join(c.opts.DataDir, fmt.Sprintf("shard-%d", i)),
+		LoadTurn: c.loadTurn}
 	if c.opts.Shard != nil {
 		c.opts.Shard(i, &so)
 	}
