@@ -44,7 +44,26 @@ func prepareDataDir(dir string) error {
 	return nil
 }
 
-// mapCopy maps partition p from the shard's own copy of its file.
+// mapCopy maps partition p from the shard's own copy of its file, in
+// the process's load turn.
 func (s *Shard) mapCopy(m *codec.Manifest, p uint32) (*codec.Partition, error) {
+	defer s.turn()()
 	return s.opts.Repo.MapPartitionCopy(m, p, s.opts.DataDir)
+}
+
+// readPartition reads partition p into resident memory, in the
+// process's load turn.
+func (s *Shard) readPartition(m *codec.Manifest, p uint32) (*codec.Partition, error) {
+	defer s.turn()()
+	return s.opts.Repo.ReadPartition(m, p)
+}
+
+// turn waits for the process's turn to load a partition
+// (Options.LoadTurn) and returns its end.
+func (s *Shard) turn() (done func()) {
+	if s.opts.LoadTurn == nil {
+		return func() {}
+	}
+	s.opts.LoadTurn <- struct{}{}
+	return func() { <-s.opts.LoadTurn }
 }

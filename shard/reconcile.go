@@ -259,9 +259,7 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 			if err == nil {
 				// ReadPartition verifies the SHA-256 of the bytes it read,
 				// so a file changed since the load is refused here.
-				done := s.turn()
-				pt, err = s.opts.Repo.ReadPartition(base, uint32(p))
-				done()
+				pt, err = s.readPartition(base, uint32(p))
 			}
 			if err == nil && base.Files[p].SHA256 != l[len(l)-1].sha {
 				err = fmt.Errorf("shard: the repository's file now differs from the one loaded")
@@ -399,16 +397,6 @@ func (s *Shard) loadStack(chain []*codec.Manifest, p uint32, mapped bool) ([]*Ta
 			"keys", t.Len(), "bytes", t.Bytes(), "mapped", t.Mapped, "took", time.Since(t0).Round(time.Millisecond))
 	}
 	return layers, nil
-}
-
-// turn waits for the process's turn to load a partition
-// (Options.LoadTurn) and returns its end.
-func (s *Shard) turn() (done func()) {
-	if s.opts.LoadTurn == nil {
-		return func() {}
-	}
-	s.opts.LoadTurn <- struct{}{}
-	return func() { <-s.opts.LoadTurn }
 }
 
 // failure is a refused load and when to try it again: a failure is not

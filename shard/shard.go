@@ -413,8 +413,7 @@ func (s *Shard) fits(n int64) bool {
 // loadPartition loads into resident memory if the budget allows and
 // mapped is false, else maps the shard's own copy of the file.
 func (s *Shard) loadPartition(m *codec.Manifest, p uint32, mapped bool) (*Table, error) {
-	defer s.turn()()
-	read := s.opts.Repo.ReadPartition
+	read := s.readPartition
 	if mapped || !s.fits(m.Files[p].Size) {
 		read = s.mapCopy
 	}
