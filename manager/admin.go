@@ -3,6 +3,7 @@ package manager
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/adminhttp"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
@@ -38,6 +40,9 @@ type AdminOptions struct {
 	// CommandTimeout bounds how long a state-changing call waits for its
 	// result to be persisted. Default 10s.
 	CommandTimeout time.Duration
+	// TLS, if set, serves the API over TLS; with a CA, only to clients
+	// whose certificate it signed (see tlsconf).
+	TLS *tlsconf.Source
 }
 
 // Validate checks required fields and fills defaults.
@@ -123,7 +128,11 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such path %s (the admin API is under /admin/v1/)", r.URL.Path))
 	})
-	s, err := adminhttp.Serve(opts.Addr, mux, opts.CommandTimeout+10*time.Second)
+	var tc *tls.Config
+	if opts.TLS != nil {
+		tc = opts.TLS.Server()
+	}
+	s, err := adminhttp.Serve(opts.Addr, mux, opts.CommandTimeout+10*time.Second, tc, "manager admin API")
 	if err != nil {
 		return nil, fmt.Errorf("manager: admin API: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 )
@@ -29,6 +30,9 @@ type Options struct {
 	Repo loader.Repo
 	// Etcd is the cluster store; required.
 	Etcd *clientv3.Client
+	// ShardTLS, if set, is the certificate and CA the manager's gate
+	// router uses with shards (mutual TLS, see tlsconf).
+	ShardTLS *tlsconf.Source
 	// Cluster names the cluster; every key sits under /cumulus/NAME/.
 	// Default "default".
 	Cluster topo.Cluster

@@ -30,7 +30,7 @@ func (g *gateRouter) get(m *Manager) (*router.Router, error) {
 	if g.r != nil {
 		return g.r, nil
 	}
-	r, err := router.Start(g.ctx, router.Options{Etcd: m.opts.Etcd, Cluster: m.opts.Cluster, Staged: true,
+	r, err := router.Start(g.ctx, router.Options{Etcd: m.opts.Etcd, Cluster: m.opts.Cluster, Staged: true, ShardTLS: m.opts.ShardTLS,
 		ID: "gates-" + m.opts.Writer, DefaultTimeout: m.opts.GateTimeout})
 	if err != nil {
 		return nil, err

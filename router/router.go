@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -18,11 +19,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/internal/hedge"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/model"
 	"github.com/cumulus-serving/cumulus/shard"
@@ -44,9 +47,13 @@ type Options struct {
 	// DefaultTimeout bounds every request: its deadline is the shorter of
 	// its own and this. Default 1s.
 	DefaultTimeout time.Duration
-	// Dial connects to a shard. Default: gRPC without TLS. Tests use it
-	// to wrap shards with controllable faults.
+	// Dial connects to a shard. Default: gRPC, over mutual TLS with
+	// ShardTLS, else plaintext. Tests use it to wrap shards with
+	// controllable faults.
 	Dial func(addr string) (shard.Service, io.Closer, error)
+	// ShardTLS, if set, is the router's certificate and the CA it checks
+	// shards against (see tlsconf).
+	ShardTLS *tlsconf.Source
 	// Registry receives the router's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
 	// Hedge is the policy against slow shards.
@@ -120,7 +127,8 @@ func (o *Options) Validate() error {
 		o.DefaultTimeout = time.Second
 	}
 	if o.Dial == nil {
-		o.Dial = dialGRPC
+		tls := o.ShardTLS
+		o.Dial = func(addr string) (shard.Service, io.Closer, error) { return dialGRPC(addr, tls) }
 	}
 	if o.ID == "" {
 		o.ID = defaultID()
@@ -131,8 +139,16 @@ func (o *Options) Validate() error {
 	return o.Hedge.fill()
 }
 
-func dialGRPC(addr string) (shard.Service, io.Closer, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+func dialGRPC(addr string, tls *tlsconf.Source) (shard.Service, io.Closer, error) {
+	creds := insecure.NewCredentials()
+	if tls != nil {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("router: shard address %q: %w", addr, err)
+		}
+		creds = credentials.NewTLS(tls.Client(host))
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
 		// The largest answer is a dense part (Extra), or a lookup of
 		// Limits.MaxValues values.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(model.MaxDenseBytes+1<<20)),

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/internal/admit"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
 )
@@ -52,6 +53,9 @@ type Options struct {
 	// HTTPAddr is the HTTP/JSON, health and metrics address.
 	// Default 127.0.0.1:8000.
 	HTTPAddr string
+	// TLS, if set, serves both addresses over TLS; with a CA, only to
+	// clients whose certificate it signed (see tlsconf).
+	TLS *tlsconf.Source
 	// MaxRequestBytes bounds one HTTP request body. Default: what the
 	// largest request within Limits needs as JSON (jsonBodyLimit: about
 	// 42 MB for a million ids). The gRPC receive limit is the smaller of
@@ -195,11 +199,15 @@ func Start(opts Options) (*Server, error) {
 		s.grpcLis.Close()
 		return nil, fmt.Errorf("server: HTTP: %w", err)
 	}
-	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(grpcRecvLimit(opts)), grpc.ChainUnaryInterceptor(s.counting, s.timing),
+	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(grpcRecvLimit(opts)), grpc.ChainUnaryInterceptor(s.counting, s.timing),
 		// Streams past admission are refused at once, not queued in the
 		// transport; this only bounds what one connection can pile up.
 		grpc.MaxConcurrentStreams(uint32(max(4*opts.MaxInflight, 100))),
-		grpc.ForceServerCodecV2(s.codec))
+		grpc.ForceServerCodecV2(s.codec)}
+	if opts.TLS != nil {
+		gopts = append(gopts, grpc.Creds(opts.TLS.GRPC("router front (gRPC)")))
+	}
+	s.grpc = grpc.NewServer(gopts...)
 	s.grpc.RegisterService(s.inferenceService(), &kserveGRPC{s: s})
 	healthpb.RegisterHealthServer(s.grpc, healthService{s: s})
 	reflection.Register(s.grpc)
@@ -211,9 +219,14 @@ func Start(opts Options) (*Server, error) {
 		defer s.inflight.Add(-1)
 		routes.ServeHTTP(w, r)
 	}), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	serveHTTP := func() { s.http.Serve(s.httpLis) }
+	if opts.TLS != nil {
+		s.http.TLSConfig, s.http.ErrorLog = opts.TLS.Server(), tlsconf.HTTPErrorLog("router front (HTTP)")
+		serveHTTP = func() { s.http.ServeTLS(s.httpLis, "", "") }
+	}
 	s.done.Add(2)
 	go func() { defer s.done.Done(); s.grpc.Serve(s.grpcLis) }()
-	go func() { defer s.done.Done(); s.http.Serve(s.httpLis) }()
+	go func() { defer s.done.Done(); serveHTTP() }()
 	return s, nil
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/admit"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 )
@@ -42,6 +43,10 @@ type Options struct {
 	Build string
 	// ListenAddr is the gRPC listen address. Default 127.0.0.1:0.
 	ListenAddr string
+	// TLS, if set, makes lookups mutual TLS: the shard presents its
+	// certificate and answers only clients whose certificate its CA
+	// signed (see tlsconf). Nil: plaintext.
+	TLS *tlsconf.Source
 	// AdvertiseAddr is the address routers dial. Default: the listener's.
 	AdvertiseAddr string
 	// LeaseTTL is the registration lease in seconds. Default 10.
@@ -261,9 +266,13 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	// Fixed flow-control windows, large enough for a lookup's answer,
 	// turn off gRPC's bandwidth probing: a ping and a window update per
 	// few messages on a router's lookup stream otherwise.
-	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
-		grpc.InitialWindowSize(StreamWindow), grpc.InitialConnWindowSize(4*StreamWindow),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true}))
+	sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
+		grpc.InitialWindowSize(StreamWindow), grpc.InitialConnWindowSize(4 * StreamWindow),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true})}
+	if opts.TLS != nil {
+		sopts = append(sopts, grpc.Creds(opts.TLS.GRPC("shard "+opts.ID)))
+	}
+	s.srv = grpc.NewServer(sopts...)
 	RegisterService(s.srv, s)
 	// Not ready until it serves what the map assigns it (setReady).
 	s.health = health.NewServer()

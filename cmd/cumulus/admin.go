@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -127,6 +128,8 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 		RunE: needSubcommand,
 	}
 	flags.register(cmd.PersistentFlags(), "addr")
+	var tlsf tlsFlags
+	tlsf.register(cmd.PersistentFlags(), "this client (to a manager started with --tls-*)")
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print the API's JSON answer as it is")
 	client := func() (*adminClient, error) {
 		token, err := flags.resolve()
@@ -137,10 +140,18 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 			return nil, errors.New("no admin token: give --admin-token, --admin-token-file or $" + adminTokenEnv)
 		}
 		base := flags.addr
-		if !strings.Contains(base, "://") {
-			base = "http://" + base
+		host := base
+		if _, rest, ok := strings.Cut(base, "://"); ok {
+			host, _, _ = strings.Cut(rest, "/")
 		}
-		return &adminClient{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second}}, nil
+		tr, scheme, err := tlsf.httpTransport(context.Background(), host)
+		if err != nil {
+			return nil, err
+		}
+		if !strings.Contains(base, "://") {
+			base = scheme + "://" + base
+		}
+		return &adminClient{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second, Transport: tr}}, nil
 	}
 	// model is a model's path; a name that is not a model name is refused
 	// here rather than sent as a path (it could name another call).

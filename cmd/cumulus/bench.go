@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -10,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/cumulus-serving/cumulus/bench"
 	"github.com/cumulus-serving/cumulus/codec"
@@ -31,6 +32,7 @@ func benchCommand() *cobra.Command {
 		l                                benchLoad
 		hedging                          hedgeFlags
 		fault                            faultFlag
+		tlsf                             tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -104,7 +106,14 @@ process's CPU time (utime+stime) per request.`,
 			if err != nil {
 				return err
 			}
-			clients, closeClients, err := benchClients(protos, addr, httpAddr, conns)
+			creds, err := tlsf.grpcCreds(cmd.Context(), addr)
+			if err != nil {
+				return err
+			}
+			if tlsf.files.Set() && slices.ContainsFunc(protos, func(p string) bool { return p != "grpc" }) {
+				return errors.New("bench: --tls-* are for --protocol grpc only")
+			}
+			clients, closeClients, err := benchClients(protos, addr, httpAddr, conns, creds)
 			if err != nil {
 				return err
 			}
@@ -150,6 +159,7 @@ process's CPU time (utime+stime) per request.`,
 	cmd.Flags().StringVar(&workloads, "workload", "all", "rank200, small, or all (comma-separated)")
 	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster)")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "router HTTP address, with --addr, for --protocol rest and rest-binary")
+	tlsf.register(cmd.Flags(), "this client (with --addr, to a router serving TLS; gRPC only)")
 	cmd.Flags().StringVar(&protocols, "protocol", "grpc", "grpc, rest (JSON), rest-binary (binary tensor extension), or several comma-separated")
 	cmd.Flags().StringVar(&modelName, "model", "", "model name, with --addr")
 	cmd.Flags().StringVar(&repo, "repo", "", "repository holding --model, with --addr")
@@ -240,7 +250,7 @@ func benchProtocols(list, addr, httpAddr string) ([]string, error) {
 }
 
 // benchClients makes a client for each protocol; closeAll closes them.
-func benchClients(protos []string, addr, httpAddr string, conns int) (clients map[string]bench.Inferer, closeAll func(), err error) {
+func benchClients(protos []string, addr, httpAddr string, conns int, creds credentials.TransportCredentials) (clients map[string]bench.Inferer, closeAll func(), err error) {
 	clients = map[string]bench.Inferer{}
 	var closers []func()
 	closeAll = func() {
@@ -253,7 +263,7 @@ func benchClients(protos []string, addr, httpAddr string, conns int) (clients ma
 		case "grpc":
 			var each []bench.Inferer
 			for range max(conns, 1) {
-				conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+				conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
 					grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(256<<20)))
 				if err != nil {
 					closeAll()

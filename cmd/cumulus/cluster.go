@@ -15,6 +15,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/adminhttp"
 	"github.com/cumulus-serving/cumulus/internal/admit"
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
@@ -42,6 +43,7 @@ func shardCommand() *cobra.Command {
 	var httpAddr string
 	var admin adminFlags
 	var fault faultFlag
+	var tlsf tlsFlags
 	cmd := &cobra.Command{
 		Use:   "shard",
 		Short: "Run a shard server: holds the partitions the manager assigns to it",
@@ -71,8 +73,12 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 			if budget > 0 {
 				fmt.Printf("memory budget: %s resident\n", &budget)
 			}
+			tlsSrc, err := tlsf.load(cmd.Context(), true)
+			if err != nil {
+				return err
+			}
 			// The shard outlives the signal: Drain stops it.
-			s, err := shard.Start(context.WithoutCancel(cmd.Context()), shard.Options{ID: id, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(), Weight: weight, Zone: zone,
+			s, err := shard.Start(context.WithoutCancel(cmd.Context()), shard.Options{ID: id, TLS: tlsSrc, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(), Weight: weight, Zone: zone,
 				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget), DataDir: dataDir, LoadRate: int64(loadRate),
 				MaxInflight: adm.inflight, MaxInflightBytes: int64(adm.bytes), MaxQueueTime: adm.queue, Faults: fault.f})
 			if err != nil {
@@ -84,7 +90,7 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 				fmt.Printf("injecting faults into lookups: %s\n", fault.f)
 			}
 			if httpAddr != "" {
-				h, err := adminhttp.Serve(httpAddr, s.HTTPHandler(token, prometheus.DefaultGatherer), 30*time.Second)
+				h, err := adminhttp.Serve(httpAddr, s.HTTPHandler(token, prometheus.DefaultGatherer), 30*time.Second, nil, "shard "+id)
 				if err != nil {
 					return err
 				}
@@ -111,6 +117,7 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "HTTP address for /metrics, /healthz, /readyz and /admin/v1/fault (default: none)")
 	admin.register(cmd.Flags(), "")
 	cmd.Flags().Var(&fault, "fault", faultUsage)
+	tlsf.register(cmd.Flags(), "the shard (lookups are then mutual TLS: only clients whose certificate --tls-ca signed are answered)")
 	drain.register(cmd)
 	cmd.MarkFlagRequired("id")
 	cmd.MarkFlagRequired("repo")
@@ -179,6 +186,8 @@ func routerCommand() *cobra.Command {
 	var lim limitFlags
 	var drain drainFlag
 	var hedging hedgeFlags
+	var tlsf tlsFlags
+	var clientCA string
 	cmd := &cobra.Command{
 		Use:   "router",
 		Short: "Run a router: KServe v2 gRPC and HTTP, fanning out to shards found in etcd",
@@ -193,6 +202,21 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 			if err := hedging.apply(&opts); err != nil {
 				return err
 			}
+			var err error
+			if opts.ShardTLS, err = tlsf.load(cmd.Context(), true); err != nil {
+				return err
+			}
+			var front *tlsconf.Source
+			switch {
+			case opts.ShardTLS != nil:
+				f := tlsf.files
+				f.CA = clientCA
+				if front, err = tlsconf.Load(cmd.Context(), f); err != nil {
+					return err
+				}
+			case clientCA != "":
+				return errors.New("--client-ca needs --tls-cert, --tls-key and --tls-ca")
+			}
 			cli, err := etcdClient(etcd)
 			if err != nil {
 				return err
@@ -206,12 +230,16 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 				return err
 			}
 			defer r.Close()
-			srv, err := server.Start(lim.serverOptions(server.Options{Predictor: r, GRPCAddr: grpcAddr, HTTPAddr: httpAddr}))
+			srv, err := server.Start(lim.serverOptions(server.Options{Predictor: r, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, TLS: front}))
 			if err != nil {
 				return err
 			}
 			defer srv.Close()
-			fmt.Printf("http: http://%s\ngrpc: %s\n", srv.HTTPAddr(), srv.GRPCAddr())
+			scheme := "http"
+			if front != nil {
+				scheme = "https"
+			}
+			fmt.Printf("http: %s://%s\ngrpc: %s\n", scheme, srv.HTTPAddr(), srv.GRPCAddr())
 			ctx, cancel := drain.await(cmd.Context())
 			defer cancel()
 			return srv.Drain(ctx)
@@ -224,6 +252,8 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 	cmd.Flags().StringVar(&id, "id", "", "this router's name in the cluster (its registration routers/ID); default: host name and pid (a pod's name on Kubernetes)")
 	lim.register(cmd)
 	hedging.register(cmd)
+	tlsf.register(cmd.Flags(), "the router, to shards (mutual TLS) and on its front (gRPC and HTTP)")
+	cmd.Flags().StringVar(&clientCA, "client-ca", "", "PEM CA certificate(s): the front then answers only clients whose certificate it signed (default: any client, over TLS with --tls-cert)")
 	drain.register(cmd)
 	return cmd
 }
@@ -234,6 +264,7 @@ func managerCommand() *cobra.Command {
 	var policy policyFlags
 	var cluster clusterFlag
 	var admin adminFlags
+	var tlsf tlsFlags
 	cmd := &cobra.Command{
 		Use:   "manager",
 		Short: "Run the manager: validates model versions, decides what is served, serves the admin API",
@@ -251,7 +282,12 @@ func managerCommand() *cobra.Command {
 				return err
 			}
 			defer cli.Close()
-			mo := manager.Options{Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Replicas: replicas, Registry: prometheus.DefaultRegisterer}
+			tlsSrc, err := tlsf.load(cmd.Context(), true)
+			if err != nil {
+				return err
+			}
+			mo := manager.Options{Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Replicas: replicas, Registry: prometheus.DefaultRegisterer,
+				ShardTLS: tlsSrc}
 			if err := policy.apply(&mo); err != nil {
 				return err
 			}
@@ -260,12 +296,16 @@ func managerCommand() *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			a, err := m.ServeAdmin(manager.AdminOptions{Addr: admin.addr, Token: token, Gatherer: prometheus.DefaultGatherer})
+			a, err := m.ServeAdmin(manager.AdminOptions{Addr: admin.addr, Token: token, Gatherer: prometheus.DefaultGatherer, TLS: tlsSrc})
 			if err != nil {
 				return err
 			}
 			defer a.Close()
-			fmt.Printf("admin: http://%s\n", a.Addr())
+			scheme := "http"
+			if tlsSrc != nil {
+				scheme = "https"
+			}
+			fmt.Printf("admin: %s://%s\n", scheme, a.Addr())
 			<-cmd.Context().Done()
 			return nil
 		},
@@ -276,6 +316,7 @@ func managerCommand() *cobra.Command {
 	policy.register(cmd, 10*time.Second)
 	cluster.register(cmd)
 	admin.register(cmd.Flags(), "admin-addr")
+	tlsf.register(cmd.Flags(), "the manager, on its admin API (which then answers only clients whose certificate --tls-ca signed) and to shards (its gate router)")
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cumulus-serving/cumulus/bench"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
@@ -20,6 +19,7 @@ import (
 func predictCommand() *cobra.Command {
 	var addr, model, version, format string
 	var batch int
+	var tlsf tlsFlags
 	cmd := &cobra.Command{
 		Use:   "predict [FILE]",
 		Short: "Score rows read from libsvm or JSON lines (FILE or stdin); prints one score per row",
@@ -38,7 +38,11 @@ jsonl:   {"ids": [1, 2, 3], "values": [0.5, 1, 2]}   (values optional)`,
 				defer f.Close()
 				in = f
 			}
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			creds, err := tlsf.grpcCreds(cmd.Context(), addr)
+			if err != nil {
+				return err
+			}
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
 				grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)))
 			if err != nil {
 				return err
@@ -119,6 +123,7 @@ jsonl:   {"ids": [1, 2, 3], "values": [0.5, 1, 2]}   (values optional)`,
 	cmd.Flags().StringVar(&version, "model-version", "", "pin a version (default: the live one)")
 	cmd.Flags().StringVar(&format, "format", "libsvm", "libsvm or jsonl")
 	cmd.Flags().IntVar(&batch, "batch", 256, "rows per request")
+	tlsf.register(cmd.Flags(), "this client (to a router serving TLS: --tls-ca alone, or all three if it asks for a client certificate)")
 	cmd.MarkFlagRequired("model")
 	return cmd
 }

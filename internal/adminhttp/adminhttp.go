@@ -6,11 +6,14 @@ package adminhttp
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"log/slog"
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
 // Auth refuses a call without "Authorization: Bearer token", comparing
@@ -51,16 +54,22 @@ type Server struct {
 	lis net.Listener
 }
 
-// Serve listens on addr and serves h; a response may take up to
-// writeTimeout to be written.
-func Serve(addr string, h http.Handler, writeTimeout time.Duration) (*Server, error) {
+// Serve listens on addr and serves h, over TLS with tlsConfig (nil:
+// plaintext); a response may take up to writeTimeout to be written.
+// Refused handshakes are logged, rate-limited, as who's.
+func Serve(addr string, h http.Handler, writeTimeout time.Duration, tlsConfig *tls.Config, who string) (*Server, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	s := &Server{lis: lis, srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: writeTimeout, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}}
-	go s.srv.Serve(lis)
+		WriteTimeout: writeTimeout, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10, TLSConfig: tlsConfig,
+		ErrorLog: tlsconf.HTTPErrorLog(who)}}
+	if tlsConfig != nil {
+		go s.srv.ServeTLS(lis, "", "")
+	} else {
+		go s.srv.Serve(lis)
+	}
 	return s, nil
 }
 

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
+)
+
+// TestMutualTLSEndToEnd runs a shard, a manager and a router as separate
+// processes with certificates one CA signed. Predict calls over TLS are
+// answered; a shard and the admin API give nothing to a plaintext
+// client, a client without a certificate, or one whose certificate
+// another CA signed, and the shard logs why it refused.
+func TestMutualTLSEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "repo")
+	if b, err := cumulus("model", "gen", "--name", "ctr", "--repo", repo, "--params", "2000", "--partitions", "4").CombinedOutput(); err != nil {
+		t.Fatalf("model gen: %v\n%s", err, b)
+	}
+	ca, err := tlsconf.NewCA("cluster CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := tlsconf.NewCA("another CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(ca *tlsconf.CA, name string) tlsconf.Files {
+		d := filepath.Join(dir, name)
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		f, err := ca.WriteIssued(d, name, "127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	shardCert, mgrCert, rtCert, clientCert := issue(ca, "shard"), issue(ca, "manager"), issue(ca, "router"), issue(ca, "client")
+	stranger := issue(other, "stranger")
+	stranger.CA = clientCert.CA // it trusts the cluster, but the cluster does not trust it
+	flags := func(f tlsconf.Files) []string {
+		var a []string
+		for _, kv := range [][2]string{{"--tls-cert", f.Cert}, {"--tls-key", f.Key}, {"--tls-ca", f.CA}} {
+			if kv[1] != "" {
+				a = append(a, kv[0], kv[1])
+			}
+		}
+		return a
+	}
+
+	cli := testenv.Etcd(t)
+	common := []string{"--etcd", cli.Endpoints()[0], "--log-level", "warn"}
+	sh := startProcess(t, []string{"shard s0 serving on "}, append(append([]string{"shard", "--id", "s0", "--repo", repo, "--addr", "127.0.0.1:0",
+		"--data-dir", filepath.Join(dir, "s0")}, flags(shardCert)...), common...)...)
+	mgr := startProcess(t, []string{"admin: https://"}, append(append([]string{"manager", "--repo", repo, "--admin-addr", "127.0.0.1:0",
+		"--admin-token", "t"}, flags(mgrCert)...), common...)...)
+	rt := startProcess(t, []string{"http: https://", "grpc: "}, append(append([]string{"router", "--http-addr", "127.0.0.1:0",
+		"--grpc-addr", "127.0.0.1:0"}, flags(rtCert)...), common...)...)
+	shardAddr, adminAddr, frontAddr := sh.out["shard s0 serving on "], mgr.out["admin: https://"], rt.out["grpc: "]
+
+	// Served over TLS end to end: the front checked against the CA alone
+	// (it asks no client certificate without --client-ca).
+	rows := filepath.Join(dir, "rows.svm")
+	if err := os.WriteFile(rows, []byte("1 1:1 7:1 99:1\n0 3:1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	predict := func(f tlsconf.Files) (string, error) {
+		out, err := cumulus(append([]string{"predict", rows, "--addr", frontAddr, "--model", "ctr"}, flags(f)...)...).CombinedOutput()
+		return string(out), err
+	}
+	testenv.Eventually(t, 60*time.Second, func() error {
+		out, err := predict(tlsconf.Files{CA: clientCert.CA})
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if n := len(strings.Fields(out)); n != 2 {
+			return fmt.Errorf("%d scores: %s", n, out)
+		}
+		return nil
+	})
+	if out, err := predict(tlsconf.Files{}); err == nil {
+		t.Errorf("a plaintext predict call to a TLS front was answered: %s", out)
+	}
+
+	// The shard: only the cluster's certificates get an answer.
+	health := func(creds credentials.TransportCredentials) error {
+		conn, err := grpc.NewClient(shardAddr, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+	clientTLS := func(f tlsconf.Files) credentials.TransportCredentials {
+		src, err := tlsconf.Load(t.Context(), f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return credentials.NewTLS(src.Client("127.0.0.1"))
+	}
+	if err := health(clientTLS(clientCert)); err != nil {
+		t.Fatalf("a client of the cluster's CA: %v", err)
+	}
+	refused := map[string]credentials.TransportCredentials{
+		"plaintext":                insecure.NewCredentials(),
+		"no client certificate":    clientTLS(tlsconf.Files{CA: clientCert.CA}),
+		"another CA's certificate": clientTLS(stranger),
+	}
+	for name, creds := range refused {
+		if err := health(creds); err == nil {
+			t.Errorf("shard: a %s client was answered", name)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if !strings.Contains(sh.stderr.String(), "shard s0: refused a connection") {
+			return fmt.Errorf("the shard logged no refusal:\n%s", sh.stderr)
+		}
+		return nil
+	})
+
+	// The admin API: likewise.
+	admin := func(f tlsconf.Files) (string, error) {
+		out, err := cumulus(append([]string{"admin", "models", "--addr", adminAddr, "--admin-token", "t"}, flags(f)...)...).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := admin(clientCert); err != nil || !strings.Contains(out, "ctr") {
+		t.Fatalf("admin models with the cluster's certificate: %v\n%s", err, out)
+	}
+	for name, f := range map[string]tlsconf.Files{"no client certificate": {CA: clientCert.CA}, "another CA's certificate": stranger} {
+		if out, err := admin(f); err == nil {
+			t.Errorf("admin API: a client with %s was answered: %s", name, out)
+		}
+	}
+	if out, err := cumulus("admin", "models", "--addr", "http://"+adminAddr, "--admin-token", "t").CombinedOutput(); err == nil {
+		t.Errorf("admin API: a plaintext client was answered: %s", out)
+	}
+}

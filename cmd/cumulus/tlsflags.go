@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
+)
+
+// tlsFlags are --tls-cert, --tls-key and --tls-ca: a process's
+// certificate and the CA that signs its peers' (see tlsconf).
+type tlsFlags struct{ files tlsconf.Files }
+
+func (t *tlsFlags) register(fs *pflag.FlagSet, what string) {
+	fs.StringVar(&t.files.Cert, "tls-cert", "", "PEM certificate (chain) "+what+" presents; reloaded when the file changes")
+	fs.StringVar(&t.files.Key, "tls-key", "", "PEM key of --tls-cert")
+	fs.StringVar(&t.files.CA, "tls-ca", "", "PEM CA certificate(s) the peers' certificates must be signed by")
+}
+
+// load loads the files, nil if none is named; mutual needs all three.
+func (t *tlsFlags) load(ctx context.Context, mutual bool) (*tlsconf.Source, error) {
+	if !t.files.Set() {
+		return nil, nil
+	}
+	if mutual {
+		if err := t.files.Mutual(); err != nil {
+			return nil, err
+		}
+	}
+	return tlsconf.Load(ctx, t.files)
+}
+
+// grpcCreds are a client's credentials for addr: TLS with the flags,
+// else plaintext.
+func (t *tlsFlags) grpcCreds(ctx context.Context, addr string) (credentials.TransportCredentials, error) {
+	src, err := t.load(ctx, false)
+	if err != nil || src == nil {
+		return insecure.NewCredentials(), err
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("address %q: %w", addr, err)
+	}
+	return credentials.NewTLS(src.Client(host)), nil
+}
+
+// httpTransport is a client's transport for host: TLS with the flags
+// (nil without them, and the scheme to use).
+func (t *tlsFlags) httpTransport(ctx context.Context, host string) (http.RoundTripper, string, error) {
+	src, err := t.load(ctx, false)
+	if err != nil || src == nil {
+		return nil, "http", err
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = src.Client(host)
+	return tr, "https", nil
+}
