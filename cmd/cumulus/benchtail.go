@@ -27,6 +27,7 @@ import (
 	"github.com/cumulus-serving/cumulus/bench"
 	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
 	"github.com/cumulus-serving/cumulus/internal/hedge"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/router"
@@ -136,12 +137,12 @@ func runTail(ctx context.Context, o tailOptions) error {
 	if err != nil {
 		return err
 	}
-	etcd, err := etcdlocal.Start(filepath.Join(dir, "etcd"))
+	etcd, err := etcdlocal.Start(filepath.Join(dir, "etcd"), nil)
 	if err != nil {
 		return err
 	}
 	defer etcd.Close()
-	cli, err := etcdClient(etcd.Endpoint)
+	cli, err := etcdClient(context.Background(), etcd.Endpoint, tlsconf.Files{})
 	if err != nil {
 		return err
 	}

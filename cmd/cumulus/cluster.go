@@ -36,6 +36,7 @@ func shardCommand() *cobra.Command {
 	var id, repo, etcd, addr, advertise, dataDir, zone string
 	var weight float64
 	var cluster clusterFlag
+	var etcdTLS tlsconf.Files
 	var budget byteSize
 	loadRate := byteSize(defaultLoadRate)
 	var drain drainFlag
@@ -62,7 +63,7 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 			if err != nil {
 				return err
 			}
-			cli, err := etcdClient(etcd)
+			cli, err := etcdClient(cmd.Context(), etcd, etcdTLS)
 			if err != nil {
 				return err
 			}
@@ -106,6 +107,7 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 	cluster.register(cmd)
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
 	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
+	registerEtcdTLS(cmd.Flags(), &etcdTLS)
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address routers dial (default: the listen address)")
 	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes (e.g. 8GB); partitions beyond it are served from mapped files, and a version being loaded beside the live one stays within it (default: half the machine's memory or cgroup limit; 0: no bound)")
@@ -183,6 +185,7 @@ func (a *admitFlags) register(cmd *cobra.Command, what, refusal string, perCPU i
 func routerCommand() *cobra.Command {
 	var etcd, httpAddr, grpcAddr, id string
 	var cluster clusterFlag
+	var etcdTLS tlsconf.Files
 	var lim limitFlags
 	var drain drainFlag
 	var hedging hedgeFlags
@@ -217,7 +220,7 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 			case clientCA != "":
 				return errors.New("--client-ca needs --tls-cert, --tls-key and --tls-ca")
 			}
-			cli, err := etcdClient(etcd)
+			cli, err := etcdClient(cmd.Context(), etcd, etcdTLS)
 			if err != nil {
 				return err
 			}
@@ -246,6 +249,7 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 		},
 	}
 	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
+	registerEtcdTLS(cmd.Flags(), &etcdTLS)
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON, health and /metrics address")
 	cluster.register(cmd)
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:8001", "gRPC address")
@@ -263,6 +267,7 @@ func managerCommand() *cobra.Command {
 	var replicas int
 	var policy policyFlags
 	var cluster clusterFlag
+	var etcdTLS tlsconf.Files
 	var admin adminFlags
 	var tlsf tlsFlags
 	cmd := &cobra.Command{
@@ -277,7 +282,7 @@ func managerCommand() *cobra.Command {
 			if token == "" {
 				return errors.New("the manager's admin API needs a token: give --admin-token, --admin-token-file or $" + adminTokenEnv)
 			}
-			cli, err := etcdClient(etcd)
+			cli, err := etcdClient(cmd.Context(), etcd, etcdTLS)
 			if err != nil {
 				return err
 			}
@@ -311,6 +316,7 @@ func managerCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma-separated")
+	registerEtcdTLS(cmd.Flags(), &etcdTLS)
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas per partition")
 	policy.register(cmd, 10*time.Second)

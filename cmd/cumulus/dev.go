@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/model"
@@ -37,6 +39,7 @@ func devCommand() *cobra.Command {
 		hedging                  hedgeFlags
 		fault                    faultFlag
 		cpuProfile               string
+		useTLS                   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -83,13 +86,27 @@ localhost, serves every model in --repo (or a generated demo model when no
 			if err := policy.apply(&manager.Options{}); err != nil {
 				return err
 			}
+			var internal, front *tlsconf.Source
+			var clientFiles, devFiles tlsconf.Files
+			var etcdTLS *tlsconf.Files
+			if useTLS {
+				if internal, front, devFiles, clientFiles, err = devTLS(ctx); err != nil {
+					return err
+				}
+				etcdTLS = &devFiles
+				defer os.RemoveAll(filepath.Dir(clientFiles.CA))
+				ropts.ShardTLS = internal
+			}
 			reg := prometheus.NewRegistry()
 			// The cluster outlives the signal until the front has drained.
 			c, err := devcluster.Start(context.WithoutCancel(ctx), devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
-				MemoryBudget: int64(budget), Cluster: cluster.c, ScanInterval: policy.scan, Build: buildinfo.String(),
-				Manager: func(o *manager.Options) { _ = policy.apply(o) }, // checked above
-				Router:  ropts, Shard: func(i int, o *shard.Options) {
-					o.LoadRate = int64(loadRate)
+				MemoryBudget: int64(budget), Cluster: cluster.c, ScanInterval: policy.scan, Build: buildinfo.String(), EtcdTLS: etcdTLS,
+				Manager: func(o *manager.Options) {
+					_ = policy.apply(o) // checked above
+					o.ShardTLS = internal
+				},
+				Router: ropts, Shard: func(i int, o *shard.Options) {
+					o.LoadRate, o.TLS = int64(loadRate), internal
 					if i == 0 {
 						o.Faults = fault.f
 					}
@@ -98,12 +115,13 @@ localhost, serves every model in --repo (or a generated demo model when no
 				return err
 			}
 			defer c.Close()
-			srv, err := server.Start(lim.serverOptions(server.Options{Predictor: c.Router, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Registry: reg, Gatherer: reg}))
+			srv, err := server.Start(lim.serverOptions(server.Options{Predictor: c.Router, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Registry: reg, Gatherer: reg,
+				TLS: front}))
 			if err != nil {
 				return err
 			}
 			defer srv.Close()
-			adm, err := c.Manager.ServeAdmin(manager.AdminOptions{Addr: admin.addr, Token: token, Gatherer: reg})
+			adm, err := c.Manager.ServeAdmin(manager.AdminOptions{Addr: admin.addr, Token: token, Gatherer: reg, TLS: internal})
 			if err != nil {
 				return err
 			}
@@ -115,9 +133,14 @@ localhost, serves every model in --repo (or a generated demo model when no
 			for _, s := range c.Shards {
 				fmt.Printf("shard: %s %s\n", s.ID(), s.Addr())
 			}
-			fmt.Printf("http: http://%s\n", srv.HTTPAddr())
+			scheme := "http"
+			if useTLS {
+				scheme = "https"
+				fmt.Printf("tls: --tls-ca %s --tls-cert %s --tls-key %s\n", clientFiles.CA, clientFiles.Cert, clientFiles.Key)
+			}
+			fmt.Printf("http: %s://%s\n", scheme, srv.HTTPAddr())
 			fmt.Printf("grpc: %s\n", srv.GRPCAddr())
-			fmt.Printf("admin: http://%s token %s\n", adm.Addr(), token)
+			fmt.Printf("admin: %s://%s token %s\n", scheme, adm.Addr(), token)
 			if budget > 0 {
 				fmt.Printf("memory budget: %s per shard\n", &budget)
 			}
@@ -143,6 +166,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 		},
 	}
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (default: a generated demo model)")
+	cmd.Flags().BoolVar(&useTLS, "tls", false, "make a throwaway CA and use it: shards, router and manager talk mutual TLS, the admin API and the embedded etcd ask for a client certificate, the front serves TLS without asking one; prints the client's --tls-* flags (for etcd: --etcd-cert, --etcd-key, --etcd-ca with the same files)")
 	cmd.Flags().IntVar(&shards, "shards", 4, "number of shard servers")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas per partition")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON (KServe v2), health and /metrics address")
@@ -174,4 +198,34 @@ func startCPUProfile(file string) (stop func(), err error) {
 		return nil, err
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// devTLS makes a throwaway CA in a new temporary directory, a
+// certificate (files) for every part of dev (all on loopback: etcd too)
+// and one for its clients, and loads them: internal for mutual TLS
+// between the parts and on the admin API, front for the front (no
+// client certificate asked).
+func devTLS(ctx context.Context) (internal, front *tlsconf.Source, files, client tlsconf.Files, err error) {
+	dir, err := os.MkdirTemp("", "cumulus-dev-tls-")
+	if err != nil {
+		return nil, nil, files, client, err
+	}
+	ca, err := tlsconf.NewCA("cumulus dev CA")
+	if err == nil {
+		client, err = ca.WriteIssued(dir, "client", "localhost")
+	}
+	if err == nil {
+		files, err = ca.WriteIssued(dir, "dev", "127.0.0.1", "::1", "localhost")
+	}
+	if err == nil {
+		internal, err = tlsconf.Load(ctx, files)
+	}
+	if err == nil {
+		front, err = tlsconf.Load(ctx, tlsconf.Files{Cert: files.Cert, Key: files.Key})
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, files, client, fmt.Errorf("dev --tls: %w", err)
+	}
+	return internal, front, files, client, nil
 }

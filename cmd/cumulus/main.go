@@ -11,11 +11,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
 func main() {
@@ -59,16 +61,34 @@ func rootCommand() *cobra.Command {
 	return root
 }
 
-func etcdClient(endpoints string) (*clientv3.Client, error) {
+func etcdClient(ctx context.Context, endpoints string, tlsFiles tlsconf.Files) (*clientv3.Client, error) {
 	// The client's own logger reports every retried call at warn level,
 	// also the calls cancelled at a normal shutdown; errors reach us as
 	// errors and are logged where they matter.
 	quiet, _ := zap.NewProductionConfig().Build(zap.IncreaseLevel(zapcore.ErrorLevel))
-	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(endpoints, ","), DialTimeout: 5 * time.Second, Logger: quiet})
+	cfg := clientv3.Config{Endpoints: strings.Split(endpoints, ","), DialTimeout: 5 * time.Second, Logger: quiet}
+	if tlsFiles.Set() {
+		src, err := tlsconf.Load(ctx, tlsFiles)
+		if err == nil {
+			cfg.TLS, err = src.ClientAnyName()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("etcd: %w", err)
+		}
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %w", endpoints, err)
 	}
 	return cli, nil
+}
+
+// registerEtcdTLS adds --etcd-cert, --etcd-key and --etcd-ca: etcd's
+// client TLS.
+func registerEtcdTLS(fs *pflag.FlagSet, f *tlsconf.Files) {
+	fs.StringVar(&f.Cert, "etcd-cert", "", "PEM client certificate for etcd (with --etcd-key)")
+	fs.StringVar(&f.Key, "etcd-key", "", "PEM key of --etcd-cert")
+	fs.StringVar(&f.CA, "etcd-ca", "", "PEM CA certificate(s) etcd's server certificates must be signed by (read at start)")
 }
 
 // drainFlag is --drain-timeout: how long a server stopping on SIGTERM or

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -94,6 +95,22 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 	if out, err := predict(tlsconf.Files{}); err == nil {
 		t.Errorf("a plaintext predict call to a TLS front was answered: %s", out)
 	}
+	// A front with --client-ca answers only clients with a certificate it
+	// signed.
+	rt2 := startProcess(t, []string{"http: https://", "grpc: "}, append(append([]string{"router", "--http-addr", "127.0.0.1:0",
+		"--grpc-addr", "127.0.0.1:0", "--client-ca", clientCert.CA}, flags(rtCert)...), common...)...)
+	frontAddr = rt2.out["grpc: "]
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if out, err := predict(clientCert); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	for name, f := range map[string]tlsconf.Files{"no client certificate": {CA: clientCert.CA}, "another CA's certificate": stranger} {
+		if out, err := predict(f); err == nil {
+			t.Errorf("front with --client-ca: a client with %s was answered: %s", name, out)
+		}
+	}
 
 	// The shard: only the cluster's certificates get an answer.
 	health := func(creds credentials.TransportCredentials) error {
@@ -149,5 +166,74 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 	}
 	if out, err := cumulus("admin", "models", "--addr", "http://"+adminAddr, "--admin-token", "t").CombinedOutput(); err == nil {
 		t.Errorf("admin API: a plaintext client was answered: %s", out)
+	}
+}
+
+// TestDevTLS: cumulus dev --tls serves with a throwaway CA, and prints
+// the flags its clients need; without them a client gets nothing.
+func TestDevTLS(t *testing.T) {
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "repo")
+	if b, err := cumulus("model", "gen", "--name", "ctr", "--repo", repo, "--params", "2000", "--partitions", "4").CombinedOutput(); err != nil {
+		t.Fatalf("model gen: %v\n%s", err, b)
+	}
+	dev := startProcess(t, []string{"tls: ", "etcd: ", "grpc: ", "admin: https://", "ready"}, "dev", "--tls", "--repo", repo, "--shards", "2",
+		"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--admin-token", "t", "--log-level", "warn")
+	tlsArgs := strings.Fields(dev.out["tls: "])
+	admin, _, _ := strings.Cut(dev.out["admin: https://"], " ")
+	rows := filepath.Join(dir, "rows.svm")
+	if err := os.WriteFile(rows, []byte("1 1:1 7:1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := cumulus(append([]string{"predict", rows, "--addr", dev.out["grpc: "], "--model", "ctr"}, tlsArgs...)...).CombinedOutput(); err != nil || len(strings.Fields(string(out))) != 1 {
+		t.Fatalf("predict with dev's TLS flags: %v\n%s", err, out)
+	}
+	if out, err := cumulus(append([]string{"admin", "models", "--addr", admin, "--admin-token", "t"}, tlsArgs...)...).CombinedOutput(); err != nil || !strings.Contains(string(out), "ctr") {
+		t.Fatalf("admin with dev's TLS flags: %v\n%s", err, out)
+	}
+	if out, err := cumulus("predict", rows, "--addr", dev.out["grpc: "], "--model", "ctr").CombinedOutput(); err == nil {
+		t.Errorf("a plaintext predict call was answered: %s", out)
+	}
+	if out, err := cumulus("admin", "models", "--addr", admin, "--admin-token", "t").CombinedOutput(); err == nil {
+		t.Errorf("a plaintext admin call was answered: %s", out)
+	}
+
+	// etcd too: a shard process with the client's files as --etcd-*
+	// joins; a client without a certificate gets nothing.
+	etcd := dev.out["etcd: "]
+	if !strings.HasPrefix(etcd, "https://") {
+		t.Fatalf("dev --tls serves etcd at %s", etcd)
+	}
+	var etcdArgs []string
+	for i := 0; i+1 < len(tlsArgs); i += 2 {
+		etcdArgs = append(etcdArgs, strings.Replace(tlsArgs[i], "--tls-", "--etcd-", 1), tlsArgs[i+1])
+	}
+	startProcess(t, []string{"shard s9 serving on "}, append(append([]string{"shard", "--id", "s9", "--repo", repo, "--addr", "127.0.0.1:0",
+		"--data-dir", filepath.Join(dir, "s9"), "--etcd", etcd, "--log-level", "warn"}, etcdArgs...), tlsArgs...)...)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		out, err := cumulus(append([]string{"admin", "shards", "--addr", admin, "--admin-token", "t"}, tlsArgs...)...).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "s9") {
+			return fmt.Errorf("s9 not listed: %v\n%s", err, out)
+		}
+		return nil
+	})
+	files := tlsconf.Files{CA: tlsArgs[1]}
+	src, err := tlsconf.Load(t.Context(), files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := src.ClientAnyName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, TLS: cfg, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := cli.Get(ctx, "/cumulus/", clientv3.WithPrefix()); err == nil {
+		t.Error("etcd answered a client without a certificate")
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
@@ -55,6 +56,10 @@ type Options struct {
 	// Manager, if set, adjusts the manager's options (its policy, its
 	// gates) before it starts.
 	Manager func(o *manager.Options)
+	// EtcdTLS, if set, serves etcd over TLS with these files (client
+	// certificates required, see etcdlocal.Start), and the cluster's own
+	// client presents them.
+	EtcdTLS *tlsconf.Files
 }
 
 // Cluster is a running dev cluster.
@@ -98,12 +103,22 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		o.DataDir = c.tmp
 		c.opts.DataDir = c.tmp
 	}
-	if c.etcd, err = etcdlocal.Start(filepath.Join(o.DataDir, "etcd")); err != nil {
+	if c.etcd, err = etcdlocal.Start(filepath.Join(o.DataDir, "etcd"), o.EtcdTLS); err != nil {
 		return nil, err
 	}
 	c.EtcdAddr = c.etcd.Endpoint
 	quiet, _ := zap.NewProductionConfig().Build(zap.IncreaseLevel(zapcore.ErrorLevel))
-	if c.Etcd, err = clientv3.New(clientv3.Config{Endpoints: []string{c.etcd.Endpoint}, DialTimeout: 5 * time.Second, Logger: quiet}); err != nil {
+	ecfg := clientv3.Config{Endpoints: []string{c.etcd.Endpoint}, DialTimeout: 5 * time.Second, Logger: quiet}
+	if o.EtcdTLS != nil {
+		src, err := tlsconf.Load(ctx, *o.EtcdTLS)
+		if err == nil {
+			ecfg.TLS, err = src.ClientAnyName()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("devcluster: etcd: %w", err)
+		}
+	}
+	if c.Etcd, err = clientv3.New(ecfg); err != nil {
 		return nil, fmt.Errorf("devcluster: %w", err)
 	}
 	for range o.Shards {

@@ -8,18 +8,25 @@ import (
 	"net/url"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
 // Etcd is a running embedded etcd.
 type Etcd struct {
-	// Endpoint is the client URL, e.g. http://127.0.0.1:41234.
+	// Endpoint is the client URL, e.g. http://127.0.0.1:41234 (https://
+	// with TLS).
 	Endpoint string
 	e        *embed.Etcd
 }
 
 // Start starts etcd with its data in dir and waits until it serves.
-func Start(dir string) (*Etcd, error) {
+// With tls, clients connect over TLS with tls's certificate and must
+// present one its CA signed (the member's peer port stays plaintext on
+// loopback: there is one member).
+func Start(dir string, tls *tlsconf.Files) (*Etcd, error) {
 	cfg := embed.NewConfig()
 	cfg.Dir = dir
 	cfg.Name = "cumulus-dev"
@@ -27,8 +34,13 @@ func Start(dir string) (*Etcd, error) {
 	// reach us as client errors, which the callers log.
 	cfg.LogLevel = "fatal"
 	local := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
-	cfg.ListenClientUrls = []url.URL{local}
-	cfg.AdvertiseClientUrls = []url.URL{local}
+	client := local
+	if tls != nil {
+		client.Scheme = "https"
+		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: tls.Cert, KeyFile: tls.Key, TrustedCAFile: tls.CA, ClientCertAuth: true}
+	}
+	cfg.ListenClientUrls = []url.URL{client}
+	cfg.AdvertiseClientUrls = []url.URL{client}
 	cfg.ListenPeerUrls = []url.URL{local}
 	cfg.AdvertisePeerUrls = []url.URL{local}
 	cfg.InitialCluster = cfg.Name + "=" + local.String()
@@ -53,7 +65,7 @@ func Start(dir string) (*Etcd, error) {
 		e.Close()
 		return nil, fmt.Errorf("etcdlocal: etcd not ready after 30s")
 	}
-	return &Etcd{Endpoint: "http://" + e.Clients[0].Addr().String(), e: e}, nil
+	return &Etcd{Endpoint: client.Scheme + "://" + e.Clients[0].Addr().String(), e: e}, nil
 }
 
 // Close stops etcd.

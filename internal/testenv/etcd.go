@@ -13,7 +13,7 @@ import (
 // stop when the test ends.
 func Etcd(t testing.TB) *clientv3.Client {
 	t.Helper()
-	e, err := etcdlocal.Start(t.TempDir())
+	e, err := etcdlocal.Start(t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -210,3 +210,24 @@ func (s *Source) verify(chain []*x509.Certificate, name string, usage x509.ExtKe
 	}
 	return nil
 }
+
+// ClientAnyName is a client's configuration for dialling several servers
+// with one configuration (etcd's client): Go checks each server's
+// certificate against the CA as loaded when this is called, for the
+// name it dials. The client certificate is the current one.
+func (s *Source) ClientAnyName() (*tls.Config, error) {
+	pool := s.cur.Load().pool
+	if pool == nil {
+		return nil, errors.New("tls: no CA (--etcd-ca) to check the servers' certificates against")
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		RootCAs:    pool,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if c := s.cur.Load().cert; c != nil {
+				return c, nil
+			}
+			return &tls.Certificate{}, nil
+		},
+	}, nil
+}

@@ -1,4 +1,4 @@
-package tlsconf
+package tlsconf_test
 
 import (
 	"context"
@@ -13,11 +13,12 @@ import (
 	"time"
 
 	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
 // issued writes a certificate of ca for 127.0.0.1 into a new directory
 // and loads it.
-func issued(t *testing.T, ca *CA, name string) *Source {
+func issued(t *testing.T, ca *tlsconf.CA, name string) *tlsconf.Source {
 	t.Helper()
 	f, err := ca.WriteIssued(t.TempDir(), name, "127.0.0.1")
 	if err != nil {
@@ -25,16 +26,16 @@ func issued(t *testing.T, ca *CA, name string) *Source {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	s, err := Load(ctx, f)
+	s, err := tlsconf.Load(ctx, f)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
 
-func newCA(t *testing.T, name string) *CA {
+func newCA(t *testing.T, name string) *tlsconf.CA {
 	t.Helper()
-	ca, err := NewCA(name)
+	ca, err := tlsconf.NewCA(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +170,7 @@ func TestClientChecksServer(t *testing.T) {
 func TestReload(t *testing.T) {
 	vol := t.TempDir()
 	oldCA, newCAx := newCA(t, "old CA"), newCA(t, "new CA")
-	swap := func(ca *CA, gen string) {
+	swap := func(ca *tlsconf.CA, gen string) {
 		dir := filepath.Join(vol, gen)
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -193,7 +194,7 @@ func TestReload(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	srv, err := Load(ctx, Files{Cert: filepath.Join(vol, "tls.pem"), Key: filepath.Join(vol, "tls-key.pem"), CA: filepath.Join(vol, "ca.pem")})
+	srv, err := tlsconf.Load(ctx, tlsconf.Files{Cert: filepath.Join(vol, "tls.pem"), Key: filepath.Join(vol, "tls-key.pem"), CA: filepath.Join(vol, "ca.pem")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,16 +221,16 @@ func TestLoadNeedsAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := (Files{Cert: f.Cert, Key: f.Key}).Mutual(); err == nil || !strings.Contains(err.Error(), "--tls-ca") {
+	if err := (tlsconf.Files{Cert: f.Cert, Key: f.Key}).Mutual(); err == nil || !strings.Contains(err.Error(), "--tls-ca") {
 		t.Fatalf("no CA for mutual TLS: %v", err)
 	}
-	if _, err := Load(context.Background(), Files{Cert: f.Cert, CA: f.CA}); err == nil || !strings.Contains(err.Error(), "--tls-key") {
+	if _, err := tlsconf.Load(context.Background(), tlsconf.Files{Cert: f.Cert, CA: f.CA}); err == nil || !strings.Contains(err.Error(), "--tls-key") {
 		t.Fatalf("a certificate without its key: %v", err)
 	}
 	if err := os.WriteFile(f.CA, []byte("not PEM"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Load(context.Background(), f); err == nil || !strings.Contains(err.Error(), f.CA) {
+	if _, err := tlsconf.Load(context.Background(), f); err == nil || !strings.Contains(err.Error(), f.CA) {
 		t.Fatalf("a CA file without a certificate: %v", err)
 	}
 }
@@ -245,11 +246,11 @@ func TestOneWay(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	srv, err := Load(ctx, Files{Cert: f.Cert, Key: f.Key})
+	srv, err := tlsconf.Load(ctx, tlsconf.Files{Cert: f.Cert, Key: f.Key})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cli, err := Load(ctx, Files{CA: f.CA})
+	cli, err := tlsconf.Load(ctx, tlsconf.Files{CA: f.CA})
 	if err != nil {
 		t.Fatal(err)
 	}
