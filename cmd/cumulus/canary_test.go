@@ -200,7 +200,8 @@ func TestCanaryEndToEnd(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		for _, want := range []string{`cumulus_model_version{model="ctr",track="canary"} 2`, `cumulus_model_version{model="ctr",track="stable"} 1`,
-			`cumulus_router_requests_total{model="ctr",outcome="ok",track="canary"}`, `cumulus_router_score_sum{model="ctr",track="canary"}`} {
+			`cumulus_router_requests_total{model="ctr",outcome="ok",track="canary"}`, `cumulus_router_score_sum{model="ctr",track="canary"}`,
+			"\ngo_goroutines ", "\nprocess_open_fds "} {
 			if !bytes.Contains(b, []byte(want)) {
 				t.Fatalf("%s/metrics lacks %s", f, want)
 			}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
@@ -98,6 +99,9 @@ localhost, serves every model in --repo (or a generated demo model when no
 				ropts.ShardTLS = internal
 			}
 			reg := prometheus.NewRegistry()
+			// The process's own figures, as the separate processes serve them
+			// (prometheus' default registry has both).
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			// The cluster outlives the signal until the front has drained.
 			c, err := devcluster.Start(context.WithoutCancel(ctx), devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
 				MemoryBudget: int64(budget), Cluster: cluster.c, ScanInterval: policy.scan, Build: buildinfo.String(), EtcdTLS: etcdTLS,
