@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
+	"github.com/cumulus-serving/cumulus/internal/lograte"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
@@ -48,7 +49,8 @@ func rootCommand() *cobra.Command {
 			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
 			}
-			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
+			// Repeated warnings are rate-limited (a refused call, a retry).
+			slog.SetDefault(slog.New(lograte.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))))
 			return nil
 		},
 	}

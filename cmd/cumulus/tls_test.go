@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/cumulus-serving/cumulus/internal/lograte"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
@@ -236,4 +238,38 @@ func TestDevTLS(t *testing.T) {
 	if _, err := cli.Get(ctx, "/cumulus/", clientv3.WithPrefix()); err == nil {
 		t.Error("etcd answered a client without a certificate")
 	}
+}
+
+// TestRefusalsDoNotFloodTheLog: 60 admin calls with a wrong token are
+// all refused, and the warning is logged lograte.Burst times, not 60.
+func TestRefusalsDoNotFloodTheLog(t *testing.T) {
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "repo")
+	if err := os.Mkdir(repo, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dev := startProcess(t, []string{"admin: http://"}, "dev", "--repo", repo, "--shards", "1", "--http-addr", "127.0.0.1:0",
+		"--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--admin-token", "right", "--log-level", "warn")
+	admin, _, _ := strings.Cut(dev.out["admin: http://"], " ")
+	for range 60 {
+		req, err := http.NewRequest("GET", "http://"+admin+"/admin/v1/models", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer wrong")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("a wrong token: %s", resp.Status)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n := strings.Count(dev.stderr.String(), "admin call refused"); n != lograte.Burst {
+			return fmt.Errorf("%d refusals logged, want %d", n, lograte.Burst)
+		}
+		return nil
+	})
 }
