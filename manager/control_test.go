@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
@@ -625,5 +626,36 @@ func TestDamagedLiveVersion(t *testing.T) {
 	}
 	if m.State().Models["m"].Live != 1 {
 		t.Fatal("the damaged live version stopped being live (shards still serve what they verified)")
+	}
+}
+
+// TestReadyFollowsEtcd: a manager is ready while etcd answers it, and
+// says why not once etcd is gone.
+func TestReadyFollowsEtcd(t *testing.T) {
+	e, err := etcdlocal.Start(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	m, err := manager.Start(context.Background(), manager.Options{Repo: loader.Repo{Dir: t.TempDir()}, Etcd: cli, ScanInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ready := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return m.Ready(ctx)
+	}
+	if err := ready(); err != nil {
+		t.Fatalf("with etcd up: %v", err)
+	}
+	e.Close()
+	if err := ready(); err == nil || !strings.Contains(err.Error(), "etcd does not answer") {
+		t.Fatalf("with etcd gone: %v", err)
 	}
 }

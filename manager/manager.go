@@ -380,6 +380,16 @@ func (m *Manager) Rescan() {
 // ErrNotLeader is returned by Do on a manager that is not the one acting.
 var ErrNotLeader = errors.New("manager: this manager is on standby; send state-changing calls to the leading manager")
 
+// Ready says whether the manager can do its part: etcd answers it (a
+// read that needs etcd's quorum). A manager on standby is ready too: it
+// follows the state the leader writes, and takes over from it.
+func (m *Manager) Ready(ctx context.Context) error {
+	if _, err := m.opts.Etcd.Get(ctx, m.opts.Cluster.ManagerPrefix()+"guard"); err != nil {
+		return fmt.Errorf("etcd does not answer: %w", err)
+	}
+	return nil
+}
+
 // Leading reports whether this manager is the one acting: of the
 // managers of a cluster, one at a time leads (an etcd election); the
 // others follow the state it writes and take over if it dies.
@@ -400,7 +410,19 @@ func (m *Manager) campaign(ctx context.Context) {
 			continue
 		}
 		el := concurrency.NewElection(session, key)
-		if err := el.Campaign(ctx, m.opts.Writer); err == nil {
+		won := make(chan error, 1)
+		go func() { won <- el.Campaign(ctx, m.opts.Writer) }()
+		select {
+		case err = <-won:
+		case <-ctx.Done():
+			// A Campaign cancelled resigns with the etcd client's own
+			// context: with etcd out of reach, until the client is
+			// closed. Close must not wait for that (a manager whose etcd
+			// is gone would not stop on SIGTERM); the campaign ends when
+			// its owner closes the client.
+			return
+		}
+		if err == nil {
 			slog.Info("manager: leading", "writer", m.opts.Writer)
 			m.tell(ctx, true)
 			select {

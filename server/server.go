@@ -309,6 +309,17 @@ func (s *Server) stop(ctx context.Context) (left int64, err error) {
 // not draining.
 func (s *Server) ready() bool { return !s.draining.Load() && s.opts.Predictor.Ready() }
 
+// Ready is readiness as an error saying why not (for a probe address).
+func (s *Server) Ready(context.Context) error {
+	switch {
+	case s.draining.Load():
+		return errors.New("draining")
+	case !s.opts.Predictor.Ready():
+		return errors.New("a model the router is assigned cannot be served yet")
+	}
+	return nil
+}
+
 // healthService is gRPC health as readiness: SERVING while the router
 // can serve and the front is not draining, for the whole server ("") and
 // the KServe service. Watch is not implemented: clients that health-check

@@ -24,6 +24,9 @@ import (
 	"github.com/cumulus-serving/cumulus/shard"
 )
 
+// probeUsage is --probe-addr's help (router and manager).
+const probeUsage = "plain HTTP address (no token, no client certificate) for Kubernetes' probes and scrapers: GET /healthz (alive), /readyz (ready to serve; the manager: etcd answers it) and /metrics (default: none)"
+
 // defaultLoadRate is --load-rate's default (see shard.Options.LoadRate):
 // no bound. On the 2-core machine scripts/scale.sh was run on, 128 MiB/s
 // lowered the worst second's p99 of a scale-out but made the rebalance
@@ -190,7 +193,7 @@ func routerCommand() *cobra.Command {
 	var drain drainFlag
 	var hedging hedgeFlags
 	var tlsf tlsFlags
-	var clientCA string
+	var clientCA, probeAddr string
 	cmd := &cobra.Command{
 		Use:   "router",
 		Short: "Run a router: KServe v2 gRPC and HTTP, fanning out to shards found in etcd",
@@ -243,6 +246,14 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 				scheme = "https"
 			}
 			fmt.Printf("http: %s://%s\ngrpc: %s\n", scheme, srv.HTTPAddr(), srv.GRPCAddr())
+			if probeAddr != "" {
+				p, err := adminhttp.Serve(probeAddr, adminhttp.Probes(srv.Ready, prometheus.DefaultGatherer), 30*time.Second, nil, "router probes")
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				fmt.Printf("probes: http://%s\n", p.Addr())
+			}
 			ctx, cancel := drain.await(cmd.Context())
 			defer cancel()
 			return srv.Drain(ctx)
@@ -257,6 +268,7 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 	lim.register(cmd)
 	hedging.register(cmd)
 	tlsf.register(cmd.Flags(), "the router, to shards (mutual TLS) and on its front (gRPC and HTTP)")
+	cmd.Flags().StringVar(&probeAddr, "probe-addr", "", probeUsage)
 	cmd.Flags().StringVar(&clientCA, "client-ca", "", "PEM CA certificate(s): the front then answers only clients whose certificate it signed (default: any client, over TLS with --tls-cert)")
 	drain.register(cmd)
 	return cmd
@@ -270,6 +282,7 @@ func managerCommand() *cobra.Command {
 	var etcdTLS tlsconf.Files
 	var admin adminFlags
 	var tlsf tlsFlags
+	var probeAddr string
 	cmd := &cobra.Command{
 		Use:   "manager",
 		Short: "Run the manager: validates model versions, decides what is served, serves the admin API",
@@ -311,6 +324,14 @@ func managerCommand() *cobra.Command {
 				scheme = "https"
 			}
 			fmt.Printf("admin: %s://%s\n", scheme, a.Addr())
+			if probeAddr != "" {
+				p, err := adminhttp.Serve(probeAddr, adminhttp.Probes(m.Ready, prometheus.DefaultGatherer), 30*time.Second, nil, "manager probes")
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				fmt.Printf("probes: http://%s\n", p.Addr())
+			}
 			<-cmd.Context().Done()
 			return nil
 		},
@@ -322,6 +343,7 @@ func managerCommand() *cobra.Command {
 	policy.register(cmd, 10*time.Second)
 	cluster.register(cmd)
 	admin.register(cmd.Flags(), "admin-addr")
+	cmd.Flags().StringVar(&probeAddr, "probe-addr", "", probeUsage)
 	tlsf.register(cmd.Flags(), "the manager, on its admin API (which then answers only clients whose certificate --tls-ca signed) and to shards (its gate router)")
 	cmd.MarkFlagRequired("repo")
 	return cmd

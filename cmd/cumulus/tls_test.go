@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -68,10 +69,10 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 	common := []string{"--etcd", cli.Endpoints()[0], "--log-level", "warn"}
 	sh := startProcess(t, []string{"shard s0 serving on "}, append(append([]string{"shard", "--id", "s0", "--repo", repo, "--addr", "127.0.0.1:0",
 		"--data-dir", filepath.Join(dir, "s0")}, flags(shardCert)...), common...)...)
-	mgr := startProcess(t, []string{"admin: https://"}, append(append([]string{"manager", "--repo", repo, "--admin-addr", "127.0.0.1:0",
-		"--admin-token", "t"}, flags(mgrCert)...), common...)...)
-	rt := startProcess(t, []string{"http: https://", "grpc: "}, append(append([]string{"router", "--http-addr", "127.0.0.1:0",
-		"--grpc-addr", "127.0.0.1:0"}, flags(rtCert)...), common...)...)
+	mgr := startProcess(t, []string{"admin: https://", "probes: http://"}, append(append([]string{"manager", "--repo", repo, "--admin-addr", "127.0.0.1:0",
+		"--admin-token", "t", "--probe-addr", "127.0.0.1:0"}, flags(mgrCert)...), common...)...)
+	rt := startProcess(t, []string{"http: https://", "grpc: ", "probes: http://"}, append(append([]string{"router", "--http-addr", "127.0.0.1:0",
+		"--grpc-addr", "127.0.0.1:0", "--probe-addr", "127.0.0.1:0"}, flags(rtCert)...), common...)...)
 	shardAddr, adminAddr, frontAddr := sh.out["shard s0 serving on "], mgr.out["admin: https://"], rt.out["grpc: "]
 
 	// Served over TLS end to end: the front checked against the CA alone
@@ -96,6 +97,20 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 	})
 	if out, err := predict(tlsconf.Files{}); err == nil {
 		t.Errorf("a plaintext predict call to a TLS front was answered: %s", out)
+	}
+	// Probes and scrapers need no certificate, on their own address.
+	for _, p := range []*process{mgr, rt} {
+		for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+			resp, err := http.Get("http://" + p.out["probes: http://"] + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || path == "/metrics" && !strings.Contains(string(b), "\ngo_goroutines ") {
+				t.Errorf("%s%s: %s\n%.300s", p.out["probes: http://"], path, resp.Status, b)
+			}
+		}
 	}
 	// A front with --client-ca answers only clients with a certificate it
 	// signed.

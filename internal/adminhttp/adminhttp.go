@@ -8,10 +8,15 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
@@ -81,4 +86,35 @@ func (s *Server) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.srv.Shutdown(ctx)
+}
+
+// Probes serves what Kubernetes' probes and metrics scrapers ask, with no
+// token and, on its own address, no client certificate: GET /healthz
+// (200 while the process runs), GET /readyz (200 when ready returns
+// nil, else 503 with its error) and GET /metrics (g's). ready's answer
+// is kept for a second: probes hammering the address cost at most one
+// check a second.
+func Probes(ready func(context.Context) error, g prometheus.Gatherer) http.Handler {
+	var mu sync.Mutex
+	var last time.Time
+	var lastErr error
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if time.Since(last) > time.Second {
+			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			lastErr, last = ready(ctx), time.Now()
+			cancel()
+		}
+		err := lastErr
+		mu.Unlock()
+		if err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ready\n")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	return mux
 }
