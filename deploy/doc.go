@@ -1,5 +1,5 @@
 // Package deploy holds no Go code: it is where deployment material lives
-// (systemd units in deploy/systemd, topology notes in deploy/README.md).
-// Kubernetes manifests and container builds come with the production
-// topology work.
+// (systemd units in deploy/systemd, checked by cmd/cumulus's
+// TestSystemdUnits; topology notes in deploy/README.md). Kubernetes
+// manifests and a container build are still to come.
 package deploy

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,8 +84,8 @@ type Options struct {
 	// unlinked once mapped, so it needs disk space but holds no files;
 	// Start creates it and removes copies a crashed run left (a copy
 	// being written is locked and left alone). Put it on a disk, not
-	// tmpfs, which is memory. Default: cumulus-shard-ID under
-	// os.TempDir().
+	// tmpfs, which is memory. Default: cumulus-shard-CLUSTER-ID under
+	// os.TempDir(), removed when the shard closes.
 	DataDir string
 	// Registry receives the shard's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
@@ -93,7 +94,9 @@ type Options struct {
 	HotInterval time.Duration
 	// DrainQuiet is how long a draining shard waits with no lookup
 	// arriving before it stops (see Drain). Default 1s.
-	DrainQuiet time.Duration
+	DrainQuiet  time.Duration
+	tempDataDir bool // DataDir is the default, removed on Close
+
 	// BeforeLoad, if set, is called before each partition load and may
 	// block (until ctx ends, when the shard closes) or fail the load: tests
 	// use it to hold a shard back mid-rollout.
@@ -161,7 +164,7 @@ func (o *Options) Validate() error {
 		o.HotInterval = 2 * time.Second
 	}
 	if o.DataDir == "" {
-		o.DataDir = defaultDataDir(o.Cluster, o.ID)
+		o.DataDir, o.tempDataDir = defaultDataDir(o.Cluster, o.ID), true
 	}
 	if o.DrainQuiet == 0 {
 		o.DrainQuiet = time.Second
@@ -374,6 +377,10 @@ func (s *Shard) halt(crash bool) {
 		s.cancel()
 		s.srv.Stop()
 		s.done.Wait()
+		if s.opts.tempDataDir {
+			// Ours alone, in the temporary directory: not left behind.
+			os.RemoveAll(s.opts.DataDir)
+		}
 		if s.opts.Registry != nil { // a shard of the same ID may start again in this process
 			for _, c := range s.metrics.all() {
 				s.opts.Registry.Unregister(c)

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -124,5 +125,25 @@ func TestLoadTurn(t *testing.T) {
 	})
 	if len(turn) != 0 {
 		t.Fatal("the shard kept the turn after loading")
+	}
+}
+
+// TestDefaultDataDirRemoved: a shard given no DataDir makes its own in
+// the temporary directory and removes it when it closes.
+func TestDefaultDataDirRemoved(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := publishLoadTest(t)
+	s, err := Start(context.Background(), Options{ID: "tmp-dir-test", Repo: repo, Etcd: cli})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := s.opts.DataDir
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		s.Close()
+		t.Fatalf("default data dir %s: %v", dir, err)
+	}
+	s.Close()
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("default data dir %s left behind: %v", dir, err)
 	}
 }

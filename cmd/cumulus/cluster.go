@@ -115,7 +115,7 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address routers dial (default: the listen address)")
 	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes (e.g. 8GB); partitions beyond it are served from mapped files, and a version being loaded beside the live one stays within it (default: half the machine's memory or cgroup limit; 0: no bound)")
 	cmd.Flags().Var(&loadRate, "load-rate", loadRateUsage)
-	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory, on disk, for the shard's own copies of partitions it serves mapped (default: cumulus-shard-ID in the temporary directory)")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory, on disk, for the shard's own copies of partitions it serves mapped (default: cumulus-shard-CLUSTER-ID in the temporary directory, removed at exit)")
 	cmd.Flags().Float64Var(&weight, "weight", 0, "this shard's share of the partitions, in GiB of memory budget (default: its --memory-budget in GiB); give it on every shard or none")
 	cmd.Flags().StringVar(&zone, "zone", "", "failure domain (a rack, an availability zone): replicas of a partition go to distinct zones where there are enough")
 	adm.register(cmd, "lookups", "ResourceExhausted: the router asks another replica", 8)

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bufio"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// unit is a systemd unit file's settings, by key (a key may repeat).
+type unit map[string][]string
+
+func readUnit(t *testing.T, path string) unit {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	u := unit{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "[") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("%s: line %q is not KEY=VALUE", path, line)
+		}
+		u[k] = append(u[k], v)
+	}
+	return u
+}
+
+// addrFlags are the flags whose value is a listen or advertised address.
+var addrFlags = map[string]bool{"--addr": true, "--advertise": true, "--grpc-addr": true, "--http-addr": true, "--admin-addr": true, "--probe-addr": true}
+
+// TestSystemdUnits checks deploy/systemd as a user would meet it: every
+// flag a unit passes exists in that command's --help, every address has
+// a port that exists once systemd fills in the instance (a shard unit's
+// instance is its port), the network is waited for and wanted, nothing
+// runs as root, shards get a data directory and a memory budget, stops
+// wait for the drain; and systemd-analyze verify accepts each unit.
+func TestSystemdUnits(t *testing.T) {
+	units, err := filepath.Glob("../../deploy/systemd/*.service")
+	if err != nil || len(units) != 3 {
+		t.Fatalf("units: %v %v", units, err)
+	}
+	help := map[string]string{}
+	for _, path := range units {
+		name := filepath.Base(path)
+		u := readUnit(t, path)
+		if len(u["ExecStart"]) != 1 {
+			t.Fatalf("%s: %d ExecStart lines", name, len(u["ExecStart"]))
+		}
+		// The values systemd gives: %i the instance (a port), %H the
+		// host, and the directories it makes.
+		exec := strings.NewReplacer("%i", "7100", "%H", "host-a", "${STATE_DIRECTORY}", "/var/lib/cumulus/shard-7100",
+			"${CREDENTIALS_DIRECTORY}", "/run/credentials/x").Replace(u["ExecStart"][0])
+		args := strings.Fields(exec)
+		if args[0] != "/usr/local/bin/cumulus" || len(args) < 2 {
+			t.Fatalf("%s: ExecStart %q", name, exec)
+		}
+		cmd := args[1]
+		if help[cmd] == "" {
+			out, err := cumulus(cmd, "--help").CombinedOutput()
+			if err != nil {
+				t.Fatalf("cumulus %s --help: %v", cmd, err)
+			}
+			help[cmd] = string(out)
+		}
+		flags := map[string]string{}
+		for i := 2; i < len(args); i++ {
+			if !strings.HasPrefix(args[i], "--") {
+				t.Fatalf("%s: %q is not a flag", name, args[i])
+			}
+			f, v, _ := strings.Cut(args[i], "=")
+			if v == "" && i+1 < len(args) && !strings.HasPrefix(args[i+1], "--") {
+				v, i = args[i+1], i+1
+			}
+			flags[f] = v
+			if !strings.Contains(help[cmd], "      "+f+" ") && !strings.Contains(help[cmd], ", "+f+" ") {
+				t.Errorf("%s: cumulus %s has no flag %s", name, cmd, f)
+			}
+			if addrFlags[f] {
+				host, port, err := net.SplitHostPort(v)
+				p, perr := strconv.Atoi(port)
+				if err != nil || host == "" || perr != nil || p < 1 || p > 65535 {
+					t.Errorf("%s: %s %s is not an address with a port", name, f, v)
+				}
+			}
+		}
+		if !strings.Contains(strings.Join(u["Wants"], " "), "network-online.target") || !strings.Contains(strings.Join(u["After"], " "), "network-online.target") {
+			t.Errorf("%s: wants and waits for network-online.target? Wants=%v After=%v", name, u["Wants"], u["After"])
+		}
+		if (len(u["DynamicUser"]) == 0 || u["DynamicUser"][0] != "yes") && (len(u["User"]) == 0 || u["User"][0] == "root") {
+			t.Errorf("%s: runs as root", name)
+		}
+		if len(u["TimeoutStopSec"]) == 0 {
+			t.Errorf("%s: no TimeoutStopSec: the drain needs a bound time before SIGKILL", name)
+		}
+		if cmd == "shard" && (flags["--data-dir"] == "" || flags["--memory-budget"] == "") {
+			t.Errorf("%s: a shard needs --data-dir (else its copies go to /tmp) and --memory-budget", name)
+		}
+	}
+
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Log("systemd-analyze is not installed: the units were checked by the reading above only")
+		return
+	}
+	// verify checks the executable exists: point the units at this
+	// test binary; a template needs an instance.
+	dir := t.TempDir()
+	for _, path := range units {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.Replace(filepath.Base(path), "@.", "@7100.", 1)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(strings.ReplaceAll(string(b), "/usr/local/bin/cumulus", os.Args[0])), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(analyze, "verify", filepath.Join(dir, name)).CombinedOutput()
+		if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+			t.Errorf("systemd-analyze verify %s: %v\n%s", name, err, out)
+		}
+	}
+}
