@@ -148,8 +148,11 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 		if err != nil {
 			return nil, err
 		}
-		if !strings.Contains(base, "://") {
+		switch {
+		case !strings.Contains(base, "://"):
 			base = scheme + "://" + base
+		case scheme == "https" && !strings.HasPrefix(base, "https://"):
+			return nil, fmt.Errorf("--addr %s with --tls-*: the call (and its token) would go in plaintext; give https:// or no scheme", base)
 		}
 		return &adminClient{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: 30 * time.Second, Transport: tr}}, nil
 	}

@@ -70,6 +70,13 @@ func etcdClient(ctx context.Context, endpoints string, tlsFiles tlsconf.Files) (
 	quiet, _ := zap.NewProductionConfig().Build(zap.IncreaseLevel(zapcore.ErrorLevel))
 	cfg := clientv3.Config{Endpoints: strings.Split(endpoints, ","), DialTimeout: 5 * time.Second, Logger: quiet}
 	if tlsFiles.Set() {
+		// etcd's client speaks plaintext to an http:// endpoint whatever
+		// its TLS configuration says.
+		for _, e := range cfg.Endpoints {
+			if !strings.HasPrefix(e, "https://") {
+				return nil, fmt.Errorf("etcd endpoint %s: --etcd-cert, --etcd-key and --etcd-ca need https:// endpoints (an http:// one would be plaintext)", e)
+			}
+		}
 		src, err := tlsconf.Load(ctx, tlsFiles)
 		if err == nil {
 			cfg.TLS, err = src.ClientAnyName()

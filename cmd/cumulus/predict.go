@@ -75,7 +75,7 @@ jsonl:   {"ids": [1, 2, 3], "values": [0.5, 1, 2]}   (values optional)`,
 				}
 				resp, err := client.ModelInfer(cmd.Context(), req)
 				if err != nil {
-					return err
+					return tlsHint(err, tlsf)
 				}
 				scores, err := bench.Scores(resp)
 				if err != nil {

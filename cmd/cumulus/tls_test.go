@@ -288,3 +288,27 @@ func TestRefusalsDoNotFloodTheLog(t *testing.T) {
 		return nil
 	})
 }
+
+// TestTLSFlagsRefusePlaintext: TLS flags with an http:// address are
+// refused before anything is sent (etcd's client, and the admin client
+// with its token, would otherwise go in plaintext).
+func TestTLSFlagsRefusePlaintext(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := tlsconf.NewCA("CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ca.WriteIssued(dir, "c", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cumulus("shard", "--id", "x", "--repo", dir, "--etcd", "http://127.0.0.1:9", "--etcd-cert", f.Cert, "--etcd-key", f.Key,
+		"--etcd-ca", f.CA).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "need https:// endpoints") {
+		t.Errorf("--etcd-* with an http:// endpoint: %v\n%s", err, out)
+	}
+	out, err = cumulus("admin", "models", "--addr", "http://127.0.0.1:9", "--admin-token", "secret", "--tls-ca", f.CA).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "would go in plaintext") {
+		t.Errorf("admin --tls-* with an http:// address: %v\n%s", err, out)
+	}
+}

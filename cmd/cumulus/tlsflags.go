@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc/credentials"
@@ -63,4 +64,19 @@ func (t *tlsFlags) httpTransport(ctx context.Context, host string) (http.RoundTr
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = src.Client(host)
 	return tr, "https", nil
+}
+
+// tlsHint adds a likely cause to a connection error a client without
+// --tls-* gets from a TLS server (gRPC says only that the server's
+// preface did not come), or one with them from a server that refused
+// its certificate.
+func tlsHint(err error, t tlsFlags) error {
+	msg := err.Error()
+	switch {
+	case !t.files.Set() && strings.Contains(msg, "server preface"):
+		return fmt.Errorf("%w (does the server serve TLS? give --tls-ca, and --tls-cert and --tls-key if it asks for a client certificate)", err)
+	case t.files.Set() && (strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") || strings.Contains(msg, "certificate required")):
+		return fmt.Errorf("%w (did the server refuse this client's certificate? check --tls-cert, --tls-key and its CA)", err)
+	}
+	return err
 }

@@ -5,74 +5,57 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync/atomic"
 
-	"golang.org/x/time/rate"
 	"google.golang.org/grpc/credentials"
 )
 
-// refusals logs refused connections with their reason, at most a few a
-// second: anyone who reaches the port can fail a handshake, and each
-// would otherwise be a line. What is left out is counted in the next
-// line logged.
-type refusals struct {
-	who     string
-	lim     *rate.Limiter
-	skipped atomic.Int64
-}
-
-func newRefusals(who string) *refusals {
-	return &refusals{who: who, lim: rate.NewLimiter(1, 5)}
-}
-
-func (r *refusals) log(from string, reason string) {
-	if !r.lim.Allow() {
-		r.skipped.Add(1)
-		return
-	}
-	slog.Warn(r.who+": refused a connection", "from", from, "reason", reason, "refusals_not_logged_before", r.skipped.Swap(0))
+// logRefusal logs a refused connection with its reason. Anyone who
+// reaches the port can fail a handshake: the process's log handler
+// (internal/lograte, installed by cmd/cumulus) bounds how many such
+// lines are written, and counts those it leaves out.
+func logRefusal(who, from, reason string) {
+	slog.Warn(who+": refused a connection", "from", from, "reason", reason)
 }
 
 // GRPC is a gRPC server's credentials over Server, logging refused
-// handshakes (rate-limited) as who's.
+// handshakes as who's.
 func (s *Source) GRPC(who string) credentials.TransportCredentials {
-	return refusingCreds{TransportCredentials: credentials.NewTLS(s.Server()), r: newRefusals(who)}
+	return refusingCreds{TransportCredentials: credentials.NewTLS(s.Server()), who: who}
 }
 
 type refusingCreds struct {
 	credentials.TransportCredentials
-	r *refusals
+	who string
 }
 
 func (c refusingCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	from := conn.RemoteAddr().String()
 	out, info, err := c.TransportCredentials.ServerHandshake(conn)
 	if err != nil {
-		c.r.log(from, err.Error())
+		logRefusal(c.who, from, err.Error())
 	}
 	return out, info, err
 }
 
 func (c refusingCreds) Clone() credentials.TransportCredentials {
-	return refusingCreds{TransportCredentials: c.TransportCredentials.Clone(), r: c.r}
+	return refusingCreds{TransportCredentials: c.TransportCredentials.Clone(), who: c.who}
 }
 
-// HTTPErrorLog is an http.Server's ErrorLog logging as who's, as
-// refusals are: refused TLS handshakes with their reason, anything else
-// as it comes.
-func HTTPErrorLog(who string) *log.Logger {
-	return log.New(httpLog{newRefusals(who)}, "", 0)
-}
+// HTTPErrorLog is an http.Server's ErrorLog logging as who's: a refused
+// TLS handshake as a refusal, with its reason; anything else (a panic in
+// a handler, an accept error) as a warning of its own.
+func HTTPErrorLog(who string) *log.Logger { return log.New(httpLog(who), "", 0) }
 
-type httpLog struct{ r *refusals }
+type httpLog string
 
 func (h httpLog) Write(p []byte) (int, error) {
 	line := strings.TrimSpace(string(p))
 	// net/http: "http: TLS handshake error from ADDR: REASON".
-	from, reason := "", line
 	if rest, ok := strings.CutPrefix(line, "http: TLS handshake error from "); ok {
-		from, reason, _ = strings.Cut(rest, ": ")
+		from, reason, _ := strings.Cut(rest, ": ")
+		logRefusal(string(h), from, reason)
+	} else {
+		slog.Warn(string(h)+": HTTP server error", "err", line)
 	}
-	h.r.log(from, reason)
 	return len(p), nil
 }

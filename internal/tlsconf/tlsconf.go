@@ -15,9 +15,11 @@
 package tlsconf
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -78,19 +80,29 @@ func Load(ctx context.Context, files Files) (*Source, error) {
 }
 
 // Reload reads the files again; on an error, what was loaded stays.
+// A file must be whole PEM: a bundle or chain cut short (a file caught
+// half written) is an error, not the certificates before the cut.
 func (s *Source) Reload() error {
 	var m material
 	if s.files.Cert != "" {
-		cert, err := tls.LoadX509KeyPair(s.files.Cert, s.files.Key)
+		certPEM, err := readPEM(s.files.Cert)
+		if err != nil {
+			return err
+		}
+		keyPEM, err := readPEM(s.files.Key)
+		if err != nil {
+			return err
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
 		if err != nil {
 			return fmt.Errorf("tls: loading %s and %s: %w", s.files.Cert, s.files.Key, err)
 		}
 		m.cert = &cert
 	}
 	if s.files.CA != "" {
-		ca, err := os.ReadFile(s.files.CA)
+		ca, err := readPEM(s.files.CA)
 		if err != nil {
-			return fmt.Errorf("tls: %w", err)
+			return err
 		}
 		m.pool = x509.NewCertPool()
 		if !m.pool.AppendCertsFromPEM(ca) {
@@ -101,11 +113,45 @@ func (s *Source) Reload() error {
 	return nil
 }
 
-// watch reloads when a file's directory changes, and every minute.
+// readPEM reads a file of PEM blocks and checks that nothing but
+// whitespace is outside them, and that every certificate parses.
+func readPEM(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	rest := b
+	for {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			break
+		}
+		if blk.Type == "CERTIFICATE" {
+			if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+				return nil, fmt.Errorf("tls: %s: %w", path, err)
+			}
+		}
+	}
+	if len(bytes.TrimSpace(rest)) > 0 {
+		return nil, fmt.Errorf("tls: %s: %d bytes that are not whole PEM blocks (a file cut short?)", path, len(bytes.TrimSpace(rest)))
+	}
+	return b, nil
+}
+
+// reloadDelay is how long the watcher waits after a change before
+// reading: a swap of several files is read once, whole.
+const reloadDelay = 200 * time.Millisecond
+
+// watch reloads when a file's directory changes (once things are quiet
+// for reloadDelay), and every minute.
 func (s *Source) watch(ctx context.Context) {
 	tick := time.NewTicker(time.Minute)
 	defer tick.Stop()
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
 	var events <-chan fsnotify.Event
+	var errs <-chan error
 	if w, err := fsnotify.NewWatcher(); err != nil {
 		slog.Warn("tls: cannot watch the certificate files; reading them every minute", "err", err)
 	} else {
@@ -122,13 +168,21 @@ func (s *Source) watch(ctx context.Context) {
 				}
 			}
 		}
-		events = w.Events
+		events, errs = w.Events, w.Errors
 	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-events:
+			settle.Reset(reloadDelay)
+			continue
+		case err := <-errs:
+			// An overflow, say: changes may have been missed.
+			slog.Warn("tls: watching the certificate files", "err", err)
+			settle.Reset(reloadDelay)
+			continue
+		case <-settle.C:
 		case <-tick.C:
 		}
 		if err := s.Reload(); err != nil {

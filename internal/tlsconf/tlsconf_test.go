@@ -263,3 +263,61 @@ func TestOneWay(t *testing.T) {
 		t.Fatalf("a client without a CA: %v", err)
 	}
 }
+
+// TestCutShort: a CA bundle or a certificate chain caught half written
+// is a failed reload, and what was loaded stays: the peers of the CA the
+// cut dropped are still trusted.
+func TestCutShort(t *testing.T) {
+	ca, second := newCA(t, "CA"), newCA(t, "second CA")
+	dir := t.TempDir()
+	f, err := ca.WriteIssued(dir, "srv", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := append(append([]byte{}, ca.PEM...), second.PEM...)
+	if err := os.WriteFile(f.CA, bundle, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv, err := tlsconf.Load(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := server(t, srv.Server())
+	client := issued(t, second, "client of the second CA")
+	cfg := client.Client("127.0.0.1")
+	// It trusts the server through its own CA file; give it the bundle.
+	cf := tlsconf.Files{CA: f.CA}
+	src, err := tlsconf.Load(ctx, cf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.VerifyConnection = src.Client("127.0.0.1").VerifyConnection
+	if _, err := dial(addr, cfg); err != nil {
+		t.Fatalf("a client of the bundle's second CA: %v", err)
+	}
+	for name, b := range map[string][]byte{
+		"CA bundle": append(append([]byte{}, ca.PEM...), second.PEM[:len(second.PEM)/2]...),
+	} {
+		if err := os.WriteFile(f.CA, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Reload(); err == nil || !strings.Contains(err.Error(), "cut short") {
+			t.Fatalf("%s cut short: reload %v", name, err)
+		}
+	}
+	certPEM, err := os.ReadFile(f.Cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.Cert, append(certPEM, second.PEM[:len(second.PEM)-30]...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Reload(); err == nil || !strings.Contains(err.Error(), "cut short") {
+		t.Fatalf("a chain cut short: reload %v", err)
+	}
+	if _, err := dial(addr, cfg); err != nil {
+		t.Fatalf("after failed reloads, a client of the second CA: %v", err)
+	}
+}
