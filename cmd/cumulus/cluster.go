@@ -27,6 +27,20 @@ import (
 // probeUsage is --probe-addr's help (router and manager).
 const probeUsage = "plain HTTP address (no token, no client certificate) for Kubernetes' probes and scrapers: GET /healthz (alive), /readyz (ready to serve; the manager: etcd answers it) and /metrics (default: none)"
 
+// serveProbes serves adminhttp.Probes on addr (none if empty) and prints
+// its address; stop stops it.
+func serveProbes(addr string, ready func(context.Context) error, who string) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	p, err := adminhttp.Serve(addr, adminhttp.Probes(ready, prometheus.DefaultGatherer), 30*time.Second, nil, who)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Printf("probes: http://%s\n", p.Addr())
+	return p.Close, nil
+}
+
 // defaultLoadRate is --load-rate's default (see shard.Options.LoadRate):
 // no bound. On the 2-core machine scripts/scale.sh was run on, 128 MiB/s
 // lowered the worst second's p99 of a scale-out but made the rebalance
@@ -246,14 +260,11 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 				scheme = "https"
 			}
 			fmt.Printf("http: %s://%s\ngrpc: %s\n", scheme, srv.HTTPAddr(), srv.GRPCAddr())
-			if probeAddr != "" {
-				p, err := adminhttp.Serve(probeAddr, adminhttp.Probes(srv.Ready, prometheus.DefaultGatherer), 30*time.Second, nil, "router probes")
-				if err != nil {
-					return err
-				}
-				defer p.Close()
-				fmt.Printf("probes: http://%s\n", p.Addr())
+			stopProbes, err := serveProbes(probeAddr, srv.Ready, "router probes")
+			if err != nil {
+				return err
 			}
+			defer stopProbes()
 			ctx, cancel := drain.await(cmd.Context())
 			defer cancel()
 			return srv.Drain(ctx)
@@ -324,14 +335,11 @@ func managerCommand() *cobra.Command {
 				scheme = "https"
 			}
 			fmt.Printf("admin: %s://%s\n", scheme, a.Addr())
-			if probeAddr != "" {
-				p, err := adminhttp.Serve(probeAddr, adminhttp.Probes(m.Ready, prometheus.DefaultGatherer), 30*time.Second, nil, "manager probes")
-				if err != nil {
-					return err
-				}
-				defer p.Close()
-				fmt.Printf("probes: http://%s\n", p.Addr())
+			stopProbes, err := serveProbes(probeAddr, m.Ready, "manager probes")
+			if err != nil {
+				return err
 			}
+			defer stopProbes()
 			<-cmd.Context().Done()
 			return nil
 		},
