@@ -377,8 +377,10 @@ func (s *Shard) halt(crash bool) {
 		s.cancel()
 		s.srv.Stop()
 		s.done.Wait()
-		if s.opts.tempDataDir {
+		if s.opts.tempDataDir && s.reg != nil {
 			// Ours alone, in the temporary directory: not left behind.
+			// (Only once registered: a shard refused because its ID is
+			// taken must not remove the directory of the one that has it.)
 			os.RemoveAll(s.opts.DataDir)
 		}
 		if s.opts.Registry != nil { // a shard of the same ID may start again in this process

@@ -129,7 +129,8 @@ func TestLoadTurn(t *testing.T) {
 }
 
 // TestDefaultDataDirRemoved: a shard given no DataDir makes its own in
-// the temporary directory and removes it when it closes.
+// the temporary directory and removes it when it closes; a shard refused
+// its name does not remove it.
 func TestDefaultDataDirRemoved(t *testing.T) {
 	cli := testenv.Etcd(t)
 	repo := publishLoadTest(t)
@@ -141,6 +142,17 @@ func TestDefaultDataDirRemoved(t *testing.T) {
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		s.Close()
 		t.Fatalf("default data dir %s: %v", dir, err)
+	}
+	// A second shard of the same name is refused, and leaves the
+	// directory to the one that has the name.
+	if s2, err := Start(context.Background(), Options{ID: "tmp-dir-test", Repo: repo, Etcd: cli}); err == nil {
+		s2.Close()
+		s.Close()
+		t.Fatal("a second shard of the same name started")
+	}
+	if _, err := os.Stat(dir); err != nil {
+		s.Close()
+		t.Fatalf("a refused shard of the same name removed the data dir: %v", err)
 	}
 	s.Close()
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
