@@ -419,7 +419,18 @@ func (m *Manager) campaign(ctx context.Context) {
 			// context: with etcd out of reach, until the client is
 			// closed. Close must not wait for that (a manager whose etcd
 			// is gone would not stop on SIGTERM); the campaign ends when
-			// its owner closes the client.
+			// its owner closes the client. One that has just won gives
+			// the lead back at once rather than at its lease's end.
+			select {
+			case err := <-won:
+				if err == nil {
+					rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					el.Resign(rctx)
+					cancel()
+				}
+				session.Close()
+			default:
+			}
 			return
 		}
 		if err == nil {

@@ -47,23 +47,36 @@ func prepareDataDir(dir string) error {
 // mapCopy maps partition p from the shard's own copy of its file, in
 // the process's load turn.
 func (s *Shard) mapCopy(m *codec.Manifest, p uint32) (*codec.Partition, error) {
-	defer s.turn()()
+	done, err := s.turn()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	return s.opts.Repo.MapPartitionCopy(m, p, s.opts.DataDir)
 }
 
 // readPartition reads partition p into resident memory, in the
 // process's load turn.
 func (s *Shard) readPartition(m *codec.Manifest, p uint32) (*codec.Partition, error) {
-	defer s.turn()()
+	done, err := s.turn()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	return s.opts.Repo.ReadPartition(m, p)
 }
 
 // turn waits for the process's turn to load a partition
-// (Options.LoadTurn) and returns its end.
-func (s *Shard) turn() (done func()) {
+// (Options.LoadTurn) and returns its end; or fails once the shard
+// closes (a closing shard does not wait for another's load).
+func (s *Shard) turn() (done func(), err error) {
 	if s.opts.LoadTurn == nil {
-		return func() {}
+		return func() {}, nil
 	}
-	s.opts.LoadTurn <- struct{}{}
-	return func() { <-s.opts.LoadTurn }
+	select {
+	case s.opts.LoadTurn <- struct{}{}:
+		return func() { <-s.opts.LoadTurn }, nil
+	case <-s.ctx.Done():
+		return nil, fmt.Errorf("shard %s: closing", s.opts.ID)
+	}
 }

@@ -141,6 +141,8 @@ func (o *Options) Validate() error {
 		return errors.New("shard: Options.Weight must be a positive number (0: the default)")
 	case len(o.Zone) > 64:
 		return errors.New("shard: Options.Zone is at most 64 bytes")
+	case o.LoadTurn != nil && cap(o.LoadTurn) == 0:
+		return errors.New("shard: Options.LoadTurn needs room for one (make(chan struct{}, 1))")
 	case o.LoadRate < 0:
 		return errors.New("shard: Options.LoadRate must not be negative (0: no bound)")
 	}
@@ -192,6 +194,7 @@ type Shard struct {
 	srv     *grpc.Server
 	health  *health.Server
 	reg     *topo.Registration
+	ctx     context.Context // ends when the shard closes
 	cancel  context.CancelFunc
 	done    sync.WaitGroup
 	stop    sync.Once
@@ -243,7 +246,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	if opts.LoadRate > 0 {
 		opts.Repo.Throttle = loader.NewThrottle(ctx, opts.LoadRate)
 	}
-	s := &Shard{opts: opts, lis: lis, cancel: cancel, pending: make(chan map[string]topo.Assignment, 1), failed: map[string]*failure{},
+	s := &Shard{opts: opts, lis: lis, ctx: ctx, cancel: cancel, pending: make(chan map[string]topo.Assignment, 1), failed: map[string]*failure{},
 		mismatched: map[string]topo.Loaded{},
 		slots:      admit.NewGate(int64(opts.MaxInflight), opts.MaxQueueTime), bytes: admit.NewGate(opts.MaxInflightBytes, opts.MaxQueueTime)}
 	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})

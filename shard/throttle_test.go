@@ -128,6 +128,37 @@ func TestLoadTurn(t *testing.T) {
 	}
 }
 
+// TestLoadTurnClose: a shard waiting for the turn another shard holds
+// closes at once, without loading.
+func TestLoadTurnClose(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := publishLoadTest(t)
+	turn := make(chan struct{}, 1)
+	turn <- struct{}{} // another shard's load, under way for ever
+	asked := make(chan uint32, 4)
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir(), LoadTurn: turn,
+		BeforeLoad: func(_ context.Context, _ string, _ uint64, p uint32) error { asked <- p; return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	putMap(t, cli, repo, 4, 1, 0)
+	select {
+	case <-asked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the shard never began to load")
+	}
+	closed := make(chan struct{})
+	go func() { s.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for another shard's turn")
+	}
+	if len(turn) != 1 {
+		t.Fatal("the turn changed hands")
+	}
+}
+
 // TestDefaultDataDirRemoved: a shard given no DataDir makes its own in
 // the temporary directory and removes it when it closes; a shard refused
 // its name does not remove it.

@@ -103,7 +103,9 @@ func Probes(ready func(context.Context) error, g prometheus.Gatherer) http.Handl
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		if time.Since(last) > time.Second {
-			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			// Not the caller's context: a probe that gives up must not
+			// leave its "canceled" to the others for a second.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Second)
 			lastErr, last = ready(ctx), time.Now()
 			cancel()
 		}

@@ -1,36 +1,47 @@
 // Package lograte keeps repeated warnings from flooding a process's log:
 // anyone who can reach a port can make a server refuse them, and a
 // condition that persists (a shard name already taken, etcd out of
-// reach) is retried every fraction of a second. Each warning or error
-// message may be logged Burst times at once, then once every Every; what
-// is left out is counted on the next line of that message
-// (repeats_not_logged=N). Info and debug lines, the process's record of
-// what it did, pass unchanged.
+// reach) is retried every fraction of a second.
+//
+// A line repeats another when its level, message and attributes are the
+// same, but for where it came from (the attribute "from": a peer's
+// address, a new port each time). Each such line may be logged Burst
+// times at once, then once every Every; what is left out is counted on
+// the next one logged (repeats_not_logged=N). Distinct events (a
+// rejection of version 11, then of version 12) are not repeats. Past
+// those, all warnings and errors together are held to Total a second
+// (TotalBurst at once), so that lines made to differ (an attacker's
+// paths) cannot flood the log either; the next line says how many were
+// dropped (lines_not_logged=N). Info and debug lines, the process's
+// record of what it did, pass unchanged.
 package lograte
 
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 )
 
-// Ten lines of one message at once, then one every six seconds (ten a
-// minute).
+// Ten repeats of a line at once, then one every six seconds (ten a
+// minute); and 50 warnings and errors a second in all, 200 at once.
 const (
-	Burst = 10
-	Every = 6 * time.Second
+	Burst      = 10
+	Every      = 6 * time.Second
+	Total      = 50
+	TotalBurst = 200
 )
 
-// maxMessages bounds the messages followed at once; past it, they are
-// all forgotten (each may then log Burst lines again).
-const maxMessages = 4096
+// maxLines bounds the distinct lines followed at once; past it, they are
+// all forgotten (each may then log Burst lines again; Total still holds).
+const maxLines = 4096
 
 // New wraps next.
 func New(next slog.Handler) slog.Handler {
-	return handler{next: next, st: &state{seen: map[string]*seen{}}}
+	return handler{next: next, st: &state{seen: map[string]*seen{}, total: rate.NewLimiter(Total, TotalBurst)}}
 }
 
 type handler struct {
@@ -39,8 +50,10 @@ type handler struct {
 }
 
 type state struct {
-	mu   sync.Mutex
-	seen map[string]*seen
+	mu      sync.Mutex
+	seen    map[string]*seen
+	total   *rate.Limiter
+	dropped int // by total, since the last line logged
 }
 
 type seen struct {
@@ -48,14 +61,15 @@ type seen struct {
 	skipped int
 }
 
-// allow reports whether a line of message key at t is logged, and how
-// many were left out before it.
-func (s *state) allow(key string, t time.Time) (skipped int, ok bool) {
+// allow reports whether a line of key at t is logged, how many repeats
+// of it were left out before it, and how many lines the total bound
+// dropped.
+func (s *state) allow(key string, t time.Time) (skipped, dropped int, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.seen[key]
 	if m == nil {
-		if len(s.seen) >= maxMessages {
+		if len(s.seen) >= maxLines {
 			clear(s.seen)
 		}
 		m = &seen{lim: rate.NewLimiter(rate.Every(Every), Burst)}
@@ -63,10 +77,33 @@ func (s *state) allow(key string, t time.Time) (skipped int, ok bool) {
 	}
 	if !m.lim.AllowN(t, 1) {
 		m.skipped++
-		return 0, false
+		return 0, 0, false
+	}
+	if !s.total.AllowN(t, 1) {
+		s.dropped++
+		m.skipped++
+		return 0, 0, false
 	}
 	skipped, m.skipped = m.skipped, 0
-	return skipped, true
+	dropped, s.dropped = s.dropped, 0
+	return skipped, dropped, true
+}
+
+// key is what makes two lines repeats: level, message, and attributes
+// but "from".
+func key(r slog.Record) string {
+	var b strings.Builder
+	b.WriteString(r.Level.String())
+	b.WriteByte(' ')
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key != "from" {
+			b.WriteByte(' ')
+			b.WriteString(a.String())
+		}
+		return true
+	})
+	return b.String()
 }
 
 func (h handler) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
@@ -79,13 +116,18 @@ func (h handler) Handle(ctx context.Context, r slog.Record) error {
 	if t.IsZero() {
 		t = time.Now()
 	}
-	skipped, ok := h.st.allow(r.Level.String()+" "+r.Message, t)
+	skipped, dropped, ok := h.st.allow(key(r), t)
 	if !ok {
 		return nil
 	}
-	if skipped > 0 {
+	if skipped > 0 || dropped > 0 {
 		r = r.Clone()
-		r.AddAttrs(slog.Int("repeats_not_logged", skipped))
+		if skipped > 0 {
+			r.AddAttrs(slog.Int("repeats_not_logged", skipped))
+		}
+		if dropped > 0 {
+			r.AddAttrs(slog.Int("lines_not_logged", dropped))
+		}
 	}
 	return h.next.Handle(ctx, r)
 }

@@ -14,7 +14,8 @@ import (
 //	version     1 byte, entryVersion
 //	term        uvarint
 //	type        1 byte (raft.LogType)
-//	appended    varint, Unix nanoseconds; 0 for the zero time
+//	appended    1 byte: 0 for the zero time, else 1 and
+//	            varint Unix seconds, uvarint nanoseconds (< 1e9)
 //	data        uvarint length, bytes
 //	extensions  uvarint length, bytes
 //
@@ -26,11 +27,13 @@ func appendLog(b []byte, l *raft.Log) []byte {
 	b = append(b, entryVersion)
 	b = binary.AppendUvarint(b, l.Term)
 	b = append(b, byte(l.Type))
-	var at int64
-	if !l.AppendedAt.IsZero() {
-		at = l.AppendedAt.UnixNano()
+	if l.AppendedAt.IsZero() {
+		b = append(b, 0)
+	} else {
+		b = append(b, 1)
+		b = binary.AppendVarint(b, l.AppendedAt.Unix())
+		b = binary.AppendUvarint(b, uint64(l.AppendedAt.Nanosecond()))
 	}
-	b = binary.AppendVarint(b, at)
 	b = binary.AppendUvarint(b, uint64(len(l.Data)))
 	b = append(b, l.Data...)
 	b = binary.AppendUvarint(b, uint64(len(l.Extensions)))
@@ -51,7 +54,20 @@ func decodeLog(v []byte, l *raft.Log) error {
 	d := decoder{b: v[1:]}
 	term := d.uvarint()
 	typ := d.byte()
-	at := d.varint()
+	var at time.Time
+	switch d.byte() {
+	case 0:
+	case 1:
+		sec, nsec := d.varint(), d.uvarint()
+		if nsec >= 1e9 {
+			return fmt.Errorf("appended at: %d nanoseconds past a second", nsec)
+		}
+		at = time.Unix(sec, int64(nsec))
+	default:
+		if d.err == nil {
+			return errors.New("appended at: bad marker")
+		}
+	}
 	data := d.bytes()
 	ext := d.bytes()
 	if d.err != nil {
@@ -60,10 +76,7 @@ func decodeLog(v []byte, l *raft.Log) error {
 	if len(d.b) != 0 {
 		return fmt.Errorf("%d bytes after the entry", len(d.b))
 	}
-	*l = raft.Log{Term: term, Type: raft.LogType(typ)}
-	if at != 0 {
-		l.AppendedAt = time.Unix(0, at)
-	}
+	*l = raft.Log{Term: term, Type: raft.LogType(typ), AppendedAt: at}
 	// One copy for both byte fields.
 	if len(data)+len(ext) > 0 {
 		own := append(append(make([]byte, 0, len(data)+len(ext)), data...), ext...)

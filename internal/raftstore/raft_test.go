@@ -72,6 +72,8 @@ type node struct {
 	store         *Store
 	fsm           *listFSM
 	raft          *raft.Raft
+	// What its directory held before raft started: last index and term.
+	lastAtStart, termAtStart uint64
 }
 
 // start starts (or restarts, from what its directory holds) member id,
@@ -97,6 +99,10 @@ func start(t *testing.T, id, addr, dir string) *node {
 	c.SnapshotThreshold, c.TrailingLogs = 1<<30, 10 // snapshots when the test asks; then keep 10 entries
 	c.Logger = hclog.NewNullLogger()
 	n := &node{id: id, addr: string(trans.LocalAddr()), dir: dir, store: store, fsm: &listFSM{}}
+	if n.lastAtStart, err = store.LastIndex(); err != nil {
+		t.Fatal(err)
+	}
+	n.termAtStart, _ = store.GetUint64([]byte("CurrentTerm")) // "not found" on a fresh member
 	if n.raft, err = raft.NewRaft(c, n.fsm, store, store, snaps, trans); err != nil {
 		t.Fatal(err)
 	}
@@ -205,6 +211,9 @@ func TestRaftGroup(t *testing.T) {
 	f.stop(t)
 	apply(t, l, 300, 400)
 	nodes[fi] = start(t, f.id, f.addr, f.dir)
+	if n := nodes[fi]; n.lastAtStart < 300 || n.termAtStart == 0 {
+		t.Fatalf("the follower came back with its log ending at %d, term %d; it held 300 commands", n.lastAtStart, n.termAtStart)
+	}
 	caughtUp(t, nodes, 400)
 
 	// The leader stopped: another leads, and the group goes on with two.
@@ -216,8 +225,8 @@ func TestRaftGroup(t *testing.T) {
 	caughtUp(t, rest, 450)
 	// Back from its directory, the old leader follows.
 	nodes[li] = start(t, l.id, l.addr, l.dir)
-	if last, err := nodes[li].store.LastIndex(); err != nil || last < 400 {
-		t.Fatalf("the old leader came back with its log ending at %d (%v); it held 400 commands", last, err)
+	if n := nodes[li]; n.lastAtStart < 400 || n.termAtStart == 0 {
+		t.Fatalf("the old leader came back with its log ending at %d, term %d; it held 400 commands", n.lastAtStart, n.termAtStart)
 	}
 	caughtUp(t, nodes, 450)
 }

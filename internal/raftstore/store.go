@@ -22,7 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"sync/atomic"
+	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/hashicorp/raft"
@@ -43,8 +43,21 @@ const (
 // Store is a raft.LogStore and raft.StableStore. It is safe for
 // concurrent use, as pebble is.
 type Store struct {
-	db     *pebble.DB
-	closed atomic.Bool
+	db *pebble.DB
+	// mu keeps Close from pulling pebble from under a call (pebble
+	// panics on a closed DB; raft may still call after Shutdown).
+	mu     sync.RWMutex
+	closed bool
+}
+
+// ErrClosed is returned by calls on a closed Store.
+var ErrClosed = errors.New("raftstore: closed")
+
+// open takes the store for a call: false if it is closed. The caller
+// calls s.mu.RUnlock when done.
+func (s *Store) open() bool {
+	s.mu.RLock()
+	return !s.closed
 }
 
 var (
@@ -64,9 +77,12 @@ func Open(dir string) (*Store, error) {
 // Close closes the store; it must not be used after. Closing it again
 // does nothing.
 func (s *Store) Close() error {
-	if !s.closed.CompareAndSwap(false, true) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
 		return nil
 	}
+	s.closed = true
 	return s.db.Close()
 }
 
@@ -86,14 +102,21 @@ func (s *Store) LastIndex() (uint64, error) { return s.edge(false) }
 
 // edge is the first or last index: one seek.
 func (s *Store) edge(first bool) (uint64, error) {
+	if !s.open() {
+		s.mu.RUnlock()
+		return 0, ErrClosed
+	}
+	defer s.mu.RUnlock()
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{logPrefix}, UpperBound: []byte{logPrefix + 1}})
 	if err != nil {
 		return 0, fmt.Errorf("raftstore: %w", err)
 	}
 	defer it.Close()
-	ok := it.Last()
+	var ok bool
 	if first {
 		ok = it.First()
+	} else {
+		ok = it.Last()
 	}
 	if !ok {
 		if err := it.Error(); err != nil {
@@ -111,6 +134,11 @@ func (s *Store) edge(first bool) (uint64, error) {
 // GetLog reads entry index into log; raft.ErrLogNotFound if there is
 // none.
 func (s *Store) GetLog(index uint64, log *raft.Log) error {
+	if !s.open() {
+		s.mu.RUnlock()
+		return ErrClosed
+	}
+	defer s.mu.RUnlock()
 	v, closer, err := s.db.Get(logKey(index))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return raft.ErrLogNotFound
@@ -131,6 +159,11 @@ func (s *Store) StoreLog(log *raft.Log) error { return s.StoreLogs([]*raft.Log{l
 
 // StoreLogs stores entries in one synced batch: all or none.
 func (s *Store) StoreLogs(logs []*raft.Log) error {
+	if !s.open() {
+		s.mu.RUnlock()
+		return ErrClosed
+	}
+	defer s.mu.RUnlock()
 	b := s.db.NewBatch()
 	defer b.Close()
 	var buf []byte
@@ -148,6 +181,11 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 
 // DeleteRange deletes entries min to max, both included, synced.
 func (s *Store) DeleteRange(min, max uint64) error {
+	if !s.open() {
+		s.mu.RUnlock()
+		return ErrClosed
+	}
+	defer s.mu.RUnlock()
 	if min > max {
 		return nil
 	}
@@ -171,6 +209,11 @@ func stableKey(k []byte) []byte { return append([]byte{stablePrefix}, k...) }
 
 // Set stores val under key, synced.
 func (s *Store) Set(key, val []byte) error {
+	if !s.open() {
+		s.mu.RUnlock()
+		return ErrClosed
+	}
+	defer s.mu.RUnlock()
 	if err := s.db.Set(stableKey(key), val, pebble.Sync); err != nil {
 		return fmt.Errorf("raftstore: setting %q: %w", key, err)
 	}
@@ -179,6 +222,11 @@ func (s *Store) Set(key, val []byte) error {
 
 // Get is the value under key; ErrKeyNotFound if none was set.
 func (s *Store) Get(key []byte) ([]byte, error) {
+	if !s.open() {
+		s.mu.RUnlock()
+		return nil, ErrClosed
+	}
+	defer s.mu.RUnlock()
 	v, closer, err := s.db.Get(stableKey(key))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, ErrKeyNotFound

@@ -400,3 +400,43 @@ func BenchmarkGetLog(b *testing.B) {
 		}
 	}
 }
+
+// TestClosed: calls after Close fail with ErrClosed rather than panic
+// (raft may call after its Shutdown).
+func TestClosed(t *testing.T) {
+	s := open(t, t.TempDir())
+	if err := s.StoreLogs(entries(1, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var l raft.Log
+	if _, err := s.FirstIndex(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("FirstIndex after Close: %v", err)
+	}
+	if err := s.GetLog(1, &l); !errors.Is(err, ErrClosed) {
+		t.Fatalf("GetLog after Close: %v", err)
+	}
+	if err := s.StoreLog(entry(4)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("StoreLog after Close: %v", err)
+	}
+	if _, err := s.GetUint64([]byte("k")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("GetUint64 after Close: %v", err)
+	}
+}
+
+// TestAppendedAt: times round-trip to the nanosecond, the zero time and
+// the Unix epoch included, and times past UnixNano's range.
+func TestAppendedAt(t *testing.T) {
+	for _, at := range []time.Time{{}, time.Unix(0, 0), time.Unix(0, 1), time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC),
+		time.Date(2300, 1, 1, 0, 0, 0, 999_999_999, time.UTC), time.Date(1600, 6, 1, 0, 0, 0, 5, time.UTC)} {
+		var got raft.Log
+		if err := decodeLog(appendLog(nil, &raft.Log{Term: 1, AppendedAt: at}), &got); err != nil {
+			t.Fatalf("%v: %v", at, err)
+		}
+		if !got.AppendedAt.Equal(at) || got.AppendedAt.IsZero() != at.IsZero() {
+			t.Errorf("%v came back as %v", at, got.AppendedAt)
+		}
+	}
+}
