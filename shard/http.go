@@ -5,13 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/cumulus-serving/cumulus/internal/adminhttp"
@@ -41,17 +39,12 @@ type FaultBody struct {
 // are refused.
 func (s *Shard) HTTPHandler(token string, gatherer prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
-	if gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
-	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+	adminhttp.HandleProbes(mux, func(context.Context) error {
 		if !s.Ready() {
-			http.Error(w, "not ready: does not hold everything the serving map assigns it yet, or draining", http.StatusServiceUnavailable)
-			return
+			return errors.New("does not hold everything the serving map assigns it yet, or draining")
 		}
-		io.WriteString(w, "ok\n")
-	})
+		return nil
+	}, gatherer)
 	who := "shard " + s.opts.ID
 	mux.HandleFunc("GET /admin/v1/fault", adminhttp.Auth(who, token, func(w http.ResponseWriter, _ *http.Request) {
 		adminhttp.WriteJSON(w, http.StatusOK, FaultBody{Spec: s.Faults().String()})

@@ -88,35 +88,44 @@ func (s *Server) Close() {
 	s.srv.Shutdown(ctx)
 }
 
-// Probes serves what Kubernetes' probes and metrics scrapers ask, with no
-// token and, on its own address, no client certificate: GET /healthz
-// (200 while the process runs), GET /readyz (200 when ready returns
-// nil, else 503 with its error) and GET /metrics (g's). ready's answer
-// is kept for a second: probes hammering the address cost at most one
-// check a second.
+// HandleProbes adds to mux what Kubernetes' probes and metrics scrapers
+// ask, with no token: GET /healthz (200 while the process runs), GET
+// /readyz (200 when ready returns nil, else 503 with its error) and GET
+// /metrics (g's; none if g is nil).
+func HandleProbes(mux *http.ServeMux, ready func(context.Context) error, g prometheus.Gatherer) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := ready(r.Context()); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	if g != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	}
+}
+
+// Probes is HandleProbes on an address of its own (no client
+// certificate either). ready's answer is kept for a second: probes
+// hammering the address cost at most one check a second.
 func Probes(ready func(context.Context) error, g prometheus.Gatherer) http.Handler {
 	var mu sync.Mutex
 	var last time.Time
 	var lastErr error
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	cached := func(ctx context.Context) error {
 		mu.Lock()
+		defer mu.Unlock()
 		if time.Since(last) > time.Second {
 			// Not the caller's context: a probe that gives up must not
 			// leave its "canceled" to the others for a second.
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Second)
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			lastErr, last = ready(ctx), time.Now()
 			cancel()
 		}
-		err := lastErr
-		mu.Unlock()
-		if err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ready\n")
-	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+		return lastErr
+	}
+	mux := http.NewServeMux()
+	HandleProbes(mux, cached, g)
 	return mux
 }
