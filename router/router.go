@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -19,8 +18,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
@@ -140,13 +137,9 @@ func (o *Options) Validate() error {
 }
 
 func dialGRPC(addr string, tls *tlsconf.Source) (shard.Service, io.Closer, error) {
-	creds := insecure.NewCredentials()
-	if tls != nil {
-		host, _, err := net.SplitHostPort(addr)
-		if err != nil {
-			return nil, nil, fmt.Errorf("router: shard address %q: %w", addr, err)
-		}
-		creds = credentials.NewTLS(tls.Client(host))
+	creds, err := tls.GRPCClient(addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("router: shard %w", err)
 	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
 		// The largest answer is a dense part (Extra), or a lookup of

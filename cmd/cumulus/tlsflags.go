@@ -9,7 +9,6 @@ import (
 
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
@@ -41,14 +40,10 @@ func (t *tlsFlags) load(ctx context.Context, mutual bool) (*tlsconf.Source, erro
 // else plaintext.
 func (t *tlsFlags) grpcCreds(ctx context.Context, addr string) (credentials.TransportCredentials, error) {
 	src, err := t.load(ctx, false)
-	if err != nil || src == nil {
-		return insecure.NewCredentials(), err
-	}
-	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("address %q: %w", addr, err)
+		return nil, err
 	}
-	return credentials.NewTLS(src.Client(host)), nil
+	return src.GRPCClient(addr)
 }
 
 // httpTransport is a client's transport for host: TLS with the flags

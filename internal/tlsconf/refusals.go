@@ -1,12 +1,14 @@
 package tlsconf
 
 import (
+	"fmt"
 	"log"
 	"log/slog"
 	"net"
 	"strings"
 
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // logRefusal logs a refused connection with its reason. Anyone who
@@ -15,6 +17,19 @@ import (
 // lines are written, and counts those it leaves out.
 func logRefusal(who, from, reason string) {
 	slog.Warn(who+": refused a connection", "from", from, "reason", reason)
+}
+
+// GRPCClient is a gRPC client's credentials for addr ("host:port"): TLS
+// checking the server against host, or plaintext from a nil Source.
+func (s *Source) GRPCClient(addr string) (credentials.TransportCredentials, error) {
+	if s == nil {
+		return insecure.NewCredentials(), nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("tls: address %q: %w", addr, err)
+	}
+	return credentials.NewTLS(s.Client(host)), nil
 }
 
 // GRPC is a gRPC server's credentials over Server, logging refused

@@ -234,13 +234,17 @@ func (s *Source) Client(server string) *tls.Config {
 			}
 			return s.verify(cs.PeerCertificates, server, x509.ExtKeyUsageServerAuth)
 		},
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			if c := s.cur.Load().cert; c != nil {
-				return c, nil
-			}
-			return &tls.Certificate{}, nil // none: the server decides
-		},
+		GetClientCertificate: s.clientCert,
 	}
+}
+
+// clientCert is the certificate a client presents: the current one, or
+// none (the server decides).
+func (s *Source) clientCert(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	if c := s.cur.Load().cert; c != nil {
+		return c, nil
+	}
+	return &tls.Certificate{}, nil
 }
 
 // verify checks a peer's chain against the current CA: for a server, its
@@ -275,13 +279,8 @@ func (s *Source) ClientAnyName() (*tls.Config, error) {
 		return nil, errors.New("tls: no CA (--etcd-ca) to check the servers' certificates against")
 	}
 	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		RootCAs:    pool,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			if c := s.cur.Load().cert; c != nil {
-				return c, nil
-			}
-			return &tls.Certificate{}, nil
-		},
+		MinVersion:           tls.VersionTLS12,
+		RootCAs:              pool,
+		GetClientCertificate: s.clientCert,
 	}, nil
 }
