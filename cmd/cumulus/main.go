@@ -13,12 +13,11 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
 	"github.com/cumulus-serving/cumulus/internal/lograte"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
 func main() {
@@ -64,28 +63,7 @@ func rootCommand() *cobra.Command {
 }
 
 func etcdClient(ctx context.Context, endpoints string, tlsFiles tlsconf.Files) (*clientv3.Client, error) {
-	// The client's own logger reports every retried call at warn level,
-	// also the calls cancelled at a normal shutdown; errors reach us as
-	// errors and are logged where they matter.
-	quiet, _ := zap.NewProductionConfig().Build(zap.IncreaseLevel(zapcore.ErrorLevel))
-	cfg := clientv3.Config{Endpoints: strings.Split(endpoints, ","), DialTimeout: 5 * time.Second, Logger: quiet}
-	if tlsFiles.Set() {
-		// etcd's client speaks plaintext to an http:// endpoint whatever
-		// its TLS configuration says.
-		for _, e := range cfg.Endpoints {
-			if !strings.HasPrefix(e, "https://") {
-				return nil, fmt.Errorf("etcd endpoint %s: --etcd-cert, --etcd-key and --etcd-ca need https:// endpoints (an http:// one would be plaintext)", e)
-			}
-		}
-		src, err := tlsconf.Load(ctx, tlsFiles)
-		if err == nil {
-			cfg.TLS, err = src.ClientAnyName()
-		}
-		if err != nil {
-			return nil, fmt.Errorf("etcd: %w", err)
-		}
-	}
-	cli, err := clientv3.New(cfg)
+	cli, err := topo.Dial(ctx, strings.Split(endpoints, ","), tlsFiles)
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %w", endpoints, err)
 	}

@@ -14,8 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
@@ -107,18 +105,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		return nil, err
 	}
 	c.EtcdAddr = c.etcd.Endpoint
-	quiet, _ := zap.NewProductionConfig().Build(zap.IncreaseLevel(zapcore.ErrorLevel))
-	ecfg := clientv3.Config{Endpoints: []string{c.etcd.Endpoint}, DialTimeout: 5 * time.Second, Logger: quiet}
+	var etcdTLS tlsconf.Files
 	if o.EtcdTLS != nil {
-		src, err := tlsconf.Load(ctx, *o.EtcdTLS)
-		if err == nil {
-			ecfg.TLS, err = src.ClientAnyName()
-		}
-		if err != nil {
-			return nil, fmt.Errorf("devcluster: etcd: %w", err)
-		}
+		etcdTLS = *o.EtcdTLS
 	}
-	if c.Etcd, err = clientv3.New(ecfg); err != nil {
+	if c.Etcd, err = topo.Dial(ctx, []string{c.etcd.Endpoint}, etcdTLS); err != nil {
 		return nil, fmt.Errorf("devcluster: %w", err)
 	}
 	for range o.Shards {
