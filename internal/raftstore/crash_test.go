@@ -110,14 +110,7 @@ func TestCrashWorkload(t *testing.T) {
 		}
 
 		s := open(t, dir)
-		first, err := s.FirstIndex()
-		if err != nil {
-			t.Fatal(err)
-		}
-		last, err := s.LastIndex()
-		if err != nil {
-			t.Fatal(err)
-		}
+		first, last := edges(t, s)
 		if last < acked {
 			t.Fatalf("cycle %d: last index %d after a kill; %d was acknowledged", cycle, last, acked)
 		}

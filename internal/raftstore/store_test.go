@@ -53,17 +53,23 @@ func entries(lo, hi uint64) []*raft.Log {
 	return ls
 }
 
+// edges is the store's first and last index.
+func edges(t *testing.T, s *Store) (first, last uint64) {
+	t.Helper()
+	first, err := s.FirstIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err = s.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return first, last
+}
+
 func checkEdges(t *testing.T, s *Store, first, last uint64) {
 	t.Helper()
-	f, err := s.FirstIndex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := s.LastIndex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f != first || l != last {
+	if f, l := edges(t, s); f != first || l != last {
 		t.Fatalf("first, last index %d, %d; want %d, %d", f, l, first, last)
 	}
 }
