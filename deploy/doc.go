@@ -1,5 +1,6 @@
 // Package deploy holds no Go code: it is where deployment material lives
-// (systemd units in deploy/systemd, checked by cmd/cumulus's
-// TestSystemdUnits; topology notes in deploy/README.md). Kubernetes
-// manifests and a container build are still to come.
+// (Kubernetes manifests in deploy/kubernetes, checked by cmd/cumulus's
+// TestKubernetesManifests, which also reads the Dockerfile; systemd units
+// in deploy/systemd, checked by TestSystemdUnits; the walkthrough in
+// deploy/README.md).
 package deploy

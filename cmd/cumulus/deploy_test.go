@@ -2,11 +2,9 @@ package main
 
 import (
 	"bufio"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -51,7 +49,7 @@ func TestSystemdUnits(t *testing.T) {
 	if err != nil || len(units) != 3 {
 		t.Fatalf("units: %v %v", units, err)
 	}
-	help := map[string]string{}
+	help := helpText{}
 	for _, path := range units {
 		name := filepath.Base(path)
 		u := readUnit(t, path)
@@ -67,34 +65,7 @@ func TestSystemdUnits(t *testing.T) {
 			t.Fatalf("%s: ExecStart %q", name, exec)
 		}
 		cmd := args[1]
-		if help[cmd] == "" {
-			out, err := cumulus(cmd, "--help").CombinedOutput()
-			if err != nil {
-				t.Fatalf("cumulus %s --help: %v", cmd, err)
-			}
-			help[cmd] = string(out)
-		}
-		flags := map[string]string{}
-		for i := 2; i < len(args); i++ {
-			if !strings.HasPrefix(args[i], "--") {
-				t.Fatalf("%s: %q is not a flag", name, args[i])
-			}
-			f, v, _ := strings.Cut(args[i], "=")
-			if v == "" && i+1 < len(args) && !strings.HasPrefix(args[i+1], "--") {
-				v, i = args[i+1], i+1
-			}
-			flags[f] = v
-			if !strings.Contains(help[cmd], "      "+f+" ") && !strings.Contains(help[cmd], ", "+f+" ") {
-				t.Errorf("%s: cumulus %s has no flag %s", name, cmd, f)
-			}
-			if addrFlags[f] {
-				host, port, err := net.SplitHostPort(v)
-				p, perr := strconv.Atoi(port)
-				if err != nil || host == "" || perr != nil || p < 1 || p > 65535 {
-					t.Errorf("%s: %s %s is not an address with a port", name, f, v)
-				}
-			}
-		}
+		flags := checkFlags(t, name, cmd, args[2:], help)
 		if !strings.Contains(strings.Join(u["Wants"], " "), "network-online.target") || !strings.Contains(strings.Join(u["After"], " "), "network-online.target") {
 			t.Errorf("%s: wants and waits for network-online.target? Wants=%v After=%v", name, u["Wants"], u["After"])
 		}
