@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests use
-# (LIBLINEAR, Redis and PyTorch from Debian, grpcurl and staticcheck from
-# the Go module proxy), checks formatting and lints, then runs every Go
-# test.
+# (LIBLINEAR, Redis, PyTorch and, for the network-namespace cluster, etcd,
+# iproute2, curl and openssl from Debian; grpcurl and staticcheck from the
+# Go module proxy), checks formatting and lints, then runs every Go test.
 # CUMULUS_REQUIRE_TOOLS=1 makes tests that need those tools fail, rather
 # than skip, when a tool is missing.
 set -euo pipefail
@@ -12,11 +12,15 @@ need_apt=()
 command -v liblinear-train >/dev/null || need_apt+=(liblinear-tools)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null || need_apt+=(python3-torch python3-numpy)
+command -v etcd >/dev/null || need_apt+=(etcd-server)
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v curl >/dev/null || need_apt+=(curl)
+command -v openssl >/dev/null || need_apt+=(openssl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (Debian)"
   export DEBIAN_FRONTEND=noninteractive
-  # Packages only: the tests start their own redis-server on loopback, so
-  # keep the package from starting a system service.
+  # Packages only: the tests start their own redis-server and etcd, so
+  # keep the packages from starting system services.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT

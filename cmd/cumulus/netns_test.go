@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+)
+
+// TestClusterNetns runs scripts/cluster-netns.sh: etcd, a manager, two
+// routers and four shards (replicas 2) each in a network namespace of its
+// own, mutual TLS everywhere, under open-loop load through both routers;
+// one shard's namespace is killed with SIGKILL and started again. No
+// request may fail. It needs root for the namespaces, and says so and
+// skips without it.
+func TestClusterNetns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the netns cluster runs for about 40 s")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("not root: network namespaces need it; run scripts/cluster-netns.sh as root")
+	}
+	for _, tool := range []string{"ip", "curl", "openssl", "etcd"} {
+		testenv.Tool(t, tool)
+	}
+	if out, err := exec.Command("ip", "netns", "add", "cnx-probe").CombinedOutput(); err != nil {
+		t.Skipf("root, but network namespaces cannot be made here: %v %s", err, out)
+	}
+	exec.Command("ip", "netns", "del", "cnx-probe").Run()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "../../scripts/cluster-netns.sh", t.TempDir())
+	cmd.Env = append(os.Environ(), "CUMULUS_AS_MAIN=1", "CUMULUS="+os.Args[0],
+		"PARAMS=500000", "RATE=100", "DURATION=20s", "KILL_AT=6", "RESTART_AFTER=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("scripts/cluster-netns.sh:\n%s", out)
+	if err != nil {
+		t.Fatalf("cluster-netns: %v", err)
+	}
+	total := regexp.MustCompile(`(?m)^total +(\d+) +(\d+)$`).FindSubmatch(out)
+	if total == nil {
+		t.Fatal("no total line")
+	}
+	requests, _ := strconv.Atoi(string(total[1]))
+	failed, _ := strconv.Atoi(string(total[2]))
+	// 100/s to each of two routers for 20 s.
+	if requests != 4000 || failed != 0 {
+		t.Errorf("%d requests, %d failed: want 4000, none failed", requests, failed)
+	}
+	if !regexp.MustCompile(`(?m)^killed shard s2's processes`).Match(out) || !regexp.MustCompile(`(?m)^shard s2 ready again`).Match(out) {
+		t.Error("the shard namespace was not killed and started again")
+	}
+}
