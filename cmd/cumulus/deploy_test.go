@@ -75,6 +75,20 @@ func TestSystemdUnits(t *testing.T) {
 		if len(u["TimeoutStopSec"]) == 0 {
 			t.Errorf("%s: no TimeoutStopSec: the drain needs a bound time before SIGKILL", name)
 		}
+		if flags["--tls-cert"] == "" || flags["--etcd-cert"] == "" || !strings.HasPrefix(flags["--etcd"], "https://") {
+			t.Errorf("%s: not mutual TLS between the processes and with etcd", name)
+		}
+		// Each credential a flag names is one the unit loads.
+		loaded := map[string]bool{}
+		for _, c := range u["LoadCredential"] {
+			id, _, _ := strings.Cut(c, ":")
+			loaded[id] = true
+		}
+		for f, v := range flags {
+			if id, ok := strings.CutPrefix(v, "/run/credentials/x/"); ok && !loaded[id] {
+				t.Errorf("%s: %s %s: no LoadCredential=%s", name, f, v, id)
+			}
+		}
 		if cmd == "shard" && (flags["--data-dir"] == "" || flags["--memory-budget"] == "") {
 			t.Errorf("%s: a shard needs --data-dir (else its copies go to /tmp) and --memory-budget", name)
 		}
