@@ -129,7 +129,7 @@ The token comes from --admin-token, --admin-token-file or $` + adminTokenEnv + `
 	}
 	flags.register(cmd.PersistentFlags(), "addr")
 	var tlsf tlsFlags
-	tlsf.register(cmd.PersistentFlags(), "this client (to a manager started with --tls-*)")
+	tlsf.registerClient(cmd.PersistentFlags(), "this client (to a manager started with --tls-*)")
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print the API's JSON answer as it is")
 	client := func() (*adminClient, error) {
 		token, err := flags.resolve()

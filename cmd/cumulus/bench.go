@@ -159,7 +159,7 @@ process's CPU time (utime+stime) per request.`,
 	cmd.Flags().StringVar(&workloads, "workload", "all", "rank200, small, or all (comma-separated)")
 	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster)")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "router HTTP address, with --addr, for --protocol rest and rest-binary")
-	tlsf.register(cmd.Flags(), "this client (with --addr, to a router serving TLS; gRPC only)")
+	tlsf.registerClient(cmd.Flags(), "this client (with --addr, to a router serving TLS; gRPC only)")
 	cmd.Flags().StringVar(&protocols, "protocol", "grpc", "grpc, rest (JSON), rest-binary (binary tensor extension), or several comma-separated")
 	cmd.Flags().StringVar(&modelName, "model", "", "model name, with --addr")
 	cmd.Flags().StringVar(&repo, "repo", "", "repository holding --model, with --addr")

@@ -123,7 +123,7 @@ jsonl:   {"ids": [1, 2, 3], "values": [0.5, 1, 2]}   (values optional)`,
 	cmd.Flags().StringVar(&version, "model-version", "", "pin a version (default: the live one)")
 	cmd.Flags().StringVar(&format, "format", "libsvm", "libsvm or jsonl")
 	cmd.Flags().IntVar(&batch, "batch", 256, "rows per request")
-	tlsf.register(cmd.Flags(), "this client (to a router serving TLS: --tls-ca alone, or all three if it asks for a client certificate)")
+	tlsf.registerClient(cmd.Flags(), "this client (to a router serving TLS: --tls-ca alone, or all three if it asks for a client certificate)")
 	cmd.MarkFlagRequired("model")
 	return cmd
 }

@@ -211,6 +211,17 @@ func TestDevTLS(t *testing.T) {
 	if out, err := cumulus("predict", rows, "--addr", dev.out["grpc: "], "--model", "ctr").CombinedOutput(); err == nil {
 		t.Errorf("a plaintext predict call was answered: %s", out)
 	}
+	// --tls-server-name: the certificate is checked against that name,
+	// not the address's host (dev's names 127.0.0.1 and localhost).
+	if out, err := cumulus(append([]string{"admin", "models", "--addr", admin, "--admin-token", "t", "--tls-server-name", "localhost"}, tlsArgs...)...).CombinedOutput(); err != nil || !strings.Contains(string(out), "ctr") {
+		t.Errorf("admin with --tls-server-name localhost: %v\n%s", err, out)
+	}
+	for _, c := range [][]string{{"admin", "models", "--addr", admin, "--admin-token", "t"}, {"predict", rows, "--addr", dev.out["grpc: "], "--model", "ctr"}} {
+		out, err := cumulus(append(append(c, "--tls-server-name", "cumulus-manager.cumulus.svc"), tlsArgs...)...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "cumulus-manager.cumulus.svc") {
+			t.Errorf("%s with a --tls-server-name the certificate lacks: %v\n%s", c[0], err, out)
+		}
+	}
 	if out, err := cumulus("admin", "models", "--addr", admin, "--admin-token", "t").CombinedOutput(); err == nil {
 		t.Errorf("a plaintext admin call was answered: %s", out)
 	}

@@ -14,13 +14,26 @@ import (
 )
 
 // tlsFlags are --tls-cert, --tls-key and --tls-ca: a process's
-// certificate and the CA that signs its peers' (see tlsconf).
-type tlsFlags struct{ files tlsconf.Files }
+// certificate and the CA that signs its peers' (see tlsconf); and, for
+// the clients, --tls-server-name.
+type tlsFlags struct {
+	files tlsconf.Files
+	// serverName, when set, is the name the server's certificate is
+	// checked against instead of the address's host (a port-forward to
+	// localhost, an address by IP).
+	serverName string
+}
 
 func (t *tlsFlags) register(fs *pflag.FlagSet, what string) {
 	fs.StringVar(&t.files.Cert, "tls-cert", "", "PEM certificate (chain) "+what+" presents; reloaded when the file changes")
 	fs.StringVar(&t.files.Key, "tls-key", "", "PEM key of --tls-cert")
 	fs.StringVar(&t.files.CA, "tls-ca", "", "PEM CA certificate(s) the peers' certificates must be signed by")
+}
+
+// registerClient is register and --tls-server-name, for the clients.
+func (t *tlsFlags) registerClient(fs *pflag.FlagSet, what string) {
+	t.register(fs, what)
+	fs.StringVar(&t.serverName, "tls-server-name", "", "the name the server's certificate must carry (default: the host of --addr); for an address that is not the server's own name, such as kubectl port-forward's localhost")
 }
 
 // load loads the files, nil if none is named; mutual needs all three.
@@ -43,6 +56,9 @@ func (t *tlsFlags) grpcCreds(ctx context.Context, addr string) (credentials.Tran
 	if err != nil {
 		return nil, err
 	}
+	if src != nil && t.serverName != "" {
+		return credentials.NewTLS(src.Client(t.serverName)), nil
+	}
 	return src.GRPCClient(addr)
 }
 
@@ -55,6 +71,9 @@ func (t *tlsFlags) httpTransport(ctx context.Context, host string) (http.RoundTr
 	}
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
+	}
+	if t.serverName != "" {
+		host = t.serverName
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = src.Client(host)
