@@ -52,6 +52,12 @@ type Options struct {
 	AdvertiseAddr string
 	// LeaseTTL is the registration lease in seconds. Default 10.
 	LeaseTTL int64
+	// Starting, if set, bounds Start: once it is done, a Start still
+	// registering in etcd (which waits for etcd as long as it takes, and
+	// for a crashed predecessor's lease) gives up. The shard's own
+	// lifetime is Start's ctx, which a draining process keeps alive past
+	// the signal that ends Starting.
+	Starting context.Context
 	// MaxRequestBytes bounds one lookup request. Default 64 MiB.
 	MaxRequestBytes int
 	// MemoryBudget bounds the bytes of tables held resident (huge-page
@@ -287,7 +293,16 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	s.done.Add(1)
 	go func() { defer s.done.Done(); s.srv.Serve(lis) }()
 
+	// Starting ended while registering: the shard is not to be.
+	abort := func() bool { return true }
+	if opts.Starting != nil {
+		abort = context.AfterFunc(opts.Starting, cancel)
+	}
 	s.reg, err = topo.Register(ctx, opts.Etcd, opts.Cluster.ShardKey(opts.ID), s.info(), opts.LeaseTTL)
+	if !abort() {
+		s.Close()
+		return nil, fmt.Errorf("shard %s: stopped before it had registered in etcd (%w)", opts.ID, context.Cause(opts.Starting))
+	}
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("shard %s: registering in etcd: %w", opts.ID, err)

@@ -190,3 +190,46 @@ func TestDefaultDataDirRemoved(t *testing.T) {
 		t.Fatalf("default data dir %s left behind: %v", dir, err)
 	}
 }
+
+// TestStartingStops: a shard still registering gives up once its
+// Starting context ends (a SIGTERM to a process whose etcd is out of
+// reach, or whose ID another live shard holds), and leaves the holder
+// registered.
+func TestStartingStops(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := publishLoadTest(t)
+	holder, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	gone, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.Close()
+	for name, etcd := range map[string]*clientv3.Client{"its ID held": cli, "etcd out of reach": gone} {
+		starting, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: etcd, DataDir: t.TempDir(), Starting: starting})
+			if err == nil {
+				s.Close()
+			}
+			done <- err
+		}()
+		stop()
+		select {
+		case err := <-done:
+			if err == nil || !errors.Is(err, context.Canceled) {
+				t.Errorf("%s: Start after Starting ended: %v", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Start still registering 10s after Starting ended", name)
+		}
+	}
+	resp, err := cli.Get(context.Background(), holder.opts.Cluster.ShardKey("s1"))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the holder's registration: %v %v", resp, err)
+	}
+}

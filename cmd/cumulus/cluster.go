@@ -98,7 +98,7 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 			// The shard outlives the signal: Drain stops it.
 			s, err := shard.Start(context.WithoutCancel(cmd.Context()), shard.Options{ID: id, TLS: tlsSrc, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(), Weight: weight, Zone: zone,
 				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget), DataDir: dataDir, LoadRate: int64(loadRate),
-				MaxInflight: adm.inflight, MaxInflightBytes: int64(adm.bytes), MaxQueueTime: adm.queue, Faults: fault.f})
+				MaxInflight: adm.inflight, MaxInflightBytes: int64(adm.bytes), MaxQueueTime: adm.queue, Faults: fault.f, Starting: cmd.Context()})
 			if err != nil {
 				return err
 			}
