@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -475,6 +476,10 @@ func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, c *call) {
 	case failed:
 		b.calls.failed.Observe(d.Seconds())
 		b.failedAt.Store(time.Now().UnixNano())
+		// The reason (a refused TLS handshake, a shard gone) is logged
+		// here only: the caller may see another replica's answer. Repeats
+		// are rate-limited by the process's log handler.
+		slog.Warn("router: shard call failed", "shard", b.id, "addr", b.addr, "err", c.err)
 	default:
 		b.calls.cancelled.Observe(d.Seconds())
 	}

@@ -167,6 +167,25 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 		}
 		return nil
 	})
+	// A router whose certificate another CA signed gets nothing from the
+	// shard, and says why in its log.
+	otherCA := filepath.Join(dir, "other-ca.pem")
+	if err := os.WriteFile(otherCA, other.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	intruder := startProcess(t, []string{"grpc: "}, append(append([]string{"router", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"},
+		flags(stranger)...), common...)...)
+	frontAddr = intruder.out["grpc: "]
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if out, err := predict(tlsconf.Files{CA: otherCA}); err == nil {
+			t.Fatalf("a router of another CA got scores from the shard: %s", out)
+		}
+		if log := intruder.stderr.String(); !strings.Contains(log, "router: shard call failed") || !strings.Contains(log, "certificate") {
+			return fmt.Errorf("the router logged no failed shard call naming the certificate:\n%s", log)
+		}
+		return nil
+	})
+	frontAddr = rt.out["grpc: "]
 
 	// The admin API: likewise.
 	admin := func(f tlsconf.Files) (string, error) {
