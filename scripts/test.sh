@@ -44,4 +44,4 @@ echo "== go test"
 export CUMULUS_REQUIRE_TOOLS=1
 go test -count=1 -timeout 15m ./... "$@"
 echo "== go test -race (the packages with concurrent request paths)"
-go test -race -count=1 -timeout 15m ./shard ./router ./manager ./internal/topo ./internal/hedge ./internal/scratch ./server ./internal/raftstore "$@"
+go test -race -count=1 -timeout 15m ./shard ./router ./manager ./internal/topo ./internal/hedge ./internal/scratch ./server ./internal/raftstore ./internal/raftgroup "$@"
