@@ -1,0 +1,261 @@
+package manager
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/cumulus-serving/cumulus/internal/topo"
+)
+
+// The managers' state in a raft group (Control plane III): each member
+// holds a replicated, the state machine its committed log entries build.
+// An entry is what one decision of the leader wrote (raftEntry: the
+// models' states that changed, models gone, the cordons, audit entries),
+// not the events it decided on: members apply results, so a rolling
+// upgrade that changes Decide cannot make two members disagree, and a
+// follower needs no clock, repository or shard reports to follow.
+//
+// Records follow the schema rule (topo.Schema): a "schema" field, fields
+// added only as optional, readers refusing a newer schema than they know.
+
+// raftEntrySchema is the schema of raftEntry and raftSnapshot.
+const raftEntrySchema = 1
+
+// raftEntry is one committed change.
+type raftEntry struct {
+	Schema int `json:"schema"`
+	// At is the leader's clock when it wrote the entry: audit retention by
+	// age counts from it, so every member drops the same entries.
+	At time.Time `json:"at"`
+	// States are the models' states that changed, by name.
+	States map[string]json.RawMessage `json:"states,omitempty"`
+	// Gone are models that left the state.
+	Gone []string `json:"gone,omitempty"`
+	// Cordons, when set, is the new list of cordoned shards.
+	Cordons *[]string `json:"cordons,omitempty"`
+	// Audit entries to append.
+	Audit []AuditEntry `json:"audit,omitempty"`
+}
+
+// AuditRetention bounds the audit log the managers keep: the newest Keep
+// entries (default 100,000), none older than MaxAge (default 90 days).
+type AuditRetention struct {
+	Keep   int
+	MaxAge time.Duration
+}
+
+func (r AuditRetention) withDefaults() AuditRetention {
+	if r.Keep <= 0 {
+		r.Keep = 100_000
+	}
+	if r.MaxAge <= 0 {
+		r.MaxAge = 90 * 24 * time.Hour
+	}
+	return r
+}
+
+// replicated is the state machine: the persisted part of State (models
+// and cordons) and the audit log. Views it hands out are never modified.
+type replicated struct {
+	keep AuditRetention
+
+	mu      sync.Mutex
+	state   *State // Models and Cordoned only
+	audit   []AuditEntry
+	seq     uint64 // audit entries ever appended
+	applied uint64 // index of the last entry applied
+	changed chan struct{}
+}
+
+func newReplicated(keep AuditRetention) *replicated {
+	return &replicated{keep: keep.withDefaults(), state: &State{Models: map[string]*ModelState{}}, changed: make(chan struct{}, 1)}
+}
+
+// errEntry marks an entry this build cannot apply; every member refuses
+// it alike and the state stays as it was.
+var errEntry = errors.New("manager: raft entry refused")
+
+// decodeEntry reads and checks an entry: a known schema, states that are
+// models' states under their own names, nothing both changed and gone.
+func decodeEntry(b []byte) (raftEntry, map[string]*ModelState, error) {
+	e, err := topo.Decode[raftEntry]("raft entry", b)
+	if err == nil && e.Schema > raftEntrySchema {
+		err = fmt.Errorf("schema %d, this build reads 1 to %d (upgrade it)", e.Schema, raftEntrySchema)
+	}
+	if err != nil {
+		return e, nil, fmt.Errorf("%w: %v", errEntry, err)
+	}
+	states := make(map[string]*ModelState, len(e.States))
+	for name, raw := range e.States {
+		ms, err := topo.Decode[ModelState]("raft entry: model "+name, raw)
+		if err != nil {
+			return e, nil, fmt.Errorf("%w: %v", errEntry, err)
+		}
+		if ms.Name != name || slices.Contains(e.Gone, name) {
+			return e, nil, fmt.Errorf("%w: model state %q filed under %q, or also gone", errEntry, ms.Name, name)
+		}
+		ms.Schema = ModelStateSchema
+		states[name] = &ms
+	}
+	if e.Cordons != nil && len(*e.Cordons) > maxCordons {
+		return e, nil, fmt.Errorf("%w: %d cordons, over %d", errEntry, len(*e.Cordons), maxCordons)
+	}
+	return e, states, nil
+}
+
+// Apply applies one committed entry (raft.FSM). It answers the index
+// applied, or errEntry for an entry it cannot read (the state unchanged).
+func (r *replicated) Apply(l *raft.Log) any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.applied = l.Index
+	if l.Type != raft.LogCommand {
+		return l.Index
+	}
+	e, states, err := decodeEntry(l.Data)
+	if err != nil {
+		return err
+	}
+	next := &State{Models: maps.Clone(r.state.Models), Cordoned: r.state.Cordoned}
+	maps.Copy(next.Models, states)
+	for _, name := range e.Gone {
+		delete(next.Models, name)
+	}
+	if e.Cordons != nil {
+		next.Cordoned = slices.Compact(slices.Sorted(slices.Values(*e.Cordons)))
+	}
+	r.state = next
+	r.appendAudit(e.At, e.Audit)
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+	return l.Index
+}
+
+// appendAudit appends entries and drops those past retention, counting
+// age from at (the entry's time, the same on every member).
+func (r *replicated) appendAudit(at time.Time, entries []AuditEntry) {
+	r.audit = append(r.audit, entries...)
+	r.seq += uint64(len(entries))
+	drop := max(0, len(r.audit)-r.keep.Keep)
+	for drop < len(r.audit) && at.Sub(r.audit[drop].Time) > r.keep.MaxAge {
+		drop++
+	}
+	if drop > 0 {
+		r.audit = slices.Delete(r.audit, 0, drop)
+	}
+}
+
+// view is the replicated state now: models and cordons (no shard or
+// router reports), and the index of the last entry applied.
+func (r *replicated) view() (*State, uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state, r.applied
+}
+
+// readAudit returns up to limit of the newest audit entries, oldest
+// first.
+func (r *replicated) readAudit(limit int64) []AuditEntry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := min(int64(len(r.audit)), max(limit, 0))
+	return slices.Clone(r.audit[int64(len(r.audit))-n:])
+}
+
+// raftSnapshot is the whole state machine, as a snapshot holds it.
+type raftSnapshot struct {
+	Schema   int                    `json:"schema"`
+	Models   map[string]*ModelState `json:"models"`
+	Cordoned []string               `json:"cordoned,omitempty"`
+	Audit    []AuditEntry           `json:"audit,omitempty"`
+	AuditSeq uint64                 `json:"audit_seq"`
+}
+
+// Snapshot captures the state (raft.FSM); writing it happens off the
+// apply path, from the values captured here, which are never modified.
+func (r *replicated) Snapshot() (raft.FSMSnapshot, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return raftSnapshot{Schema: raftEntrySchema, Models: r.state.Models, Cordoned: r.state.Cordoned,
+		Audit: slices.Clone(r.audit), AuditSeq: r.seq}, nil
+}
+
+func (s raftSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := json.NewEncoder(sink).Encode(s); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (raftSnapshot) Release() {}
+
+// maxSnapshotBytes bounds a snapshot read back: far above what the
+// bounded state takes (models' states under 256 KiB each, the audit log
+// bounded by AuditRetention).
+const maxSnapshotBytes = 1 << 30
+
+// Restore replaces the state with a snapshot's (raft.FSM).
+func (r *replicated) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, maxSnapshotBytes+1))
+	if err != nil {
+		return fmt.Errorf("manager: reading a raft snapshot: %w", err)
+	}
+	if len(b) > maxSnapshotBytes {
+		return fmt.Errorf("manager: a raft snapshot over %d bytes", maxSnapshotBytes)
+	}
+	s, err := topo.Decode[raftSnapshot]("raft snapshot", b)
+	if err == nil && s.Schema > raftEntrySchema {
+		err = fmt.Errorf("raft snapshot: schema %d, this build reads 1 to %d (upgrade it)", s.Schema, raftEntrySchema)
+	}
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+	models := map[string]*ModelState{}
+	for name, ms := range s.Models {
+		if ms == nil || ms.Name != name {
+			return fmt.Errorf("manager: raft snapshot: model state filed under %q is not that model's", name)
+		}
+		ms.Schema = ModelStateSchema
+		models[name] = ms
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.state = &State{Models: models, Cordoned: slices.Compact(slices.Sorted(slices.Values(s.Cordoned)))}
+	r.audit, r.seq = s.Audit, s.AuditSeq
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// entryOf is the raft entry that persists c, written at at.
+func entryOf(c change, cordoned []string, at time.Time) ([]byte, error) {
+	e := raftEntry{Schema: raftEntrySchema, At: at, Gone: c.gone, Audit: c.audit}
+	if len(c.states) > 0 {
+		e.States = make(map[string]json.RawMessage, len(c.states))
+		for name, b := range c.states {
+			e.States[name] = b
+		}
+	}
+	if c.cordons != nil {
+		cs := slices.Clone(cordoned)
+		if cs == nil {
+			cs = []string{}
+		}
+		e.Cordons = &cs
+	}
+	return json.Marshal(e)
+}

@@ -1,0 +1,294 @@
+package manager
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cumulus-serving/cumulus/internal/raftgroup"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+)
+
+func modelJSON(t testing.TB, name string, live uint64) []byte {
+	b, err := json.Marshal(&ModelState{Schema: ModelStateSchema, Name: name, Partitions: 2, Live: live, Seq: live})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func entryJSON(t testing.TB, c change, cordoned []string, at time.Time) []byte {
+	b, err := entryOf(c, cordoned, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func applyEntry(r *replicated, index uint64, data []byte) any {
+	return r.Apply(&raft.Log{Index: index, Type: raft.LogCommand, Data: data})
+}
+
+// stateJSON is what a member's state machine holds, comparable.
+func stateJSON(t testing.TB, r *replicated) string {
+	s, _ := r.view()
+	b, err := json.Marshal(struct {
+		Models   map[string]*ModelState
+		Cordoned []string
+		Audit    []AuditEntry
+	}{s.Models, s.Cordoned, r.readAudit(1 << 30)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestReplicatedApply: entries change models, remove them, set cordons
+// and append audit entries; an entry this build cannot read changes
+// nothing and is answered errEntry.
+func TestReplicatedApply(t *testing.T) {
+	r := newReplicated(AuditRetention{})
+	at := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
+	c := change{states: map[string][]byte{"a": modelJSON(t, "a", 1), "b": modelJSON(t, "b", 3)}, cordons: []byte("x"),
+		audit: []AuditEntry{{Time: at, Op: "pin", Model: "a", Version: 1, Result: "ok"}}}
+	if got := applyEntry(r, 1, entryJSON(t, c, []string{"s2", "s1", "s1"}, at)); got != uint64(1) {
+		t.Fatalf("apply: %v", got)
+	}
+	s, applied := r.view()
+	if applied != 1 || len(s.Models) != 2 || s.Models["b"].Live != 3 || strings.Join(s.Cordoned, ",") != "s1,s2" {
+		t.Fatalf("after the first entry: %+v applied %d", s, applied)
+	}
+	applyEntry(r, 2, entryJSON(t, change{gone: []string{"b"}, cordons: []byte("x")}, nil, at))
+	s, _ = r.view()
+	if len(s.Models) != 1 || s.Models["a"] == nil || len(s.Cordoned) != 0 {
+		t.Fatalf("after the second: %+v", s)
+	}
+	before := stateJSON(t, r)
+	for name, bad := range map[string]string{
+		"not JSON":       `{`,
+		"newer schema":   `{"schema":99,"at":"2026-11-24T00:00:00Z"}`,
+		"misfiled state": fmt.Sprintf(`{"schema":1,"at":"2026-11-24T00:00:00Z","states":{"b":%s}}`, modelJSON(t, "a", 2)),
+		"changed and gone": fmt.Sprintf(`{"schema":1,"at":"2026-11-24T00:00:00Z","states":{"a":%s},"gone":["a"]}`,
+			modelJSON(t, "a", 2)),
+		"state not a model": `{"schema":1,"at":"2026-11-24T00:00:00Z","states":{"a":{"schema":1,"name":"a","versions":7}}}`,
+	} {
+		if err, _ := applyEntry(r, 3, []byte(bad)).(error); !errors.Is(err, errEntry) {
+			t.Errorf("%s: answered %v", name, err)
+		}
+		if after := stateJSON(t, r); after != before {
+			t.Errorf("%s changed the state", name)
+		}
+	}
+}
+
+// TestAuditRetention: the newest Keep entries, none older than MaxAge
+// counted from the entry's own time.
+func TestAuditRetention(t *testing.T) {
+	r := newReplicated(AuditRetention{Keep: 3, MaxAge: time.Hour})
+	t0 := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
+	for i := range 5 {
+		at := t0.Add(time.Duration(i) * time.Minute)
+		applyEntry(r, uint64(i+1), entryJSON(t, change{audit: []AuditEntry{{Time: at, Op: "pin", Version: uint64(i)}}}, nil, at))
+	}
+	got := r.readAudit(100)
+	if len(got) != 3 || got[0].Version != 2 || got[2].Version != 4 {
+		t.Fatalf("kept %+v", got)
+	}
+	if two := r.readAudit(2); len(two) != 2 || two[1].Version != 4 {
+		t.Fatalf("the newest two: %+v", two)
+	}
+	// An hour and a half later, only what is under an hour old remains.
+	at := t0.Add(90 * time.Minute)
+	applyEntry(r, 6, entryJSON(t, change{audit: []AuditEntry{{Time: at.Add(-59 * time.Minute), Op: "late"}, {Time: at, Op: "now"}}}, nil, at))
+	got = r.readAudit(100)
+	if len(got) != 2 || got[0].Op != "late" || got[1].Op != "now" {
+		t.Fatalf("after the age bound: %+v", got)
+	}
+}
+
+type bufSink struct{ bytes.Buffer }
+
+func (*bufSink) ID() string    { return "test" }
+func (*bufSink) Cancel() error { return nil }
+func (*bufSink) Close() error  { return nil }
+
+// TestReplicatedSnapshot: a snapshot restored into a fresh member gives
+// the same state and audit log; one that does not decode is refused.
+func TestReplicatedSnapshot(t *testing.T) {
+	r := newReplicated(AuditRetention{})
+	at := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
+	applyEntry(r, 1, entryJSON(t, change{states: map[string][]byte{"a": modelJSON(t, "a", 4)}, cordons: []byte("x"),
+		audit: []AuditEntry{{Time: at, Op: "rollback", Model: "a", Result: "ok"}}}, []string{"s9"}, at))
+	snap, err := r.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink bufSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newReplicated(AuditRetention{})
+	if err := fresh.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := stateJSON(t, r), stateJSON(t, fresh); a != b {
+		t.Fatalf("restored %s\nwant %s", b, a)
+	}
+	for _, bad := range []string{`{"schema":2}`, `{"schema":1,"models":{"a":{"schema":2,"name":"b"}}}`, `{"schema":1,"models":{"a":null}}`, "garbage"} {
+		if err := fresh.Restore(io.NopCloser(strings.NewReader(bad))); err == nil {
+			t.Errorf("snapshot %s restored", bad)
+		}
+	}
+}
+
+// TestReplicatedGroup: three members of a raft group on loopback apply
+// the same entries to the same state, including one that joined late
+// and caught up from a snapshot.
+func TestReplicatedGroup(t *testing.T) {
+	dir := t.TempDir()
+	type member struct {
+		g   *raftgroup.Group
+		fsm *replicated
+	}
+	start := func(id string, peers []raftgroup.Peer) member {
+		fsm := newReplicated(AuditRetention{Keep: 50})
+		g, err := raftgroup.Start(raftgroup.Config{ID: id, Addr: "127.0.0.1:0", Dir: filepath.Join(dir, id), Peers: peers, FSM: fsm,
+			SnapshotEvery: 64, TrailingLogs: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.Close() })
+		return member{g, fsm}
+	}
+	a := start("a", []raftgroup.Peer{{ID: "a"}})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if !a.g.Leading() {
+			return errors.New("a does not lead")
+		}
+		return nil
+	})
+	b := start("b", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.g.Add(ctx, "b", b.g.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
+	for i := range 200 {
+		name := fmt.Sprintf("m%d", i%7)
+		c := change{states: map[string][]byte{name: modelJSON(t, name, uint64(i))}, audit: []AuditEntry{{Time: at, Op: "pin", Model: name, Version: uint64(i)}}}
+		if i%50 == 49 {
+			c.gone = []string{fmt.Sprintf("m%d", (i+1)%7)}
+		}
+		if _, err := a.g.Apply(ctx, entryJSON(t, c, nil, at)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.g.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	c := start("c", nil)
+	if err := a.g.Add(ctx, "c", c.g.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		want := stateJSON(t, a.fsm)
+		for _, m := range []member{b, c} {
+			if got := stateJSON(t, m.fsm); got != want {
+				return fmt.Errorf("%s differs from the leader", m.g.ID())
+			}
+		}
+		return nil
+	})
+	if s, _ := c.fsm.view(); len(s.Models) == 0 || len(c.fsm.readAudit(100)) != 50 {
+		t.Fatalf("the late member: %d models, %d audit entries", len(s.Models), len(c.fsm.readAudit(100)))
+	}
+}
+
+// TestFence: the serving map is written by the leader of a term only
+// while no newer term has published.
+func TestFence(t *testing.T) {
+	cli := testenv.Etcd(t)
+	f := fence{cli: cli, cluster: topo.DefaultCluster}
+	ctx := context.Background()
+	rec := func(s string) map[string][]byte { return map[string][]byte{"m": []byte(s)} }
+	read := func() string {
+		resp, err := cli.Get(ctx, topo.DefaultCluster.ModelKey("m"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 0 {
+			return ""
+		}
+		return string(resp.Kvs[0].Value)
+	}
+	if err := f.publish(ctx, 2, rec("t2"), nil); err != nil {
+		t.Fatalf("first publication, term 2: %v", err)
+	}
+	if err := f.publish(ctx, 1, rec("t1"), nil); !errors.Is(err, ErrFenced) {
+		t.Fatalf("term 1 after term 2: %v", err)
+	}
+	if err := f.publish(ctx, 2, rec("t2 again"), nil); err != nil {
+		t.Fatalf("term 2 again: %v", err)
+	}
+	if err := f.publish(ctx, 10, rec("t10"), nil); err != nil {
+		t.Fatalf("term 10: %v", err)
+	}
+	if err := f.publish(ctx, 9, nil, []string{"m"}); !errors.Is(err, ErrFenced) {
+		t.Fatalf("term 9 after term 10: %v", err)
+	}
+	if got := read(); got != "t10" {
+		t.Fatalf("the map holds %q", got)
+	}
+	// Many models: several transactions, each fenced.
+	many := map[string][]byte{}
+	for i := range 300 {
+		many[fmt.Sprintf("m%03d", i)] = []byte("x")
+	}
+	if err := f.publish(ctx, 11, many, []string{"m"}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Get(ctx, topo.DefaultCluster.ModelsPrefix(), clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 300 || read() != "" {
+		t.Fatalf("%d records after publishing 300 and removing m (%v)", len(resp.Kvs), err)
+	}
+}
+
+// FuzzRaftEntry: no entry makes a member panic, and one refused leaves
+// the state as it was.
+func FuzzRaftEntry(f *testing.F) {
+	at := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
+	f.Add(entryJSON(f, change{states: map[string][]byte{"a": modelJSON(f, "a", 2)}, cordons: []byte("x"), audit: []AuditEntry{{Time: at, Op: "pin"}}}, []string{"s1"}, at))
+	f.Add([]byte(`{"schema":1,"at":"2026-11-24T00:00:00Z","gone":["a","a"],"cordons":null}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := newReplicated(AuditRetention{Keep: 4})
+		applyEntry(r, 1, entryJSON(t, change{states: map[string][]byte{"a": modelJSON(t, "a", 1)}}, nil, at))
+		before := stateJSON(t, r)
+		if err, refused := applyEntry(r, 2, data).(error); refused {
+			if !errors.Is(err, errEntry) || stateJSON(t, r) != before {
+				t.Fatalf("refused with %v, state changed: %v", err, stateJSON(t, r) != before)
+			}
+			return
+		}
+		s, _ := r.view()
+		for name, ms := range s.Models {
+			if ms == nil || ms.Name != name {
+				t.Fatalf("model %q holds %+v", name, ms)
+			}
+		}
+		if len(r.readAudit(1<<20)) > 4 {
+			t.Fatal("audit over its bound")
+		}
+	})
+}
