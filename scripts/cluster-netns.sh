@@ -13,9 +13,13 @@
 # default 150, for DURATION, default 30s) it kills every process of the
 # shard namespace s2 with SIGKILL at KILL_AT (default 8s) and starts the
 # shard again, as a supervisor would, RESTART_AFTER later (default 2s).
-# It prints each router's requests, failures and p99, the totals, and
-# how long the shard took to be ready again; it exits 1 if a request
-# failed. The model: LR, PARAMS features (default 2,000,000) in 16
+# It prints each router's requests, failures (errors and answers lost),
+# refusals (overload: 429 / ResourceExhausted with pushback, which this
+# one machine running nine processes on its cores can cause; counted
+# apart) and p99, the totals, the lookups the routers asked again of
+# another replica and the shard calls that failed (the kill, as the
+# routers felt it), and how long the shard took to be ready again; it
+# exits 1 if a request failed. The model: LR, PARAMS features (default 2,000,000) in 16
 # partitions. Needs root (namespaces), ip, curl, openssl and etcd.
 #
 #   scripts/cluster-netns.sh WORKDIR
@@ -49,6 +53,7 @@ cleanup() {
   done
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT # so that the EXIT trap runs
 cleanup
 rm -rf "$work/etcd" "$work/logs" "$work/data"
 mkdir -p "$work/logs" "$work/data" "$work/pki"
@@ -69,17 +74,18 @@ done
 # Certificates: one CA; each host's certificate names its address and
 # serves as both server and client (etcd's clients too).
 pki=$work/pki
-if [ ! -f "$pki/ca.crt" ]; then
+rm -rf "$pki" && mkdir -p "$pki"
+{
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$pki/ca.key" \
-    -out "$pki/ca.crt" -days 7 -subj /CN=cumulus-netns-ca 2> /dev/null
+    -out "$pki/ca.crt" -days 2 -subj /CN=cumulus-netns-ca 2> /dev/null
   for h in "${hosts[@]}"; do
     openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$pki/$h.key" \
       -out "$pki/$h.csr" -subj "/CN=$h" 2> /dev/null
     printf 'subjectAltName=IP:%s\nextendedKeyUsage=serverAuth,clientAuth\n' "${ip[$h]}" > "$pki/$h.ext"
     openssl x509 -req -in "$pki/$h.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
-      -days 7 -extfile "$pki/$h.ext" -out "$pki/$h.crt" 2> /dev/null
+      -days 2 -extfile "$pki/$h.ext" -out "$pki/$h.crt" 2> /dev/null
   done
-fi
+}
 tls() { echo "--tls-cert $pki/$1.crt --tls-key $pki/$1.key --tls-ca $pki/ca.crt"; }
 etcdtls() { echo "--etcd https://${ip[etcd]}:2379 --etcd-cert $pki/$1.crt --etcd-key $pki/$1.key --etcd-ca $pki/ca.crt"; }
 # until_ok SECONDS WHAT COMMAND...: COMMAND until it succeeds, or fail.
@@ -122,8 +128,9 @@ start_shard() {
 for s in s1 s2 s3 s4; do start_shard $s; done
 for r in r1 r2; do
   # shellcheck disable=SC2046
-  on $r "$C" router --id $r $(etcdtls $r) $(tls $r) --grpc-addr "${ip[$r]}:8001" --http-addr "${ip[$r]}:8000" \
-    --probe-addr "${ip[$r]}:8003" > "$work/logs/$r.log" 2>&1 &
+  # --client-ca: the clients too present certificates the CA signed.
+  on $r "$C" router --id $r $(etcdtls $r) $(tls $r) --client-ca "$pki/ca.crt" --grpc-addr "${ip[$r]}:8001" \
+    --http-addr "${ip[$r]}:8000" --probe-addr "${ip[$r]}:8003" > "$work/logs/$r.log" 2>&1 &
 done
 
 # shellcheck disable=SC2046
@@ -142,26 +149,42 @@ for r in r1 r2; do
     --rate "$rate" --duration "$duration" --timeout 1s --log-level warn > "$work/logs/bench-$r.out" 2> "$work/logs/bench-$r.err" &
   eval "bench_$r=\$!"
 done
+# counter NAME: the sum of a router counter over both routers.
+counter() {
+  for r in r1 r2; do on cli curl -sf "http://${ip[$r]}:8003/metrics"; done |
+    awk -v name="$1" 'index($0, name) == 1 { n += $NF } END { printf "%d\n", n }'
+}
+retries_before=$(counter 'cumulus_router_retries_total{kind="replica"}')
+failed_before=$(counter 'cumulus_router_shard_call_seconds_count{outcome="error"')
 sleep "$kill_at"
+mapfile -t pids < <(ip netns pids "$(ns s2)")
+[ ${#pids[@]} -gt 0 ] || { echo "cluster-netns: no process runs in $(ns s2)" >&2; exit 1; }
 killed=$SECONDS
-ip netns pids "$(ns s2)" | xargs -r kill -9
-echo "killed shard s2's processes ($(date +%T))"
+kill -9 "${pids[@]}"
+for p in "${pids[@]}"; do
+  while kill -0 "$p" 2> /dev/null; do sleep 0.01; done
+done
+echo "killed shard s2's processes (${#pids[@]}: ${pids[*]}) at $(date +%T)"
 sleep "$restart_after"
 start_shard s2
 until_ok 60 "shard s2 ready again" probe "${ip[s2]}:7101"
-echo "shard s2 ready again $((SECONDS - killed)) s after the kill"
+echo "shard s2 ready again $((SECONDS - killed)) s after the kill (now $(ip netns pids "$(ns s2)" | tr '\n' ' '))"
 # shellcheck disable=SC2154
 wait "$bench_r1" "$bench_r2"
 
+echo "lookups asked again of another replica: $(($(counter 'cumulus_router_retries_total{kind="replica"}') - retries_before));" \
+  "shard calls failed: $(($(counter 'cumulus_router_shard_call_seconds_count{outcome="error"') - failed_before))"
 echo
-echo "router  requests  failed  p99 (answered)"
-# bench's open-loop line: offered, ok (answered), refused, errors, p99.
+echo "router  requests  failed  refused  p99 (answered)"
+# bench's open-loop line: offered, ok (answered in time), refused
+# (overload), errors={CODE:N,...}, client_dropped, p99.
 awk '/^rank200 .*offered=/ {
   for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
   r = FILENAME; sub(/.*bench-/, "", r); sub(/\.out$/, "", r)
-  printf "%-6s %9d %7d  %s\n", r, f["offered"], f["offered"] - f["ok"], f["p99"]
-  req += f["offered"]; failed += f["offered"] - f["ok"]; n++ }
+  fail = f["offered"] - f["ok"] - f["refused"]
+  printf "%-6s %9d %7d %8d  %s\n", r, f["offered"], fail, f["refused"], f["p99"]
+  req += f["offered"]; failed += fail; refused += f["refused"]; n++ }
 END {
-  printf "total  %9d %7d\n", req, failed
+  printf "total  %9d %7d %8d\n", req, failed, refused
   if (n != 2) print "cluster-netns: a bench printed no result (logs/bench-*.err)"
   exit failed > 0 || n != 2 }' "$work/logs/bench-r1.out" "$work/logs/bench-r2.out"

@@ -56,6 +56,9 @@ func TestSystemdUnits(t *testing.T) {
 		if len(u["ExecStart"]) != 1 {
 			t.Fatalf("%s: %d ExecStart lines", name, len(u["ExecStart"]))
 		}
+		if strings.Contains(u["ExecStart"][0], "$CREDENTIALS_DIRECTORY") || strings.Contains(u["ExecStart"][0], "$STATE_DIRECTORY") {
+			t.Errorf("%s: systemd expands $VAR only as a word of its own: write ${VAR}", name)
+		}
 		// The values systemd gives: %i the instance (a port), %H the
 		// host, and the directories it makes.
 		exec := strings.NewReplacer("%i", "7100", "%H", "host-a", "${STATE_DIRECTORY}", "/var/lib/cumulus/shard-7100",

@@ -124,7 +124,7 @@ func TestGrafanaDashboard(t *testing.T) {
 	ids := map[int]bool{}
 	queries := 0
 	name := regexp.MustCompile(`\b(?:cumulus|go|process)_[a-z0-9_]+\b`)
-	grouped := regexp.MustCompile(`\b(?:by|without) \(([^)]*)\)`)
+	grouped := regexp.MustCompile(`\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)`)
 	matched := regexp.MustCompile(`([a-z_]+)\s*(?:=~|!~|!=|=)\s*"`)
 	legend := regexp.MustCompile(`\{\{\s*([a-z_]+)\s*\}\}`)
 	for _, p := range dash.Panels {

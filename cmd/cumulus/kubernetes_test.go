@@ -25,6 +25,7 @@ import (
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 )
 
 // kube is deploy/kubernetes rendered by kustomize, each document decoded
@@ -182,6 +183,10 @@ func (k *kube) envValue(t *testing.T, where string, e corev1.EnvVar, podName str
 		return podName
 	case src.FieldRef != nil && src.FieldRef.FieldPath == "metadata.namespace":
 		return k.namespace
+	case src.FieldRef != nil && src.FieldRef.FieldPath == "spec.nodeName":
+		return "ip-10-0-12-34.eu-west-1.compute.internal"
+	case src.ResourceFieldRef != nil && src.ResourceFieldRef.Resource == "requests.cpu":
+		return "2"
 	case src.ConfigMapKeyRef != nil:
 		cm := k.configMaps[src.ConfigMapKeyRef.Name]
 		if cm == nil {
@@ -303,6 +308,27 @@ func TestKubernetesManifests(t *testing.T) {
 	if len(k.namespaces) != 1 || k.namespaces[0].Name != k.namespace {
 		t.Fatalf("namespaces %v; the objects are in %q", k.namespaces, k.namespace)
 	}
+	if l := k.namespaces[0].Labels["pod-security.kubernetes.io/enforce"]; l != "restricted" {
+		t.Errorf("namespace %s enforces pod security %q, want restricted", k.namespace, l)
+	}
+	// The model repository's claim is applied on its own (kubectl delete
+	// -k must leave it), in the same namespace.
+	doc, err := os.ReadFile("../../deploy/kubernetes/models.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if doc, err = yaml.YAMLToJSON(doc); err != nil {
+		t.Fatal(err)
+	}
+	var models corev1.PersistentVolumeClaim
+	strict(t, "models.yaml", doc, &models)
+	if models.Namespace != k.namespace || !slices.Contains(models.Spec.AccessModes, corev1.ReadWriteMany) {
+		t.Errorf("models.yaml: claim %s in %q, modes %v: want ReadWriteMany in %q", models.Name, models.Namespace, models.Spec.AccessModes, k.namespace)
+	}
+	if k.claims[models.Name] != nil {
+		t.Errorf("the claim %s is in the kustomization: kubectl delete -k would delete the models", models.Name)
+	}
+	k.claims[models.Name] = &models
 	help := helpText{}
 	image := dockerfileImage(t, "../../Dockerfile")
 	roles := map[string]workload{}
@@ -490,6 +516,15 @@ func TestKubernetesManifests(t *testing.T) {
 			sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 			t.Errorf("%s: pod securityContext %+v: non-root as the image's user %s, RuntimeDefault seccomp", where, sc, image.user)
 		}
+		for _, m := range c.VolumeMounts {
+			v := volumes[m.Name]
+			if !m.ReadOnly && v.EmptyDir == nil && (sc == nil || sc.FSGroup == nil || strconv.FormatInt(*sc.FSGroup, 10) != image.user) {
+				t.Errorf("%s: %s is mounted writable, but the pod's fsGroup does not give it to the image's user %s", where, m.MountPath, image.user)
+			}
+		}
+		if cs := c.SecurityContext; cs != nil && cs.SeccompProfile != nil && cs.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+			t.Errorf("%s: container seccomp %s", where, cs.SeccompProfile.Type)
+		}
 		if cs := c.SecurityContext; cs == nil || cs.AllowPrivilegeEscalation == nil || *cs.AllowPrivilegeEscalation ||
 			cs.ReadOnlyRootFilesystem == nil || !*cs.ReadOnlyRootFilesystem || cs.Capabilities == nil || !slices.Equal(cs.Capabilities.Drop, []corev1.Capability{"ALL"}) {
 			t.Errorf("%s: container securityContext %+v: no privilege escalation, read-only root, no capabilities", where, cs)
@@ -514,6 +549,33 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	if r := k.statefulSets[manager.name].Spec.Replicas; r == nil || *r != 3 {
 		t.Errorf("managers: %v replicas, want 3", r)
+	}
+	shards := k.statefulSets[shard.name]
+	if shards.Spec.Replicas == nil || shards.Spec.UpdateStrategy.Type != appsv1.OnDeleteStatefulSetStrategyType ||
+		shards.Spec.PodManagementPolicy == appsv1.ParallelPodManagement {
+		t.Errorf("shards: replicas %v, updates %s, pods %s: want a count, OnDelete (restarted by the procedure that waits for every replica) and one at a time",
+			shards.Spec.Replicas, shards.Spec.UpdateStrategy.Type, shards.Spec.PodManagementPolicy)
+	}
+	if r := k.deployments[router.name].Spec.Replicas; r != nil {
+		t.Errorf("routers: replicas %d in the Deployment: every kubectl apply would undo the autoscaler's count", *r)
+	}
+	// Shards are dialed by the name the headless Service gives the pod, on
+	// the port they listen on.
+	adv, advPort, _ := net.SplitHostPort(roleFlags["shard"]["--advertise"])
+	_, lisPort, _ := net.SplitHostPort(roleFlags["shard"]["--addr"])
+	if want := shard.podName + "." + shards.Spec.ServiceName + "." + k.namespace + ".svc.cluster.local"; adv != want || advPort != lisPort {
+		t.Errorf("shards advertise %s, want %s:%s (the pod's name under its headless Service, the port it listens on)", roleFlags["shard"]["--advertise"], want, lisPort)
+	}
+	// Each role's serving ports are behind a Service.
+	for role, names := range map[string][]string{"shard": {"grpc"}, "router": {"grpc", "http"}, "manager": {"admin"}} {
+		for _, name := range names {
+			if !slices.ContainsFunc(mapValues(k.services), func(svc *corev1.Service) bool {
+				return labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(roles[role].pod.Labels)) &&
+					slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.TargetPort.StrVal == name })
+			}) {
+				t.Errorf("%s: no Service exposes its %s port", role, name)
+			}
+		}
 	}
 	for _, s := range k.statefulSets {
 		svc := k.services[s.Spec.ServiceName]
@@ -548,6 +610,9 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Fatalf("%d HorizontalPodAutoscalers, want the routers'", len(k.autoscalers))
 	}
 	hpa := k.autoscalers[0]
+	if lo := hpa.Spec.MinReplicas; lo == nil || *lo < 2 || hpa.Spec.MaxReplicas < *lo {
+		t.Errorf("HorizontalPodAutoscaler %s: min %v max %d: want at least 2, max no less", hpa.Name, ptrString(lo), hpa.Spec.MaxReplicas)
+	}
 	if ref := hpa.Spec.ScaleTargetRef; ref.Kind != "Deployment" || ref.Name != router.name || len(hpa.Spec.Metrics) != 1 ||
 		hpa.Spec.Metrics[0].Resource == nil || hpa.Spec.Metrics[0].Resource.Name != corev1.ResourceCPU {
 		t.Errorf("HorizontalPodAutoscaler %s: %+v, want the routers on CPU", hpa.Name, hpa.Spec)
@@ -555,7 +620,24 @@ func TestKubernetesManifests(t *testing.T) {
 
 	// Certificates: issued by an issuer in the manifests, for the names
 	// peers dial, good for both ends of mutual TLS.
+	known := []cmv1.KeyUsage{cmv1.UsageSigning, cmv1.UsageDigitalSignature, cmv1.UsageContentCommitment, cmv1.UsageKeyEncipherment,
+		cmv1.UsageKeyAgreement, cmv1.UsageDataEncipherment, cmv1.UsageCertSign, cmv1.UsageCRLSign, cmv1.UsageEncipherOnly,
+		cmv1.UsageDecipherOnly, cmv1.UsageAny, cmv1.UsageServerAuth, cmv1.UsageClientAuth, cmv1.UsageCodeSigning,
+		cmv1.UsageEmailProtection, cmv1.UsageSMIME, cmv1.UsageIPsecEndSystem, cmv1.UsageIPsecTunnel, cmv1.UsageIPsecUser,
+		cmv1.UsageTimestamping, cmv1.UsageOCSPSigning, cmv1.UsageMicrosoftSGC, cmv1.UsageNetscapeSGC}
 	for name, c := range k.certificates {
+		for _, u := range c.Spec.Usages {
+			if !slices.Contains(known, u) {
+				t.Errorf("Certificate %s: usage %q is none cert-manager knows", name, u)
+			}
+		}
+		if c.Spec.IsCA {
+			if iss := k.issuers[c.Spec.IssuerRef.Name]; iss == nil || iss.Spec.SelfSigned == nil {
+				t.Errorf("Certificate %s: a CA issued by %s, not a self-signed issuer", name, c.Spec.IssuerRef.Name)
+			}
+		} else if !slices.Contains(c.Spec.Usages, cmv1.UsageClientAuth) {
+			t.Errorf("Certificate %s: usages %v: every certificate here is some client's", name, c.Spec.Usages)
+		}
 		iss := k.issuers[c.Spec.IssuerRef.Name]
 		if c.Spec.IssuerRef.Kind != "Issuer" || iss == nil {
 			t.Errorf("Certificate %s: issuer %+v is not in the manifests", name, c.Spec.IssuerRef)
@@ -567,9 +649,10 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	dials := map[string][]string{
 		"shard":  {hostOf(t, roleFlags["shard"]["--advertise"])},
-		"router": {router.name + "." + k.namespace + ".svc", router.name + "." + k.namespace + ".svc.cluster.local"},
+		"router": {router.name, router.name + "." + k.namespace, router.name + "." + k.namespace + ".svc", router.name + "." + k.namespace + ".svc.cluster.local"},
 		"manager": {manager.podName + "." + k.statefulSets[manager.name].Spec.ServiceName + "." + k.namespace + ".svc.cluster.local",
-			k.statefulSets[manager.name].Spec.ServiceName + "." + k.namespace + ".svc"},
+			manager.podName + "." + k.statefulSets[manager.name].Spec.ServiceName + "." + k.namespace + ".svc",
+			k.statefulSets[manager.name].Spec.ServiceName, k.statefulSets[manager.name].Spec.ServiceName + "." + k.namespace + ".svc"},
 	}
 	for role, names := range dials {
 		w := roles[role]
@@ -747,4 +830,11 @@ func dockerfileImage(t *testing.T, file string) dockerImage {
 		t.Errorf("%s: ENTRYPOINT %q is not the binary copied from the build (%q)", file, entry, copied)
 	}
 	return dockerImage{user: user}
+}
+
+func ptrString[T any](p *T) string {
+	if p == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*p)
 }

@@ -235,6 +235,9 @@ func TestDevTLS(t *testing.T) {
 	if out, err := cumulus(append([]string{"admin", "models", "--addr", admin, "--admin-token", "t", "--tls-server-name", "localhost"}, tlsArgs...)...).CombinedOutput(); err != nil || !strings.Contains(string(out), "ctr") {
 		t.Errorf("admin with --tls-server-name localhost: %v\n%s", err, out)
 	}
+	if out, err := cumulus("admin", "models", "--addr", admin, "--admin-token", "t", "--tls-server-name", "localhost").CombinedOutput(); err == nil || !strings.Contains(string(out), "give --tls-ca") {
+		t.Errorf("--tls-server-name without --tls-ca: %v\n%s", err, out)
+	}
 	for _, c := range [][]string{{"admin", "models", "--addr", admin, "--admin-token", "t"}, {"predict", rows, "--addr", dev.out["grpc: "], "--model", "ctr"}} {
 		out, err := cumulus(append(append(c, "--tls-server-name", "cumulus-manager.cumulus.svc"), tlsArgs...)...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), "cumulus-manager.cumulus.svc") {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -39,6 +40,9 @@ func (t *tlsFlags) registerClient(fs *pflag.FlagSet, what string) {
 // load loads the files, nil if none is named; mutual needs all three.
 func (t *tlsFlags) load(ctx context.Context, mutual bool) (*tlsconf.Source, error) {
 	if !t.files.Set() {
+		if t.serverName != "" {
+			return nil, errors.New("--tls-server-name is the name a TLS server's certificate is checked against: give --tls-ca too")
+		}
 		return nil, nil
 	}
 	if mutual {
