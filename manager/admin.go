@@ -612,7 +612,7 @@ func (a *admin) audit(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	entries, err := a.m.st.readAudit(r.Context(), limit)
+	entries, err := a.m.readAudit(r.Context(), limit)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return

@@ -19,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/cumulus-serving/cumulus/internal/raftgroup"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
@@ -102,6 +103,25 @@ type Options struct {
 	// LeaderTTL is the lease, in seconds, under which this manager leads:
 	// if it dies, another takes over after at most this long. Default 5.
 	LeaderTTL int
+	// Raft, if set, makes this manager a member of a raft group of
+	// managers (Control plane III): the state lives in the group's log
+	// and snapshots instead of etcd, the group's leader acts, and the
+	// serving map is published in etcd fenced by the raft term
+	// (fence.go). LeaderTTL and the etcd election are then unused.
+	Raft *RaftOptions
+}
+
+// RaftOptions make a manager a member of a raft group.
+type RaftOptions struct {
+	// ID, Addr, Advertise, Dir, Peers and TLS: see raftgroup.Config.
+	ID, Addr, Advertise, Dir string
+	Peers                    []raftgroup.Peer
+	TLS                      *tlsconf.Source
+	// Audit bounds the audit log the group keeps.
+	Audit AuditRetention
+	// HeartbeatTimeout, ElectionTimeout, LeaderLease: see
+	// raftgroup.Config (defaults 500ms, 500ms, 250ms).
+	HeartbeatTimeout, ElectionTimeout, LeaderLease time.Duration
 }
 
 // Validate checks required fields and fills defaults.
@@ -229,6 +249,19 @@ type Manager struct {
 	damagedNow map[string]int
 	metrics    metrics
 	routers    atomic.Pointer[map[string]topo.RouterInfo] // the latest registrations read
+
+	// With Options.Raft: the group, its state machine, the fence the
+	// serving map is published through, the raft index of the state this
+	// manager last read or wrote (loop goroutine), and the term it leads.
+	group  *raftgroup.Group
+	fsm    *replicated
+	fence  fence
+	seen   uint64
+	term   atomic.Uint64
+	notify chan bool
+	// unpublished are models whose serving map records a failed
+	// publication left behind; loop goroutine only.
+	unpublished map[string]bool
 }
 
 type request struct {
@@ -289,13 +322,20 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 			}
 		}
 	}
-	lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
-	loaded, err := m.st.load(lctx)
-	lcancel()
-	if err != nil {
-		return nil, fmt.Errorf("%w (is etcd reachable at the given endpoints?)", err)
+	if opts.Raft != nil {
+		if err := m.startRaft(); err != nil {
+			return nil, err
+		}
+		m.setPersisted(m.raftState())
+	} else {
+		lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+		loaded, err := m.st.load(lctx)
+		lcancel()
+		if err != nil {
+			return nil, fmt.Errorf("%w (is etcd reachable at the given endpoints?)", err)
+		}
+		m.setPersisted(loaded)
 	}
-	m.setPersisted(loaded)
 	m.view.Store(m.persisted)
 	ctx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
@@ -305,22 +345,27 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	go func() { defer m.done.Done(); m.watchRepo(ctx) }()
 	m.done.Add(1)
 	go func() { defer m.done.Done(); removeLeftovers(opts.Repo.Dir) }()
-	go func() { defer m.done.Done(); m.campaign(ctx) }()
-	go func() {
-		defer m.done.Done()
-		// Another manager's write makes this one's view stale: read again
-		// rather than wait for a write of its own to fail.
-		topo.Watch(ctx, opts.Etcd, m.st.guardKey(), func(kv map[string][]byte, _ int64) {
-			g, err := topo.Decode[guardRecord](m.st.guardKey(), kv[m.st.guardKey()])
-			if err != nil || g.Writer == opts.Writer {
-				return
-			}
-			select {
-			case m.reload <- struct{}{}:
-			default:
-			}
-		})
-	}()
+	if m.group != nil {
+		go func() { defer m.done.Done(); m.followRaft(ctx) }()
+		go func() { defer m.done.Done(); m.raftChanges(ctx) }()
+	} else {
+		go func() { defer m.done.Done(); m.campaign(ctx) }()
+		go func() {
+			defer m.done.Done()
+			// Another manager's write makes this one's view stale: read
+			// again rather than wait for a write of its own to fail.
+			topo.Watch(ctx, opts.Etcd, m.st.guardKey(), func(kv map[string][]byte, _ int64) {
+				g, err := topo.Decode[guardRecord](m.st.guardKey(), kv[m.st.guardKey()])
+				if err != nil || g.Writer == opts.Writer {
+					return
+				}
+				select {
+				case m.reload <- struct{}{}:
+				default:
+				}
+			})
+		}()
+	}
 	go func() {
 		defer m.done.Done()
 		topo.Watch(ctx, opts.Etcd, opts.Cluster.ShardsPrefix(), func(kv map[string][]byte, _ int64) {
@@ -386,6 +431,9 @@ var ErrNotLeader = errors.New("manager: this manager is on standby; send state-c
 func (m *Manager) Ready(ctx context.Context) error {
 	if _, err := m.opts.Etcd.Get(ctx, m.opts.Cluster.ManagerPrefix()+"guard"); err != nil {
 		return fmt.Errorf("etcd does not answer: %w", err)
+	}
+	if m.group != nil {
+		return m.raftReady()
 	}
 	return nil
 }
@@ -498,10 +546,21 @@ func (m *Manager) State() *State { return m.view.Load() }
 func (m *Manager) Close() {
 	m.cancel()
 	m.done.Wait()
+	if m.group != nil {
+		if err := m.group.Close(); err != nil {
+			slog.Warn("manager: stopping its raft member", "err", err)
+		}
+	}
 }
 
 // notLeader is ErrNotLeader naming the leader, as far as etcd tells.
 func (m *Manager) notLeader() error {
+	if m.group != nil {
+		if id, addr := m.group.Leader(); id != "" {
+			return fmt.Errorf("%w (the leader is %s, raft address %s)", ErrNotLeader, id, addr)
+		}
+		return fmt.Errorf("%w (no leader elected yet)", ErrNotLeader)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	resp, err := m.opts.Etcd.Get(ctx, m.opts.Cluster.ManagerPrefix()+"leader", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
@@ -583,6 +642,11 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 				m.apply(ctx, RoutersChanged{Routers: latestRouters})
 			}
 		case <-tick.C:
+			if lead && m.group != nil {
+				if err := m.publishPending(ctx, m.persisted); err != nil {
+					slog.Error("manager: publishing the serving map", "err", err)
+				}
+			}
 			if lead {
 				m.scan(ctx)
 			}
@@ -631,6 +695,10 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 // reports whether it could read; nothing is read when etcd's state is the
 // one this manager last wrote.
 func (m *Manager) refresh(ctx context.Context) bool {
+	if m.group != nil {
+		m.refreshRaft()
+		return true
+	}
 	rctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	defer cancel()
 	resp, err := m.opts.Etcd.Get(rctx, m.st.guardKey())
@@ -745,7 +813,11 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 func (m *Manager) write(ctx context.Context, next *State, acts []Action) error {
 	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	defer cancel()
-	if err := m.st.commit(wctx, m.changes(m.persisted, next, acts)); err != nil {
+	commit := m.st.commit
+	if m.group != nil {
+		commit = func(ctx context.Context, c change) error { return m.commitRaft(ctx, c, next) }
+	}
+	if err := commit(wctx, m.changes(m.persisted, next, acts)); err != nil {
 		return err
 	}
 	prev := m.persisted

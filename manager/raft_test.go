@@ -1,0 +1,157 @@
+package manager_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cumulus-serving/cumulus/internal/raftgroup"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/manager"
+)
+
+// raftManager starts a manager that is member id of a raft group, its
+// data in dir/id.
+func raftManager(t *testing.T, cli *clientv3.Client, repo loader.Repo, dir, id, addr string, peers []raftgroup.Peer) *manager.Manager {
+	t.Helper()
+	m, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: cli, ScanInterval: time.Hour, Replicas: 2,
+		Raft: &manager.RaftOptions{ID: id, Addr: addr, Dir: filepath.Join(dir, id), Peers: peers}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m
+}
+
+func leaderOf(t *testing.T, ms ...*manager.Manager) *manager.Manager {
+	t.Helper()
+	var l *manager.Manager
+	testenv.Eventually(t, 20*time.Second, func() error {
+		l = nil
+		for _, m := range ms {
+			if m != nil && m.Leading() {
+				if l != nil {
+					return errors.New("two leading")
+				}
+				l = m
+			}
+		}
+		if l == nil {
+			return errors.New("none leads")
+		}
+		return nil
+	})
+	return l
+}
+
+// TestRaftManagers: three managers in a raft group. One leads and
+// publishes the map; the others follow its state and refuse changes,
+// naming it; an admin change is in every member's state once answered.
+// The leader stops: another takes over, publishes under a newer term
+// (the old one could no longer publish), and carries on from the state
+// the old one left; the old one comes back from its directory as a
+// follower.
+func TestRaftManagers(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := repoWith(t, 1)
+	fakeShards(t, cli, "s0", "s1", "s2")
+	dir := t.TempDir()
+	a := raftManager(t, cli, repo, dir, "a", "127.0.0.1:0", []raftgroup.Peer{{ID: "a"}})
+	leaderOf(t, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b := raftManager(t, cli, repo, dir, "b", "127.0.0.1:0", nil)
+	c := raftManager(t, cli, repo, dir, "c", "127.0.0.1:0", nil)
+	for _, m := range []*manager.Manager{b, c} {
+		if err := a.Group().Add(ctx, m.Group().ID(), m.Group().Addr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if ms := a.State().Models["m"]; ms == nil || ms.Live != 1 {
+			return errors.New("version 1 not live")
+		}
+		return nil
+	})
+	if _, err := repo.Publish("m", lrModel(2), 4, ""); err != nil {
+		t.Fatal(err)
+	}
+	a.Rescan()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := published(t, cli, "m"); got.Live != 2 || len(got.Replicas[0]) != 2 {
+			return fmt.Errorf("published live %d replicas %v", got.Live, got.Replicas)
+		}
+		return nil
+	})
+	// A rollback, answered once committed: every member holds it.
+	if _, err := a.Do(ctx, manager.Command{Op: manager.OpRollback, Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*manager.Manager{a, b, c} {
+		testenv.Eventually(t, 10*time.Second, func() error {
+			if ms := m.State().Models["m"]; ms == nil || ms.Pin != 1 {
+				return fmt.Errorf("%s: not pinned to 1", m.Group().ID())
+			}
+			return nil
+		})
+	}
+	_, err := b.Do(ctx, manager.Command{Op: manager.OpUnpin, Model: "m"})
+	if !errors.Is(err, manager.ErrNotLeader) || !strings.Contains(err.Error(), "the leader is a") {
+		t.Fatalf("a change asked of a follower: %v", err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if got := published(t, cli, "m"); got.Live != 1 {
+			return fmt.Errorf("published live %d", got.Live)
+		}
+		return nil
+	})
+	termKey := topo.DefaultCluster.ManagerPrefix() + "term"
+	resp, err := cli.Get(ctx, termKey)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the fence: %v %v", resp, err)
+	}
+	before := string(resp.Kvs[0].Value)
+
+	// The leader stops: another takes over from its state.
+	addrA := a.Group().Addr()
+	stopped := time.Now()
+	a.Close()
+	l := leaderOf(t, b, c)
+	t.Logf("%s leads %v after the leader stopped", l.Group().ID(), time.Since(stopped).Round(time.Millisecond))
+	resp, err = cli.Get(ctx, termKey)
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) <= before {
+		t.Fatalf("the fence after the takeover: %v (was %s)", resp.Kvs, before)
+	}
+	if _, err := l.Do(ctx, manager.Command{Op: manager.OpUnpin, Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if got := published(t, cli, "m"); got.Live != 2 {
+			return fmt.Errorf("published live %d", got.Live)
+		}
+		return nil
+	})
+	entries := l.State()
+	if ms := entries.Models["m"]; ms.Pin != 0 {
+		t.Fatalf("the new leader's state: pin %d", ms.Pin)
+	}
+	// The old leader comes back, follows.
+	a = raftManager(t, cli, repo, dir, "a", addrA, []raftgroup.Peer{{ID: "a"}})
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if ms := a.State().Models["m"]; ms == nil || ms.Pin != 0 || ms.Live != 2 {
+			return errors.New("the restarted member has not caught up")
+		}
+		return nil
+	})
+	if a.Leading() && l.Leading() {
+		t.Fatal("two leaders")
+	}
+}

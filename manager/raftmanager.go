@@ -1,0 +1,227 @@
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cumulus-serving/cumulus/internal/raftgroup"
+)
+
+// A manager with Options.Raft keeps its state in a raft group of
+// managers (raftstate.go): the group's leader decides as a lone manager
+// does, commits each decision's result to the group's log, and only then
+// publishes the serving map, fenced by its term (fence.go). Followers
+// follow the state machine; a new leader first applies everything
+// committed (a barrier), then publishes the whole map under its own term,
+// then acts.
+
+func (m *Manager) startRaft() error {
+	o := m.opts.Raft
+	m.fsm = newReplicated(o.Audit)
+	m.notify = make(chan bool, 16)
+	g, err := raftgroup.Start(raftgroup.Config{ID: o.ID, Addr: o.Addr, Advertise: o.Advertise, Dir: o.Dir, Peers: o.Peers,
+		FSM: m.fsm, TLS: o.TLS, HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
+		LeaderLease: o.LeaderLease, Notify: m.notify})
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+	m.group = g
+	m.fence = fence{cli: m.opts.Etcd, cluster: m.opts.Cluster}
+	m.unpublished = map[string]bool{}
+	return nil
+}
+
+// Group is the raft member of a manager started with Options.Raft (nil
+// otherwise).
+func (m *Manager) Group() *raftgroup.Group { return m.group }
+
+// raftState is the state machine's state as a State to decide on, and
+// notes the index it reflects. Loop goroutine (or Start).
+func (m *Manager) raftState() *State {
+	s, applied := m.fsm.view()
+	m.seen = applied
+	return &State{Models: s.Models, Cordoned: s.Cordoned}
+}
+
+// refreshRaft makes the state machine's state the one persisted and
+// shown, keeping the shards' and routers' reports. Loop goroutine.
+func (m *Manager) refreshRaft() {
+	if _, applied := m.fsm.view(); applied == m.seen {
+		return
+	}
+	fresh := m.raftState()
+	fresh.Shards, fresh.Routers = m.view.Load().Shards, m.view.Load().Routers
+	m.view.Store(fresh)
+	m.setPersisted(fresh)
+	m.held = false
+}
+
+// followRaft turns the group's leadership news into the loop's: a member
+// that becomes leader first applies everything committed and publishes
+// the map under its term (retrying while it leads), then acts.
+func (m *Manager) followRaft(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case leading := <-m.notify:
+			if !leading {
+				m.term.Store(0)
+				slog.Warn("manager: no longer leads the raft group")
+				m.tell(ctx, false)
+				continue
+			}
+			term := m.group.Term()
+			for {
+				err := m.takeOver(ctx, term)
+				if err == nil {
+					break
+				}
+				slog.Error("manager: taking over as the raft group's leader", "term", term, "err", err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Second):
+				}
+				if !m.group.Leading() || m.group.Term() != term {
+					break
+				}
+			}
+			if m.group.Leading() && m.group.Term() == term {
+				m.term.Store(term)
+				slog.Info("manager: leading the raft group", "id", m.group.ID(), "term", term)
+				m.tell(ctx, true)
+			}
+		}
+	}
+}
+
+// takeOver applies what the group committed and publishes the whole
+// serving map (and removes the records of models the state no longer
+// has) under term.
+func (m *Manager) takeOver(ctx context.Context, term uint64) error {
+	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := m.group.Barrier(bctx); err != nil {
+		return fmt.Errorf("applying what the group committed: %w", err)
+	}
+	s, _ := m.fsm.view()
+	records := map[string][]byte{}
+	for name, ms := range s.Models {
+		if ms.Partitions > 0 {
+			records[name], _ = json.Marshal(ms.Assignment())
+		}
+	}
+	resp, err := m.opts.Etcd.Get(bctx, m.opts.Cluster.ModelsPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return fmt.Errorf("reading the serving map: %w", err)
+	}
+	var gone []string
+	for _, kv := range resp.Kvs {
+		name := strings.TrimPrefix(string(kv.Key), m.opts.Cluster.ModelsPrefix())
+		if _, ok := records[name]; !ok && m.opts.Cluster.ModelKey(name) == string(kv.Key) {
+			gone = append(gone, name)
+		}
+	}
+	return m.fence.publish(bctx, term, records, gone)
+}
+
+// raftChanges tells the loop of a follower that the state machine
+// changed.
+func (m *Manager) raftChanges(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.fsm.changed:
+			if m.leading.Load() {
+				continue // its own writes
+			}
+			select {
+			case m.reload <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// commitRaft commits c to the group's log, then publishes its serving
+// map records (and any a failed publication left behind) fenced by this
+// leader's term. Loop goroutine.
+func (m *Manager) commitRaft(ctx context.Context, c change, next *State) error {
+	term := m.term.Load()
+	if term == 0 || !m.group.Leading() {
+		return m.notLeader()
+	}
+	if len(c.states) > 0 || len(c.gone) > 0 || c.cordons != nil || len(c.audit) > 0 {
+		entry, err := entryOf(c, next.Cordoned, time.Now())
+		if err != nil {
+			return err
+		}
+		resp, err := m.group.Apply(ctx, entry)
+		if errors.Is(err, raftgroup.ErrNotLeader) {
+			return m.notLeader()
+		}
+		if err != nil {
+			return fmt.Errorf("manager: committing to the raft group: %w", err)
+		}
+		if err, ok := resp.(error); ok {
+			return err
+		}
+		m.seen, _ = resp.(uint64)
+	}
+	for name := range c.maps {
+		m.unpublished[name] = true
+	}
+	for _, name := range c.gone {
+		m.unpublished[name] = true
+	}
+	return m.publishPending(ctx, next)
+}
+
+// publishPending publishes the map records of the models whose records
+// etcd does not yet hold as next has them. Loop goroutine.
+func (m *Manager) publishPending(ctx context.Context, next *State) error {
+	if len(m.unpublished) == 0 {
+		return nil
+	}
+	records := map[string][]byte{}
+	var gone []string
+	for name := range m.unpublished {
+		switch ms := next.Models[name]; {
+		case ms == nil:
+			gone = append(gone, name)
+		case ms.Partitions > 0:
+			records[name], _ = json.Marshal(ms.Assignment())
+		}
+	}
+	if err := m.fence.publish(ctx, m.term.Load(), records, gone); err != nil {
+		return fmt.Errorf("committed, but the serving map is not published yet: %w", err)
+	}
+	clear(m.unpublished)
+	return nil
+}
+
+// raftReady: the group has a leader this member knows of.
+func (m *Manager) raftReady() error {
+	if id, _ := m.group.Leader(); id == "" {
+		return errors.New("the raft group of managers has no leader that this one knows of")
+	}
+	return nil
+}
+
+// readAudit returns up to limit of the newest audit entries, oldest
+// first, from where this manager keeps them.
+func (m *Manager) readAudit(ctx context.Context, limit int64) ([]AuditEntry, error) {
+	if m.fsm != nil {
+		return m.fsm.readAudit(limit), nil
+	}
+	return m.st.readAudit(ctx, limit)
+}
