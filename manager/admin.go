@@ -83,6 +83,9 @@ const maxAdminBody = 64 << 10
 //	GET    /admin/v1/plan
 //	POST   /admin/v1/shards/{id}/cordon
 //	DELETE /admin/v1/shards/{id}/cordon
+//	GET    /admin/v1/managers                 the raft group's members
+//	POST   /admin/v1/managers                 {"id": ID, "addr": HOST:PORT}: add one (the leader)
+//	DELETE /admin/v1/managers/{id}            remove one (the leader)
 //	GET    /metrics, /healthz                 (no token)
 //
 // Errors are {"error": "..."} with 400, 401, 404, 409 (or 503 when the
@@ -122,6 +125,9 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	mux.HandleFunc("DELETE /admin/v1/shards/{id}/cordon", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		a.do(w, r, Command{Op: OpUncordon, Shard: r.PathValue("id")})
 	}))
+	mux.HandleFunc("GET /admin/v1/managers", a.auth(a.managers))
+	mux.HandleFunc("POST /admin/v1/managers", a.auth(func(w http.ResponseWriter, r *http.Request) { a.changeMembers(w, r, true) }))
+	mux.HandleFunc("DELETE /admin/v1/managers/{id}", a.auth(func(w http.ResponseWriter, r *http.Request) { a.changeMembers(w, r, false) }))
 	mux.HandleFunc("/admin/", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no admin call %s %s", r.Method, r.URL.Path))
 	}))

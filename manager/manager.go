@@ -348,6 +348,8 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if m.group != nil {
 		go func() { defer m.done.Done(); m.followRaft(ctx) }()
 		go func() { defer m.done.Done(); m.raftChanges(ctx) }()
+		m.done.Add(1)
+		go func() { defer m.done.Done(); m.reportMember(ctx) }()
 	} else {
 		go func() { defer m.done.Done(); m.campaign(ctx) }()
 		go func() {

@@ -383,6 +383,23 @@ promote makes the canary live; --off, a pin or a rollback drop it.`,
 				return w.Flush()
 			})
 		}}
+	managers := &cobra.Command{Use: "managers", Short: "List the raft group of managers: each member's role, term and last applied index", Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			return run(http.MethodGet, "/admin/v1/managers", nil, printManagers)
+		}}
+	managers.AddCommand(
+		&cobra.Command{Use: "add ID HOST:PORT", Short: "Add a manager to the raft group (through the leader); it must be running with --raft-addr HOST:PORT and an empty --raft-dir", Args: cobra.ExactArgs(2),
+			RunE: func(_ *cobra.Command, args []string) error {
+				return run(http.MethodPost, "/admin/v1/managers", manager.MemberChange{ID: args[0], Addr: args[1]}, printManagers)
+			}},
+		&cobra.Command{Use: "remove ID", Short: "Take a manager out of the raft group (through the leader)", Args: cobra.ExactArgs(1),
+			RunE: func(_ *cobra.Command, args []string) error {
+				if strings.ContainsAny(args[0], "/?#") || args[0] == "" {
+					return fmt.Errorf("invalid manager ID %q", args[0])
+				}
+				return run(http.MethodDelete, "/admin/v1/managers/"+args[0], nil, printManagers)
+			}})
+	cmd.AddCommand(managers)
 	cmd.AddCommand(rollback, audit, prune, accept, canary, promote, shards, plan,
 		cordonCmd("cordon", "Give SHARD nothing new and move what it holds elsewhere (it serves until the new replicas hold it, then is empty and can be stopped)", http.MethodPost),
 		cordonCmd("uncordon", "Let SHARD take partitions again", http.MethodDelete))
@@ -576,6 +593,25 @@ func ranges(ps []uint32) string {
 		i = j + 1
 	}
 	return b.String()
+}
+
+func printManagers(b []byte) error {
+	var out struct {
+		Members []manager.Member `json:"members"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return fmt.Errorf("admin API answered badly: %w", err)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "MANAGER	RAFT	VOTER	ROLE	TERM	APPLIED")
+	for _, m := range out.Members {
+		role, term, applied := m.Role, strconv.FormatUint(m.Term, 10), strconv.FormatUint(m.Applied, 10)
+		if !m.Reported {
+			role, term, applied = "(no report: down?)", "-", "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%v\t%s\t%s\t%s\n", printable(m.ID), printable(m.Raft), m.Voter, printable(role), term, applied)
+	}
+	return w.Flush()
 }
 
 func printShards(b []byte) error {

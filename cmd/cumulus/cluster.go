@@ -294,6 +294,7 @@ func managerCommand() *cobra.Command {
 	var admin adminFlags
 	var tlsf tlsFlags
 	var probeAddr string
+	var raft raftFlags
 	cmd := &cobra.Command{
 		Use:   "manager",
 		Short: "Run the manager: validates model versions, decides what is served, serves the admin API",
@@ -320,6 +321,9 @@ func managerCommand() *cobra.Command {
 			if err := policy.apply(&mo); err != nil {
 				return err
 			}
+			if mo.Raft, err = raft.options(cmd, tlsSrc); err != nil {
+				return err
+			}
 			m, err := manager.Start(cmd.Context(), mo)
 			if err != nil {
 				return err
@@ -335,6 +339,9 @@ func managerCommand() *cobra.Command {
 				scheme = "https"
 			}
 			fmt.Printf("admin: %s://%s\n", scheme, a.Addr())
+			if g := m.Group(); g != nil {
+				fmt.Printf("raft: %s at %s\n", g.ID(), g.Addr())
+			}
 			stopProbes, err := serveProbes(probeAddr, m.Ready, "manager probes")
 			if err != nil {
 				return err
@@ -352,7 +359,8 @@ func managerCommand() *cobra.Command {
 	cluster.register(cmd)
 	admin.register(cmd.Flags(), "admin-addr")
 	cmd.Flags().StringVar(&probeAddr, "probe-addr", "", probeUsage)
-	tlsf.register(cmd.Flags(), "the manager, on its admin API (which then answers only clients whose certificate --tls-ca signed) and to shards (its gate router)")
+	tlsf.register(cmd.Flags(), "the manager, on its admin API (which then answers only clients whose certificate --tls-ca signed), to shards (its gate router) and between raft members")
+	raft.register(cmd)
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }

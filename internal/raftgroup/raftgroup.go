@@ -127,6 +127,9 @@ type Group struct {
 // lead; NotLeaderError says who does.
 var ErrNotLeader = errors.New("raftgroup: not the leader")
 
+// ErrNotMember is returned by Remove for an ID not in the group.
+var ErrNotMember = errors.New("raftgroup: not a member of the group")
+
 // NotLeaderError names the leader as this member knows it (empty while
 // none is known).
 type NotLeaderError struct{ LeaderID, LeaderAddr string }
@@ -393,7 +396,7 @@ func (g *Group) Remove(ctx context.Context, id string) error {
 		return err
 	}
 	if !slices.ContainsFunc(members, func(s Status) bool { return s.ID == id }) {
-		return fmt.Errorf("raftgroup: %s is not a member", id)
+		return fmt.Errorf("%w: %s", ErrNotMember, id)
 	}
 	_, err = wait(ctx, g.raft.RemoveServer(raft.ServerID(id), 0, timeoutOf(ctx)))
 	if errors.Is(err, raft.ErrNotLeader) {

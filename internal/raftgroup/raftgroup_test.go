@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -332,3 +334,26 @@ func TestParsePeers(t *testing.T) {
 }
 
 func writeFile(path string, b []byte) error { return os.WriteFile(path, b, 0o600) }
+
+// TestAdvertise: a member is dialed at the name it was given (a host
+// name stays one), with the port the kernel chose for port 0; an
+// address of every interface needs one to advertise.
+func TestAdvertise(t *testing.T) {
+	m := startMember(t, "a", "localhost:0", filepath.Join(t.TempDir(), "a"), []Peer{{ID: "a"}}, nil, 0)
+	host, port, err := net.SplitHostPort(m.Addr())
+	if err != nil || host != "localhost" || port == "0" {
+		t.Fatalf("advertised %q", m.Addr())
+	}
+	leaderOf(t, m)
+	if _, err := Start(Config{ID: "b", Addr: "0.0.0.0:0", Dir: t.TempDir(), FSM: &listFSM{}}); err == nil || !strings.Contains(err.Error(), "advertise") {
+		t.Fatalf("listening on every interface with nothing to advertise: %v", err)
+	}
+	g, err := Start(Config{ID: "c", Addr: "0.0.0.0:0", Advertise: "c.example:7400", Dir: t.TempDir(), FSM: &listFSM{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if g.Addr() != "c.example:7400" {
+		t.Fatalf("advertised %q", g.Addr())
+	}
+}

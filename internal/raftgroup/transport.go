@@ -25,24 +25,37 @@ func listen(addr, advertise string, src *tlsconf.Source) (*streamLayer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftgroup: %w", err)
 	}
-	adv := lis.Addr()
-	if advertise != "" {
-		a, err := net.ResolveTCPAddr("tcp", advertise)
-		if err != nil {
+	// Peers dial what was given (a host name stays a host name, for
+	// certificates and for peers that name this member so), with the
+	// port the kernel chose for port 0.
+	adv := advertise
+	if adv == "" {
+		host, port, _ := net.SplitHostPort(addr)
+		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 			lis.Close()
-			return nil, fmt.Errorf("raftgroup: advertise address %q: %w", advertise, err)
+			return nil, fmt.Errorf("raftgroup: listening on %s, an address peers cannot dial: give the address to advertise", addr)
 		}
-		adv = a
-	} else if tcp := adv.(*net.TCPAddr); tcp.IP.IsUnspecified() {
-		lis.Close()
-		return nil, fmt.Errorf("raftgroup: listening on %s, an address peers cannot dial: give the address to advertise", addr)
+		if port == "0" {
+			_, port, _ = net.SplitHostPort(lis.Addr().String())
+		}
+		adv = net.JoinHostPort(host, port)
 	}
-	s := &streamLayer{Listener: lis, advertise: adv, tls: src}
+	if _, _, err := splitAddr(adv); err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("raftgroup: advertised %w", err)
+	}
+	s := &streamLayer{Listener: lis, advertise: tcpName(adv), tls: src}
 	if src != nil {
 		s.Listener = tls.NewListener(lis, src.Server())
 	}
 	return s, nil
 }
+
+// tcpName is an address as peers dial it, perhaps a host name.
+type tcpName string
+
+func (tcpName) Network() string  { return "tcp" }
+func (a tcpName) String() string { return string(a) }
 
 // Addr is the address peers dial (raft advertises it).
 func (s *streamLayer) Addr() net.Addr { return s.advertise }

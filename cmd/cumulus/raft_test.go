@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+)
+
+// freeAddrs picks n loopback addresses no one listens on now (for a raft
+// group whose members must know each other's addresses before they
+// start).
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	var addrs []string
+	var held []net.Listener
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, l)
+		addrs = append(addrs, l.Addr().String())
+	}
+	for _, l := range held {
+		l.Close()
+	}
+	return addrs
+}
+
+// TestRaftManagerFailover: three manager processes in a raft group, two
+// shards (replicas 2), a router under load. A version starts rolling out
+// (shards loading it slowly); an admin change is acknowledged; the
+// leading manager is killed with SIGKILL. Another leads, publishes under
+// a newer term, finishes the rollout; no request fails and the
+// acknowledged change is there.
+func TestRaftManagerFailover(t *testing.T) {
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "repo")
+	gen := func() {
+		if b, err := cumulus("model", "gen", "--name", "ctr", "--repo", repo, "--params", "400000", "--partitions", "4").CombinedOutput(); err != nil {
+			t.Fatalf("model gen: %v\n%s", err, b)
+		}
+	}
+	gen()
+	cli := testenv.Etcd(t)
+	common := []string{"--etcd", cli.Endpoints()[0], "--log-level", "info"}
+	for _, id := range []string{"s0", "s1"} {
+		// Once serving, a shard loads 1 MiB a second: a new version
+		// (4.8 MB, two replicas) takes a few seconds to roll out.
+		startProcess(t, []string{"shard " + id + " serving on "}, append([]string{"shard", "--id", id, "--repo", repo, "--addr", "127.0.0.1:0",
+			"--data-dir", filepath.Join(dir, id), "--load-rate", "1MiB"}, common...)...)
+	}
+	raftAddrs := freeAddrs(t, 3)
+	var peers []string
+	for i, a := range raftAddrs {
+		peers = append(peers, fmt.Sprintf("m%d=%s", i, a))
+	}
+	managers := map[string]*process{}
+	admins := map[string]string{}
+	for i, a := range raftAddrs {
+		id := fmt.Sprintf("m%d", i)
+		managers[id] = startProcess(t, []string{"admin: http://", "raft: "}, append([]string{"manager", "--repo", repo, "--replicas", "2",
+			"--admin-addr", "127.0.0.1:0", "--admin-token", "t", "--raft-id", id, "--raft-addr", a, "--raft-dir", filepath.Join(dir, id),
+			"--raft-peers", strings.Join(peers, ",")}, common...)...)
+		admins[id] = managers[id].out["admin: http://"]
+	}
+	admin := func(id string, args ...string) (string, error) {
+		out, err := cumulus(append(append([]string{"admin"}, args...), "--addr", admins[id], "--admin-token", "t")...).CombinedOutput()
+		return string(out), err
+	}
+	// leader asks each live manager which member leads.
+	leader := func() string {
+		var l string
+		testenv.Eventually(t, 30*time.Second, func() error {
+			for id, p := range managers {
+				if p.cmd.ProcessState != nil {
+					continue
+				}
+				out, err := admin(id, "managers")
+				if err != nil {
+					continue
+				}
+				for _, line := range strings.Split(out, "\n") {
+					if f := strings.Fields(line); len(f) >= 4 && f[3] == "leader" {
+						l = f[0]
+						return nil
+					}
+				}
+			}
+			return fmt.Errorf("no manager names a leader")
+		})
+		return l
+	}
+	l := leader()
+	rt := startProcess(t, []string{"http: http://", "grpc: "}, append([]string{"router", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"}, common...)...)
+	waitRouterReady(t, rt.out["http: http://"])
+	load := startCheckedLoad(t, rt.out["grpc: "], 4)
+	load.await(t, 100)
+
+	// An acknowledged change, then a rollout under way.
+	if out, err := admin(l, "cordon", "ghost"); err != nil {
+		t.Fatalf("cordon: %v\n%s", err, out)
+	}
+	gen() // version 2
+	if out, err := admin(l, "rescan"); err != nil {
+		t.Fatalf("rescan: %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		out, err := admin(l, "models")
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 3 && f[0] == "ctr" && f[1] == "1" && f[3] == "2" {
+				return nil
+			}
+		}
+		return fmt.Errorf("version 2 not staging yet: %v\n%s", err, out)
+		return nil
+	})
+	ctx := context.Background()
+	term := func() string {
+		resp, err := cli.Get(ctx, topo.DefaultCluster.ManagerPrefix()+"term")
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("the fence: %v", err)
+		}
+		return string(resp.Kvs[0].Value)
+	}
+	before := term()
+	watch := cli.Watch(ctx, topo.DefaultCluster.ManagerPrefix()+"term", clientv3.WithRev(0))
+	killed := time.Now()
+	managers[l].cmd.Process.Signal(syscall.SIGKILL)
+	<-managers[l].exited
+	var published time.Duration
+	for published == 0 {
+		select {
+		case wr := <-watch:
+			for _, ev := range wr.Events {
+				if string(ev.Kv.Value) > before {
+					published = time.Since(killed)
+				}
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("no newer term published the map within 30 s of the kill")
+		}
+	}
+	next := leader()
+	t.Logf("leader %s killed; %s leads, the map published under its term %v after the kill", l, next, published.Round(time.Millisecond))
+	testenv.Eventually(t, 60*time.Second, func() error {
+		out, err := admin(next, "models")
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "ctr" && f[1] == "2" {
+				return nil
+			}
+		}
+		return fmt.Errorf("version 2 not live yet: %v\n%s", err, out)
+		return nil
+	})
+	if out, err := admin(next, "shards"); err != nil || !strings.Contains(out, "ghost") {
+		t.Fatalf("the cordon acknowledged before the kill is gone: %v\n%s", err, out)
+	}
+	if out, err := admin(next, "audit"); err != nil || !strings.Contains(out, "cordon") {
+		t.Fatalf("the audit log lost the cordon: %v\n%s", err, out)
+	}
+	load.await(t, 100)
+	load.halt()
+	t.Logf("%d requests answered, %d failed", load.ok.Load(), load.failed.Load())
+	if n := load.failed.Load(); n > 0 {
+		t.Fatalf("%d requests failed; the first: %v", n, load.first.Load())
+	}
+}

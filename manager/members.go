@@ -1,0 +1,211 @@
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cumulus-serving/cumulus/internal/raftgroup"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+)
+
+// MemberRecord is a raft member's account of itself, kept in etcd at
+// MANAGER/members/ID under a lease and refreshed every second, so that
+// any manager can list every member's role, term and applied index.
+type MemberRecord struct {
+	Schema  int    `json:"schema"`
+	ID      string `json:"id"`
+	Raft    string `json:"raft"`
+	Role    string `json:"role"`
+	Term    uint64 `json:"term"`
+	Applied uint64 `json:"applied"`
+}
+
+// memberRecordSchema is MemberRecord's schema (topo.Schema's rule).
+const memberRecordSchema = 1
+
+func (m *Manager) membersPrefix() string { return m.opts.Cluster.ManagerPrefix() + "members/" }
+
+// self is this member's record now.
+func (m *Manager) self() MemberRecord {
+	r := MemberRecord{Schema: memberRecordSchema, ID: m.group.ID(), Raft: m.group.Addr()}
+	if ms, err := m.group.Members(); err == nil {
+		for _, s := range ms {
+			if s.Self {
+				r.Role, r.Term, r.Applied = s.Role, s.Term, s.Applied
+			}
+		}
+	}
+	if r.Role == "" {
+		r.Role = "none" // not (or no longer) in the group's configuration
+	}
+	return r
+}
+
+// reportMember keeps this member's record in etcd.
+func (m *Manager) reportMember(ctx context.Context) {
+	value := func() string { b, _ := json.Marshal(m.self()); return string(b) }
+	reg, err := topo.Register(ctx, m.opts.Etcd, m.membersPrefix()+m.group.ID(), value(), 10)
+	if err != nil {
+		if ctx.Err() == nil {
+			slog.Error("manager: registering this raft member in etcd (is another manager running with the same --raft-id?)", "id", m.group.ID(), "err", err)
+		}
+		return
+	}
+	defer reg.Close()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	last := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if v := value(); v != last {
+				reg.Set(v)
+				last = v
+			}
+		}
+	}
+}
+
+// Member is one manager of the raft group in GET /admin/v1/managers.
+type Member struct {
+	ID    string `json:"id"`
+	Raft  string `json:"raft"`
+	Voter bool   `json:"voter"`
+	// Role is "leader" or "follower" as the manager asked knows the
+	// leader (its own role for itself); Term and Applied are the member's
+	// own account (its record in etcd, refreshed every second); Reported
+	// says whether one was found: a member that is down has none once
+	// its lease runs out (10 s).
+	Role     string `json:"role"`
+	Term     uint64 `json:"term,omitempty"`
+	Applied  uint64 `json:"applied,omitempty"`
+	Reported bool   `json:"reported"`
+}
+
+// MemberChange is the body of POST /admin/v1/managers.
+type MemberChange struct {
+	ID   string `json:"id"`
+	Addr string `json:"addr"`
+}
+
+// errNoGroup answers membership calls to a manager that is not in one.
+const errNoGroup = "this manager is not a member of a raft group (cumulus manager --raft-dir, --raft-addr)"
+
+// members lists the group's configuration as this manager knows it,
+// each with its own account.
+func (m *Manager) members(ctx context.Context) ([]Member, error) {
+	config, err := m.group.Members()
+	if err != nil {
+		return nil, err
+	}
+	records := map[string]MemberRecord{}
+	if resp, err := m.opts.Etcd.Get(ctx, m.membersPrefix(), clientv3.WithPrefix()); err == nil {
+		for _, kv := range resp.Kvs {
+			if r, err := topo.Decode[MemberRecord](string(kv.Key), kv.Value); err == nil {
+				records[r.ID] = r
+			}
+		}
+	}
+	self := m.self()
+	records[self.ID] = self
+	var out []Member
+	for _, s := range config {
+		// The role as this member knows the leader (a member's record
+		// may be up to a second old, or left by one that died); its own
+		// account for the term and applied index.
+		mb := Member{ID: s.ID, Raft: s.Addr, Voter: s.Voter, Role: s.Role}
+		if r, ok := records[s.ID]; ok {
+			mb.Term, mb.Applied, mb.Reported = r.Term, r.Applied, true
+			if s.Self {
+				mb.Role = r.Role
+			}
+		}
+		out = append(out, mb)
+	}
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+func (a *admin) managers(w http.ResponseWriter, r *http.Request) {
+	if a.m.group == nil {
+		writeError(w, http.StatusNotFound, errNoGroup)
+		return
+	}
+	ms, err := a.m.members(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Members []Member `json:"members"`
+	}{ms})
+}
+
+// changeMembers adds (body given) or removes (id given) a member through
+// this manager, which must lead; the change is audited.
+func (a *admin) changeMembers(w http.ResponseWriter, r *http.Request, add bool) {
+	if a.m.group == nil {
+		writeError(w, http.StatusNotFound, errNoGroup)
+		return
+	}
+	var c MemberChange
+	if add {
+		if err := readBody(r, &c, false); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	} else {
+		c.ID = r.PathValue("id")
+	}
+	if err := raftgroup.ValidID(c.ID); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), a.opts.CommandTimeout)
+	defer cancel()
+	op, err := "add-manager", error(nil)
+	if add {
+		err = a.m.group.Add(ctx, c.ID, c.Addr)
+	} else {
+		op = "remove-manager"
+		err = a.m.group.Remove(ctx, c.ID)
+	}
+	switch {
+	case errors.Is(err, raftgroup.ErrNotLeader):
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("%v: send membership changes to the leader", err))
+		return
+	case errors.Is(err, context.DeadlineExceeded):
+		writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("no answer within %s: the change may still be made; list the managers", a.opts.CommandTimeout))
+		return
+	case errors.Is(err, raftgroup.ErrNotMember):
+		writeError(w, http.StatusNotFound, err.Error())
+		return
+	case err != nil && strings.Contains(err.Error(), "raftgroup:"):
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	result := c.ID
+	if add {
+		result += " at " + c.Addr
+	}
+	entry, _ := entryOf(change{audit: []AuditEntry{{Time: time.Now().UTC(), Op: op, From: r.RemoteAddr, Result: result}}}, nil, time.Now())
+	if _, err := a.m.group.Apply(ctx, entry); err != nil {
+		slog.Warn("manager: membership changed, but its audit entry was not committed", "op", op, "id", c.ID, "err", err)
+	}
+	slog.Info("manager: admin call applied", "op", op, "id", c.ID, "addr", c.Addr, "from", r.RemoteAddr)
+	a.managers(w, r)
+}
