@@ -123,7 +123,6 @@ func TestRaftManagerFailover(t *testing.T) {
 			}
 		}
 		return fmt.Errorf("version 2 not staging yet: %v\n%s", err, out)
-		return nil
 	})
 	ctx := context.Background()
 	term := func() string {
@@ -161,7 +160,6 @@ func TestRaftManagerFailover(t *testing.T) {
 			}
 		}
 		return fmt.Errorf("version 2 not live yet: %v\n%s", err, out)
-		return nil
 	})
 	if out, err := admin(next, "shards"); err != nil || !strings.Contains(out, "ghost") {
 		t.Fatalf("the cordon acknowledged before the kill is gone: %v\n%s", err, out)
