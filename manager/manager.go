@@ -219,6 +219,7 @@ type Manager struct {
 	elected  chan bool     // the election's news: true on winning, false on losing
 	stopped  chan struct{} // closed when the loop returns
 	leading  atomic.Bool   // whether this manager acts (loop goroutine writes)
+	acting   atomic.Bool   // it leads and has scanned the repository since it came to
 	results  chan Event    // from the validator, one version at a time
 	gates    chan RunGates // to the gate runner
 	gr       gateRouter    // the gate runner's
@@ -440,6 +441,22 @@ func (m *Manager) Ready(ctx context.Context) error {
 	return nil
 }
 
+// WaitLeading waits until this manager leads and has scanned the
+// repository since (a single manager, such as cumulus dev's, once it has
+// won its election), or ctx ends.
+func (m *Manager) WaitLeading(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for !m.acting.Load() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("manager: not leading: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
 // Leading reports whether this manager is the one acting: of the
 // managers of a cluster, one at a time leads (an etcd election); the
 // others follow the state it writes and take over if it dies.
@@ -605,6 +622,7 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 			flush = nil
 			m.flush(ctx)
 		case won := <-m.elected:
+			m.acting.Store(false)
 			if !won && m.held {
 				// Deposed with decisions held back: they are not this
 				// manager's to write; show what was persisted.
@@ -620,6 +638,7 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 					m.apply(ctx, ShardsChanged{Shards: latest})
 				}
 				m.scan(ctx)
+				m.acting.Store(true)
 				for _, ms := range m.view.Load().Models {
 					m.maybeCompact(ms) // one a restart interrupted
 				}

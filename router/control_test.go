@@ -313,11 +313,18 @@ func TestOperateModels(t *testing.T) {
 	// persisted state.
 	adm.Close()
 	c.Manager.Close()
-	m2, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: c.Etcd, ScanInterval: time.Hour})
+	mo := c.ManagerOptions()
+	mo.ScanInterval, mo.Registry = time.Hour, nil
+	m2, err := manager.Start(context.Background(), mo)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.Manager = m2 // the cluster's cleanup closes it
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if err := m2.WaitLeading(wctx); err != nil {
+		t.Fatal(err)
+	}
 	st := m2.State().Models["lr"]
 	if st.Live != 4 || st.Pin != 0 || fmt.Sprint(st.Standby()) != "[1 2 3]" {
 		t.Fatalf("restarted manager: live %d pin %d standby %v", st.Live, st.Pin, st.Standby())

@@ -36,7 +36,12 @@ func readUnit(t *testing.T, path string) unit {
 }
 
 // addrFlags are the flags whose value is a listen or advertised address.
-var addrFlags = map[string]bool{"--addr": true, "--advertise": true, "--grpc-addr": true, "--http-addr": true, "--admin-addr": true, "--probe-addr": true}
+var addrFlags = map[string]bool{"--addr": true, "--advertise": true, "--grpc-addr": true, "--http-addr": true, "--admin-addr": true, "--probe-addr": true,
+	"--raft-addr": true, "--raft-advertise": true}
+
+// advertiseFlags are the address flags that name where peers dial, not
+// where the process listens.
+var advertiseFlags = map[string]bool{"--advertise": true, "--raft-advertise": true}
 
 // TestSystemdUnits checks deploy/systemd as a user would meet it: every
 // flag a unit passes exists in that command's --help, every address has

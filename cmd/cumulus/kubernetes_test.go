@@ -365,7 +365,7 @@ func TestKubernetesManifests(t *testing.T) {
 		// each probe reaches a plain-HTTP port at a path served there.
 		listens := map[int]string{}
 		for f, v := range flags {
-			if addrFlags[f] && f != "--advertise" {
+			if addrFlags[f] && !advertiseFlags[f] {
 				p, _ := portOf(v)
 				listens[p] = f
 				if host, _, _ := net.SplitHostPort(v); host != "0.0.0.0" && host != "::" {
@@ -565,6 +565,30 @@ func TestKubernetesManifests(t *testing.T) {
 	_, lisPort, _ := net.SplitHostPort(roleFlags["shard"]["--addr"])
 	if want := shard.podName + "." + shards.Spec.ServiceName + "." + k.namespace + ".svc.cluster.local"; adv != want || advPort != lisPort {
 		t.Errorf("shards advertise %s, want %s:%s (the pod's name under its headless Service, the port it listens on)", roleFlags["shard"]["--advertise"], want, lisPort)
+	}
+	// Managers: a raft group bootstrapped from the StatefulSet's pods, each
+	// advertising its name under the headless Service, on the port it
+	// listens on, with its own volume for the log.
+	mgrs := k.statefulSets[manager.name]
+	mf := roleFlags["manager"]
+	_, raftPort, _ := net.SplitHostPort(mf["--raft-addr"])
+	podAddr := func(i int) string {
+		return fmt.Sprintf("%s-%d.%s.%s.svc.cluster.local:%s", mgrs.Name, i, mgrs.Spec.ServiceName, k.namespace, raftPort)
+	}
+	if mf["--raft-id"] != manager.podName || mf["--raft-advertise"] != podAddr(0) {
+		t.Errorf("managers: --raft-id %s --raft-advertise %s, want the pod's name and %s", mf["--raft-id"], mf["--raft-advertise"], podAddr(0))
+	}
+	var wantPeers []string
+	for i := range int(*mgrs.Spec.Replicas) {
+		wantPeers = append(wantPeers, fmt.Sprintf("%s-%d=%s", mgrs.Name, i, podAddr(i)))
+	}
+	if mf["--raft-peers"] != strings.Join(wantPeers, ",") {
+		t.Errorf("managers: --raft-peers %s, want %s", mf["--raft-peers"], strings.Join(wantPeers, ","))
+	}
+	if dir := mf["--raft-dir"]; !slices.ContainsFunc(manager.pod.Spec.Containers[0].VolumeMounts, func(m corev1.VolumeMount) bool {
+		return strings.HasPrefix(dir+"/", m.MountPath+"/") && slices.ContainsFunc(manager.claims, func(c corev1.PersistentVolumeClaim) bool { return c.Name == m.Name })
+	}) {
+		t.Errorf("managers: --raft-dir %s is not on a volume of the pod's own (a volumeClaimTemplate)", dir)
 	}
 	// Each role's serving ports are behind a Service.
 	for role, names := range map[string][]string{"shard": {"grpc"}, "router": {"grpc", "http"}, "manager": {"admin"}} {

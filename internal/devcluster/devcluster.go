@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cumulus-serving/cumulus/internal/etcdlocal"
+	"github.com/cumulus-serving/cumulus/internal/raftgroup"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
@@ -52,7 +53,8 @@ type Options struct {
 	// Shard, if set, adjusts shard i's options before it starts.
 	Shard func(i int, o *shard.Options)
 	// Manager, if set, adjusts the manager's options (its policy, its
-	// gates) before it starts.
+	// gates) before it starts. The manager is a one-member raft group
+	// (Options.Raft); nil Raft keeps its state in etcd instead.
 	Manager func(o *manager.Options)
 	// EtcdTLS, if set, serves etcd over TLS with these files (client
 	// certificates required, see etcdlocal.Start), and the cluster's own
@@ -73,6 +75,8 @@ type Cluster struct {
 	opts     Options
 	EtcdAddr string
 	loadTurn chan struct{} // the shards load one partition at a time between them
+	// managerOpts are the options the manager was started with.
+	managerOpts manager.Options
 }
 
 // Start starts everything; it does not wait for models to load (see
@@ -121,11 +125,25 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	// The manager starts after the shards have registered, so its first
 	// assignment already spreads partitions over all of them.
 	mo := manager.Options{Repo: repo, Etcd: c.Etcd, Cluster: o.Cluster, Replicas: o.Replicas, ScanInterval: o.ScanInterval, Registry: o.Registry}
+	// The manager is a raft group of one, as a real cluster's are of
+	// three, its log in the data directory (a dev cluster started again
+	// on the same directory carries on from it).
+	// Alone, it need not wait long to call an election.
+	mo.Raft = &manager.RaftOptions{ID: "dev", Addr: "127.0.0.1:0", Dir: filepath.Join(o.DataDir, "manager-raft"), Peers: []raftgroup.Peer{{ID: "dev"}},
+		HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond, LeaderLease: 100 * time.Millisecond}
 	if o.Manager != nil {
 		o.Manager(&mo)
 	}
+	c.managerOpts = mo
 	if c.Manager, err = manager.Start(ctx, mo); err != nil {
 		return nil, err
+	}
+	// Ready means acting: the manager leads and has read the repository.
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	err = c.Manager.WaitLeading(wctx)
+	wcancel()
+	if err != nil {
+		return nil, fmt.Errorf("devcluster: %w", err)
 	}
 	ro := o.Router
 	ro.Etcd, ro.Registry, ro.Cluster = c.Etcd, o.Registry, o.Cluster
@@ -134,6 +152,10 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	return c, nil
 }
+
+// ManagerOptions are the options the cluster's manager was started
+// with: a test restarting the manager starts it with these.
+func (c *Cluster) ManagerOptions() manager.Options { return c.managerOpts }
 
 // WaitReady waits until the router can serve every model, or ctx ends.
 func (c *Cluster) WaitReady(ctx context.Context) error {

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -92,11 +93,12 @@ type Config struct {
 	// Dir holds the member's log, stable store and snapshots; required.
 	Dir string
 	// Peers, for a member with nothing in Dir, bootstraps the group with
-	// this configuration (it must include this member; an empty address
+	// this configuration if it names this member (an empty address
 	// there stands for this member's own, as when it listens on port 0).
 	// Members given the
 	// same Peers may all start with it: raft lets one bootstrap win.
-	// Empty: the member waits to be added by the group's leader.
+	// Empty, or not naming this member: the member waits to be added by
+	// the group's leader.
 	Peers []Peer
 	// FSM is the replicated state machine; required.
 	FSM raft.FSM
@@ -169,9 +171,9 @@ func Start(cfg Config) (*Group, error) {
 	if cfg.TrailingLogs == 0 {
 		cfg.TrailingLogs = 1024
 	}
-	if len(cfg.Peers) > 0 && !slices.ContainsFunc(cfg.Peers, func(p Peer) bool { return p.ID == cfg.ID }) {
-		return nil, fmt.Errorf("raftgroup: the peers %v do not include this member, %s", cfg.Peers, cfg.ID)
-	}
+	// A member the peers do not name (one added later to a StatefulSet
+	// whose pods all carry the first members' list) waits to be added.
+	bootstrap := slices.ContainsFunc(cfg.Peers, func(p Peer) bool { return p.ID == cfg.ID })
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("raftgroup: %w", err)
 	}
@@ -218,7 +220,10 @@ func Start(cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("raftgroup: %w", err)
 	}
 	g := &Group{cfg: cfg, raft: r, store: store, trans: trans}
-	if fresh && len(cfg.Peers) > 0 {
+	if fresh && !bootstrap && len(cfg.Peers) > 0 {
+		slog.Info("raftgroup: this member is not among the peers given; waiting to be added to the group", "id", cfg.ID)
+	}
+	if fresh && bootstrap {
 		var servers []raft.Server
 		for _, p := range cfg.Peers {
 			if p.ID == cfg.ID {
