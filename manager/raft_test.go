@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,6 +149,87 @@ func TestRaftManagers(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, func() error {
 		if ms := a.State().Models["m"]; ms == nil || ms.Pin != 0 || ms.Live != 2 {
 			return errors.New("the restarted member has not caught up")
+		}
+		return nil
+	})
+	if a.Leading() && l.Leading() {
+		t.Fatal("two leaders")
+	}
+}
+
+// TestRaftPartitionedLeader: the leader is cut off from the others (a
+// transport fault injected on purpose). It stops leading within its
+// lease; another leads and publishes under a newer term; a change asked
+// of the cut-off one is refused. Joined again, it follows and holds what
+// was decided without it.
+func TestRaftPartitionedLeader(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := repoWith(t, 1)
+	fakeShards(t, cli, "s0", "s1", "s2")
+	dir := t.TempDir()
+	a := raftManager(t, cli, repo, dir, "a", "127.0.0.1:0", []raftgroup.Peer{{ID: "a"}})
+	leaderOf(t, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b := raftManager(t, cli, repo, dir, "b", "127.0.0.1:0", nil)
+	c := raftManager(t, cli, repo, dir, "c", "127.0.0.1:0", nil)
+	for _, m := range []*manager.Manager{b, c} {
+		if err := a.Group().Add(ctx, m.Group().ID(), m.Group().Addr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := published(t, cli, "m"); got.Live != 1 {
+			return fmt.Errorf("published live %d", got.Live)
+		}
+		return nil
+	})
+	// Every member holds the whole configuration before the cut.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, m := range []*manager.Manager{a, b, c} {
+			if ms, err := m.Group().Members(); err != nil || len(ms) != 3 {
+				return fmt.Errorf("%s knows %d members (%v)", m.Group().ID(), len(ms), err)
+			}
+		}
+		return nil
+	})
+	fenced := func() string {
+		resp, err := cli.Get(ctx, topo.DefaultCluster.ManagerPrefix()+"term")
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("the fence: %v", err)
+		}
+		return string(resp.Kvs[0].Value)
+	}
+	before := fenced()
+
+	cut := time.Now()
+	a.Group().SetPartitioned(true)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if a.Leading() {
+			return errors.New("the cut-off leader still leads")
+		}
+		return nil
+	})
+	stepped := time.Since(cut)
+	l := leaderOf(t, b, c)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if fenced() <= before {
+			return errors.New("no newer term published yet")
+		}
+		return nil
+	})
+	t.Logf("the cut-off leader stopped leading %v after the cut; %s leads and published %v after it", stepped.Round(time.Millisecond),
+		l.Group().ID(), time.Since(cut).Round(time.Millisecond))
+	if _, err := a.Do(ctx, manager.Command{Op: manager.OpCordon, Shard: "x"}); !errors.Is(err, manager.ErrNotLeader) {
+		t.Fatalf("a change asked of the cut-off manager: %v", err)
+	}
+	if _, err := l.Do(ctx, manager.Command{Op: manager.OpCordon, Shard: "decided-without-a"}); err != nil {
+		t.Fatal(err)
+	}
+	a.Group().SetPartitioned(false)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if st := a.State(); !slices.Contains(st.Cordoned, "decided-without-a") {
+			return errors.New("the rejoined manager does not hold the cordon decided without it")
 		}
 		return nil
 	})

@@ -123,6 +123,7 @@ type Group struct {
 	raft  *raft.Raft
 	store *raftstore.Store
 	trans *raft.NetworkTransport
+	layer *streamLayer
 }
 
 // ErrNotLeader is returned for a change asked of a member that does not
@@ -219,7 +220,7 @@ func Start(cfg Config) (*Group, error) {
 		store.Close()
 		return nil, fmt.Errorf("raftgroup: %w", err)
 	}
-	g := &Group{cfg: cfg, raft: r, store: store, trans: trans}
+	g := &Group{cfg: cfg, raft: r, store: store, trans: trans, layer: layer}
 	if fresh && !bootstrap && len(cfg.Peers) > 0 {
 		slog.Info("raftgroup: this member is not among the peers given; waiting to be added to the group", "id", cfg.ID)
 	}
@@ -416,6 +417,11 @@ func timeoutOf(ctx context.Context) time.Duration {
 	}
 	return 0
 }
+
+// SetPartitioned cuts this member off from the others (true: every
+// connection in or out is closed and refused) or joins it again: a fault
+// for drills and tests, as a network partition would be.
+func (g *Group) SetPartitioned(on bool) { g.layer.partition(on) }
 
 // Snapshot takes a snapshot now, truncating the log behind it.
 func (g *Group) Snapshot() error {

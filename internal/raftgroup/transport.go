@@ -2,8 +2,11 @@ package raftgroup
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -18,6 +21,64 @@ type streamLayer struct {
 	net.Listener
 	advertise net.Addr
 	tls       *tlsconf.Source
+
+	// cut, while set, partitions the member: no connection in or out,
+	// and those open are closed (SetPartitioned).
+	cut   atomic.Bool
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+// track keeps c to close on a partition; nil when partitioned.
+func (s *streamLayer) track(c net.Conn) net.Conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cut.Load() {
+		c.Close()
+		return nil
+	}
+	if s.conns == nil {
+		s.conns = map[net.Conn]struct{}{}
+	}
+	s.conns[c] = struct{}{}
+	return &trackedConn{Conn: c, s: s}
+}
+
+type trackedConn struct {
+	net.Conn
+	s *streamLayer
+}
+
+func (c *trackedConn) Close() error {
+	c.s.mu.Lock()
+	delete(c.s.conns, c.Conn)
+	c.s.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// partition cuts (or restores) every connection of this member.
+func (s *streamLayer) partition(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cut.Store(on)
+	if on {
+		for c := range s.conns {
+			c.Close()
+		}
+		clear(s.conns)
+	}
+}
+
+func (s *streamLayer) Accept() (net.Conn, error) {
+	for {
+		c, err := s.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if t := s.track(c); t != nil {
+			return t, nil
+		}
+	}
 }
 
 func listen(addr, advertise string, src *tlsconf.Source) (*streamLayer, error) {
@@ -60,14 +121,30 @@ func (a tcpName) String() string { return string(a) }
 // Addr is the address peers dial (raft advertises it).
 func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
+// errPartitioned refuses a dial from a partitioned member.
+var errPartitioned = errors.New("raftgroup: this member is partitioned (SetPartitioned)")
+
 func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	d := &net.Dialer{Timeout: timeout}
-	if s.tls == nil {
-		return d.Dial("tcp", string(address))
+	if s.cut.Load() {
+		return nil, errPartitioned
 	}
-	host, _, err := net.SplitHostPort(string(address))
+	d := &net.Dialer{Timeout: timeout}
+	var c net.Conn
+	var err error
+	if s.tls == nil {
+		c, err = d.Dial("tcp", string(address))
+	} else {
+		host, _, serr := net.SplitHostPort(string(address))
+		if serr != nil {
+			return nil, serr
+		}
+		c, err = (&tls.Dialer{NetDialer: d, Config: s.tls.Client(host)}).Dial("tcp", string(address))
+	}
 	if err != nil {
 		return nil, err
 	}
-	return (&tls.Dialer{NetDialer: d, Config: s.tls.Client(host)}).Dial("tcp", string(address))
+	if t := s.track(c); t != nil {
+		return t, nil
+	}
+	return nil, errPartitioned
 }
