@@ -237,3 +237,44 @@ func TestRaftPartitionedLeader(t *testing.T) {
 		t.Fatal("two leaders")
 	}
 }
+
+// TestRaftImportsEtcdState: a cluster whose manager kept its state in
+// etcd moves to a raft group: the group's first leader imports the live
+// version, the pin, the cordons and the audit log.
+func TestRaftImportsEtcdState(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := repoWith(t, 1)
+	fakeShards(t, cli, "s0", "s1")
+	old := startWith(t, cli, repo, 1)
+	if _, err := repo.Publish("m", lrModel(2), 4, ""); err != nil {
+		t.Fatal(err)
+	}
+	old.Rescan()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if ms := old.State().Models["m"]; ms.Live != 2 {
+			return errors.New("version 2 not live")
+		}
+		return nil
+	})
+	ctx := context.Background()
+	for _, c := range []manager.Command{{Op: manager.OpRollback, Model: "m"}, {Op: manager.OpCordon, Shard: "s9"}} {
+		if _, err := old.Do(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old.Close()
+
+	m := raftManager(t, cli, repo, t.TempDir(), "a", "127.0.0.1:0", []raftgroup.Peer{{ID: "a"}})
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := m.WaitLeading(wctx); err != nil {
+		t.Fatal(err)
+	}
+	st := m.State()
+	if ms := st.Models["m"]; ms == nil || ms.Live != 1 || ms.Pin != 1 || !slices.Contains(st.Cordoned, "s9") {
+		t.Fatalf("imported: %+v cordoned %v", ms, st.Cordoned)
+	}
+	if got := published(t, cli, "m"); got.Live != 1 {
+		t.Fatalf("published live %d", got.Live)
+	}
+}

@@ -112,6 +112,9 @@ func (m *Manager) takeOver(ctx context.Context, term uint64) error {
 	if err := m.group.Barrier(bctx); err != nil {
 		return fmt.Errorf("applying what the group committed: %w", err)
 	}
+	if err := m.importEtcdState(bctx); err != nil {
+		return err
+	}
 	s, _ := m.fsm.view()
 	records := map[string][]byte{}
 	for name, ms := range s.Models {
@@ -224,4 +227,43 @@ func (m *Manager) readAudit(ctx context.Context, limit int64) ([]AuditEntry, err
 		return m.fsm.readAudit(limit), nil
 	}
 	return m.st.readAudit(ctx, limit)
+}
+
+// importEtcdState carries the state that managers without raft kept in
+// etcd (models, cordons, the audit log) into a group that holds nothing
+// yet, in one entry: a cluster moving to --raft-* keeps what is live,
+// pinned and cordoned.
+func (m *Manager) importEtcdState(ctx context.Context) error {
+	if s, _ := m.fsm.view(); len(s.Models) > 0 || len(s.Cordoned) > 0 || m.fsm.audited() > 0 {
+		return nil
+	}
+	old, err := m.st.load(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the state kept in etcd, to import it: %w", err)
+	}
+	if len(old.Models) == 0 && len(old.Cordoned) == 0 {
+		return nil
+	}
+	audit, err := m.st.readAudit(ctx, maxAudit)
+	if err != nil {
+		return fmt.Errorf("reading the audit log kept in etcd, to import it: %w", err)
+	}
+	now := time.Now().UTC()
+	c := change{states: map[string][]byte{}, audit: append(audit, AuditEntry{Time: now, Op: "import",
+		Result: fmt.Sprintf("%d models, %d cordoned shards and %d audit entries from the state kept in etcd", len(old.Models), len(old.Cordoned), len(audit))})}
+	for name, ms := range old.Models {
+		c.states[name], _ = json.Marshal(ms)
+	}
+	if len(old.Cordoned) > 0 {
+		c.cordons = []byte("set")
+	}
+	entry, err := entryOf(c, old.Cordoned, now)
+	if err != nil {
+		return err
+	}
+	if _, err := m.group.Apply(ctx, entry); err != nil {
+		return fmt.Errorf("importing the state kept in etcd: %w", err)
+	}
+	slog.Info("manager: imported the state kept in etcd into the raft group", "models", len(old.Models), "cordoned", len(old.Cordoned), "audit", len(audit))
+	return nil
 }

@@ -163,6 +163,13 @@ func (r *replicated) view() (*State, uint64) {
 	return r.state, r.applied
 }
 
+// audited is how many audit entries were ever appended.
+func (r *replicated) audited() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seq
+}
+
 // readAudit returns up to limit of the newest audit entries, oldest
 // first.
 func (r *replicated) readAudit(limit int64) []AuditEntry {

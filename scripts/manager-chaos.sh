@@ -50,9 +50,13 @@ until curl -sf http://127.0.0.1:33141/v2/health/ready > /dev/null; do sleep 0.2;
 whole() { admin "$1" managers 2> /dev/null | awk 'NR > 1 && $4 != "(no" { n++ } $4 == "leader" { l++ } END { exit !(n == 3 && l == 1) }'; }
 until whole 0; do sleep 0.2; done
 
-duration=$((cycles * 6 + 30))
-"$C" bench --addr 127.0.0.1:33140 --repo "$work/repo" --model ctr --workload rank200 --rate "$rate" --duration "${duration}s" \
-  --timeout 1s --log-level warn > "$work/logs/bench.out" 2> "$work/logs/bench.err" &
+# The load: 5-second open-loop runs back to back until the cycles end.
+(
+  while [ ! -e "$work/stop" ]; do
+    "$C" bench --addr 127.0.0.1:33140 --repo "$work/repo" --model ctr --workload rank200 --rate "$rate" --duration 5s \
+      --timeout 1s --log-level warn >> "$work/logs/bench.out" 2>> "$work/logs/bench.err"
+  done
+) &
 bench=$!
 pids+=($bench)
 sleep 2
@@ -89,6 +93,7 @@ for i in 0 1 2; do
   done < "$work/acked"
 done
 echo "every acknowledged change ($(wc -l < "$work/acked")) is held by every member"
+touch "$work/stop"
 wait "$bench" || true
 for r in leader follower; do
   awk -v r=$r '$3 == r { print $4 }' "$work/cycles" | sort -n | awk -v r=$r '{ v[NR] = $1 } END { if (NR)
@@ -96,6 +101,9 @@ for r in leader follower; do
 done
 awk '/^rank200 .*offered=/ {
   for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
-  fail = f["offered"] - f["ok"] - f["refused"]
-  printf "predict: %d offered, %d failed, %d refused (overload), p99 %s\n", f["offered"], fail, f["refused"], f["p99"]
-  exit fail > 0 }' "$work/logs/bench.out"
+  offered += f["offered"]; fail += f["offered"] - f["ok"] - f["refused"]; refused += f["refused"]; runs++
+  p = f["p99"]; ms = p + 0; if (p ~ /µs$/) ms /= 1000; else if (p ~ /[^m]s$/) ms *= 1000
+  if (ms > worst) { worst = ms; worstp = p } }
+END {
+  printf "predict: %d offered in %d runs of 5 s, %d failed, %d refused (overload); the worst run'"'"'s p99 %s\n", offered, runs, fail, refused, worstp
+  exit fail > 0 || runs == 0 }' "$work/logs/bench.out"
