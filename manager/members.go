@@ -50,29 +50,49 @@ func (m *Manager) self() MemberRecord {
 	return r
 }
 
-// reportMember keeps this member's record in etcd.
+// reportMember keeps this member's record in etcd, under a lease of its
+// own: a member started again under the same ID writes over the record
+// its killed predecessor left (the record only informs).
 func (m *Manager) reportMember(ctx context.Context) {
-	value := func() string { b, _ := json.Marshal(m.self()); return string(b) }
-	reg, err := topo.Register(ctx, m.opts.Etcd, m.membersPrefix()+m.group.ID(), value(), 10)
-	if err != nil {
-		if ctx.Err() == nil {
-			slog.Error("manager: registering this raft member in etcd (is another manager running with the same --raft-id?)", "id", m.group.ID(), "err", err)
-		}
-		return
-	}
-	defer reg.Close()
+	key := m.membersPrefix() + m.group.ID()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	var lease clientv3.LeaseID
+	var alive <-chan *clientv3.LeaseKeepAliveResponse
 	last := ""
+	defer func() {
+		if lease != 0 {
+			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			m.opts.Etcd.Revoke(rctx, lease)
+			cancel()
+		}
+	}()
 	for {
+		if lease == 0 {
+			l, err := m.opts.Etcd.Grant(ctx, 10)
+			if err == nil {
+				alive, err = m.opts.Etcd.KeepAlive(ctx, l.ID)
+			}
+			if err == nil {
+				lease, last = l.ID, ""
+			} else if ctx.Err() == nil {
+				slog.Debug("manager: reporting this raft member in etcd", "err", err)
+			}
+		}
+		if b, _ := json.Marshal(m.self()); lease != 0 && string(b) != last {
+			if _, err := m.opts.Etcd.Put(ctx, key, string(b), clientv3.WithLease(lease)); err == nil {
+				last = string(b)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
-			if v := value(); v != last {
-				reg.Set(v)
-				last = v
+		case _, ok := <-alive:
+			if !ok {
+				lease, alive = 0, nil
 			}
+			continue
+		case <-tick.C:
 		}
 	}
 }

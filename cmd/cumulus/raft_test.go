@@ -167,6 +167,79 @@ func TestRaftManagerFailover(t *testing.T) {
 	if out, err := admin(next, "audit"); err != nil || !strings.Contains(out, "cordon") {
 		t.Fatalf("the audit log lost the cordon: %v\n%s", err, out)
 	}
+	// The killed manager comes back from its directory and follows.
+	restart := func(id string, args ...string) {
+		managers[id] = startProcess(t, []string{"admin: http://", "raft: "}, append(append([]string{"manager", "--repo", repo, "--replicas", "2",
+			"--admin-addr", "127.0.0.1:0", "--admin-token", "t", "--raft-id", id}, args...), common...)...)
+		admins[id] = managers[id].out["admin: http://"]
+	}
+	i := strings.TrimPrefix(l, "m")
+	restart(l, "--raft-addr", raftAddrs[i[0]-'0'], "--raft-dir", filepath.Join(dir, l), "--raft-peers", strings.Join(peers, ","))
+	holds := func(id, shard string) error {
+		out, err := admin(id, "shards")
+		if err != nil || !strings.Contains(out, shard) {
+			return fmt.Errorf("%s does not hold the cordon of %s: %v\n%s", id, shard, err, out)
+		}
+		return nil
+	}
+	testenv.Eventually(t, 30*time.Second, func() error { return holds(l, "ghost") })
+
+	// The leader is frozen (SIGSTOP: cut off, as by a partition): another
+	// leads and decides; thawed, the old one follows, and what it may
+	// still try to publish is fenced off.
+	frozen := leader()
+	managers[frozen].cmd.Process.Signal(syscall.SIGSTOP)
+	var third string
+	testenv.Eventually(t, 30*time.Second, func() error {
+		for id := range managers {
+			if id == frozen || managers[id].cmd.ProcessState != nil {
+				continue
+			}
+			if out, err := admin(id, "cordon", "ghost2"); err == nil {
+				third = id
+				return nil
+			} else if !strings.Contains(out, "503") {
+				return fmt.Errorf("cordon through %s: %v\n%s", id, err, out)
+			}
+		}
+		return fmt.Errorf("no manager but the frozen %s acknowledges a change", frozen)
+	})
+	managers[frozen].cmd.Process.Signal(syscall.SIGCONT)
+	for id := range managers {
+		testenv.Eventually(t, 30*time.Second, func() error { return holds(id, "ghost2") })
+	}
+	if out, _ := admin(frozen, "cordon", "ghost3"); !strings.Contains(out, "503") || !strings.Contains(out, "the leader is "+third) {
+		t.Fatalf("the thawed manager, asked for a change: %s", out)
+	}
+
+	// Membership: a fourth manager joins through the leader and catches
+	// up; it is then removed.
+	m3 := freeAddrs(t, 1)[0]
+	restart("m3", "--raft-addr", m3, "--raft-dir", filepath.Join(dir, "m3"))
+	if out, err := admin(third, "managers", "add", "m3", m3); err != nil || !strings.Contains(out, "m3") {
+		t.Fatalf("managers add: %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error { return holds("m3", "ghost2") })
+	if out, err := admin(third, "managers", "remove", "m3"); err != nil || strings.Contains(out, "m3 ") {
+		t.Fatalf("managers remove: %v\n%s", err, out)
+	}
+	// Three members, each reporting the same term.
+	var out string
+	testenv.Eventually(t, 20*time.Second, func() error {
+		var err error
+		out, err = admin(third, "managers")
+		terms := map[string]bool{}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+			if f := strings.Fields(line); len(f) == 6 {
+				terms[f[4]] = true
+			}
+		}
+		if err != nil || strings.Count(out, "\n") != 4 || len(terms) != 1 {
+			return fmt.Errorf("three members reporting one term? %v\n%s", err, out)
+		}
+		return nil
+	})
+	t.Logf("cumulus admin managers:\n%s", out)
 	load.await(t, 100)
 	load.halt()
 	t.Logf("%d requests answered, %d failed", load.ok.Load(), load.failed.Load())
