@@ -50,6 +50,14 @@
 // /healthz; state-changing calls are applied one at a time by the loop
 // and audited.
 //
-// Not yet here (later work): raft-replicated manager state (the next
-// control-plane step), draining a shard before it leaves.
+// With Options.Raft (raftmanager.go, raftstate.go, fence.go, members.go)
+// the state is a raft group's instead: the leader commits each decision's
+// result to the group's log (internal/raftgroup, on internal/raftstore's
+// pebble) before it publishes the serving map, fenced by its term;
+// followers apply the log to the same state machine; the audit log is
+// kept by count and age. A group that holds nothing imports the state
+// kept in etcd.
+//
+// Not yet here (later work): followers forwarding changes to the leader
+// (they answer 503 naming it), draining a shard before it leaves.
 package manager
