@@ -277,4 +277,8 @@ func TestRaftImportsEtcdState(t *testing.T) {
 	if got := published(t, cli, "m"); got.Live != 1 {
 		t.Fatalf("published live %d", got.Live)
 	}
+	// A manager without raft can no longer join this cluster.
+	if _, err := manager.Start(ctx, manager.Options{Repo: repo, Etcd: cli, ScanInterval: time.Hour}); !errors.Is(err, manager.ErrRaftCluster) {
+		t.Fatalf("a manager without raft started on a raft group's cluster: %v", err)
+	}
 }

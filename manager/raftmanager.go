@@ -33,6 +33,7 @@ func (m *Manager) startRaft() error {
 		return fmt.Errorf("manager: %w", err)
 	}
 	m.group = g
+	m.st.group = true
 	m.fence = fence{cli: m.opts.Etcd, cluster: m.opts.Cluster}
 	m.unpublished = map[string]bool{}
 	return nil

@@ -34,6 +34,9 @@ type store struct {
 	rev     int64  // the guard's mod revision as last seen; 0: absent
 	audit   uint64 // sequence number of the newest audit entry
 	txns    int    // transactions the last commit took
+	// group: this manager is a raft member, reading the state kept in
+	// etcd only to import it.
+	group bool
 }
 
 type guardRecord struct {
@@ -54,6 +57,10 @@ const recordSchema = 1
 // maxAudit is how many audit entries are kept.
 const maxAudit = 1000
 
+// ErrRaftCluster is returned when a manager without Options.Raft finds
+// that the cluster's managers are a raft group (it has published).
+var ErrRaftCluster = errors.New("manager: this cluster's managers are a raft group (it publishes the serving map): start this one with --raft-addr and --raft-dir and add it to the group")
+
 // ErrStale is returned by commit when another writer changed the state
 // since this store last read it.
 var ErrStale = errors.New("manager: state changed by another writer; re-read")
@@ -63,6 +70,7 @@ func (st *store) modelsPrefix() string     { return st.cluster.ManagerPrefix() +
 func (st *store) auditPrefix() string      { return st.cluster.ManagerPrefix() + "audit/" }
 func (st *store) auditKey(n uint64) string { return fmt.Sprintf("%s%020d", st.auditPrefix(), n) }
 func (st *store) cordonKey() string        { return st.cluster.ManagerPrefix() + "cordons" }
+func (st *store) termKey() string          { return st.cluster.ManagerPrefix() + "term" }
 
 // load reads the persisted models and cordons, and the guard's revision.
 // A record that does not decode is reported: starting without it would
@@ -78,6 +86,8 @@ func (st *store) load(ctx context.Context) (*State, error) {
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key)
 		switch {
+		case key == st.termKey() && !st.group:
+			return nil, ErrRaftCluster
 		case key == st.guardKey():
 			g, err := topo.Decode[guardRecord](key, kv.Value)
 			if err != nil {
@@ -196,11 +206,17 @@ func (st *store) commit(ctx context.Context, c change) error {
 		g, _ := json.Marshal(guardRecord{Schema: recordSchema, Writer: st.writer, Audit: seq})
 		then := append(ops[:n:n], clientv3.OpPut(st.guardKey(), string(g)))
 		cond := clientv3.Compare(clientv3.ModRevision(st.guardKey()), "=", st.rev)
-		resp, err := st.cli.Txn(ctx).If(cond).Then(then...).Commit()
+		// Nor once a raft group of managers publishes (fence.go): a manager
+		// without --raft-* must not write over its map.
+		noGroup := clientv3.Compare(clientv3.CreateRevision(st.termKey()), "=", 0)
+		resp, err := st.cli.Txn(ctx).If(cond, noGroup).Then(then...).Else(clientv3.OpGet(st.termKey(), clientv3.WithCountOnly())).Commit()
 		if err != nil {
 			return fmt.Errorf("manager: writing state: %w", err)
 		}
 		if !resp.Succeeded {
+			if resp.Responses[0].GetResponseRange().GetCount() > 0 {
+				return ErrRaftCluster
+			}
 			return ErrStale
 		}
 		st.rev = resp.Header.Revision

@@ -48,6 +48,17 @@ func TestStaleWriterRefused(t *testing.T) {
 	if err := b.commit(ctx, change{maps: map[string][]byte{"m": []byte(`"b's"`)}}); err != nil {
 		t.Fatal(err)
 	}
+	// Once a raft group of managers has published (fence.go), neither
+	// writes, nor reads the state again as its own.
+	if err := (fence{cli: cli, cluster: topo.DefaultCluster}).publish(ctx, 2, map[string][]byte{"m": []byte(`"the group's"`)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.commit(ctx, change{maps: map[string][]byte{"m": []byte(`"b's again"`)}}); !errors.Is(err, ErrRaftCluster) {
+		t.Fatalf("a write over a raft group's map: %v, want ErrRaftCluster", err)
+	}
+	if _, err := a.load(ctx); !errors.Is(err, ErrRaftCluster) {
+		t.Fatalf("reading a raft group's cluster: %v, want ErrRaftCluster", err)
+	}
 }
 
 // TestCommitSplitsByBytes: a change larger than one etcd request is
