@@ -32,6 +32,32 @@ func raftManager(t *testing.T, cli *clientv3.Client, repo loader.Repo, dir, id, 
 	return m
 }
 
+// raftTrio starts managers a, b and c in dir as one group: a bootstraps
+// it alone and adds the others; it returns once each knows all three.
+func raftTrio(t *testing.T, cli *clientv3.Client, repo loader.Repo, dir string) (a, b, c *manager.Manager) {
+	t.Helper()
+	a = raftManager(t, cli, repo, dir, "a", "127.0.0.1:0", []raftgroup.Peer{{ID: "a"}})
+	leaderOf(t, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b = raftManager(t, cli, repo, dir, "b", "127.0.0.1:0", nil)
+	c = raftManager(t, cli, repo, dir, "c", "127.0.0.1:0", nil)
+	for _, m := range []*manager.Manager{b, c} {
+		if err := a.Group().Add(ctx, m.Group().ID(), m.Group().Addr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, m := range []*manager.Manager{a, b, c} {
+			if ms, err := m.Group().Members(); err != nil || len(ms) != 3 {
+				return fmt.Errorf("%s knows %d members (%v)", m.Group().ID(), len(ms), err)
+			}
+		}
+		return nil
+	})
+	return a, b, c
+}
+
 func leaderOf(t *testing.T, ms ...*manager.Manager) *manager.Manager {
 	t.Helper()
 	var l *manager.Manager
@@ -65,17 +91,9 @@ func TestRaftManagers(t *testing.T) {
 	repo := repoWith(t, 1)
 	fakeShards(t, cli, "s0", "s1", "s2")
 	dir := t.TempDir()
-	a := raftManager(t, cli, repo, dir, "a", "127.0.0.1:0", []raftgroup.Peer{{ID: "a"}})
-	leaderOf(t, a)
+	a, b, c := raftTrio(t, cli, repo, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b := raftManager(t, cli, repo, dir, "b", "127.0.0.1:0", nil)
-	c := raftManager(t, cli, repo, dir, "c", "127.0.0.1:0", nil)
-	for _, m := range []*manager.Manager{b, c} {
-		if err := a.Group().Add(ctx, m.Group().ID(), m.Group().Addr()); err != nil {
-			t.Fatal(err)
-		}
-	}
 	testenv.Eventually(t, 30*time.Second, func() error {
 		if ms := a.State().Models["m"]; ms == nil || ms.Live != 1 {
 			return errors.New("version 1 not live")
@@ -167,29 +185,12 @@ func TestRaftPartitionedLeader(t *testing.T) {
 	repo := repoWith(t, 1)
 	fakeShards(t, cli, "s0", "s1", "s2")
 	dir := t.TempDir()
-	a := raftManager(t, cli, repo, dir, "a", "127.0.0.1:0", []raftgroup.Peer{{ID: "a"}})
-	leaderOf(t, a)
+	a, b, c := raftTrio(t, cli, repo, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b := raftManager(t, cli, repo, dir, "b", "127.0.0.1:0", nil)
-	c := raftManager(t, cli, repo, dir, "c", "127.0.0.1:0", nil)
-	for _, m := range []*manager.Manager{b, c} {
-		if err := a.Group().Add(ctx, m.Group().ID(), m.Group().Addr()); err != nil {
-			t.Fatal(err)
-		}
-	}
 	testenv.Eventually(t, 30*time.Second, func() error {
 		if got := published(t, cli, "m"); got.Live != 1 {
 			return fmt.Errorf("published live %d", got.Live)
-		}
-		return nil
-	})
-	// Every member holds the whole configuration before the cut.
-	testenv.Eventually(t, 10*time.Second, func() error {
-		for _, m := range []*manager.Manager{a, b, c} {
-			if ms, err := m.Group().Members(); err != nil || len(ms) != 3 {
-				return fmt.Errorf("%s knows %d members (%v)", m.Group().ID(), len(ms), err)
-			}
 		}
 		return nil
 	})

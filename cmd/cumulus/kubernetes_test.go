@@ -65,6 +65,14 @@ func strict(t *testing.T, what string, doc []byte, v any) {
 	}
 }
 
+// decodeAs is strict's decoding into a new T.
+func decodeAs[T any](t *testing.T, what string, doc []byte) *T {
+	t.Helper()
+	v := new(T)
+	strict(t, what, doc, v)
+	return v
+}
+
 // renderKube runs kustomize (its Go API, as `kubectl apply -k` does) on
 // dir and decodes every document; a kind it does not know fails.
 func renderKube(t *testing.T, dir string) *kube {
@@ -90,45 +98,25 @@ func renderKube(t *testing.T, dir string) *kube {
 		}
 		switch r.GetApiVersion() + " " + r.GetKind() {
 		case "v1 Namespace":
-			var v corev1.Namespace
-			strict(t, what, doc, &v)
-			k.namespaces = append(k.namespaces, &v)
+			k.namespaces = append(k.namespaces, decodeAs[corev1.Namespace](t, what, doc))
 		case "v1 ConfigMap":
-			var v corev1.ConfigMap
-			strict(t, what, doc, &v)
-			k.configMaps[v.Name] = &v
+			k.configMaps[r.GetName()] = decodeAs[corev1.ConfigMap](t, what, doc)
 		case "v1 Service":
-			var v corev1.Service
-			strict(t, what, doc, &v)
-			k.services[v.Name] = &v
+			k.services[r.GetName()] = decodeAs[corev1.Service](t, what, doc)
 		case "v1 PersistentVolumeClaim":
-			var v corev1.PersistentVolumeClaim
-			strict(t, what, doc, &v)
-			k.claims[v.Name] = &v
+			k.claims[r.GetName()] = decodeAs[corev1.PersistentVolumeClaim](t, what, doc)
 		case "apps/v1 StatefulSet":
-			var v appsv1.StatefulSet
-			strict(t, what, doc, &v)
-			k.statefulSets[v.Name] = &v
+			k.statefulSets[r.GetName()] = decodeAs[appsv1.StatefulSet](t, what, doc)
 		case "apps/v1 Deployment":
-			var v appsv1.Deployment
-			strict(t, what, doc, &v)
-			k.deployments[v.Name] = &v
+			k.deployments[r.GetName()] = decodeAs[appsv1.Deployment](t, what, doc)
 		case "autoscaling/v2 HorizontalPodAutoscaler":
-			var v autoscalingv2.HorizontalPodAutoscaler
-			strict(t, what, doc, &v)
-			k.autoscalers = append(k.autoscalers, &v)
+			k.autoscalers = append(k.autoscalers, decodeAs[autoscalingv2.HorizontalPodAutoscaler](t, what, doc))
 		case "policy/v1 PodDisruptionBudget":
-			var v policyv1.PodDisruptionBudget
-			strict(t, what, doc, &v)
-			k.budgets = append(k.budgets, &v)
+			k.budgets = append(k.budgets, decodeAs[policyv1.PodDisruptionBudget](t, what, doc))
 		case "cert-manager.io/v1 Certificate":
-			var v cmv1.Certificate
-			strict(t, what, doc, &v)
-			k.certificates[v.Name] = &v
+			k.certificates[r.GetName()] = decodeAs[cmv1.Certificate](t, what, doc)
 		case "cert-manager.io/v1 Issuer":
-			var v cmv1.Issuer
-			strict(t, what, doc, &v)
-			k.issuers[v.Name] = &v
+			k.issuers[r.GetName()] = decodeAs[cmv1.Issuer](t, what, doc)
 		default:
 			t.Fatalf("%s: a kind this test does not check", what)
 		}

@@ -2,83 +2,31 @@ package raftgroup
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
 
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
-// listFSM appends each entry to a list.
-type listFSM struct {
-	mu   sync.Mutex
-	list []string
-}
-
-func (f *listFSM) Apply(l *raft.Log) any {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.list = append(f.list, string(l.Data))
-	return len(f.list)
-}
-
-func (f *listFSM) Snapshot() (raft.FSMSnapshot, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return listSnapshot(slices.Clone(f.list)), nil
-}
-
-func (f *listFSM) Restore(r io.ReadCloser) error {
-	defer r.Close()
-	var list []string
-	if err := json.NewDecoder(r).Decode(&list); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.list = list
-	return nil
-}
-
-func (f *listFSM) get() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Clone(f.list)
-}
-
-type listSnapshot []string
-
-func (s listSnapshot) Persist(sink raft.SnapshotSink) error {
-	if err := json.NewEncoder(sink).Encode([]string(s)); err != nil {
-		sink.Cancel()
-		return err
-	}
-	return sink.Close()
-}
-
-func (listSnapshot) Release() {}
 
 type member struct {
 	*Group
-	fsm *listFSM
+	fsm *testenv.ListFSM
 	dir string
 }
 
 func startMember(t *testing.T, id, addr, dir string, peers []Peer, src *tlsconf.Source, snapEvery uint64) *member {
 	t.Helper()
-	fsm := &listFSM{}
+	fsm := &testenv.ListFSM{}
 	g, err := Start(Config{ID: id, Addr: addr, Dir: dir, Peers: peers, FSM: fsm, TLS: src, SnapshotEvery: snapEvery, TrailingLogs: 8})
 	if err != nil {
 		t.Fatal(err)
@@ -127,7 +75,7 @@ func converged(t *testing.T, want []string, ms ...*member) {
 	t.Helper()
 	testenv.Eventually(t, 10*time.Second, func() error {
 		for _, m := range ms {
-			if got := m.fsm.get(); !slices.Equal(got, want) {
+			if got := m.fsm.Get(); !slices.Equal(got, want) {
 				return fmt.Errorf("%s has %d entries, want %d", m.ID(), len(got), len(want))
 			}
 		}
@@ -302,7 +250,7 @@ func TestTLS(t *testing.T) {
 	defer scancel()
 	err = a.Add(sctx, "s", s.Addr())
 	t.Logf("adding the stranger: %v", err)
-	if got := s.fsm.get(); len(got) != 0 {
+	if got := s.fsm.Get(); len(got) != 0 {
 		t.Fatalf("the stranger got entries: %v", got)
 	}
 	// The stranger may sit in the configuration, unreachable: taking it
@@ -316,7 +264,7 @@ func TestTLS(t *testing.T) {
 	}
 	apply(t, leaderOf(t, a, b), "still private")
 	converged(t, []string{"secret", "still private"}, a, b)
-	if got := s.fsm.get(); len(got) != 0 {
+	if got := s.fsm.Get(); len(got) != 0 {
 		t.Fatalf("the stranger got entries: %v", got)
 	}
 }
@@ -345,10 +293,10 @@ func TestAdvertise(t *testing.T) {
 		t.Fatalf("advertised %q", m.Addr())
 	}
 	leaderOf(t, m)
-	if _, err := Start(Config{ID: "b", Addr: "0.0.0.0:0", Dir: t.TempDir(), FSM: &listFSM{}}); err == nil || !strings.Contains(err.Error(), "advertise") {
+	if _, err := Start(Config{ID: "b", Addr: "0.0.0.0:0", Dir: t.TempDir(), FSM: &testenv.ListFSM{}}); err == nil || !strings.Contains(err.Error(), "advertise") {
 		t.Fatalf("listening on every interface with nothing to advertise: %v", err)
 	}
-	g, err := Start(Config{ID: "c", Addr: "0.0.0.0:0", Advertise: "c.example:7400", Dir: t.TempDir(), FSM: &listFSM{}})
+	g, err := Start(Config{ID: "c", Addr: "0.0.0.0:0", Advertise: "c.example:7400", Dir: t.TempDir(), FSM: &testenv.ListFSM{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,11 @@
 package raftstore
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,60 +15,12 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 )
 
-// listFSM is a state machine that appends each command to a list.
-type listFSM struct {
-	mu   sync.Mutex
-	list []string
-}
-
-func (f *listFSM) Apply(l *raft.Log) any {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.list = append(f.list, string(l.Data))
-	return len(f.list)
-}
-
-func (f *listFSM) Snapshot() (raft.FSMSnapshot, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return listSnapshot(slices.Clone(f.list)), nil
-}
-
-func (f *listFSM) Restore(r io.ReadCloser) error {
-	defer r.Close()
-	var list []string
-	if err := json.NewDecoder(r).Decode(&list); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.list = list
-	return nil
-}
-
-func (f *listFSM) get() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Clone(f.list)
-}
-
-type listSnapshot []string
-
-func (s listSnapshot) Persist(sink raft.SnapshotSink) error {
-	if err := json.NewEncoder(sink).Encode([]string(s)); err != nil {
-		sink.Cancel()
-		return err
-	}
-	return sink.Close()
-}
-
-func (listSnapshot) Release() {}
 
 // node is one raft member on a Store in its own directory.
 type node struct {
 	id, addr, dir string
 	store         *Store
-	fsm           *listFSM
+	fsm           *testenv.ListFSM
 	raft          *raft.Raft
 	// What its directory held before raft started: last index and term.
 	lastAtStart, termAtStart uint64
@@ -98,7 +48,7 @@ func start(t *testing.T, id, addr, dir string) *node {
 	c.CommitTimeout = 5 * time.Millisecond
 	c.SnapshotThreshold, c.TrailingLogs = 1<<30, 10 // snapshots when the test asks; then keep 10 entries
 	c.Logger = hclog.NewNullLogger()
-	n := &node{id: id, addr: string(trans.LocalAddr()), dir: dir, store: store, fsm: &listFSM{}}
+	n := &node{id: id, addr: string(trans.LocalAddr()), dir: dir, store: store, fsm: &testenv.ListFSM{}}
 	if n.lastAtStart, err = store.LastIndex(); err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +105,7 @@ func caughtUp(t *testing.T, nodes []*node, n int) {
 	}
 	testenv.Eventually(t, 10*time.Second, func() error {
 		for _, nd := range nodes {
-			if got := nd.fsm.get(); !slices.Equal(got, want) {
+			if got := nd.fsm.Get(); !slices.Equal(got, want) {
 				return fmt.Errorf("%s holds %d commands, want %d", nd.id, len(got), n)
 			}
 		}
