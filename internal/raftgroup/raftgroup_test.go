@@ -12,11 +12,9 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
-
 
 type member struct {
 	*Group

@@ -15,7 +15,6 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 )
 
-
 // node is one raft member on a Store in its own directory.
 type node struct {
 	id, addr, dir string
