@@ -428,8 +428,10 @@ func TestRestartMidRolloutNeverServesStaged(t *testing.T) {
 		}
 		return scoresMatch(ref1, req, resp)
 	})
-	// The manager back: it commits 2.
-	m, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: c.Etcd, ScanInterval: time.Hour})
+	// The manager back, from what it persisted: it commits 2.
+	mo := c.ManagerOptions()
+	mo.ScanInterval, mo.Registry = time.Hour, nil
+	m, err := manager.Start(context.Background(), mo)
 	if err != nil {
 		t.Fatal(err)
 	}
