@@ -257,9 +257,10 @@ type Manager struct {
 	group  *raftgroup.Group
 	fsm    *replicated
 	fence  fence
-	seen   uint64
-	term   atomic.Uint64
-	notify chan bool
+	seen     uint64
+	term     atomic.Uint64
+	notify   chan bool     // raft's leadership notifications
+	leadNews chan struct{} // followRaft's signal to look at the leadership
 	// unpublished are models whose serving map records a failed
 	// publication left behind; loop goroutine only.
 	unpublished map[string]bool
@@ -349,7 +350,8 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if m.group != nil {
 		go func() { defer m.done.Done(); m.followRaft(ctx) }()
 		go func() { defer m.done.Done(); m.raftChanges(ctx) }()
-		m.done.Add(1)
+		m.done.Add(2)
+		go func() { defer m.done.Done(); m.drainNotify(ctx) }()
 		go func() { defer m.done.Done(); m.reportMember(ctx) }()
 	} else {
 		go func() { defer m.done.Done(); m.campaign(ctx) }()
@@ -628,6 +630,9 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 				// manager's to write; show what was persisted.
 				m.unhold()
 			}
+			if !won {
+				m.leading.Store(false) // also over a win told just before
+			}
 			if won {
 				m.refresh(ctx)
 				m.leading.Store(true)
@@ -834,11 +839,18 @@ func (m *Manager) apply(ctx context.Context, ev Event) error {
 func (m *Manager) write(ctx context.Context, next *State, acts []Action) error {
 	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	defer cancel()
-	commit := m.st.commit
+	c := m.changes(m.persisted, next, acts)
 	if m.group != nil {
-		commit = func(ctx context.Context, c change) error { return m.commitRaft(ctx, c, next) }
-	}
-	if err := commit(wctx, m.changes(m.persisted, next, acts)); err != nil {
+		committed, err := m.commitRaft(wctx, c, next)
+		if !committed {
+			return err
+		}
+		if err != nil {
+			// The change stands (the group holds it); the map follows
+			// when a publication succeeds.
+			slog.Error("manager: committed, but the serving map is not published yet; trying again", "err", err)
+		}
+	} else if err := m.st.commit(wctx, c); err != nil {
 		return err
 	}
 	prev := m.persisted

@@ -59,7 +59,7 @@ func (m *Manager) reportMember(ctx context.Context) {
 	defer tick.Stop()
 	var lease clientv3.LeaseID
 	var alive <-chan *clientv3.LeaseKeepAliveResponse
-	last := ""
+	last, n := "", 0
 	defer func() {
 		if lease != 0 {
 			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -78,6 +78,12 @@ func (m *Manager) reportMember(ctx context.Context) {
 			} else if ctx.Err() == nil {
 				slog.Debug("manager: reporting this raft member in etcd", "err", err)
 			}
+		}
+		// Written when it changes, and every few seconds regardless (a
+		// manager wrongly started under the same ID may have taken the
+		// key, and removed it on leaving).
+		if n++; n%5 == 0 {
+			last = ""
 		}
 		if b, _ := json.Marshal(m.self()); lease != 0 && string(b) != last {
 			if _, err := m.opts.Etcd.Put(ctx, key, string(b), clientv3.WithLease(lease)); err == nil {
@@ -117,6 +123,25 @@ type Member struct {
 type MemberChange struct {
 	ID   string `json:"id"`
 	Addr string `json:"addr"`
+}
+
+// errNotJoinable refuses adding a member that has not said it waits.
+var errNotJoinable = errors.New("manager: not a manager waiting to join")
+
+// joinable checks that a manager of this cluster runs with c's raft ID
+// at c's address, outside any group (its record in etcd).
+func (m *Manager) joinable(ctx context.Context, c MemberChange) error {
+	resp, err := m.opts.Etcd.Get(ctx, m.membersPrefix()+c.ID)
+	if err != nil {
+		return fmt.Errorf("reading %s's record: %w", c.ID, err)
+	}
+	if len(resp.Kvs) == 1 {
+		if r, err := topo.Decode[MemberRecord](string(resp.Kvs[0].Key), resp.Kvs[0].Value); err == nil && r.ID == c.ID && r.Raft == c.Addr && r.Role == "none" {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: no manager of this cluster reports raft ID %s at %s outside a group; start it first (--raft-id %s --raft-addr %s, an empty --raft-dir, no --raft-peers naming it)",
+		errNotJoinable, c.ID, c.Addr, c.ID, c.Addr)
 }
 
 // errNoGroup answers membership calls to a manager that is not in one.
@@ -194,11 +219,28 @@ func (a *admin) changeMembers(w http.ResponseWriter, r *http.Request, add bool) 
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), a.opts.CommandTimeout)
 	defer cancel()
-	op, err := "add-manager", error(nil)
+	op, result := "add-manager", c.ID+" at "+c.Addr
+	if !add {
+		op, result = "remove-manager", c.ID
+	}
+	audit := func() error {
+		entry, _ := entryOf(change{audit: []AuditEntry{{Time: time.Now().UTC(), Op: op, From: r.RemoteAddr, Result: result}}}, nil, time.Now())
+		_, err := a.m.group.Apply(ctx, entry)
+		return err
+	}
+	var err error
 	if add {
-		err = a.m.group.Add(ctx, c.ID, c.Addr)
-	} else {
-		op = "remove-manager"
+		// Only a manager that runs, with this ID at this address, outside
+		// any group, says so in its record: a typo, another service or
+		// another cluster's manager is not made a voter.
+		if err = a.m.joinable(ctx, c); err == nil {
+			if err = a.m.group.Add(ctx, c.ID, c.Addr); err == nil {
+				if aerr := audit(); aerr != nil {
+					slog.Warn("manager: membership changed, but its audit entry was not committed", "op", op, "id", c.ID, "err", aerr)
+				}
+			}
+		}
+	} else if err = audit(); err == nil { // the leader may be the one removed: audit first
 		err = a.m.group.Remove(ctx, c.ID)
 	}
 	switch {
@@ -211,20 +253,15 @@ func (a *admin) changeMembers(w http.ResponseWriter, r *http.Request, add bool) 
 	case errors.Is(err, raftgroup.ErrNotMember):
 		writeError(w, http.StatusNotFound, err.Error())
 		return
+	case errors.Is(err, raftgroup.ErrMember) || errors.Is(err, errNotJoinable):
+		writeError(w, http.StatusConflict, err.Error())
+		return
 	case err != nil && strings.Contains(err.Error(), "raftgroup:"):
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	case err != nil:
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
-	}
-	result := c.ID
-	if add {
-		result += " at " + c.Addr
-	}
-	entry, _ := entryOf(change{audit: []AuditEntry{{Time: time.Now().UTC(), Op: op, From: r.RemoteAddr, Result: result}}}, nil, time.Now())
-	if _, err := a.m.group.Apply(ctx, entry); err != nil {
-		slog.Warn("manager: membership changed, but its audit entry was not committed", "op", op, "id", c.ID, "err", err)
 	}
 	slog.Info("manager: admin call applied", "op", op, "id", c.ID, "addr", c.Addr, "from", r.RemoteAddr)
 	a.managers(w, r)

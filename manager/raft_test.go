@@ -283,3 +283,62 @@ func TestRaftImportsEtcdState(t *testing.T) {
 		t.Fatalf("a manager without raft started on a raft group's cluster: %v", err)
 	}
 }
+
+// TestRaftCommitStandsWhenPublishFails: a change the group committed
+// stands, and is shown, even when publishing its map fails (here the
+// fence, set by hand to a term far ahead); the map follows once a
+// publication goes through again.
+func TestRaftCommitStandsWhenPublishFails(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := repoWith(t, 1)
+	fakeShards(t, cli, "s0", "s1")
+	m, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: cli, ScanInterval: 200 * time.Millisecond,
+		Raft: &manager.RaftOptions{ID: "a", Addr: "127.0.0.1:0", Dir: t.TempDir(), Peers: []raftgroup.Peer{{ID: "a"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if ms := m.State().Models["m"]; ms == nil || ms.Live != 1 {
+			return errors.New("version 1 not live")
+		}
+		return nil
+	})
+	if _, err := repo.Publish("m", lrModel(2), 4, ""); err != nil {
+		t.Fatal(err)
+	}
+	m.Rescan()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if got := published(t, cli, "m"); got.Live != 2 {
+			return fmt.Errorf("published live %d", got.Live)
+		}
+		return nil
+	})
+	ctx := context.Background()
+	termKey := topo.DefaultCluster.ManagerPrefix() + "term"
+	if _, err := cli.Put(ctx, termKey, fmt.Sprintf("%020d", uint64(1)<<40)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Do(ctx, manager.Command{Op: manager.OpRollback, Model: "m"}); err != nil {
+		t.Fatalf("a committed rollback whose map could not be published: %v", err)
+	}
+	if ms := m.State().Models["m"]; ms.Live != 1 || ms.Pin != 1 {
+		t.Fatalf("the leader shows live %d pin %d after the rollback", ms.Live, ms.Pin)
+	}
+	if got := published(t, cli, "m"); got.Live != 2 {
+		t.Fatalf("published live %d through the fence", got.Live)
+	}
+	// The fence lifted: the pending map goes out, as committed.
+	if _, err := cli.Delete(ctx, termKey); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if got := published(t, cli, "m"); got.Live != 1 {
+			return fmt.Errorf("published live %d", got.Live)
+		}
+		return nil
+	})
+	if ms := m.State().Models["m"]; ms.Live != 1 || ms.Pin != 1 {
+		t.Fatalf("the leader shows live %d pin %d", ms.Live, ms.Pin)
+	}
+}

@@ -25,7 +25,9 @@ import (
 func (m *Manager) startRaft() error {
 	o := m.opts.Raft
 	m.fsm = newReplicated(o.Audit)
-	m.notify = make(chan bool, 16)
+	// Raft blocks on its notification channel: drain it at once, into a
+	// signal followRaft reads the leadership news from.
+	m.notify, m.leadNews = make(chan bool, 16), make(chan struct{}, 1)
 	g, err := raftgroup.Start(raftgroup.Config{ID: o.ID, Addr: o.Addr, Advertise: o.Advertise, Dir: o.Dir, Peers: o.Peers,
 		FSM: m.fsm, TLS: o.TLS, HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
 		LeaderLease: o.LeaderLease, Notify: m.notify})
@@ -46,15 +48,15 @@ func (m *Manager) Group() *raftgroup.Group { return m.group }
 // raftState is the state machine's state as a State to decide on, and
 // notes the index it reflects. Loop goroutine (or Start).
 func (m *Manager) raftState() *State {
-	s, applied := m.fsm.view()
-	m.seen = applied
+	s, gen := m.fsm.view()
+	m.seen = gen
 	return &State{Models: s.Models, Cordoned: s.Cordoned}
 }
 
 // refreshRaft makes the state machine's state the one persisted and
 // shown, keeping the shards' and routers' reports. Loop goroutine.
 func (m *Manager) refreshRaft() {
-	if _, applied := m.fsm.view(); applied == m.seen {
+	if _, gen := m.fsm.view(); gen == m.seen {
 		return
 	}
 	fresh := m.raftState()
@@ -64,42 +66,69 @@ func (m *Manager) refreshRaft() {
 	m.held = false
 }
 
-// followRaft turns the group's leadership news into the loop's: a member
-// that becomes leader first applies everything committed and publishes
-// the map under its term (retrying while it leads), then acts.
-func (m *Manager) followRaft(ctx context.Context) {
+// drainNotify reads raft's leadership notifications as they come (raft
+// waits on them) and signals followRaft.
+func (m *Manager) drainNotify(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case leading := <-m.notify:
-			if !leading {
-				m.term.Store(0)
-				slog.Warn("manager: no longer leads the raft group")
-				m.tell(ctx, false)
-				continue
+		case <-m.notify:
+			select {
+			case m.leadNews <- struct{}{}:
+			default:
 			}
-			term := m.group.Term()
-			for {
-				err := m.takeOver(ctx, term)
-				if err == nil {
-					break
-				}
-				slog.Error("manager: taking over as the raft group's leader", "term", term, "err", err)
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(time.Second):
-				}
-				if !m.group.Leading() || m.group.Term() != term {
-					break
-				}
+		}
+	}
+}
+
+// followRaft turns the group's leadership into the loop's: a member that
+// leads first applies everything committed and publishes the map under
+// its term (retrying while it leads that term), then acts; one that no
+// longer leads stops at once.
+func (m *Manager) followRaft(ctx context.Context) {
+	var told uint64 // the term this manager was told to act in; 0: none
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.leadNews:
+		}
+		leading, term := m.group.Leading(), m.group.Term()
+		if told != 0 && (!leading || term != told) {
+			told = 0
+			m.term.Store(0)
+			slog.Warn("manager: no longer leads the raft group")
+			m.tell(ctx, false)
+		}
+		if !leading || told != 0 {
+			continue
+		}
+		for {
+			err := m.takeOver(ctx, term)
+			if err == nil {
+				break
 			}
-			if m.group.Leading() && m.group.Term() == term {
-				m.term.Store(term)
-				slog.Info("manager: leading the raft group", "id", m.group.ID(), "term", term)
-				m.tell(ctx, true)
+			slog.Error("manager: taking over as the raft group's leader", "term", term, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
 			}
+			if !m.group.Leading() || m.group.Term() != term {
+				break
+			}
+		}
+		if m.group.Leading() && m.group.Term() == term {
+			told = term
+			m.term.Store(term)
+			slog.Info("manager: leading the raft group", "id", m.group.ID(), "term", term)
+			m.tell(ctx, true)
+		}
+		// Leadership may have changed meanwhile: look again.
+		select {
+		case m.leadNews <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -137,17 +166,17 @@ func (m *Manager) takeOver(ctx context.Context, term uint64) error {
 	return m.fence.publish(bctx, term, records, gone)
 }
 
-// raftChanges tells the loop of a follower that the state machine
-// changed.
+// raftChanges tells the loop that the state machine changed: a
+// follower's view follows it, and a leader's write whose outcome it did
+// not learn shows once applied.
 func (m *Manager) raftChanges(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-m.fsm.changed:
-			if m.leading.Load() {
-				continue // its own writes
-			}
+			// The loop's refresh reads nothing when the state is the one
+			// it last wrote (its own entries).
 			select {
 			case m.reload <- struct{}{}:
 			default:
@@ -158,26 +187,30 @@ func (m *Manager) raftChanges(ctx context.Context) {
 
 // commitRaft commits c to the group's log, then publishes its serving
 // map records (and any a failed publication left behind) fenced by this
-// leader's term. Loop goroutine.
-func (m *Manager) commitRaft(ctx context.Context, c change, next *State) error {
+// leader's term. committed says whether the state is now next's, for
+// certain: once it is, a failed publication is retried (publishPending)
+// and the change stands. Loop goroutine.
+func (m *Manager) commitRaft(ctx context.Context, c change, next *State) (committed bool, err error) {
 	term := m.term.Load()
 	if term == 0 || !m.group.Leading() {
-		return m.notLeader()
+		return false, m.notLeader()
 	}
 	if len(c.states) > 0 || len(c.gone) > 0 || c.cordons != nil || len(c.audit) > 0 {
 		entry, err := entryOf(c, next.Cordoned, time.Now())
 		if err != nil {
-			return err
+			return false, err
 		}
 		resp, err := m.group.Apply(ctx, entry)
 		if errors.Is(err, raftgroup.ErrNotLeader) {
-			return m.notLeader()
+			return false, m.notLeader()
 		}
 		if err != nil {
-			return fmt.Errorf("manager: committing to the raft group: %w", err)
+			// Perhaps committed after all: the state machine will say
+			// (refreshRaft).
+			return false, fmt.Errorf("manager: committing to the raft group: %w", err)
 		}
 		if err, ok := resp.(error); ok {
-			return err
+			return false, err
 		}
 		m.seen, _ = resp.(uint64)
 	}
@@ -187,7 +220,7 @@ func (m *Manager) commitRaft(ctx context.Context, c change, next *State) error {
 	for _, name := range c.gone {
 		m.unpublished[name] = true
 	}
-	return m.publishPending(ctx, next)
+	return true, m.publishPending(ctx, next)
 }
 
 // publishPending publishes the map records of the models whose records

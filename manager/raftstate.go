@@ -72,6 +72,7 @@ type replicated struct {
 	audit   []AuditEntry
 	seq     uint64 // audit entries ever appended
 	applied uint64 // index of the last entry applied
+	gen     uint64 // changes of state: entries applied and snapshots restored
 	changed chan struct{}
 }
 
@@ -111,19 +112,21 @@ func decodeEntry(b []byte) (raftEntry, map[string]*ModelState, error) {
 	return e, states, nil
 }
 
-// Apply applies one committed entry (raft.FSM). It answers the index
-// applied, or errEntry for an entry it cannot read (the state unchanged).
+// Apply applies one committed entry (raft.FSM). It answers the state's
+// generation after it (see view), or errEntry for an entry it cannot
+// read (the state unchanged).
 func (r *replicated) Apply(l *raft.Log) any {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.applied = l.Index
 	if l.Type != raft.LogCommand {
-		return l.Index
+		return r.gen
 	}
 	e, states, err := decodeEntry(l.Data)
 	if err != nil {
 		return err
 	}
+	r.gen++
 	next := &State{Models: maps.Clone(r.state.Models), Cordoned: r.state.Cordoned}
 	maps.Copy(next.Models, states)
 	for _, name := range e.Gone {
@@ -138,7 +141,7 @@ func (r *replicated) Apply(l *raft.Log) any {
 	case r.changed <- struct{}{}:
 	default:
 	}
-	return l.Index
+	return r.gen
 }
 
 // appendAudit appends entries and drops those past retention, counting
@@ -155,12 +158,14 @@ func (r *replicated) appendAudit(at time.Time, entries []AuditEntry) {
 	}
 }
 
-// view is the replicated state now: models and cordons (no shard or
-// router reports), and the index of the last entry applied.
+// view is the replicated state now, models and cordons (no shard or
+// router reports), and its generation: it changes with every entry
+// applied and every snapshot restored, so equal generations mean the
+// same state.
 func (r *replicated) view() (*State, uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.state, r.applied
+	return r.state, r.gen
 }
 
 // audited is how many audit entries were ever appended.
@@ -241,6 +246,7 @@ func (r *replicated) Restore(rc io.ReadCloser) error {
 	defer r.mu.Unlock()
 	r.state = &State{Models: models, Cordoned: slices.Compact(slices.Sorted(slices.Values(s.Cordoned)))}
 	r.audit, r.seq = s.Audit, s.AuditSeq
+	r.gen++
 	select {
 	case r.changed <- struct{}{}:
 	default:

@@ -139,8 +139,12 @@ func TestReplicatedSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	fresh := newReplicated(AuditRetention{})
+	_, before := fresh.view()
 	if err := fresh.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
 		t.Fatal(err)
+	}
+	if _, after := fresh.view(); after == before {
+		t.Fatal("a restored snapshot left the state's generation as it was: a follower would not refresh its view")
 	}
 	if a, b := stateJSON(t, r), stateJSON(t, fresh); a != b {
 		t.Fatalf("restored %s\nwant %s", b, a)

@@ -215,6 +215,13 @@ func TestRaftManagerFailover(t *testing.T) {
 	// Membership: a fourth manager joins through the leader and catches
 	// up; it is then removed.
 	m3 := freeAddrs(t, 1)[0]
+	// Refused: an ID already in the group, and an address where no
+	// manager waits to join (a typo, another service).
+	for _, bad := range [][]string{{third, m3}, {"m9", cli.Endpoints()[0][len("http://"):]}} {
+		if out, err := admin(third, "managers", "add", bad[0], bad[1]); err == nil || !strings.Contains(out, "409") {
+			t.Fatalf("managers add %s %s: %v\n%s", bad[0], bad[1], err, out)
+		}
+	}
 	restart("m3", "--raft-addr", m3, "--raft-dir", filepath.Join(dir, "m3"))
 	if out, err := admin(third, "managers", "add", "m3", m3); err != nil || !strings.Contains(out, "m3") {
 		t.Fatalf("managers add: %v\n%s", err, out)

@@ -133,6 +133,10 @@ var ErrNotLeader = errors.New("raftgroup: not the leader")
 // ErrNotMember is returned by Remove for an ID not in the group.
 var ErrNotMember = errors.New("raftgroup: not a member of the group")
 
+// ErrMember is returned by Add for an ID or address already in the
+// group, and by Remove for its last member.
+var ErrMember = errors.New("raftgroup: refused by the group's membership")
+
 // NotLeaderError names the leader as this member knows it (empty while
 // none is known).
 type NotLeaderError struct{ LeaderID, LeaderAddr string }
@@ -201,6 +205,9 @@ func Start(cfg Config) (*Group, error) {
 	rc.SnapshotThreshold, rc.TrailingLogs = cfg.SnapshotEvery, cfg.TrailingLogs
 	rc.SnapshotInterval = 30 * time.Second
 	rc.NotifyCh = cfg.Notify
+	// A member removed from the group (even the leader) stays up, out of
+	// it, rather than shutting its raft down under a running process.
+	rc.ShutdownOnRemove = false
 	rc.Logger = hclogger("raft")
 	if err := raft.ValidateConfig(rc); err != nil {
 		trans.Close()
@@ -221,6 +228,24 @@ func Start(cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("raftgroup: %w", err)
 	}
 	g := &Group{cfg: cfg, raft: r, store: store, trans: trans, layer: layer}
+	known := func() []string {
+		var hosts []string
+		add := func(addr string) {
+			if h, _, err := net.SplitHostPort(addr); err == nil && !slices.Contains(hosts, h) {
+				hosts = append(hosts, h)
+			}
+		}
+		for _, p := range cfg.Peers {
+			add(p.Addr)
+		}
+		if f := r.GetConfiguration(); f.Error() == nil {
+			for _, s := range f.Configuration().Servers {
+				add(string(s.Address))
+			}
+		}
+		return hosts
+	}
+	layer.known.Store(&known)
 	if fresh && !bootstrap && len(cfg.Peers) > 0 {
 		slog.Info("raftgroup: this member is not among the peers given; waiting to be added to the group", "id", cfg.ID)
 	}
@@ -384,7 +409,16 @@ func (g *Group) Add(ctx context.Context, id, addr string) error {
 	if !g.Leading() {
 		return g.notLeader()
 	}
-	_, err := wait(ctx, g.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, timeoutOf(ctx)))
+	members, err := g.Members()
+	if err != nil {
+		return err
+	}
+	for _, m := range members {
+		if m.ID == id || m.Addr == addr {
+			return fmt.Errorf("%w: %s at %s (remove it first to move it)", ErrMember, m.ID, m.Addr)
+		}
+	}
+	_, err = wait(ctx, g.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, timeoutOf(ctx)))
 	if errors.Is(err, raft.ErrNotLeader) {
 		return g.notLeader()
 	}
@@ -403,6 +437,9 @@ func (g *Group) Remove(ctx context.Context, id string) error {
 	}
 	if !slices.ContainsFunc(members, func(s Status) bool { return s.ID == id }) {
 		return fmt.Errorf("%w: %s", ErrNotMember, id)
+	}
+	if len(members) == 1 {
+		return fmt.Errorf("%w: %s is the group's last member", ErrMember, id)
 	}
 	_, err = wait(ctx, g.raft.RemoveServer(raft.ServerID(id), 0, timeoutOf(ctx)))
 	if errors.Is(err, raft.ErrNotLeader) {

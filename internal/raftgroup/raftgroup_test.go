@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
@@ -212,11 +214,14 @@ func TestTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	source := func(ca *tlsconf.CA, name string, trust *tlsconf.CA) *tlsconf.Source {
+	source := func(ca *tlsconf.CA, name string, trust *tlsconf.CA, hosts ...string) *tlsconf.Source {
 		if err := os.MkdirAll(filepath.Join(dir, name), 0o700); err != nil {
 			t.Fatal(err)
 		}
-		f, err := ca.WriteIssued(filepath.Join(dir, name), name, "127.0.0.1")
+		if len(hosts) == 0 {
+			hosts = []string{"127.0.0.1"}
+		}
+		f, err := ca.WriteIssued(filepath.Join(dir, name), name, hosts...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -240,6 +245,27 @@ func TestTLS(t *testing.T) {
 	}
 	apply(t, a, "secret")
 	converged(t, []string{"secret"}, a, b)
+
+	// A certificate of the cluster's CA that names no member (a shard's,
+	// an operator's) gets nothing from the transport: a forged
+	// AppendEntries sent to the follower is refused, and not applied.
+	layer, err := listen("127.0.0.1:0", "", source(ca, "shard", ca, "shard.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	forger := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: layer, MaxPool: 1, Timeout: 2 * time.Second, Logger: hclogger("forger")})
+	defer forger.Close()
+	var resp raft.AppendEntriesResponse
+	err = forger.AppendEntries(raft.ServerID("b"), raft.ServerAddress(b.Addr()), &raft.AppendEntriesRequest{
+		RPCHeader: raft.RPCHeader{ID: []byte("a"), Addr: []byte(a.Addr())}, Term: a.Term() + 5, PrevLogEntry: b.raft.LastIndex(), PrevLogTerm: a.Term(),
+		Entries: []*raft.Log{{Index: b.raft.LastIndex() + 1, Term: a.Term() + 5, Type: raft.LogCommand, Data: []byte("forged")}}, LeaderCommitIndex: b.raft.LastIndex() + 1}, &resp)
+	t.Logf("a forged AppendEntries from a shard's certificate: %v", err)
+	if err == nil {
+		t.Fatal("the follower took an AppendEntries from a certificate naming no member")
+	}
+	if slices.Contains(b.fsm.Get(), "forged") {
+		t.Fatal("the follower applied the forged entry")
+	}
 
 	// The stranger trusts the cluster's CA, but the cluster does not
 	// trust its certificate.

@@ -2,6 +2,7 @@ package raftgroup
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -21,6 +22,9 @@ type streamLayer struct {
 	net.Listener
 	advertise net.Addr
 	tls       *tlsconf.Source
+
+	// known, once the group runs, lists the hosts of its members.
+	known atomic.Pointer[func() []string]
 
 	// cut, while set, partitions the member: no connection in or out,
 	// and those open are closed (SetPartitioned).
@@ -107,9 +111,48 @@ func listen(addr, advertise string, src *tlsconf.Source) (*streamLayer, error) {
 	}
 	s := &streamLayer{Listener: lis, advertise: tcpName(adv), tls: src}
 	if src != nil {
-		s.Listener = tls.NewListener(lis, src.Server())
+		c := src.Server()
+		chain := c.VerifyConnection
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if chain != nil {
+				if err := chain(cs); err != nil {
+					return err
+				}
+			}
+			return s.checkPeer(cs.PeerCertificates)
+		}
+		s.Listener = tls.NewListener(lis, c)
 	}
 	return s, nil
+}
+
+// checkPeer lets in only a peer whose certificate names the host of a
+// member the group knows (its configuration, or the peers it was
+// bootstrapped with): any other certificate the CA signed (a shard's, a
+// router's, an operator's) gets nothing from the raft transport. A member
+// that knows no one yet (waiting to be added) takes any the CA signed.
+func (s *streamLayer) checkPeer(certs []*x509.Certificate) error {
+	if len(certs) == 0 {
+		return errors.New("raftgroup: the peer presented no certificate")
+	}
+	hosts := s.members()
+	if len(hosts) == 0 {
+		return nil
+	}
+	for _, h := range hosts {
+		if certs[0].VerifyHostname(h) == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("raftgroup: the peer's certificate (%q) names none of the group's members %v", certs[0].Subject.CommonName, hosts)
+}
+
+// members are the hosts of the members this one knows.
+func (s *streamLayer) members() []string {
+	if f := s.known.Load(); f != nil {
+		return (*f)()
+	}
+	return nil
 }
 
 // tcpName is an address as peers dial it, perhaps a host name.
