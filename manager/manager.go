@@ -254,9 +254,9 @@ type Manager struct {
 	// With Options.Raft: the group, its state machine, the fence the
 	// serving map is published through, the raft index of the state this
 	// manager last read or wrote (loop goroutine), and the term it leads.
-	group  *raftgroup.Group
-	fsm    *replicated
-	fence  fence
+	group    *raftgroup.Group
+	fsm      *replicated
+	fence    fence
 	seen     uint64
 	term     atomic.Uint64
 	notify   chan bool     // raft's leadership notifications
