@@ -46,7 +46,7 @@ func (m *Manager) startRaft() error {
 func (m *Manager) Group() *raftgroup.Group { return m.group }
 
 // raftState is the state machine's state as a State to decide on, and
-// notes the index it reflects. Loop goroutine (or Start).
+// notes the generation it reflects. Loop goroutine (or Start).
 func (m *Manager) raftState() *State {
 	s, gen := m.fsm.view()
 	m.seen = gen
