@@ -565,6 +565,15 @@ func (m *Manager) State() *State { return m.view.Load() }
 
 // Close stops the manager. The serving map stays as last written.
 func (m *Manager) Close() {
+	if m.group != nil && m.group.Leading() {
+		// Another member leads at once, rather than after an election
+		// timeout.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := m.group.HandOver(ctx); err != nil {
+			slog.Warn("manager: handing the raft group's lead over before stopping", "err", err)
+		}
+		cancel()
+	}
 	m.cancel()
 	m.done.Wait()
 	if m.group != nil {

@@ -247,6 +247,27 @@ func TestRaftManagerFailover(t *testing.T) {
 		return nil
 	})
 	t.Logf("cumulus admin managers:\n%s", out)
+	// A leader stopped (SIGTERM, as a rolling update does) hands the lead
+	// over first: the next publishes without an election timeout.
+	before = term()
+	watch = cli.Watch(ctx, topo.DefaultCluster.ManagerPrefix()+"term", clientv3.WithRev(0))
+	stopping := leader()
+	stopped := time.Now()
+	managers[stopping].stop(t)
+	published = 0
+	for published == 0 {
+		select {
+		case wr := <-watch:
+			for _, ev := range wr.Events {
+				if string(ev.Kv.Value) > before {
+					published = time.Since(stopped)
+				}
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("no newer term published the map within 30 s of the stop")
+		}
+	}
+	t.Logf("leader %s stopped with SIGTERM; the map published under the next term %v after", stopping, published.Round(time.Millisecond))
 	load.await(t, 100)
 	load.halt()
 	t.Logf("%d requests answered, %d failed", load.ok.Load(), load.failed.Load())

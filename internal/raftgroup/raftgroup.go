@@ -455,6 +455,20 @@ func timeoutOf(ctx context.Context) time.Duration {
 	return 0
 }
 
+// HandOver, on the leader, hands the lead to the most up-to-date other
+// member and waits for it (a leader about to stop saves the others an
+// election timeout); elsewhere it does nothing.
+func (g *Group) HandOver(ctx context.Context) error {
+	if !g.Leading() {
+		return nil
+	}
+	if ms, err := g.Members(); err != nil || len(ms) < 2 {
+		return err // alone: no one to hand over to
+	}
+	_, err := wait(ctx, g.raft.LeadershipTransfer())
+	return err
+}
+
 // SetPartitioned cuts this member off from the others (true: every
 // connection in or out is closed and refused) or joins it again: a fault
 // for drills and tests, as a network partition would be.
