@@ -224,7 +224,7 @@ func (a *admin) changeMembers(w http.ResponseWriter, r *http.Request, add bool) 
 		op, result = "remove-manager", c.ID
 	}
 	audit := func() error {
-		entry, _ := entryOf(change{audit: []AuditEntry{{Time: time.Now().UTC(), Op: op, From: r.RemoteAddr, Result: result}}}, nil, time.Now())
+		entry, _ := entryOf(change{audit: []AuditEntry{{Time: time.Now().UTC(), Op: op, From: r.RemoteAddr, Result: result}}}, nil, time.Now(), a.m.fsm.keep)
 		_, err := a.m.group.Apply(ctx, entry)
 		return err
 	}

@@ -196,7 +196,7 @@ func (m *Manager) commitRaft(ctx context.Context, c change, next *State) (commit
 		return false, m.notLeader()
 	}
 	if len(c.states) > 0 || len(c.gone) > 0 || c.cordons != nil || len(c.audit) > 0 {
-		entry, err := entryOf(c, next.Cordoned, time.Now())
+		entry, err := entryOf(c, next.Cordoned, time.Now(), m.fsm.keep)
 		if err != nil {
 			return false, err
 		}
@@ -291,7 +291,7 @@ func (m *Manager) importEtcdState(ctx context.Context) error {
 	if len(old.Cordoned) > 0 {
 		c.cordons = []byte("set")
 	}
-	entry, err := entryOf(c, old.Cordoned, now)
+	entry, err := entryOf(c, old.Cordoned, now, m.fsm.keep)
 	if err != nil {
 		return err
 	}

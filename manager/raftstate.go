@@ -43,6 +43,12 @@ type raftEntry struct {
 	Cordons *[]string `json:"cordons,omitempty"`
 	// Audit entries to append.
 	Audit []AuditEntry `json:"audit,omitempty"`
+	// AuditKeep and AuditMaxAge (seconds) are the audit retention of the
+	// leader that wrote the entry: every member keeps what it says, so
+	// members started with other flags hold the same log. Zero: the
+	// member's own.
+	AuditKeep   int   `json:"audit_keep,omitempty"`
+	AuditMaxAge int64 `json:"audit_max_age,omitempty"`
 }
 
 // AuditRetention bounds the audit log the managers keep: the newest Keep
@@ -136,7 +142,11 @@ func (r *replicated) Apply(l *raft.Log) any {
 		next.Cordoned = slices.Compact(slices.Sorted(slices.Values(*e.Cordons)))
 	}
 	r.state = next
-	r.appendAudit(e.At, e.Audit)
+	keep := r.keep
+	if e.AuditKeep > 0 && e.AuditMaxAge > 0 {
+		keep = AuditRetention{Keep: e.AuditKeep, MaxAge: time.Duration(e.AuditMaxAge) * time.Second}
+	}
+	r.appendAudit(e.At, e.Audit, keep)
 	select {
 	case r.changed <- struct{}{}:
 	default:
@@ -146,11 +156,11 @@ func (r *replicated) Apply(l *raft.Log) any {
 
 // appendAudit appends entries and drops those past retention, counting
 // age from at (the entry's time, the same on every member).
-func (r *replicated) appendAudit(at time.Time, entries []AuditEntry) {
+func (r *replicated) appendAudit(at time.Time, entries []AuditEntry, keep AuditRetention) {
 	r.audit = append(r.audit, entries...)
 	r.seq += uint64(len(entries))
-	drop := max(0, len(r.audit)-r.keep.Keep)
-	for drop < len(r.audit) && at.Sub(r.audit[drop].Time) > r.keep.MaxAge {
+	drop := max(0, len(r.audit)-keep.Keep)
+	for drop < len(r.audit) && at.Sub(r.audit[drop].Time) > keep.MaxAge {
 		drop++
 	}
 	if drop > 0 {
@@ -254,9 +264,13 @@ func (r *replicated) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
-// entryOf is the raft entry that persists c, written at at.
-func entryOf(c change, cordoned []string, at time.Time) ([]byte, error) {
+// entryOf is the raft entry that persists c, written at at by a leader
+// keeping the audit log as keep says (zero: as each member's flags say).
+func entryOf(c change, cordoned []string, at time.Time, keep AuditRetention) ([]byte, error) {
 	e := raftEntry{Schema: raftEntrySchema, At: at, Gone: c.gone, Audit: c.audit}
+	if keep.Keep > 0 && keep.MaxAge > 0 {
+		e.AuditKeep, e.AuditMaxAge = keep.Keep, int64(keep.MaxAge/time.Second)
+	}
 	if len(c.states) > 0 {
 		e.States = make(map[string]json.RawMessage, len(c.states))
 		for name, b := range c.states {

@@ -29,7 +29,7 @@ func modelJSON(t testing.TB, name string, live uint64) []byte {
 }
 
 func entryJSON(t testing.TB, c change, cordoned []string, at time.Time) []byte {
-	b, err := entryOf(c, cordoned, at)
+	b, err := entryOf(c, cordoned, at, AuditRetention{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,6 +114,24 @@ func TestAuditRetention(t *testing.T) {
 	got = r.readAudit(100)
 	if len(got) != 2 || got[0].Op != "late" || got[1].Op != "now" {
 		t.Fatalf("after the age bound: %+v", got)
+	}
+}
+
+// TestAuditRetentionIsTheLeaders: members started with other retention
+// flags keep what the entries say, so they hold the same audit log.
+func TestAuditRetentionIsTheLeaders(t *testing.T) {
+	a, b := newReplicated(AuditRetention{Keep: 2, MaxAge: time.Hour}), newReplicated(AuditRetention{Keep: 5, MaxAge: time.Hour})
+	at := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
+	for i := range 6 {
+		e, err := entryOf(change{audit: []AuditEntry{{Time: at, Op: "pin", Version: uint64(i)}}}, nil, at, AuditRetention{Keep: 3, MaxAge: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		applyEntry(a, uint64(i+1), e)
+		applyEntry(b, uint64(i+1), e)
+	}
+	if x, y := stateJSON(t, a), stateJSON(t, b); x != y || len(a.readAudit(100)) != 3 {
+		t.Fatalf("members differ (%d and %d entries kept; the leader said 3)", len(a.readAudit(100)), len(b.readAudit(100)))
 	}
 }
 
