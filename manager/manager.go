@@ -254,13 +254,15 @@ type Manager struct {
 	// With Options.Raft: the group, its state machine, the fence the
 	// serving map is published through, the raft index of the state this
 	// manager last read or wrote (loop goroutine), and the term it leads.
-	group    *raftgroup.Group
-	fsm      *replicated
-	fence    fence
-	seen     uint64
-	term     atomic.Uint64
-	notify   chan bool     // raft's leadership notifications
-	leadNews chan struct{} // followRaft's signal to look at the leadership
+	group  *raftgroup.Group
+	fsm    *replicated
+	fence  fence
+	seen   uint64
+	term   atomic.Uint64
+	notify chan bool // raft's leadership notifications
+	// takeoverErr is why the last takeover failed, while it keeps failing.
+	takeoverErr atomic.Pointer[error]
+	leadNews    chan struct{} // followRaft's signal to look at the leadership
 	// unpublished are models whose serving map records a failed
 	// publication left behind; loop goroutine only.
 	unpublished map[string]bool

@@ -322,6 +322,9 @@ func TestRaftCommitStandsWhenPublishFails(t *testing.T) {
 	if _, err := m.Do(ctx, manager.Command{Op: manager.OpRollback, Model: "m"}); err != nil {
 		t.Fatalf("a committed rollback whose map could not be published: %v", err)
 	}
+	if err := m.Ready(ctx); err != nil {
+		t.Fatalf("ready while it leads, its takeover done: %v", err)
+	}
 	if ms := m.State().Models["m"]; ms.Live != 1 || ms.Pin != 1 {
 		t.Fatalf("the leader shows live %d pin %d after the rollback", ms.Live, ms.Pin)
 	}
@@ -340,5 +343,36 @@ func TestRaftCommitStandsWhenPublishFails(t *testing.T) {
 	})
 	if ms := m.State().Models["m"]; ms.Live != 1 || ms.Pin != 1 {
 		t.Fatalf("the leader shows live %d pin %d", ms.Live, ms.Pin)
+	}
+}
+
+// TestRaftFencedGroupNotReady: a group rebuilt behind a newer term's
+// fence cannot take over; its leader says so in readiness, until the
+// fence key is deleted.
+func TestRaftFencedGroupNotReady(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := repoWith(t, 1)
+	ctx := context.Background()
+	termKey := topo.DefaultCluster.ManagerPrefix() + "term"
+	if _, err := cli.Put(ctx, termKey, fmt.Sprintf("%020d", uint64(1)<<40)); err != nil {
+		t.Fatal(err)
+	}
+	m := raftManager(t, cli, repo, t.TempDir(), "a", "127.0.0.1:0", []raftgroup.Peer{{ID: "a"}})
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if err := m.Ready(ctx); err == nil || !strings.Contains(err.Error(), "cannot take over") {
+			return fmt.Errorf("readiness: %v", err)
+		}
+		return nil
+	})
+	if _, err := cli.Delete(ctx, termKey); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := m.WaitLeading(wctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ready(ctx); err != nil {
+		t.Fatalf("readiness once the fence is lifted: %v", err)
 	}
 }

@@ -110,6 +110,7 @@ func (m *Manager) followRaft(ctx context.Context) {
 				break
 			}
 			slog.Error("manager: taking over as the raft group's leader", "term", term, "err", err)
+			m.takeoverErr.Store(&err)
 			select {
 			case <-ctx.Done():
 				return
@@ -119,6 +120,7 @@ func (m *Manager) followRaft(ctx context.Context) {
 				break
 			}
 		}
+		m.takeoverErr.Store(nil)
 		if m.group.Leading() && m.group.Term() == term {
 			told = term
 			m.term.Store(term)
@@ -246,10 +248,14 @@ func (m *Manager) publishPending(ctx context.Context, next *State) error {
 	return nil
 }
 
-// raftReady: the group has a leader this member knows of.
+// raftReady: the group has a leader this member knows of, and if this
+// member is it, it can act (its takeover is not failing).
 func (m *Manager) raftReady() error {
 	if id, _ := m.group.Leader(); id == "" {
 		return errors.New("the raft group of managers has no leader that this one knows of")
+	}
+	if err := m.takeoverErr.Load(); err != nil && m.group.Leading() {
+		return fmt.Errorf("this manager leads the raft group but cannot take over: %w", *err)
 	}
 	return nil
 }
