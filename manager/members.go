@@ -240,6 +240,10 @@ func (a *admin) changeMembers(w http.ResponseWriter, r *http.Request, add bool) 
 				}
 			}
 		}
+	} else if ms, merr := a.m.group.Members(); merr != nil {
+		err = merr
+	} else if !slices.ContainsFunc(ms, func(s raftgroup.Status) bool { return s.ID == c.ID }) {
+		err = fmt.Errorf("%w: %s", raftgroup.ErrNotMember, c.ID)
 	} else if err = audit(); err == nil { // the leader may be the one removed: audit first
 		err = a.m.group.Remove(ctx, c.ID)
 	}

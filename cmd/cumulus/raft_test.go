@@ -230,6 +230,12 @@ func TestRaftManagerFailover(t *testing.T) {
 	if out, err := admin(third, "managers", "remove", "m3"); err != nil || strings.Contains(out, "m3 ") {
 		t.Fatalf("managers remove: %v\n%s", err, out)
 	}
+	if out, err := admin(third, "managers", "remove", "nobody"); err == nil || !strings.Contains(out, "404") {
+		t.Fatalf("managers remove nobody: %v\n%s", err, out)
+	}
+	if out, _ := admin(third, "audit"); strings.Contains(out, "nobody") {
+		t.Fatalf("a refused removal was audited:\n%s", out)
+	}
 	// Three members, each reporting the same term.
 	var out string
 	testenv.Eventually(t, 20*time.Second, func() error {
