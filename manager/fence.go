@@ -36,31 +36,16 @@ func termValue(t uint64) string { return fmt.Sprintf("%020d", t) }
 // records of gone models, as the leader of term, in as few transactions
 // as etcd's limits allow, each fenced.
 func (f fence) publish(ctx context.Context, term uint64, records map[string][]byte, gone []string) error {
-	var ops []clientv3.Op
-	var sizes []int
+	var ops txnOps
 	for _, name := range slices.Sorted(maps.Keys(records)) {
-		key := f.cluster.ModelKey(name)
-		if n := len(key) + len(records[name]); n > maxRecordBytes {
-			return fmt.Errorf("%w: %s is %d bytes, over the %d a write may carry; nothing written", ErrTooLarge, key, n, maxRecordBytes)
-		}
-		ops, sizes = append(ops, clientv3.OpPut(key, string(records[name]))), append(sizes, len(key)+len(records[name]))
-	}
-	for _, name := range gone {
-		key := f.cluster.ModelKey(name)
-		ops, sizes = append(ops, clientv3.OpDelete(key)), append(sizes, len(key))
-	}
-	for first := true; first || len(ops) > 0; first = false {
-		n, bytes := 0, 0
-		for n < len(ops) && n < maxTxnOps-1 && (n == 0 || bytes+sizes[n] <= maxTxnBytes) {
-			bytes += sizes[n]
-			n++
-		}
-		if err := f.txn(ctx, term, ops[:n:n]); err != nil {
+		if err := ops.put(f.cluster.ModelKey(name), records[name]); err != nil {
 			return err
 		}
-		ops, sizes = ops[n:], sizes[n:]
 	}
-	return nil
+	for _, name := range gone {
+		ops.delete(f.cluster.ModelKey(name))
+	}
+	return ops.each(func(batch []clientv3.Op) error { return f.txn(ctx, term, batch) })
 }
 
 // txn writes ops as the leader of term, creating the fence key first if

@@ -147,24 +147,21 @@ func (m *Manager) takeOver(ctx context.Context, term uint64) error {
 	if err := m.importEtcdState(bctx); err != nil {
 		return err
 	}
-	s, _ := m.fsm.view()
-	records := map[string][]byte{}
-	for name, ms := range s.Models {
-		if ms.Partitions > 0 {
-			records[name], _ = json.Marshal(ms.Assignment())
-		}
-	}
 	resp, err := m.opts.Etcd.Get(bctx, m.opts.Cluster.ModelsPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return fmt.Errorf("reading the serving map: %w", err)
 	}
-	var gone []string
+	s, _ := m.fsm.view()
+	names := map[string]bool{}
+	for name := range s.Models {
+		names[name] = true
+	}
 	for _, kv := range resp.Kvs {
-		name := strings.TrimPrefix(string(kv.Key), m.opts.Cluster.ModelsPrefix())
-		if _, ok := records[name]; !ok && m.opts.Cluster.ModelKey(name) == string(kv.Key) {
-			gone = append(gone, name)
+		if name := strings.TrimPrefix(string(kv.Key), m.opts.Cluster.ModelsPrefix()); m.opts.Cluster.ModelKey(name) == string(kv.Key) {
+			names[name] = true
 		}
 	}
+	records, gone := mapRecords(s, names)
 	return m.fence.publish(bctx, term, records, gone)
 }
 
@@ -231,21 +228,28 @@ func (m *Manager) publishPending(ctx context.Context, next *State) error {
 	if len(m.unpublished) == 0 {
 		return nil
 	}
-	records := map[string][]byte{}
-	var gone []string
-	for name := range m.unpublished {
-		switch ms := next.Models[name]; {
+	records, gone := mapRecords(next, m.unpublished)
+	if err := m.fence.publish(ctx, m.term.Load(), records, gone); err != nil {
+		return fmt.Errorf("committed, but the serving map is not published yet: %w", err)
+	}
+	clear(m.unpublished)
+	return nil
+}
+
+// mapRecords are the serving map records, as s has them, of the models
+// names holds, and those of the models s no longer has (to delete); a
+// model with nothing to serve yet has neither.
+func mapRecords(s *State, names map[string]bool) (records map[string][]byte, gone []string) {
+	records = map[string][]byte{}
+	for name := range names {
+		switch ms := s.Models[name]; {
 		case ms == nil:
 			gone = append(gone, name)
 		case ms.Partitions > 0:
 			records[name], _ = json.Marshal(ms.Assignment())
 		}
 	}
-	if err := m.fence.publish(ctx, m.term.Load(), records, gone); err != nil {
-		return fmt.Errorf("committed, but the serving map is not published yet: %w", err)
-	}
-	clear(m.unpublished)
-	return nil
+	return records, gone
 }
 
 // raftReady: the group has a leader this member knows of, and if this

@@ -141,6 +141,47 @@ const (
 	maxRecordBytes = maxTxnBytes - 4<<10
 )
 
+// txnOps are writes to make in as few etcd transactions as its limits
+// allow (maxTxnOps, maxTxnBytes), leaving room in each for one more
+// operation of the writer's own (a guard, a fence).
+type txnOps struct {
+	ops   []clientv3.Op
+	sizes []int
+}
+
+// put adds a write of value at key, refusing a record etcd would refuse.
+func (t *txnOps) put(key string, value []byte) error {
+	if n := len(key) + len(value); n > maxRecordBytes {
+		return fmt.Errorf("%w: %s is %d bytes, over the %d a write may carry; nothing written", ErrTooLarge, key, n, maxRecordBytes)
+	}
+	t.ops, t.sizes = append(t.ops, clientv3.OpPut(key, string(value))), append(t.sizes, len(key)+len(value))
+	return nil
+}
+
+// delete adds the deletion of key.
+func (t *txnOps) delete(key string) {
+	t.ops, t.sizes = append(t.ops, clientv3.OpDelete(key)), append(t.sizes, len(key))
+}
+
+// each calls write with the operations in order, in batches that fit one
+// transaction each, at least once (with none when there are none), and
+// stops at the first error.
+func (t *txnOps) each(write func(batch []clientv3.Op) error) error {
+	ops, sizes := t.ops, t.sizes
+	for first := true; first || len(ops) > 0; first = false {
+		n, bytes := 0, 0
+		for n < len(ops) && n < maxTxnOps-1 && (n == 0 || bytes+sizes[n] <= maxTxnBytes) {
+			bytes += sizes[n]
+			n++
+		}
+		if err := write(ops[:n:n]); err != nil {
+			return err
+		}
+		ops, sizes = ops[n:], sizes[n:]
+	}
+	return nil
+}
+
 // ErrTooLarge is returned by commit for a record etcd would refuse.
 var ErrTooLarge = errors.New("manager: record too large for etcd")
 
@@ -152,34 +193,25 @@ func (st *store) commit(ctx context.Context, c change) error {
 	if c.empty() {
 		return nil
 	}
-	var ops []clientv3.Op
-	var sizes []int
-	put := func(key string, value []byte) error {
-		if n := len(key) + len(value); n > maxRecordBytes {
-			return fmt.Errorf("%w: %s is %d bytes, over the %d a write may carry; nothing written", ErrTooLarge, key, n, maxRecordBytes)
-		}
-		ops, sizes = append(ops, clientv3.OpPut(key, string(value))), append(sizes, len(key)+len(value))
-		return nil
-	}
+	var ops txnOps
 	for _, name := range slices.Sorted(maps.Keys(c.maps)) {
-		if err := put(st.cluster.ModelKey(name), c.maps[name]); err != nil {
+		if err := ops.put(st.cluster.ModelKey(name), c.maps[name]); err != nil {
 			return err
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.states)) {
-		if err := put(st.modelsPrefix()+name, c.states[name]); err != nil {
+		if err := ops.put(st.modelsPrefix()+name, c.states[name]); err != nil {
 			return err
 		}
 	}
 	if c.cordons != nil {
-		if err := put(st.cordonKey(), c.cordons); err != nil {
+		if err := ops.put(st.cordonKey(), c.cordons); err != nil {
 			return err
 		}
 	}
 	for _, name := range c.gone {
-		for _, key := range []string{st.cluster.ModelKey(name), st.modelsPrefix() + name} {
-			ops, sizes = append(ops, clientv3.OpDelete(key)), append(sizes, len(key))
-		}
+		ops.delete(st.cluster.ModelKey(name))
+		ops.delete(st.modelsPrefix() + name)
 	}
 	seq := st.audit
 	for _, e := range c.audit {
@@ -188,23 +220,17 @@ func (st *store) commit(ctx context.Context, c change) error {
 			Schema int `json:"schema"`
 			AuditEntry
 		}{recordSchema, e})
-		if err := put(st.auditKey(seq), b); err != nil {
+		if err := ops.put(st.auditKey(seq), b); err != nil {
 			return err
 		}
 		if seq > maxAudit {
-			key := st.auditKey(seq - maxAudit)
-			ops, sizes = append(ops, clientv3.OpDelete(key)), append(sizes, len(key))
+			ops.delete(st.auditKey(seq - maxAudit))
 		}
 	}
 	st.txns = 0
-	for first := true; first || len(ops) > 0; first = false {
-		n, bytes := 0, 0
-		for n < len(ops) && n < maxTxnOps-1 && (n == 0 || bytes+sizes[n] <= maxTxnBytes) {
-			bytes += sizes[n]
-			n++
-		}
+	err := ops.each(func(batch []clientv3.Op) error {
 		g, _ := json.Marshal(guardRecord{Schema: recordSchema, Writer: st.writer, Audit: seq})
-		then := append(ops[:n:n], clientv3.OpPut(st.guardKey(), string(g)))
+		then := append(batch, clientv3.OpPut(st.guardKey(), string(g)))
 		cond := clientv3.Compare(clientv3.ModRevision(st.guardKey()), "=", st.rev)
 		// Nor once a raft group of managers publishes (fence.go): a manager
 		// without --raft-* must not write over its map.
@@ -221,7 +247,10 @@ func (st *store) commit(ctx context.Context, c change) error {
 		}
 		st.rev = resp.Header.Revision
 		st.txns++
-		ops, sizes = ops[n:], sizes[n:]
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	st.audit = seq
 	if len(c.maps) > 0 {

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path"
@@ -581,7 +582,7 @@ func TestKubernetesManifests(t *testing.T) {
 	// Each role's serving ports are behind a Service.
 	for role, names := range map[string][]string{"shard": {"grpc"}, "router": {"grpc", "http"}, "manager": {"admin"}} {
 		for _, name := range names {
-			if !slices.ContainsFunc(mapValues(k.services), func(svc *corev1.Service) bool {
+			if !slices.ContainsFunc(slices.Collect(maps.Values(k.services)), func(svc *corev1.Service) bool {
 				return labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(roles[role].pod.Labels)) &&
 					slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.TargetPort.StrVal == name })
 			}) {
@@ -653,7 +654,7 @@ func TestKubernetesManifests(t *testing.T) {
 		iss := k.issuers[c.Spec.IssuerRef.Name]
 		if c.Spec.IssuerRef.Kind != "Issuer" || iss == nil {
 			t.Errorf("Certificate %s: issuer %+v is not in the manifests", name, c.Spec.IssuerRef)
-		} else if iss.Spec.CA != nil && !slices.ContainsFunc(mapValues(k.certificates), func(ca *cmv1.Certificate) bool {
+		} else if iss.Spec.CA != nil && !slices.ContainsFunc(slices.Collect(maps.Values(k.certificates)), func(ca *cmv1.Certificate) bool {
 			return ca.Spec.IsCA && ca.Spec.SecretName == iss.Spec.CA.SecretName
 		}) {
 			t.Errorf("Issuer %s: its CA secret %s comes from no CA Certificate", iss.Name, iss.Spec.CA.SecretName)
@@ -715,14 +716,6 @@ func hostOf(t *testing.T, addr string) string {
 		t.Fatalf("%q: %v", addr, err)
 	}
 	return host
-}
-
-func mapValues[K comparable, V any](m map[K]V) []V {
-	var out []V
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
 }
 
 // secretKeys is the keys a Secret will hold: a Certificate's (cert-manager

@@ -314,11 +314,7 @@ func (g *Group) Apply(ctx context.Context, cmd []byte) (any, error) {
 	if !g.Leading() {
 		return nil, g.notLeader()
 	}
-	timeout := time.Duration(0)
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
-	}
-	f, err := wait(ctx, g.raft.Apply(cmd, timeout))
+	f, err := wait(ctx, g.raft.Apply(cmd, timeoutOf(ctx)))
 	if errors.Is(err, raft.ErrNotLeader) {
 		return nil, g.notLeader()
 	}
@@ -332,11 +328,7 @@ func (g *Group) Apply(ctx context.Context, cmd []byte) (any, error) {
 // this member, the leader: a new leader calls it before acting on its
 // state.
 func (g *Group) Barrier(ctx context.Context) error {
-	timeout := time.Duration(0)
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
-	}
-	_, err := wait(ctx, g.raft.Barrier(timeout))
+	_, err := wait(ctx, g.raft.Barrier(timeoutOf(ctx)))
 	if errors.Is(err, raft.ErrNotLeader) {
 		return g.notLeader()
 	}
