@@ -252,8 +252,9 @@ type Manager struct {
 	routers    atomic.Pointer[map[string]topo.RouterInfo] // the latest registrations read
 
 	// With Options.Raft: the group, its state machine, the fence the
-	// serving map is published through, the raft index of the state this
-	// manager last read or wrote (loop goroutine), and the term it leads.
+	// serving map is published through, the state machine's generation as
+	// this manager last read or wrote it (loop goroutine), and the term it
+	// leads.
 	group  *raftgroup.Group
 	fsm    *replicated
 	fence  fence
