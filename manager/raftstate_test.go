@@ -314,3 +314,37 @@ func FuzzRaftEntry(f *testing.F) {
 		}
 	})
 }
+
+// FuzzRaftSnapshot: no snapshot file makes a member panic; one refused
+// leaves the state as it was, and one restored holds only models filed
+// under their own names.
+func FuzzRaftSnapshot(f *testing.F) {
+	at := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
+	r := newReplicated(AuditRetention{})
+	applyEntry(r, 1, entryJSON(f, change{states: map[string][]byte{"a": modelJSON(f, "a", 4)}, cordons: []byte("x"),
+		audit: []AuditEntry{{Time: at, Op: "pin", Result: "ok"}}}, []string{"s1"}, at))
+	snap, _ := r.Snapshot()
+	var sink bufSink
+	if err := snap.Persist(&sink); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(sink.Bytes())
+	f.Add([]byte(`{"schema":1,"models":{"a":{"schema":2,"name":"a","versions":[{"version":1}]}},"audit_seq":18446744073709551615}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := newReplicated(AuditRetention{})
+		applyEntry(r, 1, entryJSON(t, change{states: map[string][]byte{"b": modelJSON(t, "b", 1)}}, nil, at))
+		before := stateJSON(t, r)
+		if err := r.Restore(io.NopCloser(bytes.NewReader(data))); err != nil {
+			if stateJSON(t, r) != before {
+				t.Fatalf("a refused snapshot (%v) changed the state", err)
+			}
+			return
+		}
+		s, _ := r.view()
+		for name, ms := range s.Models {
+			if ms == nil || ms.Name != name {
+				t.Fatalf("model %q holds %+v", name, ms)
+			}
+		}
+	})
+}
