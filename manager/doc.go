@@ -6,9 +6,13 @@
 // never choose a version themselves.
 //
 // The decisions are one pure function, Decide(state, event) → (state,
-// actions) in state.go: events are repository scans, validation results,
-// shard reports and operator commands; actions are validations to run and
-// audit entries. Every version has a phase (discovered, validating,
+// actions) in decide.go: events (events.go) are repository scans,
+// validation results, shard reports and operator commands; actions are
+// validations to run and audit entries. The records it reads and returns
+// are in state.go; how versions enter (versions.go), their chains
+// (chains.go), operators' commands (commands.go), the keep policy
+// (keep.go), routers in a rollout (routers.go) and which shards are
+// trusted and hold what (trust.go) each have a file. Every version has a phase (discovered, validating,
 // rejected with its reason, ready, staging, live, canary, standby,
 // retired) and every model the operator's intent (follow the newest valid
 // version, or a pin, and perhaps a canary). A rollout stages the target, commits it once every assigned

@@ -1,0 +1,172 @@
+// Trust and holdings: which shards report validated content, and what they hold.
+
+package manager
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/cumulus-serving/cumulus/internal/topo"
+)
+
+// trusted lists, sorted, the shards partitions of m may be assigned to:
+// every live shard except those reporting content for m that differs from
+// what the manager validated.
+func (s *State) trusted(m *ModelState) []string {
+	var out []string
+	for _, id := range slices.Sorted(maps.Keys(s.Shards)) {
+		if !s.mismatched(m, s.Shards[id]) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// mismatched reports whether si holds or found content for m whose
+// identity differs from the validated version's.
+func (s *State) mismatched(m *ModelState, si topo.ShardInfo) bool {
+	for _, l := range slices.Concat(si.Loaded, si.Mismatched) {
+		if l.Model != m.Name {
+			continue
+		}
+		v := m.version(l.Version)
+		if v == nil || v.Info == nil {
+			continue
+		}
+		for i, p := range l.Have {
+			if int(p) >= len(v.Info.IDs) || i >= len(l.IDs) || l.IDs[i] != v.Info.IDs[p] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Mismatches lists, per shard, the versions of model it holds or found
+// with content other than the manager validated.
+func (s *State) Mismatches(model string) map[string][]uint64 {
+	m := s.Models[model]
+	out := map[string][]uint64{}
+	if m == nil {
+		return out
+	}
+	for id, si := range s.Shards {
+		for _, l := range slices.Concat(si.Loaded, si.Mismatched) {
+			if l.Model == model && !slices.Contains(out[id], l.Version) && s.mismatched(m, topo.ShardInfo{Loaded: []topo.Loaded{l}}) {
+				out[id] = append(out[id], l.Version)
+			}
+		}
+	}
+	return out
+}
+
+// holds reports whether shard id holds partition p of v with the
+// validated content, by a report recent enough to trust: one that
+// follows a record from which on neither the placement nor v's being kept
+// has changed. An older report may list what the shard has since dropped
+// on an intermediate record's word.
+func (s *State) holds(m *ModelState, id string, v uint64, p int) bool {
+	return s.holdsIn(nil, m, id, v, p)
+}
+
+// holding indexes the shards' reports of one model (shard → version →
+// report), so that settling a model with many partitions and versions
+// kept does not search every report for every pair.
+type holding map[string]map[uint64]*topo.Loaded
+
+func (s *State) holding(model string) holding {
+	h := holding{}
+	for id, si := range s.Shards {
+		for i := range si.Loaded {
+			l := &si.Loaded[i]
+			if l.Model != model {
+				continue
+			}
+			if h[id] == nil {
+				h[id] = map[uint64]*topo.Loaded{}
+			}
+			if h[id][l.Version] == nil { // the first, as ShardInfo.Holds reads
+				h[id][l.Version] = l
+			}
+		}
+	}
+	return h
+}
+
+// holdsIn is holds, reading the reports from h (nil: from s.Shards).
+func (s *State) holdsIn(h holding, m *ModelState, id string, v uint64, p int) bool {
+	return s.holdsVersion(h, m, id, m.version(v), p)
+}
+
+// holdsVersion is holdsIn for version x (nil: unknown).
+func (s *State) holdsVersion(h holding, m *ModelState, id string, x *Version, p int) bool {
+	if x == nil || x.Info == nil || p >= len(x.Info.IDs) {
+		return false
+	}
+	si, ok := s.Shards[id]
+	if !ok || si.Applied[m.Name] < max(m.PlaceSeq, x.KeptSince) {
+		return false
+	}
+	if h == nil {
+		return si.Holds(m.Name, x.Version, uint32(p), x.Info.IDs[p])
+	}
+	l := h[id][x.Version]
+	return l != nil && x.Info.IDs[p] != "" && l.Identity(uint32(p)) == x.Info.IDs[p]
+}
+
+// allHold reports whether every replica assign names holds its partition
+// of v: the moment a rollout may commit. A shard counts only for the
+// partitions the map last published gives it: a report of anything else
+// may be about to go (the shard drops what an earlier map took from it).
+func (s *State) allHold(h holding, m *ModelState, assign [][]string, v uint64) bool {
+	if len(m.Replicas) != len(assign) {
+		return false
+	}
+	for p, reps := range assign {
+		if len(reps) == 0 {
+			return false
+		}
+		for _, id := range reps {
+			if !slices.Contains(m.Replicas[p], id) || !s.holdsIn(h, m, id, v, p) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// handover is what to publish on the way from the replicas last
+// published to assign: make before break. Until every shard assign names
+// for partition p holds every version the map keeps (live, staged and
+// standby: a rollback must find its version loaded) by a report
+// that follows the newest record (an older report may list what the shard
+// has since dropped), the shards last published for p stay assigned too,
+// if they are still trusted (registered, reporting nothing false), so a
+// partition moved when shards join or leave keeps its serving replicas
+// until its new holders have loaded it.
+func (s *State) handover(h holding, m *ModelState, assign [][]string, trusted []string) [][]string {
+	prev := m.Replicas
+	if len(prev) != len(assign) {
+		return assign
+	}
+	var serving []*Version
+	for _, v := range m.kept() {
+		serving = append(serving, m.version(v))
+	}
+	out := make([][]string, len(assign))
+	for p, reps := range assign {
+		out[p] = reps
+		ready := !slices.ContainsFunc(reps, func(id string) bool {
+			return !slices.Contains(prev[p], id) || slices.ContainsFunc(serving, func(x *Version) bool { return !s.holdsVersion(h, m, id, x, p) })
+		})
+		if ready {
+			continue
+		}
+		for _, id := range prev[p] {
+			if !slices.Contains(out[p], id) && slices.Contains(trusted, id) {
+				out[p] = append(slices.Clip(out[p]), id)
+			}
+		}
+	}
+	return out
+}
