@@ -1,6 +1,7 @@
 package codec
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"math"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/cumulus-serving/cumulus/internal/partition"
@@ -27,7 +29,10 @@ const (
 // Manifest describes one version of one model. It is written last, so a
 // version directory with a valid manifest is complete.
 type Manifest struct {
-	Format  int    `json:"format"` // 1
+	// Format is 1, or 2 for a delta that lists Unchanged partitions
+	// (readers of format 1 refuse it whole rather than take the missing
+	// files for empty ones).
+	Format  int    `json:"format"`
 	Name    string `json:"name"`
 	Version uint64 `json:"version"`
 	Kind    string `json:"kind"`             // full or delta
@@ -44,7 +49,15 @@ type Manifest struct {
 	Partitions uint32  `json:"partitions"`
 	Hash       string  `json:"hash"` // partition function; see internal/partition
 	Params     int64   `json:"params"`
-	Files      []File  `json:"files"`
+	// Files are the version's partition files, in partition order: every
+	// partition's for a full version and in format 1; in format 2, a
+	// delta's touched partitions only (File finds one).
+	Files []File `json:"files"`
+	// Unchanged (format 2, deltas only) lists as inclusive ranges
+	// [first, last] the partitions the delta leaves as its parent has
+	// them: their layer is the parent's, with the parent's identity.
+	// Together with Files it names every partition exactly once.
+	Unchanged [][2]uint32 `json:"unchanged,omitempty"`
 	// Extras are the version's other files, one per role. A delta
 	// inherits its parent's dense part unless it lists its own
 	// (ChainExtra); golden requests are its own or none.
@@ -126,22 +139,21 @@ var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 // directory name and a URL path segment.
 func ValidName(s string) bool { return namePattern.MatchString(s) }
 
-// Validate checks internal consistency; it does not touch files.
+// Validate checks internal consistency; it does not touch files. Its
+// cost grows with the files and ranges listed, not with the partition
+// count.
 func (m *Manifest) Validate() error {
 	if err := m.ValidateHeader(); err != nil {
 		return err
 	}
-	if len(m.Files) != int(m.Partitions) {
-		return fmt.Errorf("codec: manifest: %d files for %d partitions", len(m.Files), m.Partitions)
-	}
 	if m.SameAs >= m.Version {
 		return fmt.Errorf("codec: manifest: same_as %d is not an earlier version than %d", m.SameAs, m.Version)
 	}
+	if err := m.validateCover(); err != nil {
+		return err
+	}
 	var total int64
-	for i, f := range m.Files {
-		if f.Partition != uint32(i) {
-			return fmt.Errorf("codec: manifest: file %d is for partition %d; files must be in partition order", i, f.Partition)
-		}
+	for _, f := range m.Files {
 		if !localPath(f.Path) {
 			return fmt.Errorf("codec: manifest: file path %q must be relative and inside the version directory", f.Path)
 		}
@@ -157,6 +169,101 @@ func (m *Manifest) Validate() error {
 		return fmt.Errorf("codec: manifest: files hold %d keys, params says %d", total, m.Params)
 	}
 	return m.validateExtras()
+}
+
+// validateCover checks that Files and Unchanged name every partition
+// exactly once: in format 1 (and for a full version) every partition has
+// its file, in order; in format 2 a delta's files and unchanged ranges,
+// each ascending, together cover 0..Partitions-1 without overlap.
+func (m *Manifest) validateCover() error {
+	if m.Format == 2 && m.Kind == KindFull {
+		return fmt.Errorf("codec: manifest: format 2 is for a delta that leaves partitions unchanged; a full version is format 1")
+	}
+	if m.Format == 1 {
+		if len(m.Unchanged) > 0 {
+			return fmt.Errorf("codec: manifest: only a delta in format 2 may list unchanged partitions")
+		}
+		if len(m.Files) != int(m.Partitions) {
+			return fmt.Errorf("codec: manifest: %d files for %d partitions", len(m.Files), m.Partitions)
+		}
+		for i, f := range m.Files {
+			if f.Partition != uint32(i) {
+				return fmt.Errorf("codec: manifest: file %d is for partition %d; files must be in partition order", i, f.Partition)
+			}
+		}
+		return nil
+	}
+	if len(m.Unchanged) == 0 {
+		return fmt.Errorf("codec: manifest: a format 2 delta lists its unchanged partitions (none: write format 1)")
+	}
+	for i := 1; i < len(m.Files); i++ {
+		if m.Files[i].Partition < m.Files[i-1].Partition {
+			return fmt.Errorf("codec: manifest: file %d is for partition %d, after partition %d; files must be in partition order", i, m.Files[i].Partition, m.Files[i-1].Partition)
+		}
+	}
+	for i := 1; i < len(m.Unchanged); i++ {
+		if m.Unchanged[i][0] < m.Unchanged[i-1][0] {
+			return fmt.Errorf("codec: manifest: unchanged range %d starts at partition %d, before the one above it; ranges must ascend", i, m.Unchanged[i][0])
+		}
+	}
+	var next uint32 // the lowest partition not yet named
+	fi, ui := 0, 0
+	for fi < len(m.Files) || ui < len(m.Unchanged) {
+		var first, last uint32
+		var what string
+		if ui == len(m.Unchanged) || fi < len(m.Files) && m.Files[fi].Partition <= m.Unchanged[ui][0] {
+			first, last, what = m.Files[fi].Partition, m.Files[fi].Partition, "a file"
+			if ui < len(m.Unchanged) && first == m.Unchanged[ui][0] {
+				return fmt.Errorf("codec: manifest: partition %d is listed both as unchanged and with a file", first)
+			}
+			fi++
+		} else {
+			first, last, what = m.Unchanged[ui][0], m.Unchanged[ui][1], "unchanged"
+			if first > last {
+				return fmt.Errorf("codec: manifest: unchanged range [%d, %d] is reversed", first, last)
+			}
+			ui++
+		}
+		switch {
+		case last >= m.Partitions:
+			return fmt.Errorf("codec: manifest: partition %d (%s) is out of range: the model has partitions 0..%d", last, what, m.Partitions-1)
+		case first < next:
+			// Both lists ascend, so an overlap shows as a step back.
+			return fmt.Errorf("codec: manifest: partition %d is named twice: as unchanged and with a file, or twice in one list (files and unchanged ranges ascend and do not overlap)", first)
+		case first > next:
+			return fmt.Errorf("codec: manifest: partition %d has neither a file nor an unchanged mark", next)
+		}
+		next = last + 1
+	}
+	if next != m.Partitions {
+		return fmt.Errorf("codec: manifest: partition %d has neither a file nor an unchanged mark", next)
+	}
+	return nil
+}
+
+// File is partition p's file in m; ok is false when m leaves p unchanged
+// (or has no partition p).
+func (m *Manifest) File(p uint32) (f File, ok bool) {
+	if p >= m.Partitions {
+		return File{}, false
+	}
+	if len(m.Files) == int(m.Partitions) {
+		return m.Files[p], true
+	}
+	i, ok := slices.BinarySearchFunc(m.Files, p, func(f File, p uint32) int { return cmp.Compare(f.Partition, p) })
+	if !ok {
+		return File{}, false
+	}
+	return m.Files[i], true
+}
+
+// Touched lists the partitions m has files for, ascending.
+func (m *Manifest) Touched() []uint32 {
+	out := make([]uint32, len(m.Files))
+	for i, f := range m.Files {
+		out[i] = f.Partition
+	}
+	return out
 }
 
 // validateExtras checks the extra files: known roles, once each, paths
@@ -209,8 +316,8 @@ func localPath(p string) bool {
 // writer knows before it has written any partition.
 func (m *Manifest) ValidateHeader() error {
 	switch {
-	case m.Format != 1:
-		return fmt.Errorf("codec: manifest: unsupported format %d", m.Format)
+	case m.Format != 1 && m.Format != 2:
+		return fmt.Errorf("codec: manifest: unsupported format %d (this build reads 1 and 2)", m.Format)
 	case !ValidName(m.Name):
 		return fmt.Errorf("codec: manifest: invalid model name %q", m.Name)
 	case m.Version == 0:
@@ -247,25 +354,50 @@ func ParseManifest(b []byte) (*Manifest, error) {
 }
 
 // PartitionIdentity is the content identity of partition p of the version
-// whose chain (newest first, ending at a full version) is given: the
-// SHA-256 of the full version's file as its manifest records it, or, for
-// a delta, the SHA-256 of the chain's file hashes from the full version
-// up, one per line. Two versions with the same identity for p serve the
-// same parameters for p; shards report it for what they verified and
-// routers use only reports that match the serving map's.
+// whose chain (newest first, ending at a full version) is given, from the
+// files of p's layers: the links that have a file for p (every link in
+// format 1; a format 2 delta that leaves p unchanged adds no layer). It
+// is the SHA-256 of the full version's file as its manifest records it
+// when no delta touches p, else the SHA-256 of the layers' file hashes
+// from the full version up, one per line. So a delta that leaves p
+// unchanged has its parent's identity for p. Two versions with the same
+// identity for p serve the same parameters for p; shards report it for
+// what they verified and routers use only reports that match the serving
+// map's.
 func PartitionIdentity(chain []*Manifest, p uint32) string {
 	if len(chain) == 0 || p >= chain[0].Partitions {
 		return ""
 	}
-	if len(chain) == 1 {
-		return chain[0].Files[p].SHA256
+	var sums []string
+	for i := len(chain) - 1; i >= 0; i-- {
+		if f, ok := chain[i].File(p); ok {
+			sums = append(sums, f.SHA256)
+		}
+	}
+	switch len(sums) {
+	case 0:
+		return ""
+	case 1:
+		return sums[0]
 	}
 	h := sha256.New()
-	for i := len(chain) - 1; i >= 0; i-- {
-		io.WriteString(h, chain[i].Files[p].SHA256)
+	for _, s := range sums {
+		io.WriteString(h, s)
 		io.WriteString(h, "\n")
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Layers lists the links of chain (newest first) that have a file for
+// partition p: p's layers, newest first.
+func Layers(chain []*Manifest, p uint32) []*Manifest {
+	var out []*Manifest
+	for _, m := range chain {
+		if _, ok := m.File(p); ok {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // ChainVersions lists the versions of a chain's manifests, in its order.

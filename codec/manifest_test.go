@@ -3,6 +3,7 @@ package codec
 import (
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -49,7 +50,8 @@ func TestManifestValidate(t *testing.T) {
 		mutate func(m *Manifest)
 		says   string
 	}{
-		"format":        {func(m *Manifest) { m.Format = 2 }, "unsupported format 2"},
+		"format":        {func(m *Manifest) { m.Format = 3 }, "unsupported format 3"},
+		"format 2 full": {func(m *Manifest) { m.Format = 2 }, "a full version is format 1"},
 		"name":          {func(m *Manifest) { m.Name = "../etc" }, `invalid model name "../etc"`},
 		"version":       {func(m *Manifest) { m.Version = 0 }, "version must be ≥ 1"},
 		"kind":          {func(m *Manifest) { m.Kind = "partial" }, `kind "partial"`},
@@ -87,9 +89,108 @@ func TestManifestValidate(t *testing.T) {
 	}
 }
 
+// sparseDelta is a format 2 delta on version 2 of a model of 4
+// partitions that touches partition 1 only.
+func sparseDelta() Manifest {
+	m := validManifest()
+	m.Format, m.Kind, m.Parent, m.Partitions, m.Params = 2, KindDelta, 2, 4, 10
+	m.Files = []File{m.Files[1]}
+	m.Unchanged = [][2]uint32{{0, 0}, {2, 3}}
+	return m
+}
+
+// TestManifestUnchanged: a format 2 delta names each partition once,
+// with a file or as unchanged; anything else is refused, saying why.
+func TestManifestUnchanged(t *testing.T) {
+	m := sparseDelta()
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if f, ok := m.File(1); !ok || f.Partition != 1 {
+		t.Fatalf("File(1) = %+v, %v", f, ok)
+	}
+	for _, p := range []uint32{0, 2, 3, 4} {
+		if _, ok := m.File(p); ok {
+			t.Errorf("File(%d) found a file the delta leaves unchanged", p)
+		}
+	}
+	file := func(p uint32) File { f := validManifest().Files[0]; f.Partition = p; return f }
+	cases := map[string]struct {
+		mutate func(m *Manifest)
+		says   string
+	}{
+		"both":             {func(m *Manifest) { m.Unchanged = [][2]uint32{{0, 3}} }, "named twice: as unchanged and with a file"},
+		"both at start":    {func(m *Manifest) { m.Unchanged = [][2]uint32{{0, 0}, {1, 3}} }, "partition 1 is listed both as unchanged and with a file"},
+		"duplicate file":   {func(m *Manifest) { m.Files = []File{file(1), file(1)}; m.Params = 20 }, "partition 1 is named twice"},
+		"overlapping":      {func(m *Manifest) { m.Unchanged = [][2]uint32{{0, 0}, {2, 3}, {3, 3}} }, "partition 3 is named twice"},
+		"unordered":        {func(m *Manifest) { m.Unchanged = [][2]uint32{{2, 3}, {0, 0}} }, "ranges must ascend"},
+		"unordered files":  {func(m *Manifest) { m.Files = []File{file(1), file(0)}; m.Params = 20 }, "files must be in partition order"},
+		"range out":        {func(m *Manifest) { m.Unchanged = [][2]uint32{{0, 0}, {2, 4}} }, "partition 4 (unchanged) is out of range"},
+		"file out":         {func(m *Manifest) { m.Files = []File{file(1), file(9)}; m.Params = 20 }, "partition 9 (a file) is out of range"},
+		"huge range":       {func(m *Manifest) { m.Unchanged = [][2]uint32{{0, 0}, {2, 1<<32 - 1}} }, "out of range"},
+		"gap":              {func(m *Manifest) { m.Unchanged = [][2]uint32{{0, 0}, {3, 3}} }, "partition 2 has neither a file nor an unchanged mark"},
+		"gap at end":       {func(m *Manifest) { m.Unchanged = [][2]uint32{{0, 0}, {2, 2}} }, "partition 3 has neither"},
+		"reversed":         {func(m *Manifest) { m.Unchanged = [][2]uint32{{0, 0}, {3, 2}} }, "reversed"},
+		"format 1":         {func(m *Manifest) { m.Format = 1 }, "only a delta in format 2 may list unchanged partitions"},
+		"none unchanged":   {func(m *Manifest) { m.Unchanged = nil }, "lists its unchanged partitions"},
+		"full with ranges": {func(m *Manifest) { m.Kind, m.Parent = KindFull, 0 }, "a full version is format 1"},
+	}
+	for name, c := range cases {
+		m := sparseDelta()
+		c.mutate(&m)
+		if err := m.Validate(); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
+		}
+	}
+}
+
+// TestIdentityOfUnchanged: a format 2 delta has its parent's identity
+// for the partitions it leaves, and for those it touches the identity a
+// format 1 chain of the same files would have.
+func TestIdentityOfUnchanged(t *testing.T) {
+	full := validManifest()
+	full.Partitions, full.Params, full.Version = 4, 40, 2
+	full.Files = nil
+	for p := range uint32(4) {
+		f := validManifest().Files[0]
+		f.Partition, f.SHA256 = p, strings.Repeat(string(rune('a'+p)), 64)
+		full.Files = append(full.Files, f)
+	}
+	d := sparseDelta()
+	d.Version = 3
+	d.Files[0].SHA256 = strings.Repeat("f", 64)
+	chain := []*Manifest{&d, &full}
+	dense := full // the same delta in format 1, every partition with a file
+	dense.Version, dense.Kind, dense.Parent = 3, KindDelta, 2
+	dense.Files = slices.Clone(full.Files)
+	dense.Files[1] = d.Files[0]
+	for p := range uint32(4) {
+		got := PartitionIdentity(chain, p)
+		if p != 1 && got != full.Files[p].SHA256 {
+			t.Errorf("partition %d: identity %s, want the parent's %s", p, got, full.Files[p].SHA256)
+		}
+		if want := PartitionIdentity([]*Manifest{&dense, &full}, 1); p == 1 && got != want {
+			t.Errorf("touched partition: identity %s, want %s as in format 1", got, want)
+		}
+		if n := len(Layers(chain, p)); n != 1+b2i(p == 1) {
+			t.Errorf("partition %d: %d layers", p, n)
+		}
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func FuzzParseManifest(f *testing.F) {
 	m := validManifest()
 	b, _ := json.Marshal(m)
+	f.Add(b)
+	sd := sparseDelta()
+	b, _ = json.Marshal(sd)
 	f.Add(b)
 	f.Add([]byte(`{"format":1}`))
 	f.Fuzz(func(t *testing.T, b []byte) {

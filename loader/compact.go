@@ -89,8 +89,9 @@ func (r Repo) Compact(name string, v uint64) (*codec.Manifest, error) {
 // newest record deletes it.
 func (r Repo) mergeChain(chain []*codec.Manifest, p uint32) ([]byte, error) {
 	newest := map[uint64][]byte{}
-	for i := len(chain) - 1; i >= 0; i-- {
-		pt, err := r.ReadPartition(chain[i], p)
+	layers := codec.Layers(chain, p)
+	for i := len(layers) - 1; i >= 0; i-- {
+		pt, err := r.ReadPartition(layers[i], p)
 		if err != nil {
 			return nil, err
 		}

@@ -1,8 +1,12 @@
 package loader
 
 import (
+	"bufio"
+	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 
@@ -73,9 +77,6 @@ func GenDense(seed uint64, in int, hidden []int) *model.Dense {
 }
 
 // Generate writes a synthetic model as the next version of spec.Name.
-// Each partition is produced by one pass over all ranks, keeping only its
-// own ids, so memory stays at one partition per worker however large the
-// model is.
 func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
 	if spec.Partitions == 0 {
 		spec.Partitions = 8
@@ -113,39 +114,111 @@ func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
 			return nil, err
 		}
 	}
-	width := spec.Width()
-	expect := spec.Params/int64(spec.Partitions) + spec.Params/int64(spec.Partitions)/16 + 16
-	var g errgroup.Group
-	g.SetLimit(runtime.GOMAXPROCS(0))
-	for p := range spec.Partitions {
-		g.Go(func() error {
-			keys := make([]uint64, 0, expect)
-			vals := make([]float32, 0, expect*int64(width))
-			var reported int64
-			for rank := uint64(0); rank < uint64(spec.Params); rank++ {
-				id := GenID(gi, rank)
-				if partition.Of(id, spec.Partitions) != p {
-					continue
-				}
-				keys = append(keys, id)
-				vals = append(vals, genValue(spec.Seed, id, 0, 0.5))
-				for j := 1; j < width; j++ {
-					vals = append(vals, genValue(spec.Seed, id, j, 0.1))
-				}
-				if spec.Progress != nil && len(keys)%65536 == 0 {
-					spec.Progress(65536)
-					reported += 65536
-				}
-			}
-			if spec.Progress != nil {
-				spec.Progress(int64(len(keys)) - reported)
-			}
-			return w.WritePartition(p, keys, vals)
-		})
-	}
-	if err := g.Wait(); err != nil {
+	if err := w.generate(spec, gi); err != nil {
 		w.Abort()
 		return nil, err
 	}
 	return w.Commit()
+}
+
+// generate writes every partition of a generated model. One pass over
+// the ranks sorts their ids by partition into spill files (8 bytes an
+// id, in the version's hidden directory, never published); then each
+// worker reads one partition's ids back, makes their values and writes
+// the partition. So the work is one pass whatever the partition count
+// (one pass per partition would cost partitions × params), and a worker
+// holds one partition's keys and values at a time.
+func (w *VersionWriter) generate(spec GenSpec, gi codec.GenInfo) error {
+	spill, err := os.MkdirTemp(w.tmp, ".ids-")
+	if err != nil {
+		return fmt.Errorf("loader: gen: %w", err)
+	}
+	defer os.RemoveAll(spill)
+	counts, err := spillIDs(spill, spec, gi)
+	if err != nil {
+		return err
+	}
+	width := spec.Width()
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for p := range spec.Partitions {
+		g.Go(func() error {
+			keys, err := readIDs(spillName(spill, p), counts[p])
+			if err != nil {
+				return err
+			}
+			vals := make([]float32, 0, len(keys)*width)
+			for _, id := range keys {
+				vals = append(vals, genValue(spec.Seed, id, 0, 0.5))
+				for j := 1; j < width; j++ {
+					vals = append(vals, genValue(spec.Seed, id, j, 0.1))
+				}
+			}
+			if spec.Progress != nil {
+				spec.Progress(int64(len(keys)))
+			}
+			return w.WritePartition(p, keys, vals)
+		})
+	}
+	return g.Wait()
+}
+
+func spillName(dir string, p uint32) string { return filepath.Join(dir, fmt.Sprintf("%05d", p)) }
+
+// spillIDs writes the ids of the model's ranks, by partition, to one file
+// each in dir, and returns how many each holds.
+func spillIDs(dir string, spec GenSpec, gi codec.GenInfo) ([]int, error) {
+	files := make([]*os.File, spec.Partitions)
+	bufs := make([]*bufio.Writer, spec.Partitions)
+	defer func() {
+		for _, f := range files {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+	for p := range files {
+		f, err := os.Create(spillName(dir, uint32(p)))
+		if err != nil {
+			return nil, fmt.Errorf("loader: gen: %w", err)
+		}
+		files[p], bufs[p] = f, bufio.NewWriterSize(f, 8<<10)
+	}
+	counts := make([]int, spec.Partitions)
+	var b [8]byte
+	for rank := uint64(0); rank < uint64(spec.Params); rank++ {
+		id := GenID(gi, rank)
+		p := partition.Of(id, spec.Partitions)
+		binary.LittleEndian.PutUint64(b[:], id)
+		if _, err := bufs[p].Write(b[:]); err != nil {
+			return nil, fmt.Errorf("loader: gen: %w", err)
+		}
+		counts[p]++
+	}
+	for p, b := range bufs {
+		if err := b.Flush(); err != nil {
+			return nil, fmt.Errorf("loader: gen: %w", err)
+		}
+		if err := files[p].Close(); err != nil {
+			return nil, fmt.Errorf("loader: gen: %w", err)
+		}
+		files[p] = nil
+	}
+	return counts, nil
+}
+
+// readIDs reads back a spill file of n ids.
+func readIDs(path string, n int) ([]uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("loader: gen: %w", err)
+	}
+	if len(b) != 8*n {
+		return nil, fmt.Errorf("loader: gen: %s holds %d bytes, want %d", path, len(b), 8*n)
+	}
+	keys := make([]uint64, n)
+	for i := range keys {
+		keys[i] = binary.LittleEndian.Uint64(b[8*i:])
+	}
+	return keys, nil
 }

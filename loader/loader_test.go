@@ -613,9 +613,19 @@ func TestPublishDelta(t *testing.T) {
 	if err != nil || len(chain) != 2 || chain[1].Version != 1 {
 		t.Fatalf("chain: %v, %v", chain, err)
 	}
-	// The deletion is a tombstone record.
+	// The deletion is a tombstone record, in the files of the partitions
+	// it touches; the delta leaves the others to its parent (format 2).
 	found := 0
+	if len(m.Files) == 3 || m.Format != 2 || len(m.Unchanged) == 0 {
+		t.Errorf("a delta of 2 keys in 3 partitions: format %d, files for %v, unchanged %v; want only the touched partitions' files", m.Format, m.Touched(), m.Unchanged)
+	}
 	for p := uint32(0); p < 3; p++ {
+		if _, ok := m.File(p); !ok {
+			if _, err := repo.ReadPartition(m, p); err == nil || !strings.Contains(err.Error(), "leaves it as its parent has it") {
+				t.Errorf("partition %d, unchanged: read %v", p, err)
+			}
+			continue
+		}
 		pt, err := repo.ReadPartition(m, p)
 		if err != nil {
 			t.Fatal(err)

@@ -212,6 +212,9 @@ func (r Repo) publish(spec Spec, keys []uint64, values []float32, dense *model.D
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for p := range spec.Partitions {
+		if spec.Parent != 0 && len(pk[p]) == 0 {
+			continue // a delta leaves the partitions it does not touch as they are
+		}
 		g.Go(func() error { return w.WritePartition(p, pk[p], pv[p]) })
 	}
 	if err := g.Wait(); err != nil {

@@ -46,7 +46,9 @@ type Spec struct {
 // compaction, newer, would hide it.
 var ErrSuperseded = errors.New("loader: a newer version is off the compacted chain (the compaction, newer still, would hide it)")
 
-// VersionWriter writes one new version. Partition files go to a hidden
+// VersionWriter writes one new version. A full version writes every
+// partition; a delta only those it changes, and the others are its
+// parent's (format 2: Manifest.Unchanged). Partition files go to a hidden
 // directory; Commit fsyncs them, writes the manifest last and renames the
 // directory into place, so readers see all of a version or none of it.
 type VersionWriter struct {
@@ -152,21 +154,34 @@ func (w *VersionWriter) WriteRecords(p uint32, records []byte) error {
 // before the rename, so no version is ever visible without the mark
 // covering it; a crash between the two only skips a number.
 func (w *VersionWriter) Commit() (*codec.Manifest, error) {
-	var params int64
-	for p, ok := range w.done {
-		if !ok {
-			w.Abort()
-			return nil, fmt.Errorf("loader: partition %d was never written", p)
-		}
-		params += w.files[p].Keys
-	}
 	kind := codec.KindFull
 	if w.spec.Parent != 0 {
 		kind = codec.KindDelta
 	}
+	var params int64
+	var files []codec.File
+	var unchanged [][2]uint32
+	for p, ok := range w.done {
+		switch {
+		case ok:
+			params += w.files[p].Keys
+			files = append(files, w.files[p])
+		case kind == codec.KindFull:
+			w.Abort()
+			return nil, fmt.Errorf("loader: partition %d was never written", p)
+		case len(unchanged) > 0 && unchanged[len(unchanged)-1][1] == uint32(p)-1:
+			unchanged[len(unchanged)-1][1] = uint32(p)
+		default:
+			unchanged = append(unchanged, [2]uint32{uint32(p), uint32(p)})
+		}
+	}
+	format := 1
+	if len(unchanged) > 0 {
+		format = 2 // a delta as big as what it changes; format 1 readers refuse it whole
+	}
 	slices.SortFunc(w.extras, func(a, b codec.Extra) int { return strings.Compare(a.Role, b.Role) })
-	m := &codec.Manifest{Format: 1, Name: w.spec.Name, Kind: kind, Parent: w.spec.Parent, SameAs: w.spec.SameAs, Shape: w.spec.Shape, Encoding: w.spec.Encoding,
-		Bias: w.spec.Bias, Partitions: w.spec.Partitions, Hash: partition.HashName, Params: params, Files: w.files,
+	m := &codec.Manifest{Format: format, Name: w.spec.Name, Kind: kind, Parent: w.spec.Parent, SameAs: w.spec.SameAs, Shape: w.spec.Shape, Encoding: w.spec.Encoding,
+		Bias: w.spec.Bias, Partitions: w.spec.Partitions, Hash: partition.HashName, Params: params, Files: files, Unchanged: unchanged,
 		Source: w.spec.Source, Generator: w.spec.Generator, Created: time.Now().UTC().Format(time.RFC3339), Extras: w.extras}
 	if err := w.commit(m); err != nil {
 		w.Abort()

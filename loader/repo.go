@@ -155,7 +155,10 @@ func (r Repo) partFile(m *codec.Manifest, part uint32) (codec.File, string, erro
 	if part >= m.Partitions {
 		return codec.File{}, "", fmt.Errorf("loader: model %s has no partition %d", m.Name, part)
 	}
-	f := m.Files[part]
+	f, ok := m.File(part)
+	if !ok {
+		return codec.File{}, "", fmt.Errorf("loader: %s version %d has no file for partition %d: it leaves it as its parent has it", m.Name, m.Version, part)
+	}
 	return f, filepath.Join(r.VersionDir(m.Name, m.Version), f.Path), nil
 }
 
@@ -305,6 +308,9 @@ func (r Repo) Chain(name string, version uint64) ([]*codec.Manifest, error) {
 		}
 		if len(chain) > 0 {
 			top := chain[0]
+			if m.Partitions != top.Partitions && len(chain[len(chain)-1].Unchanged) > 0 {
+				return nil, fmt.Errorf("loader: %s version %d leaves partitions unchanged that its parent %d, of %d partitions, may lack (it has %d)", name, chain[len(chain)-1].Version, v, m.Partitions, top.Partitions)
+			}
 			if m.Shape != top.Shape || m.Enc() != top.Enc() || m.Partitions != top.Partitions || m.Hash != top.Hash {
 				return nil, fmt.Errorf("loader: %s version %d does not match the shape of its parent %d", name, chain[len(chain)-1].Version, v)
 			}

@@ -149,6 +149,36 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		}
 	}
 	var wrong topo.Loaded
+	t0, files0 := time.Now(), s.passLoads
+	var batch []placed
+	installed, shared := 0, 0
+	// Partitions are installed in batches, a snapshot swap each (and a
+	// progress report, at most every reportEvery): a large version's
+	// partitions, seconds apart, each come in as they are loaded; a
+	// delta's, loaded in a moment or shared with its parent, in one
+	// swap, not one each.
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		s.install(s.snap.Load().withParts(chain[0], versions, batch, dense))
+		s.unplaced = 0 // counted by install now
+		installed += len(batch)
+		batch = batch[:0]
+		if time.Since(s.reported) >= reportEvery {
+			s.reg.Set(s.info())
+			s.reported = time.Now()
+		}
+	}
+	defer func() {
+		flush()
+		if installed > 0 {
+			slog.Info(fmt.Sprintf("shard: loaded version %d of %s: %d partitions, %d of them unchanged from versions held; %d files read", v, name,
+				installed, shared, s.passLoads-files0),
+				"shard", s.opts.ID, "model", name, "version", v, "took", time.Since(t0).Round(time.Millisecond))
+		}
+	}()
+	last := time.Now()
 	for _, p := range missing {
 		if s.superseded(ctx) {
 			return
@@ -167,6 +197,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		if s.opts.BeforeLoad != nil {
 			err = s.opts.BeforeLoad(ctx, name, v, p)
 		}
+		before := s.passLoads
 		if err == nil {
 			layers, err = s.loadStack(chain, p, mapped)
 		}
@@ -174,17 +205,17 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 			s.refuse(name, v, pkey, err)
 			continue
 		}
+		if s.passLoads == before {
+			shared++
+		}
 		delete(s.failed, pkey)
-		s.install(s.snap.Load().with(chain[0], versions, p, layers, id, dense))
-		// Report progress, at most every reportEvery: a large version's
-		// partitions, seconds apart, are each reported as they come; a
-		// delta's, loaded in a moment, in one write (reconcile reports
-		// at its end), not one each.
-		if time.Since(s.reported) >= reportEvery {
-			s.reg.Set(s.info())
-			s.reported = time.Now()
+		batch = append(batch, placed{p: p, layers: layers, id: id})
+		if time.Since(last) >= reportEvery {
+			flush()
+			last = time.Now()
 		}
 	}
+	flush()
 	if len(wrong.Have) > 0 {
 		wrong.Model, wrong.Version = name, v
 		s.mismatched[vkey] = wrong
@@ -261,7 +292,7 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 				// so a file changed since the load is refused here.
 				pt, err = s.readPartition(base, uint32(p))
 			}
-			if err == nil && base.Files[p].SHA256 != l[len(l)-1].sha {
+			if f, _ := base.File(uint32(p)); err == nil && f.SHA256 != l[len(l)-1].sha {
 				err = fmt.Errorf("shard: the repository's file now differs from the one loaded")
 			}
 			if err != nil {
@@ -269,7 +300,7 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 				continue
 			}
 			layers := append(slices.Clone(l[:len(l)-1]), NewTable(pt))
-			layers[len(layers)-1].sha = base.Files[p].SHA256
+			layers[len(layers)-1].sha, layers[len(layers)-1].fv = l[len(l)-1].sha, base.Version
 			s.install(s.snap.Load().with(v.m, v.chain, uint32(p), layers, v.ids[p], nil))
 			s.reclaim(reclaimWait) // the mapping goes before the next partition comes in
 			s.passLoads++
@@ -314,16 +345,16 @@ func (s *Shard) makeRoom(n int64, as map[string]topo.Assignment) {
 				continue
 			}
 			for p, l := range ver.layers {
-				for j, t := range l {
+				for _, t := range l {
 					if s.fits(n) {
 						return
 					}
 					if t.Mapped || t.hotOf != nil || serving[t] {
 						continue
 					}
-					if err := s.demote(name, ver.chain[j], uint32(p), t); err != nil {
+					if err := s.demote(name, t.fv, uint32(p), t); err != nil {
 						slog.Warn("shard: could not map a standby partition to make room; it stays resident",
-							"shard", s.opts.ID, "model", name, "version", ver.chain[j], "partition", p, "err", err)
+							"shard", s.opts.ID, "model", name, "version", t.fv, "partition", p, "err", err)
 						continue
 					}
 					serving[t] = true // replaced; do not look at it again
@@ -340,7 +371,7 @@ func (s *Shard) demote(model string, fileVersion uint64, p uint32, t *Table) err
 	if err != nil {
 		return err
 	}
-	if p >= m.Partitions || m.Files[p].SHA256 != t.sha {
+	if f, ok := m.File(p); !ok || f.SHA256 != t.sha {
 		return fmt.Errorf("shard: the repository's file now differs from the one loaded")
 	}
 	pt, err := s.mapCopy(m, p)
@@ -348,7 +379,7 @@ func (s *Shard) demote(model string, fileVersion uint64, p uint32, t *Table) err
 		return err
 	}
 	mt := NewTable(pt)
-	mt.sha = t.sha
+	mt.sha, mt.fv = t.sha, t.fv
 	s.install(s.snap.Load().replaced(t, mt))
 	s.reclaim(reclaimWait) // the resident copy goes before the live partition comes in
 	slog.Info("shard: standby partition now mapped, making room for the live version", "shard", s.opts.ID, "model", model,
@@ -363,11 +394,12 @@ func (s *Shard) bytesToLoad(chain []*codec.Manifest, parts []uint32) int64 {
 	snap := s.snap.Load()
 	for _, c := range chain {
 		for _, p := range parts {
-			if p >= c.Partitions {
+			f, ok := c.File(p)
+			if !ok {
 				continue
 			}
-			if t := snap.file(c.Name, c.Version, p); t == nil || t.sha != c.Files[p].SHA256 {
-				n += c.Files[p].Size
+			if t := snap.file(c.Name, c.Version, p); t == nil || t.sha != f.SHA256 {
+				n += f.Size
 			}
 		}
 	}
@@ -375,28 +407,53 @@ func (s *Shard) bytesToLoad(chain []*codec.Manifest, parts []uint32) int64 {
 }
 
 // loadStack returns partition p's tables for a version's chain, newest
-// first, reusing tables already held for any link; with mapped, what it
-// loads is mapped.
+// first — one per link with a file for p (codec.Layers) — reusing tables
+// already held for any link; with mapped, what it loads is mapped.
 func (s *Shard) loadStack(chain []*codec.Manifest, p uint32, mapped bool) ([]*Table, error) {
-	layers := make([]*Table, len(chain))
-	for i, c := range chain {
-		if t := s.snap.Load().file(c.Name, c.Version, p); t != nil && t.sha == c.Files[p].SHA256 {
+	links := codec.Layers(chain, p)
+	layers := make([]*Table, len(links))
+	for i, c := range links {
+		f, _ := c.File(p)
+		if t := s.snap.Load().file(c.Name, c.Version, p); t != nil && t.sha == f.SHA256 {
 			layers[i] = t
 			continue
 		}
 		t0 := time.Now()
 		t, err := s.loadPartition(c, p, mapped)
 		if err != nil {
+			for _, t := range layers[:i] {
+				if t.refs == 0 { // loaded here, held nowhere
+					s.unplace(t)
+					t.release()
+				}
+			}
 			return nil, err
 		}
-		t.sha = c.Files[p].SHA256
+		t.sha, t.fv = f.SHA256, c.Version
 		layers[i] = t
+		s.place(t)
 		s.metrics.loads.Inc()
 		s.passLoads++
-		slog.Info("shard: loaded partition", "shard", s.opts.ID, "model", c.Name, "version", c.Version, "kind", c.Kind, "partition", p,
+		slog.Debug("shard: loaded partition", "shard", s.opts.ID, "model", c.Name, "version", c.Version, "kind", c.Kind, "partition", p,
 			"keys", t.Len(), "bytes", t.Bytes(), "mapped", t.Mapped, "took", time.Since(t0).Round(time.Millisecond))
 	}
 	return layers, nil
+}
+
+// place counts a resident table loaded but not yet installed, so that
+// fits sees it (loadVersion installs partitions in batches); install
+// counts it from then on. unplace takes back a table that will not be
+// installed. Loader goroutine only.
+func (s *Shard) place(t *Table) {
+	if !t.Mapped {
+		s.unplaced += t.Bytes()
+	}
+}
+
+func (s *Shard) unplace(t *Table) {
+	if !t.Mapped {
+		s.unplaced -= t.Bytes()
+	}
 }
 
 // failure is a refused load and when to try it again: a failure is not

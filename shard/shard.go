@@ -215,7 +215,14 @@ type Shard struct {
 	begun    atomic.Uint64
 
 	pending chan map[string]topo.Assignment // latest assignments, capacity 1
-	retired []*snapshot                     // replaced, not yet reclaimed; loader goroutine only
+	retired []retiredSnap                   // replaced, not yet reclaimed; loader goroutine only
+	swaps   uint64                          // snapshots installed; loader goroutine only
+	// resident and residentHot are the bytes of the current snapshot's
+	// resident tables, hot tiers apart; written by the loader.
+	resident, residentHot atomic.Int64
+	// unplaced is the bytes of resident tables loaded and not yet
+	// installed; loader goroutine only.
+	unplaced int64
 	// Loader goroutine only:
 	failed     map[string]*failure    // "model/version[/partition]" → why, and when to try again
 	mismatched map[string]topo.Loaded // "model/version" → partitions refused for content other than the map expects
@@ -430,27 +437,26 @@ func (s *Shard) info() string {
 
 // residentBytes is the size of the tables held in resident memory;
 // with hot false, hot tiers (which give way to anything else) are left out.
+// It is kept as snapshots are installed (reclaim.go), not summed.
 func (s *Shard) residentBytes(hot bool) int64 {
-	var n int64
-	s.snap.Load().tables(func(t *Table) {
-		if !t.Mapped && (hot || t.hotOf == nil) {
-			n += t.Bytes()
-		}
-	})
+	n := s.resident.Load()
+	if hot {
+		n += s.residentHot.Load()
+	}
 	return n
 }
 
 // fits reports whether n more resident bytes stay within the budget. Hot
 // tiers do not count: they shrink at their next rebuild.
 func (s *Shard) fits(n int64) bool {
-	return s.opts.MemoryBudget == 0 || s.residentBytes(false)+n <= s.opts.MemoryBudget
+	return s.opts.MemoryBudget == 0 || s.residentBytes(false)+s.unplaced+n <= s.opts.MemoryBudget
 }
 
 // loadPartition loads into resident memory if the budget allows and
 // mapped is false, else maps the shard's own copy of the file.
 func (s *Shard) loadPartition(m *codec.Manifest, p uint32, mapped bool) (*Table, error) {
 	read := s.readPartition
-	if mapped || !s.fits(m.Files[p].Size) {
+	if f, _ := m.File(p); mapped || !s.fits(f.Size) {
 		read = s.mapCopy
 	}
 	pt, err := read(m, p)

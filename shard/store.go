@@ -10,9 +10,11 @@ import (
 )
 
 // version is one model version as this shard holds it: for each
-// partition, the tables of its chain, newest first — the version's own
-// file, then its parents' down to a full version. A full version's stack
-// has one table; a delta's lookups take the first layer that has a key.
+// partition, the tables of its chain that have a file for it, newest
+// first — the version's own file if it touches the partition, then its
+// parents' down to a full version. A full version's stack has one table;
+// a delta's lookups take the first layer that has a key. A delta that
+// leaves a partition unchanged shares its parent's stack for it.
 type version struct {
 	m      *codec.Manifest
 	chain  []uint64   // versions of the layers, newest first
@@ -53,17 +55,35 @@ func (s *snapshot) get(model string, v uint64) *version {
 // version's stack it is in, so chains share their common layers.
 func (s *snapshot) file(model string, fileVersion uint64, p uint32) *Table {
 	for _, ver := range s.models[model] {
-		if i := slices.Index(ver.chain, fileVersion); i >= 0 && ver.layers[p] != nil {
-			return ver.layers[p][i]
+		if int(p) >= len(ver.layers) {
+			continue
+		}
+		for _, t := range ver.layers[p] {
+			if t.fv == fileVersion && t.hotOf == nil {
+				return t
+			}
 		}
 	}
 	return nil
+}
+
+// placed is one partition's stack and its content identity.
+type placed struct {
+	p      uint32
+	layers []*Table
+	id     string
 }
 
 // with returns a copy of s in which version m (of chain) holds partition
 // p as the stack layers, whose content identity is id, and dense as its
 // dense part (nil: the one it held, if any).
 func (s *snapshot) with(m *codec.Manifest, chain []uint64, p uint32, layers []*Table, id string, dense *denseFile) *snapshot {
+	return s.withParts(m, chain, []placed{{p: p, layers: layers, id: id}}, dense)
+}
+
+// withParts is with for several partitions at once: one copy of the
+// version's per-partition slices, however many come in.
+func (s *snapshot) withParts(m *codec.Manifest, chain []uint64, parts []placed, dense *denseFile) *snapshot {
 	n := &snapshot{models: maps.Clone(s.models)}
 	vs := maps.Clone(n.models[m.Name])
 	if vs == nil {
@@ -77,7 +97,9 @@ func (s *snapshot) with(m *codec.Manifest, chain []uint64, p uint32, layers []*T
 			nv.dense = old.dense
 		}
 	}
-	nv.layers[p], nv.ids[p] = layers, id
+	for _, x := range parts {
+		nv.layers[x.p], nv.ids[x.p] = x.layers, x.id
+	}
 	vs[m.Version] = nv
 	n.models[m.Name] = vs
 	return n

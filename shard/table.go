@@ -45,6 +45,12 @@ type Table struct {
 	file   *os.File // mapped tables: the file, for findCold
 	recOff int64    // where the records start in file
 	sha    string   // SHA-256 of the partition file, as its manifest records it
+	fv     uint64   // the version whose file it is (0 for a hot tier)
+	// refs counts the stack slots of the current snapshot holding the
+	// table; dropped is the swap that last took it to zero (reclaim.go).
+	// Loader goroutine only.
+	refs    int
+	dropped uint64
 }
 
 // ResidentTable builds a table of keys and their values (width floats a

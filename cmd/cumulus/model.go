@@ -227,7 +227,8 @@ func modelInspectCommand() *cobra.Command {
 			b, _ := json.MarshalIndent(m, "", "  ")
 			fmt.Println(string(b))
 			bad := 0
-			for p := range m.Partitions {
+			for _, f := range m.Files {
+				p := f.Partition
 				status := "ok"
 				pt, err := r.ReadPartition(m, p)
 				if err == nil {
@@ -236,10 +237,13 @@ func modelInspectCommand() *cobra.Command {
 				if err != nil {
 					status, bad = "DAMAGED: "+err.Error(), bad+1
 				}
-				fmt.Printf("partition %d  %s  %d keys  %d bytes  %s\n", p, m.Files[p].Path, m.Files[p].Keys, m.Files[p].Size, status)
+				fmt.Printf("partition %d  %s  %d keys  %d bytes  %s\n", p, f.Path, f.Keys, f.Size, status)
+			}
+			if n := int(m.Partitions) - len(m.Files); n > 0 {
+				fmt.Printf("%d partitions unchanged: as version %d has them\n", n, m.Parent)
 			}
 			if bad > 0 {
-				return fmt.Errorf("%d of %d partition files are damaged", bad, m.Partitions)
+				return fmt.Errorf("%d of %d partition files are damaged", bad, len(m.Files))
 			}
 			fmt.Println("checksums: all ok")
 			return nil
