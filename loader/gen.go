@@ -1,14 +1,12 @@
 package loader
 
 import (
-	"bufio"
-	"encoding/binary"
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
+	"unsafe"
 
 	"golang.org/x/sync/errgroup"
 
@@ -122,28 +120,28 @@ func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
 }
 
 // generate writes every partition of a generated model. One pass over
-// the ranks sorts their ids by partition into spill files (8 bytes an
-// id, in the version's hidden directory, never published); then each
-// worker reads one partition's ids back, makes their values and writes
-// the partition. So the work is one pass whatever the partition count
-// (one pass per partition would cost partitions × params), and a worker
-// holds one partition's keys and values at a time.
+// the ranks sorts their ids by partition (a spill: in memory up to
+// spillBudget ids, then in runs appended to one file in the version's
+// hidden directory, never published); then each worker takes one
+// partition's ids, makes their values and writes the partition. So the
+// work is one pass whatever the partition count (one pass per partition
+// would cost partitions × params), and a worker holds one partition's
+// keys and values at a time, beside the spill's bounded buffer.
 func (w *VersionWriter) generate(spec GenSpec, gi codec.GenInfo) error {
-	spill, err := os.MkdirTemp(w.tmp, ".ids-")
-	if err != nil {
-		return fmt.Errorf("loader: gen: %w", err)
-	}
-	defer os.RemoveAll(spill)
-	counts, err := spillIDs(spill, spec, gi)
-	if err != nil {
-		return err
+	sp := newSpill(w.tmp, spec.Partitions)
+	defer sp.close()
+	for rank := uint64(0); rank < uint64(spec.Params); rank++ {
+		id := GenID(gi, rank)
+		if err := sp.add(partition.Of(id, spec.Partitions), id); err != nil {
+			return err
+		}
 	}
 	width := spec.Width()
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for p := range spec.Partitions {
 		g.Go(func() error {
-			keys, err := readIDs(spillName(spill, p), counts[p])
+			keys, err := sp.ids(p)
 			if err != nil {
 				return err
 			}
@@ -163,62 +161,89 @@ func (w *VersionWriter) generate(spec GenSpec, gi codec.GenInfo) error {
 	return g.Wait()
 }
 
-func spillName(dir string, p uint32) string { return filepath.Join(dir, fmt.Sprintf("%05d", p)) }
+// spillBudget is how many ids a spill buffers in memory (32 MiB).
+const spillBudget = 4 << 20
 
-// spillIDs writes the ids of the model's ranks, by partition, to one file
-// each in dir, and returns how many each holds.
-func spillIDs(dir string, spec GenSpec, gi codec.GenInfo) ([]int, error) {
-	files := make([]*os.File, spec.Partitions)
-	bufs := make([]*bufio.Writer, spec.Partitions)
-	defer func() {
-		for _, f := range files {
-			if f != nil {
-				f.Close()
-			}
-		}
-	}()
-	for p := range files {
-		f, err := os.Create(spillName(dir, uint32(p)))
-		if err != nil {
-			return nil, fmt.Errorf("loader: gen: %w", err)
-		}
-		files[p], bufs[p] = f, bufio.NewWriterSize(f, 8<<10)
-	}
-	counts := make([]int, spec.Partitions)
-	var b [8]byte
-	for rank := uint64(0); rank < uint64(spec.Params); rank++ {
-		id := GenID(gi, rank)
-		p := partition.Of(id, spec.Partitions)
-		binary.LittleEndian.PutUint64(b[:], id)
-		if _, err := bufs[p].Write(b[:]); err != nil {
-			return nil, fmt.Errorf("loader: gen: %w", err)
-		}
-		counts[p]++
-	}
-	for p, b := range bufs {
-		if err := b.Flush(); err != nil {
-			return nil, fmt.Errorf("loader: gen: %w", err)
-		}
-		if err := files[p].Close(); err != nil {
-			return nil, fmt.Errorf("loader: gen: %w", err)
-		}
-		files[p] = nil
-	}
-	return counts, nil
+// spill sorts ids by partition within bounded memory: ids are buffered
+// per partition, and when the buffers hold spillBudget ids they are
+// appended to one temporary file, partition after partition, each run
+// remembered as an extent. The file is the process's own, read back by
+// it alone: ids are written in memory order, not encoded.
+type spill struct {
+	dir     string
+	f       *os.File // created at the first flush
+	off     int64
+	n       int          // ids buffered
+	buckets [][]uint64   // per partition, buffered
+	extents [][][2]int64 // per partition: (offset, ids) runs in f
 }
 
-// readIDs reads back a spill file of n ids.
-func readIDs(path string, n int) ([]uint64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("loader: gen: %w", err)
+func newSpill(dir string, parts uint32) *spill {
+	return &spill{dir: dir, buckets: make([][]uint64, parts), extents: make([][][2]int64, parts)}
+}
+
+func (s *spill) add(p uint32, id uint64) error {
+	s.buckets[p] = append(s.buckets[p], id)
+	if s.n++; s.n >= spillBudget {
+		return s.flush()
 	}
-	if len(b) != 8*n {
-		return nil, fmt.Errorf("loader: gen: %s holds %d bytes, want %d", path, len(b), 8*n)
+	return nil
+}
+
+func (s *spill) flush() error {
+	if s.f == nil {
+		f, err := os.CreateTemp(s.dir, ".ids-")
+		if err != nil {
+			return fmt.Errorf("loader: gen: %w", err)
+		}
+		s.f = f
 	}
-	keys := make([]uint64, n)
-	for i := range keys {
-		keys[i] = binary.LittleEndian.Uint64(b[8*i:])
+	for p, b := range s.buckets {
+		if len(b) == 0 {
+			continue
+		}
+		if _, err := s.f.WriteAt(idBytes(b), s.off); err != nil {
+			return fmt.Errorf("loader: gen: spilling ids: %w", err)
+		}
+		s.extents[p] = append(s.extents[p], [2]int64{s.off, int64(len(b))})
+		s.off += int64(8 * len(b))
+		s.buckets[p] = nil // the next run's buffers grow again; the total stays within the budget
 	}
-	return keys, nil
+	s.n = 0
+	return nil
+}
+
+// ids returns partition p's ids, in the order added. Safe for
+// concurrent calls for different partitions once adding is over.
+func (s *spill) ids(p uint32) ([]uint64, error) {
+	n := len(s.buckets[p])
+	for _, e := range s.extents[p] {
+		n += int(e[1])
+	}
+	out := make([]uint64, n)
+	at := 0
+	for _, e := range s.extents[p] {
+		if _, err := s.f.ReadAt(idBytes(out[at:at+int(e[1])]), e[0]); err != nil {
+			return nil, fmt.Errorf("loader: gen: reading spilled ids: %w", err)
+		}
+		at += int(e[1])
+	}
+	copy(out[at:], s.buckets[p])
+	s.buckets[p] = nil
+	return out, nil
+}
+
+func (s *spill) close() {
+	if s.f != nil {
+		s.f.Close()
+		os.Remove(s.f.Name())
+	}
+}
+
+// idBytes is ids' memory as bytes.
+func idBytes(ids []uint64) []byte {
+	if len(ids) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&ids[0])), 8*len(ids))
 }
