@@ -128,7 +128,7 @@ func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
 // would cost partitions × params), and a worker holds one partition's
 // keys and values at a time, beside the spill's bounded buffer.
 func (w *VersionWriter) generate(spec GenSpec, gi codec.GenInfo) error {
-	sp := newSpill(w.tmp, spec.Partitions)
+	sp := newSpill(w.tmp, spec.Partitions, spillBudget)
 	defer sp.close()
 	for rank := uint64(0); rank < uint64(spec.Params); rank++ {
 		id := GenID(gi, rank)
@@ -171,6 +171,7 @@ const spillBudget = 4 << 20
 // it alone: ids are written in memory order, not encoded.
 type spill struct {
 	dir     string
+	budget  int      // ids buffered before a flush
 	f       *os.File // created at the first flush
 	off     int64
 	n       int          // ids buffered
@@ -178,13 +179,13 @@ type spill struct {
 	extents [][][2]int64 // per partition: (offset, ids) runs in f
 }
 
-func newSpill(dir string, parts uint32) *spill {
-	return &spill{dir: dir, buckets: make([][]uint64, parts), extents: make([][][2]int64, parts)}
+func newSpill(dir string, parts uint32, budget int) *spill {
+	return &spill{dir: dir, budget: budget, buckets: make([][]uint64, parts), extents: make([][][2]int64, parts)}
 }
 
 func (s *spill) add(p uint32, id uint64) error {
 	s.buckets[p] = append(s.buckets[p], id)
-	if s.n++; s.n >= spillBudget {
+	if s.n++; s.n >= s.budget {
 		return s.flush()
 	}
 	return nil
