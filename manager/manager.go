@@ -912,17 +912,24 @@ func (m *Manager) flush(ctx context.Context) {
 	}
 }
 
-// changes is what differs between two states, as records to write. A
-// model next shares with cur (Decide copies only what an event touches)
-// is not looked at.
+// changes is changesOf, counted.
 func (m *Manager) changes(cur, next *State, acts []Action) change {
-	c := change{states: map[string][]byte{}, maps: map[string][]byte{}}
+	c, compared := changesOf(cur, next, acts)
+	m.metrics.compared.Add(float64(compared))
+	return c
+}
+
+// changesOf is what differs between two states, as records to write, and
+// how many models it compared. A model next shares with cur (Decide
+// copies only what an event touches) is not looked at.
+func changesOf(cur, next *State, acts []Action) (c change, compared int) {
+	c = change{states: map[string][]byte{}, maps: map[string][]byte{}}
 	for name, nm := range next.Models {
 		om := cur.Models[name]
 		if om == nm {
 			continue
 		}
-		m.metrics.compared.Inc()
+		compared++
 		b, _ := json.Marshal(nm)
 		if was, _ := json.Marshal(om); om == nil || string(was) != string(b) {
 			c.states[name] = b
@@ -951,7 +958,7 @@ func (m *Manager) changes(cur, next *State, acts []Action) change {
 			c.audit = append(c.audit, e)
 		}
 	}
-	return c
+	return c, compared
 }
 
 // after carries out a persisted decision's actions and logs what

@@ -1,0 +1,481 @@
+package manager
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/model"
+)
+
+// A manager at cluster scale, simulated: Decide, placement and the
+// records the manager, the shards and the routers write, driven with
+// simulated shards and routers (no processes, no etcd). Shards load at
+// once exactly what the published map assigns them and report it;
+// routers score every kept version. Each simulated second every model
+// gets a delta touching 1% of its partitions (a compaction, a new full
+// version, every compactAfter deltas), and shards join, leave and are
+// cordoned now and then.
+//
+// What it measures, per event: Decide's time, and the bytes of each
+// record written — the raft entry (the models' states that changed),
+// the serving map records, the shards' and the routers' registrations —
+// with the largest record, and the heap at the end.
+
+// scaleConfig is one simulated cluster.
+type scaleConfig struct {
+	parts, shards, zones, models, routers int
+	seconds                               int // simulated seconds of deltas
+	touch                                 float64
+	compactAfter                          int
+	seed                                  uint64
+}
+
+// simVersion is a version in the simulated repository.
+type simVersion struct {
+	parent uint64
+	ids    []string // identity per partition
+	chain  []uint64
+}
+
+type scaleSim struct {
+	tb     testing.TB
+	cfg    scaleConfig
+	rng    *rand.Rand
+	s      *State
+	p      Policy
+	models []string
+	repo   map[string]map[uint64]*simVersion
+	latest map[string]uint64
+	depth  map[string]int // deltas on the newest full version
+	// shards as reported, and the JSON last written of each; routers
+	// likewise.
+	shards     map[string]topo.ShardInfo
+	shardJSON  map[string]int
+	routers    map[string]topo.RouterInfo
+	routerJSON map[string]string
+	nextShard  int
+	cordoned   string
+	now        time.Time
+	stats      scaleStats
+}
+
+// scaleStats sums what the simulation measured.
+type scaleStats struct {
+	events                         int
+	decide                         []time.Duration
+	raftBytes, mapBytes            int // written by the manager
+	shardBytes, routerBytes        int // written by shards and routers
+	largest                        int
+	largestWhat                    string
+	deltas                         int
+	perDelta                       []deltaBytes
+	mapsRead                       int // bytes of map records a router reads
+	committedLate, committedDeltas int
+}
+
+// deltaBytes is what one delta cost, from its scan until shards and
+// routers settled.
+type deltaBytes struct{ raft, etcd, routerRead int }
+
+func newScaleSim(tb testing.TB, cfg scaleConfig) *scaleSim {
+	x := &scaleSim{tb: tb, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.seed, 1)),
+		s: &State{Models: map[string]*ModelState{}, Shards: map[string]topo.ShardInfo{}, Routers: map[string]topo.RouterInfo{}},
+		p: Policy{Replicas: 2, KeepVersions: 2, KeepDeltas: 20, MaxMoves: 4},
+		repo: map[string]map[uint64]*simVersion{}, latest: map[string]uint64{}, depth: map[string]int{},
+		shards: map[string]topo.ShardInfo{}, shardJSON: map[string]int{}, routers: map[string]topo.RouterInfo{}, routerJSON: map[string]string{},
+		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	for i := range cfg.models {
+		name := fmt.Sprintf("m%d", i)
+		x.models = append(x.models, name)
+		x.repo[name] = map[uint64]*simVersion{}
+	}
+	for range cfg.shards {
+		x.addShard()
+	}
+	for i := range cfg.routers {
+		id := fmt.Sprintf("r%d", i)
+		x.routers[id] = topo.RouterInfo{Schema: 1, ID: id}
+	}
+	x.decide(ShardsChanged{Shards: x.snapshotShards()})
+	x.decide(RoutersChanged{Routers: x.snapshotRouters()})
+	return x
+}
+
+func (x *scaleSim) addShard() {
+	id := fmt.Sprintf("shard-%04d", x.nextShard)
+	x.shards[id] = topo.ShardInfo{Schema: topo.ShardInfoSchema, ID: id, Addr: id + ":7100", Zone: fmt.Sprintf("zone-%d", x.nextShard%x.cfg.zones), Weight: 1}
+	x.nextShard++
+}
+
+func (x *scaleSim) snapshotShards() map[string]topo.ShardInfo {
+	out := make(map[string]topo.ShardInfo, len(x.shards))
+	for id, si := range x.shards {
+		out[id] = si
+	}
+	return out
+}
+
+func (x *scaleSim) snapshotRouters() map[string]topo.RouterInfo {
+	out := make(map[string]topo.RouterInfo, len(x.routers))
+	for id, r := range x.routers {
+		out[id] = r
+	}
+	return out
+}
+
+// digest is a stand-in content identity: a SHA-256 in hex, as codec
+// gives them (so records take their compact form).
+func digest(parts ...any) string {
+	d := sha256.Sum256(fmt.Append(nil, parts...))
+	return hex.EncodeToString(d[:])
+}
+
+// publish adds a version of model name to the repository: a delta on
+// the newest touching cfg.touch of the partitions, or a full version
+// when there is none yet or compactAfter deltas are on it.
+func (x *scaleSim) publish(name string) uint64 {
+	v := x.latest[name] + 1
+	x.latest[name] = v
+	sv := &simVersion{ids: make([]string, x.cfg.parts)}
+	if v == 1 || x.depth[name] >= x.cfg.compactAfter {
+		for p := range sv.ids {
+			sv.ids[p] = digest(name, v, p)
+		}
+		sv.chain = []uint64{v}
+		x.depth[name] = 0
+	} else {
+		parent := x.repo[name][v-1]
+		sv.parent = v - 1
+		copy(sv.ids, parent.ids)
+		n := max(1, int(float64(x.cfg.parts)*x.cfg.touch))
+		for range n {
+			p := x.rng.IntN(x.cfg.parts)
+			sv.ids[p] = digest(name, v, p)
+		}
+		sv.chain = append([]uint64{v}, parent.chain...)
+		x.depth[name]++
+	}
+	x.repo[name][v] = sv
+	return v
+}
+
+// scan lists the repository as the manager would find it: the versions
+// the state keeps and those newer (older ones pruned).
+func (x *scaleSim) scan() Scanned {
+	ev := Scanned{Models: map[string][]Found{}}
+	for _, name := range x.models {
+		floor := uint64(0)
+		if m := x.s.Models[name]; m != nil {
+			floor = m.Floor
+		}
+		var found []Found
+		for v := range x.repo[name] {
+			if v <= floor && (x.s.Models[name] == nil || x.s.Models[name].version(v) == nil) {
+				continue
+			}
+			sv := x.repo[name][v]
+			f := Found{Version: v, Kind: "full", Files: "f" + fmt.Sprint(v)}
+			if sv.parent != 0 {
+				f.Kind, f.Parent = "delta", sv.parent
+			}
+			found = append(found, f)
+		}
+		sort.Slice(found, func(i, j int) bool { return found[i].Version < found[j].Version })
+		ev.Models[name] = found
+	}
+	return ev
+}
+
+// decide applies one event as the manager does and measures it; then
+// carries out its validations.
+func (x *scaleSim) decide(ev Event) {
+	x.tb.Helper()
+	x.now = x.now.Add(time.Millisecond)
+	x.p.Now = x.now
+	cur := x.s
+	t0 := time.Now()
+	next, acts, err := Decide(cur, ev, x.p)
+	took := time.Since(t0)
+	if err != nil {
+		x.tb.Fatalf("%T: %v", ev, err)
+	}
+	x.s = next
+	x.stats.events++
+	x.stats.decide = append(x.stats.decide, took)
+	c, _ := changesOf(cur, next, acts)
+	if len(c.states) > 0 || len(c.gone) > 0 || c.cordons != nil || len(c.audit) > 0 {
+		entry, err := entryOf(c, next.Cordoned, x.now, AuditRetention{})
+		if err != nil {
+			x.tb.Fatal(err)
+		}
+		x.stats.raftBytes += len(entry)
+		x.note(len(entry), "raft entry")
+	}
+	for name, b := range c.maps {
+		x.stats.mapBytes += len(b)
+		x.stats.mapsRead += len(b) * x.cfg.routers
+		x.note(len(b), "map record "+name)
+	}
+	for _, a := range acts {
+		if v, ok := a.(Validate); ok {
+			x.decide(Started{Model: v.Model, Version: v.Version})
+			sv := x.repo[v.Model][v.Version]
+			info := &topo.VersionInfo{Version: v.Version, Shape: model.Shape{Type: model.LR}, Hash: "xxh64", IDs: sv.ids, Chain: sv.chain}
+			x.decide(Checked{Model: v.Model, Version: v.Version, Files: "f" + fmt.Sprint(v.Version), Info: info, Bytes: 1 << 20})
+		}
+	}
+}
+
+func (x *scaleSim) note(n int, what string) {
+	if n > x.stats.largest {
+		x.stats.largest, x.stats.largestWhat = n, what
+	}
+}
+
+// follow lets shards and routers act on the map until they settle: each
+// shard holds what the map assigns it, reported with the identities the
+// map expects; each router scores every kept version.
+func (x *scaleSim) follow() {
+	x.tb.Helper()
+	for round := 0; round < 20; round++ {
+		changed := false
+		assigns := map[string]topo.Assignment{}
+		for _, name := range x.models {
+			if m := x.s.Models[name]; m != nil && m.Partitions > 0 {
+				assigns[name] = m.Assignment()
+			}
+		}
+		for _, id := range slices.Sorted(mapsKeys(x.shards)) {
+			si := x.shards[id]
+			si.Applied, si.Loaded = map[string]uint64{}, nil
+			for _, name := range x.models {
+				a, ok := assigns[name]
+				if !ok {
+					continue
+				}
+				si.Applied[name] = a.Seq
+				var mine []uint32
+				for p, reps := range a.Replicas {
+					if slices.Contains(reps, id) {
+						mine = append(mine, uint32(p))
+					}
+				}
+				if len(mine) == 0 {
+					continue
+				}
+				for _, v := range a.Kept() {
+					info := a.Info(v)
+					l := topo.Loaded{Model: name, Version: v, Have: mine, IDs: make([]string, len(mine))}
+					for i, p := range mine {
+						l.IDs[i] = info.IDs[p]
+					}
+					si.Loaded = append(si.Loaded, l)
+				}
+			}
+			b, _ := json.Marshal(si)
+			if h := len(b); h != x.shardJSON[id] || !sameShard(x.s.Shards[id], si) {
+				x.shardJSON[id] = h
+				x.stats.shardBytes += h
+				x.stats.mapsRead += h * x.cfg.routers // routers watch the shards too
+				x.note(h, "shard report")
+				changed = true
+			}
+			x.shards[id] = si
+		}
+		if changed {
+			x.decide(ShardsChanged{Shards: x.snapshotShards()})
+		}
+		rchanged := false
+		for _, id := range slices.Sorted(mapsKeys(x.routers)) {
+			r := x.routers[id]
+			r.Scores, r.Seen = map[string][]uint64{}, map[string]uint64{}
+			for name, a := range assigns {
+				r.Scores[name], r.Seen[name] = a.Kept(), a.Seq
+			}
+			b, _ := json.Marshal(r)
+			if string(b) != x.routerJSON[id] {
+				x.routerJSON[id] = string(b)
+				x.stats.routerBytes += len(b)
+				x.note(len(b), "router registration")
+				rchanged = true
+			}
+			x.routers[id] = r
+		}
+		if rchanged {
+			x.decide(RoutersChanged{Routers: x.snapshotRouters()})
+		}
+		if !changed && !rchanged {
+			return
+		}
+	}
+	x.tb.Fatal("shards and routers did not settle in 20 rounds")
+}
+
+func sameShard(a, b topo.ShardInfo) bool {
+	if len(a.Applied) != len(b.Applied) || len(a.Loaded) != len(b.Loaded) {
+		return false
+	}
+	for k, v := range a.Applied {
+		if b.Applied[k] != v {
+			return false
+		}
+	}
+	for i := range a.Loaded {
+		if a.Loaded[i].Model != b.Loaded[i].Model || a.Loaded[i].Version != b.Loaded[i].Version || !slices.Equal(a.Loaded[i].Have, b.Loaded[i].Have) {
+			return false
+		}
+	}
+	return true
+}
+
+func mapsKeys[M ~map[string]V, V any](m M) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// second simulates one second: a delta for each model, published,
+// scanned, validated, rolled out; and every few seconds a shard leaves,
+// one joins, or one is cordoned.
+func (x *scaleSim) second(i int) {
+	x.tb.Helper()
+	switch {
+	case i%10 == 3 && len(x.shards) > x.cfg.shards/2:
+		ids := slices.Sorted(mapsKeys(x.shards))
+		gone := ids[x.rng.IntN(len(ids))]
+		delete(x.shards, gone)
+		delete(x.shardJSON, gone)
+		x.decide(ShardsChanged{Shards: x.snapshotShards()})
+		x.follow()
+	case i%10 == 6:
+		x.addShard()
+		x.decide(ShardsChanged{Shards: x.snapshotShards()})
+		x.follow()
+	case i%10 == 8:
+		if x.cordoned != "" {
+			x.decide(Command{Op: OpUncordon, Shard: x.cordoned, At: x.now})
+		}
+		ids := slices.Sorted(mapsKeys(x.shards))
+		x.cordoned = ids[x.rng.IntN(len(ids))]
+		x.decide(Command{Op: OpCordon, Shard: x.cordoned, At: x.now})
+		x.follow()
+	}
+	for _, name := range x.models {
+		before := x.stats
+		v := x.publish(name)
+		x.decide(x.scan())
+		x.follow()
+		x.stats.deltas++
+		etcd := (x.stats.mapBytes - before.mapBytes) + (x.stats.shardBytes - before.shardBytes) + (x.stats.routerBytes - before.routerBytes)
+		x.stats.perDelta = append(x.stats.perDelta, deltaBytes{raft: x.stats.raftBytes - before.raftBytes, etcd: etcd, routerRead: (x.stats.mapsRead - before.mapsRead) / max(1, x.cfg.routers)})
+		if m := x.s.Models[name]; m.Live >= v {
+			x.stats.committedDeltas++
+		} else {
+			x.stats.committedLate++
+		}
+	}
+}
+
+// run simulates cfg.seconds seconds after a first full version of each
+// model is live.
+func (x *scaleSim) run() {
+	for _, name := range x.models {
+		x.publish(name)
+	}
+	x.decide(x.scan())
+	x.follow()
+	for _, name := range x.models {
+		if m := x.s.Models[name]; m == nil || m.Live != 1 {
+			x.tb.Fatalf("model %s: the first version did not go live: %+v", name, m)
+		}
+	}
+	x.stats = scaleStats{}
+	for i := range x.cfg.seconds {
+		x.second(i)
+	}
+}
+
+// check asserts what must hold whatever the costs: every delta went
+// live within its second, every partition has its replicas in distinct
+// zones, and a cordoned shard is given nothing new.
+func (x *scaleSim) check() {
+	x.tb.Helper()
+	if x.stats.committedLate > 0 {
+		x.tb.Errorf("%d of %d deltas were not live once shards and routers settled", x.stats.committedLate, x.stats.deltas)
+	}
+	for _, name := range x.models {
+		a := x.s.Models[name].Assignment()
+		for p, reps := range a.Replicas {
+			zones := map[string]bool{}
+			for _, id := range reps {
+				zones[x.shards[id].Zone] = true
+			}
+			if len(reps) < x.p.Replicas || len(zones) < x.p.Replicas {
+				x.tb.Fatalf("model %s partition %d: replicas %v in %d zones", name, p, reps, len(zones))
+			}
+		}
+	}
+}
+
+func percentile(ds []time.Duration, q float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// report logs the figures.
+func (x *scaleSim) report() {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	st := x.stats
+	var raft, etcd, read []int
+	for _, d := range st.perDelta {
+		raft, etcd, read = append(raft, d.raft), append(etcd, d.etcd), append(read, d.routerRead)
+	}
+	med := func(v []int) int { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
+	x.tb.Logf("%d partitions, %d shards in %d zones, %d models, %d routers: %d deltas over %d s, %d events",
+		x.cfg.parts, x.cfg.shards, x.cfg.zones, x.cfg.models, x.cfg.routers, st.deltas, x.cfg.seconds, st.events)
+	x.tb.Logf("Decide: p50 %v, p99 %v, max %v", percentile(st.decide, 0.5), percentile(st.decide, 0.99), percentile(st.decide, 1))
+	x.tb.Logf("per delta (median, max): raft %d / %d B; etcd, all writers %d / %d B; a router reads %d / %d B",
+		med(raft), slices.Max(raft), med(etcd), slices.Max(etcd), med(read), slices.Max(read))
+	x.tb.Logf("largest record %d B (%s); heap in use %d MiB", st.largest, st.largestWhat, ms.HeapInuse>>20)
+}
+
+// TestClusterScaleSim runs a small cluster through the simulation and
+// checks that every delta goes live and placement holds; the benchmark
+// below runs the full size and reports the figures.
+func TestClusterScaleSim(t *testing.T) {
+	x := newScaleSim(t, scaleConfig{parts: 128, shards: 16, zones: 4, models: 3, routers: 4, seconds: 12, touch: 0.01, compactAfter: 5, seed: 7})
+	x.run()
+	x.check()
+	x.report()
+}
+
+// BenchmarkClusterScaleSim: 4,096 partitions, 256 shards in 4 zones,
+// replicas 2, three models, a delta a second touching 1% of the
+// partitions. go test -run XXX -bench ClusterScaleSim -benchtime 1x ./manager
+func BenchmarkClusterScaleSim(b *testing.B) {
+	for range b.N {
+		x := newScaleSim(b, scaleConfig{parts: 4096, shards: 256, zones: 4, models: 3, routers: 4, seconds: 20, touch: 0.01, compactAfter: 200, seed: 7})
+		x.run()
+		x.check()
+		x.report()
+	}
+}
