@@ -88,8 +88,8 @@ type deltaBytes struct{ raft, etcd, routerRead int }
 
 func newScaleSim(tb testing.TB, cfg scaleConfig) *scaleSim {
 	x := &scaleSim{tb: tb, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.seed, 1)),
-		s: &State{Models: map[string]*ModelState{}, Shards: map[string]topo.ShardInfo{}, Routers: map[string]topo.RouterInfo{}},
-		p: Policy{Replicas: 2, KeepVersions: 2, KeepDeltas: 20, MaxMoves: 4},
+		s:    &State{Models: map[string]*ModelState{}, Shards: map[string]topo.ShardInfo{}, Routers: map[string]topo.RouterInfo{}},
+		p:    Policy{Replicas: 2, KeepVersions: 2, KeepDeltas: 20, MaxMoves: 4},
 		repo: map[string]map[uint64]*simVersion{}, latest: map[string]uint64{}, depth: map[string]int{},
 		shards: map[string]topo.ShardInfo{}, shardJSON: map[string]int{}, routers: map[string]topo.RouterInfo{}, routerJSON: map[string]string{},
 		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
