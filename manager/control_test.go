@@ -95,13 +95,9 @@ func lrModel(scale float32) *loader.Sparse {
 
 func published(t *testing.T, cli *clientv3.Client, model string) topo.Assignment {
 	t.Helper()
-	resp, err := cli.Get(context.Background(), topo.DefaultCluster.ModelKey(model))
-	if err != nil || len(resp.Kvs) == 0 {
+	a, ok, err := topo.ReadAssignment(context.Background(), cli, topo.DefaultCluster, model)
+	if err != nil || !ok {
 		t.Fatalf("no serving map for %s: %v", model, err)
-	}
-	a, err := topo.Decode[topo.Assignment](string(resp.Kvs[0].Key), resp.Kvs[0].Value)
-	if err != nil {
-		t.Fatal(err)
 	}
 	return a
 }
@@ -484,14 +480,17 @@ func TestManyDeltas(t *testing.T) {
 			}
 			return nil
 		})
+		// The model's state, and every record of its serving map.
 		for i, key := range []string{topo.DefaultCluster.ManagerPrefix() + "models/m", topo.DefaultCluster.ModelKey("m")} {
-			resp, err := cli.Get(context.Background(), key)
-			if err != nil || len(resp.Kvs) != 1 {
+			resp, err := cli.Get(context.Background(), key, clientv3.WithPrefix())
+			if err != nil || len(resp.Kvs) == 0 {
 				t.Fatalf("%s: %v", key, err)
 			}
-			largest[i] = max(largest[i], len(resp.Kvs[0].Value))
-			if len(resp.Kvs[0].Value) > bound {
-				t.Fatalf("after delta %d, %s is %d bytes", d.Version, key, len(resp.Kvs[0].Value))
+			for _, kv := range resp.Kvs {
+				largest[i] = max(largest[i], len(kv.Value))
+				if len(kv.Value) > bound {
+					t.Fatalf("after delta %d, %s is %d bytes", d.Version, kv.Key, len(kv.Value))
+				}
 			}
 		}
 		// Every version the map names, and every version of their

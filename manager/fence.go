@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -32,19 +30,9 @@ func (f fence) key() string { return f.cluster.ManagerPrefix() + "term" }
 // termValue is a term as etcd compares it: bytes, so 20 digits.
 func termValue(t uint64) string { return fmt.Sprintf("%020d", t) }
 
-// publish writes maps (model → Assignment JSON) and deletes the map
-// records of gone models, as the leader of term, in as few transactions
-// as etcd's limits allow, each fenced.
-func (f fence) publish(ctx context.Context, term uint64, records map[string][]byte, gone []string) error {
-	var ops txnOps
-	for _, name := range slices.Sorted(maps.Keys(records)) {
-		if err := ops.put(f.cluster.ModelKey(name), records[name]); err != nil {
-			return err
-		}
-	}
-	for _, name := range gone {
-		ops.delete(f.cluster.ModelKey(name))
-	}
+// publish writes ops (the serving map's records) as the leader of term,
+// in as few transactions as etcd's limits allow, each fenced.
+func (f fence) publish(ctx context.Context, term uint64, ops txnOps) error {
 	return ops.each(func(batch []clientv3.Op) error { return f.txn(ctx, term, batch) })
 }
 

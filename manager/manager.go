@@ -267,6 +267,8 @@ type Manager struct {
 	// unpublished are models whose serving map records a failed
 	// publication left behind; loop goroutine only.
 	unpublished map[string]bool
+	// pub writes the serving map's records; loop goroutine only.
+	pub *publisher
 }
 
 type request struct {
@@ -301,6 +303,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions, KeepDeltas: opts.KeepDeltas, RouterWait: opts.RouterWait, StagedGates: stagedGates(opts),
 		Holdout: slices.Sorted(maps.Keys(opts.Holdout)), MaxMoves: opts.MaxMoves},
 		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
+		pub:      newPublisher(opts.Etcd, opts.Cluster),
 		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event), gates: make(chan RunGates, 64)}
 	m.queue.init()
 	m.mismatches, m.damagedNow = map[string]int{}, map[string]int{}
@@ -757,6 +760,7 @@ func (m *Manager) refresh(ctx context.Context) bool {
 	m.view.Store(fresh)
 	m.setPersisted(fresh)
 	m.held = false
+	m.pub = newPublisher(m.opts.Etcd, m.opts.Cluster) // another writer's records: read again before writing
 	return true
 }
 
@@ -862,8 +866,19 @@ func (m *Manager) write(ctx context.Context, next *State, acts []Action) error {
 			// when a publication succeeds.
 			slog.Error("manager: committed, but the serving map is not published yet; trying again", "err", err)
 		}
-	} else if err := m.st.commit(wctx, c); err != nil {
-		return err
+	} else {
+		var ops txnOps
+		done, forget, err := m.pub.mapOps(wctx, &ops, next, slices.Concat(c.maps, c.gone))
+		if err == nil {
+			err = m.st.commit(wctx, c, ops)
+		}
+		if err != nil {
+			if forget != nil {
+				forget()
+			}
+			return err
+		}
+		done()
 	}
 	prev := m.persisted
 	m.setPersisted(next)
@@ -923,7 +938,7 @@ func (m *Manager) changes(cur, next *State, acts []Action) change {
 // how many models it compared. A model next shares with cur (Decide
 // copies only what an event touches) is not looked at.
 func changesOf(cur, next *State, acts []Action) (c change, compared int) {
-	c = change{states: map[string][]byte{}, maps: map[string][]byte{}}
+	c = change{states: map[string][]byte{}}
 	for name, nm := range next.Models {
 		om := cur.Models[name]
 		if om == nm {
@@ -937,11 +952,9 @@ func changesOf(cur, next *State, acts []Action) (c change, compared int) {
 		if nm.Partitions == 0 {
 			continue // nothing to serve yet
 		}
-		a, _ := json.Marshal(nm.Assignment())
-		if om == nil {
-			c.maps[name] = a
-		} else if was, _ := json.Marshal(om.Assignment()); string(was) != string(a) {
-			c.maps[name] = a
+		// Seq counts the changes of the model's map (ModelState.count).
+		if om == nil || om.Partitions == 0 || om.Seq != nm.Seq {
+			c.maps = append(c.maps, name)
 		}
 	}
 	for name := range cur.Models {
@@ -950,6 +963,7 @@ func changesOf(cur, next *State, acts []Action) (c change, compared int) {
 		}
 	}
 	slices.Sort(c.gone)
+	slices.Sort(c.maps)
 	if !slices.Equal(cur.Cordoned, next.Cordoned) {
 		c.cordons, _ = json.Marshal(cordonRecord{Schema: recordSchema, Shards: append([]string{}, next.Cordoned...)})
 	}

@@ -35,7 +35,9 @@ func TestPublishesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	sizes := make(chan int, 100)
-	go topo.Watch(ctx, cli, topo.DefaultCluster.ModelsPrefix(), func(kv map[string][]byte, _ int64) { sizes <- len(kv) })
+	go topo.Watch(ctx, cli, topo.DefaultCluster.ModelsPrefix(), func(kv map[string][]byte, _ int64) {
+		sizes <- len(topo.Assignments(kv, topo.DefaultCluster))
+	})
 	if n := <-sizes; n != 0 {
 		t.Fatalf("%d assignments before the manager started", n)
 	}

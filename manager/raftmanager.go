@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -157,12 +159,22 @@ func (m *Manager) takeOver(ctx context.Context, term uint64) error {
 		names[name] = true
 	}
 	for _, kv := range resp.Kvs {
-		if name := strings.TrimPrefix(string(kv.Key), m.opts.Cluster.ModelsPrefix()); m.opts.Cluster.ModelKey(name) == string(kv.Key) {
+		if name, _, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), m.opts.Cluster.ModelsPrefix()), "/"); name != "" {
 			names[name] = true
 		}
 	}
-	records, gone := mapRecords(s, names)
-	return m.fence.publish(bctx, term, records, gone)
+	m.pub = newPublisher(m.opts.Etcd, m.opts.Cluster) // what another leader wrote is read again
+	var ops txnOps
+	done, forget, err := m.pub.mapOps(bctx, &ops, s, slices.Sorted(maps.Keys(names)))
+	if err != nil {
+		return err
+	}
+	if err := m.fence.publish(bctx, term, ops); err != nil {
+		forget()
+		return err
+	}
+	done()
+	return nil
 }
 
 // raftChanges tells the loop that the state machine changed: a
@@ -213,7 +225,7 @@ func (m *Manager) commitRaft(ctx context.Context, c change, next *State) (commit
 		}
 		m.seen, _ = resp.(uint64)
 	}
-	for name := range c.maps {
+	for _, name := range c.maps {
 		m.unpublished[name] = true
 	}
 	for _, name := range c.gone {
@@ -228,28 +240,19 @@ func (m *Manager) publishPending(ctx context.Context, next *State) error {
 	if len(m.unpublished) == 0 {
 		return nil
 	}
-	records, gone := mapRecords(next, m.unpublished)
-	if err := m.fence.publish(ctx, m.term.Load(), records, gone); err != nil {
-		return fmt.Errorf("committed, but the serving map is not published yet: %w", err)
-	}
-	clear(m.unpublished)
-	return nil
-}
-
-// mapRecords are the serving map records, as s has them, of the models
-// names holds, and those of the models s no longer has (to delete); a
-// model with nothing to serve yet has neither.
-func mapRecords(s *State, names map[string]bool) (records map[string][]byte, gone []string) {
-	records = map[string][]byte{}
-	for name := range names {
-		switch ms := s.Models[name]; {
-		case ms == nil:
-			gone = append(gone, name)
-		case ms.Partitions > 0:
-			records[name], _ = json.Marshal(ms.Assignment())
+	var ops txnOps
+	done, forget, err := m.pub.mapOps(ctx, &ops, next, slices.Sorted(maps.Keys(m.unpublished)))
+	if err == nil {
+		if err = m.fence.publish(ctx, m.term.Load(), ops); err != nil {
+			forget()
 		}
 	}
-	return records, gone
+	if err != nil {
+		return fmt.Errorf("committed, but the serving map is not published yet: %w", err)
+	}
+	done()
+	clear(m.unpublished)
+	return nil
 }
 
 // raftReady: the group has a leader this member knows of, and if this

@@ -244,7 +244,7 @@ func TestFence(t *testing.T) {
 	cli := testenv.Etcd(t)
 	f := fence{cli: cli, cluster: topo.DefaultCluster}
 	ctx := context.Background()
-	rec := func(s string) map[string][]byte { return map[string][]byte{"m": []byte(s)} }
+	rec := func(s string) txnOps { return mapRecord("m", s) }
 	read := func() string {
 		resp, err := cli.Get(ctx, topo.DefaultCluster.ModelKey("m"))
 		if err != nil {
@@ -255,30 +255,33 @@ func TestFence(t *testing.T) {
 		}
 		return string(resp.Kvs[0].Value)
 	}
-	if err := f.publish(ctx, 2, rec("t2"), nil); err != nil {
+	if err := f.publish(ctx, 2, rec("t2")); err != nil {
 		t.Fatalf("first publication, term 2: %v", err)
 	}
-	if err := f.publish(ctx, 1, rec("t1"), nil); !errors.Is(err, ErrFenced) {
+	if err := f.publish(ctx, 1, rec("t1")); !errors.Is(err, ErrFenced) {
 		t.Fatalf("term 1 after term 2: %v", err)
 	}
-	if err := f.publish(ctx, 2, rec("t2 again"), nil); err != nil {
+	if err := f.publish(ctx, 2, rec("t2 again")); err != nil {
 		t.Fatalf("term 2 again: %v", err)
 	}
-	if err := f.publish(ctx, 10, rec("t10"), nil); err != nil {
+	if err := f.publish(ctx, 10, rec("t10")); err != nil {
 		t.Fatalf("term 10: %v", err)
 	}
-	if err := f.publish(ctx, 9, nil, []string{"m"}); !errors.Is(err, ErrFenced) {
+	var gone txnOps
+	gone.delete(topo.DefaultCluster.ModelKey("m"))
+	if err := f.publish(ctx, 9, gone); !errors.Is(err, ErrFenced) {
 		t.Fatalf("term 9 after term 10: %v", err)
 	}
 	if got := read(); got != "t10" {
 		t.Fatalf("the map holds %q", got)
 	}
 	// Many models: several transactions, each fenced.
-	many := map[string][]byte{}
+	var many txnOps
 	for i := range 300 {
-		many[fmt.Sprintf("m%03d", i)] = []byte("x")
+		many.put(topo.DefaultCluster.ModelKey(fmt.Sprintf("m%03d", i)), []byte("x"))
 	}
-	if err := f.publish(ctx, 11, many, []string{"m"}); err != nil {
+	many.delete(topo.DefaultCluster.ModelKey("m"))
+	if err := f.publish(ctx, 11, many); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := cli.Get(ctx, topo.DefaultCluster.ModelsPrefix(), clientv3.WithPrefix())

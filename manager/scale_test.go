@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,6 +67,9 @@ type scaleSim struct {
 	nextShard  int
 	cordoned   string
 	now        time.Time
+	pub        *publisher
+	etcd       map[string][]byte // the serving map's records, as written
+	reader     *topo.MapReader
 	stats      scaleStats
 }
 
@@ -84,7 +89,7 @@ type scaleStats struct {
 
 // deltaBytes is what one delta cost, from its scan until shards and
 // routers settled.
-type deltaBytes struct{ raft, etcd, routerRead int }
+type deltaBytes struct{ raft, etcd, maps, shards, routers, routerRead int }
 
 func newScaleSim(tb testing.TB, cfg scaleConfig) *scaleSim {
 	x := &scaleSim{tb: tb, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.seed, 1)),
@@ -92,7 +97,8 @@ func newScaleSim(tb testing.TB, cfg scaleConfig) *scaleSim {
 		p:    Policy{Replicas: 2, KeepVersions: 2, KeepDeltas: 20, MaxMoves: 4},
 		repo: map[string]map[uint64]*simVersion{}, latest: map[string]uint64{}, depth: map[string]int{},
 		shards: map[string]topo.ShardInfo{}, shardJSON: map[string]int{}, routers: map[string]topo.RouterInfo{}, routerJSON: map[string]string{},
-		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), pub: newPublisher(nil, topo.DefaultCluster),
+		etcd: map[string][]byte{}, reader: topo.NewMapReader(topo.DefaultCluster)}
 	for i := range cfg.models {
 		name := fmt.Sprintf("m%d", i)
 		x.models = append(x.models, name)
@@ -220,11 +226,19 @@ func (x *scaleSim) decide(ev Event) {
 		x.stats.raftBytes += len(entry)
 		x.note(len(entry), "raft entry")
 	}
-	for name, b := range c.maps {
-		x.stats.mapBytes += len(b)
-		x.stats.mapsRead += len(b) * x.cfg.routers
-		x.note(len(b), "map record "+name)
+	var ops txnOps
+	done, _, err := x.pub.mapOps(context.Background(), &ops, next, slices.Concat(c.maps, c.gone))
+	if err != nil {
+		x.tb.Fatal(err)
 	}
+	done()
+	for _, n := range ops.sizes {
+		x.stats.mapBytes += n
+		x.stats.mapsRead += n * x.cfg.routers
+		x.note(n, "serving map record")
+	}
+	x.applyOps(ops)
+	x.checkMap(next)
 	for _, a := range acts {
 		if v, ok := a.(Validate); ok {
 			x.decide(Started{Model: v.Model, Version: v.Version})
@@ -232,6 +246,59 @@ func (x *scaleSim) decide(ev Event) {
 			info := &topo.VersionInfo{Version: v.Version, Shape: model.Shape{Type: model.LR}, Hash: "xxh64", IDs: sv.ids, Chain: sv.chain}
 			x.decide(Checked{Model: v.Model, Version: v.Version, Files: "f" + fmt.Sprint(v.Version), Info: info, Bytes: 1 << 20})
 		}
+	}
+}
+
+// applyOps applies writes to the simulated etcd.
+func (x *scaleSim) applyOps(ops txnOps) {
+	for _, op := range ops.ops {
+		key := string(op.KeyBytes())
+		switch {
+		case op.IsPut():
+			x.etcd[key] = slices.Clone(op.ValueBytes())
+		case op.IsDelete() && len(op.RangeBytes()) > 0:
+			for k := range x.etcd {
+				if k >= key && k < string(op.RangeBytes()) {
+					delete(x.etcd, k)
+				}
+			}
+		case op.IsDelete():
+			delete(x.etcd, key)
+		}
+	}
+}
+
+// checkMap asserts that a reader assembles from the records written
+// exactly the map each model's state describes, and that the version
+// records do not pile up.
+func (x *scaleSim) checkMap(s *State) {
+	x.tb.Helper()
+	got := x.reader.Assignments(x.etcd)
+	versions := 0
+	for name, m := range s.Models {
+		if m.Partitions == 0 {
+			continue
+		}
+		want := m.Assignment()
+		a, ok := got[name]
+		a.PlaceSeq = 0
+		gotJSON, _ := json.Marshal(a)
+		wantJSON, _ := json.Marshal(want)
+		if !ok || string(gotJSON) != string(wantJSON) {
+			x.tb.Fatalf("model %s: the records assemble to\n%.2000s\nwant\n%.2000s", name, gotJSON, wantJSON)
+		}
+		versions += len(want.Kept())
+	}
+	// Kept versions and the bases their records need (at most a chain
+	// of deltas back to a kept one), no more.
+	records := 0
+	for k := range x.etcd {
+		if strings.Contains(k, "/versions/") {
+			records++
+		}
+	}
+	if records > 2*versions+len(s.Models)*x.cfg.compactAfter {
+		x.tb.Fatalf("%d version records for %d kept versions", records, versions)
 	}
 }
 
@@ -380,7 +447,9 @@ func (x *scaleSim) second(i int) {
 		x.follow()
 		x.stats.deltas++
 		etcd := (x.stats.mapBytes - before.mapBytes) + (x.stats.shardBytes - before.shardBytes) + (x.stats.routerBytes - before.routerBytes)
-		x.stats.perDelta = append(x.stats.perDelta, deltaBytes{raft: x.stats.raftBytes - before.raftBytes, etcd: etcd, routerRead: (x.stats.mapsRead - before.mapsRead) / max(1, x.cfg.routers)})
+		x.stats.perDelta = append(x.stats.perDelta, deltaBytes{raft: x.stats.raftBytes - before.raftBytes, etcd: etcd,
+			maps: x.stats.mapBytes - before.mapBytes, shards: x.stats.shardBytes - before.shardBytes, routers: x.stats.routerBytes - before.routerBytes,
+			routerRead: (x.stats.mapsRead - before.mapsRead) / max(1, x.cfg.routers)})
 		if m := x.s.Models[name]; m.Live >= v {
 			x.stats.committedDeltas++
 		} else {
@@ -445,9 +514,10 @@ func (x *scaleSim) report() {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	st := x.stats
-	var raft, etcd, read []int
+	var raft, etcd, read, mp, sh, ro []int
 	for _, d := range st.perDelta {
 		raft, etcd, read = append(raft, d.raft), append(etcd, d.etcd), append(read, d.routerRead)
+		mp, sh, ro = append(mp, d.maps), append(sh, d.shards), append(ro, d.routers)
 	}
 	med := func(v []int) int { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
 	x.tb.Logf("%d partitions, %d shards in %d zones, %d models, %d routers: %d deltas over %d s, %d events",
@@ -455,6 +525,7 @@ func (x *scaleSim) report() {
 	x.tb.Logf("Decide: p50 %v, p99 %v, max %v", percentile(st.decide, 0.5), percentile(st.decide, 0.99), percentile(st.decide, 1))
 	x.tb.Logf("per delta (median, max): raft %d / %d B; etcd, all writers %d / %d B; a router reads %d / %d B",
 		med(raft), slices.Max(raft), med(etcd), slices.Max(etcd), med(read), slices.Max(read))
+	x.tb.Logf("etcd per delta by writer (median): the manager's map records %d B, shards %d B, routers %d B", med(mp), med(sh), med(ro))
 	x.tb.Logf("largest record %d B (%s); heap in use %d MiB", st.largest, st.largestWhat, ms.HeapInuse>>20)
 }
 

@@ -116,7 +116,7 @@ func (st *store) load(ctx context.Context) (*State, error) {
 // change is what one decision writes.
 type change struct {
 	states map[string][]byte // model → ModelState JSON
-	maps   map[string][]byte // model → Assignment JSON
+	maps   []string          // models whose serving map changed, sorted
 	gone   []string          // models that left the state (nothing of them served)
 	audit  []AuditEntry
 	// cordons is the cordon record to write; nil: unchanged.
@@ -163,6 +163,19 @@ func (t *txnOps) delete(key string) {
 	t.ops, t.sizes = append(t.ops, clientv3.OpDelete(key)), append(t.sizes, len(key))
 }
 
+// deletePrefix adds the deletion of every key under prefix.
+func (t *txnOps) deletePrefix(prefix string) {
+	t.ops, t.sizes = append(t.ops, clientv3.OpDelete(prefix, clientv3.WithPrefix())), append(t.sizes, len(prefix))
+}
+
+// bytes is the keys' and values' size of the writes.
+func (t *txnOps) bytes() (n int) {
+	for _, s := range t.sizes {
+		n += s
+	}
+	return n
+}
+
 // each calls write with the operations in order, in batches that fit one
 // transaction each, at least once (with none when there are none), and
 // stops at the first error.
@@ -185,20 +198,16 @@ func (t *txnOps) each(write func(batch []clientv3.Op) error) error {
 // ErrTooLarge is returned by commit for a record etcd would refuse.
 var ErrTooLarge = errors.New("manager: record too large for etcd")
 
-// commit writes c in one transaction conditional on the guard; a change
-// of more than maxTxnOps operations or maxTxnBytes bytes goes in several,
+// commit writes c, with mapOps (the serving map's records of the models
+// in c.maps), in one transaction conditional on the guard; a change of
+// more than maxTxnOps operations or maxTxnBytes bytes goes in several,
 // each conditional on the last. The serving map's records go first, so
 // a router sees the map of as many models change at once as fit.
-func (st *store) commit(ctx context.Context, c change) error {
+func (st *store) commit(ctx context.Context, c change, mapOps txnOps) error {
 	if c.empty() {
 		return nil
 	}
-	var ops txnOps
-	for _, name := range slices.Sorted(maps.Keys(c.maps)) {
-		if err := ops.put(st.cluster.ModelKey(name), c.maps[name]); err != nil {
-			return err
-		}
-	}
+	ops := mapOps
 	for _, name := range slices.Sorted(maps.Keys(c.states)) {
 		if err := ops.put(st.modelsPrefix()+name, c.states[name]); err != nil {
 			return err
@@ -210,8 +219,7 @@ func (st *store) commit(ctx context.Context, c change) error {
 		}
 	}
 	for _, name := range c.gone {
-		ops.delete(st.cluster.ModelKey(name))
-		ops.delete(st.modelsPrefix() + name)
+		ops.delete(st.modelsPrefix() + name) // the map's records: in mapOps
 	}
 	seq := st.audit
 	for _, e := range c.audit {

@@ -19,6 +19,13 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
+// mapRecord is the write of value as model name's serving map record.
+func mapRecord(name, value string) txnOps {
+	var t txnOps
+	t.put(topo.DefaultCluster.ModelKey(name), []byte(value))
+	return t
+}
+
 // TestStaleWriterRefused: of two writers that read the same state, the
 // second to write is refused and the map keeps the first's record.
 func TestStaleWriterRefused(t *testing.T) {
@@ -31,10 +38,10 @@ func TestStaleWriterRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := a.commit(ctx, change{maps: map[string][]byte{"m": []byte(`"a's"`)}}); err != nil {
+	if err := a.commit(ctx, change{maps: []string{"m"}}, mapRecord("m", `"a's"`)); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.commit(ctx, change{maps: map[string][]byte{"m": []byte(`"b's"`)}}); !errors.Is(err, ErrStale) {
+	if err := b.commit(ctx, change{maps: []string{"m"}}, mapRecord("m", `"b's"`)); !errors.Is(err, ErrStale) {
 		t.Fatalf("stale write: %v, want ErrStale", err)
 	}
 	resp, err := cli.Get(ctx, topo.DefaultCluster.ModelKey("m"))
@@ -45,15 +52,15 @@ func TestStaleWriterRefused(t *testing.T) {
 	if _, err := b.load(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.commit(ctx, change{maps: map[string][]byte{"m": []byte(`"b's"`)}}); err != nil {
+	if err := b.commit(ctx, change{maps: []string{"m"}}, mapRecord("m", `"b's"`)); err != nil {
 		t.Fatal(err)
 	}
 	// Once a raft group of managers has published (fence.go), neither
 	// writes, nor reads the state again as its own.
-	if err := (fence{cli: cli, cluster: topo.DefaultCluster}).publish(ctx, 2, map[string][]byte{"m": []byte(`"the group's"`)}, nil); err != nil {
+	if err := (fence{cli: cli, cluster: topo.DefaultCluster}).publish(ctx, 2, mapRecord("m", `"the group's"`)); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.commit(ctx, change{maps: map[string][]byte{"m": []byte(`"b's again"`)}}); !errors.Is(err, ErrRaftCluster) {
+	if err := b.commit(ctx, change{maps: []string{"m"}}, mapRecord("m", `"b's again"`)); !errors.Is(err, ErrRaftCluster) {
 		t.Fatalf("a write over a raft group's map: %v, want ErrRaftCluster", err)
 	}
 	if _, err := a.load(ctx); !errors.Is(err, ErrRaftCluster) {
@@ -77,7 +84,7 @@ func TestCommitSplitsByBytes(t *testing.T) {
 	for i := range 5 {
 		c.states[fmt.Sprintf("m%d", i)] = bytes.Repeat([]byte{'x'}, at)
 	}
-	if err := st.commit(ctx, c); err != nil {
+	if err := st.commit(ctx, c, txnOps{}); err != nil {
 		t.Fatalf("five records at the limit: %v", err)
 	}
 	if st.txns != 5 {
@@ -93,12 +100,12 @@ func TestCommitSplitsByBytes(t *testing.T) {
 	for i := range 300 {
 		small.states[fmt.Sprintf("s%d", i)] = []byte("{}")
 	}
-	if err := st.commit(ctx, small); err != nil || st.txns != 3 {
+	if err := st.commit(ctx, small, txnOps{}); err != nil || st.txns != 3 {
 		t.Fatalf("300 small records: %v, %d transactions, want 3 (%d operations each at most)", err, st.txns, maxTxnOps)
 	}
 	rev := st.rev
 	over := change{states: map[string][]byte{"a": []byte("{}"), "m0": bytes.Repeat([]byte{'y'}, at+1)}}
-	if err := st.commit(ctx, over); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "m0") {
+	if err := st.commit(ctx, over, txnOps{}); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "m0") {
 		t.Fatalf("a record one byte over the limit: %v", err)
 	}
 	if resp, err := cli.Get(ctx, st.modelsPrefix()+"a"); err != nil || len(resp.Kvs) != 0 || st.rev != rev {
@@ -179,7 +186,7 @@ func TestCordonsPersist(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.metrics.compared = prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
-	if err := a.commit(ctx, m.changes(cur, next, nil)); err != nil {
+	if err := a.commit(ctx, m.changes(cur, next, nil), txnOps{}); err != nil {
 		t.Fatal(err)
 	}
 	b := &store{cli: cli, cluster: topo.DefaultCluster, writer: "b"}

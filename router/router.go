@@ -265,6 +265,7 @@ func (r *Router) watch(ctx context.Context) {
 		serving := func(k string) bool {
 			return strings.HasPrefix(k, c.ShardsPrefix()) || strings.HasPrefix(k, c.ModelsPrefix())
 		}
+		maps := topo.NewMapReader(c) // decodes only the records that changed
 		topo.WatchKeys(ctx, r.opts.Etcd, c.Prefix(), serving, func(kv map[string][]byte, rev int64) {
 			shards, models := map[string][]byte{}, map[string][]byte{}
 			for k, v := range kv {
@@ -275,7 +276,7 @@ func (r *Router) watch(ctx context.Context) {
 					models[k] = v
 				}
 			}
-			ev := event{shards: topo.DecodeAll[topo.ShardInfo](shards, c.ShardsPrefix()), assigns: topo.Assignments(models, c), rev: rev}
+			ev := event{shards: topo.DecodeAll[topo.ShardInfo](shards, c.ShardsPrefix()), assigns: maps.Assignments(models), rev: rev}
 			select {
 			case <-events: // keep only the newest
 			default:

@@ -101,13 +101,9 @@ func (tr *traffic) until(t *testing.T, cond func() error) {
 
 func assignment(t *testing.T, c *devcluster.Cluster, model string) topo.Assignment {
 	t.Helper()
-	resp, err := c.Etcd.Get(context.Background(), topo.DefaultCluster.ModelKey(model))
-	if err != nil || len(resp.Kvs) == 0 {
+	a, ok, err := topo.ReadAssignment(context.Background(), c.Etcd, topo.DefaultCluster, model)
+	if err != nil || !ok {
 		t.Fatalf("reading %s's assignment: %v", model, err)
-	}
-	a, err := topo.Decode[topo.Assignment](string(resp.Kvs[0].Key), resp.Kvs[0].Value)
-	if err != nil {
-		t.Fatal(err)
 	}
 	return a
 }

@@ -317,8 +317,9 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	s.done.Add(2)
 	go func() {
 		defer s.done.Done()
+		maps := topo.NewMapReader(opts.Cluster) // decodes only the records that changed
 		topo.Watch(ctx, opts.Etcd, opts.Cluster.ModelsPrefix(), func(kv map[string][]byte, _ int64) {
-			as := topo.Assignments(kv, opts.Cluster)
+			as := maps.Assignments(kv)
 			select { // keep only the newest
 			case <-s.pending:
 			default:

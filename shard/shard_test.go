@@ -54,7 +54,10 @@ func writeMap(t *testing.T, cli *clientv3.Client, record []byte) {
 // mapOf is the serving map record putMap writes.
 func mapOf(t *testing.T, repo loader.Repo, parts uint32, live, staged uint64, standby ...uint64) []byte {
 	t.Helper()
-	a := topo.Assignment{Schema: topo.Schema, Model: "m", Live: live, Staged: staged, Standby: standby, Partitions: parts, Replicas: make([][]string, parts)}
+	// A whole record of schema 2, as managers before the split records
+	// wrote (shards still read it); the managers' own are tested with
+	// them.
+	a := topo.Assignment{Schema: 2, Model: "m", Live: live, Staged: staged, Standby: standby, Partitions: parts, Replicas: make([][]string, parts)}
 	for p := range a.Replicas {
 		a.Replicas[p] = []string{"s1"}
 	}

@@ -7,8 +7,9 @@
 //
 //	/cumulus/CLUSTER/shards/ID     ShardInfo, under the shard's lease: who
 //	                               is alive, where, what it has verified
-//	/cumulus/CLUSTER/models/NAME   Assignment, written by the manager only:
-//	                               the serving map of one model
+//	/cumulus/CLUSTER/models/NAME   the serving map of one model, written by
+//	                               the manager only: a head, and under it
+//	                               its placement and versions (maprecords.go)
 //	/cumulus/CLUSTER/manager/...   the manager's own persisted state
 //
 // The manager alone decides what is served; shards load what the map
@@ -43,7 +44,7 @@ import (
 // record's schema to the first Schema that reads it. Each record type
 // has its own schema, below; Schema is at least the largest of them.
 // Readers are upgraded before writers: shards and routers, then managers.
-const Schema = 3
+const Schema = 4
 
 // The schema each record is written with: the oldest reader that may act
 // on it.
@@ -52,7 +53,11 @@ const (
 	ShardInfoSchema = 1
 	// AssignmentSchema: serving map records. 2: identities as digests and
 	// chains as runs (VersionInfo's JSON form), so a record stays small.
-	AssignmentSchema = 2
+	// 4 (3 was skipped: Schema was already 3, so readers of schema 3
+	// must refuse these): a model's map is a head, a placement and a
+	// record per version (maprecords.go); schema 2's single record is
+	// still read.
+	AssignmentSchema = 4
 	// RouterInfoSchema: router registrations.
 	RouterInfoSchema = 1
 )
@@ -225,6 +230,9 @@ type Assignment struct {
 	CanaryFraction float64    `json:"canary_fraction,omitempty"`
 	Partitions     uint32     `json:"partitions"`
 	Replicas       [][]string `json:"replicas"` // partition → shard IDs
+	// PlaceSeq is the Seq since which Replicas have not changed (0: not
+	// known, in a schema 2 record).
+	PlaceSeq uint64 `json:"place_seq,omitempty"`
 	// Versions has the scoring metadata and the expected content of
 	// every version named above.
 	Versions []VersionInfo `json:"versions"`
@@ -327,23 +335,6 @@ func DecodeAll[T any](kv map[string][]byte, prefix string) map[string]T {
 			continue
 		}
 		out[Suffix(k, prefix)] = t
-	}
-	return out
-}
-
-// Assignments decodes a snapshot of the serving map, leaving out (and
-// logging) records that fail Check or are filed under another name.
-func Assignments(kv map[string][]byte, c Cluster) map[string]Assignment {
-	out := DecodeAll[Assignment](kv, c.ModelsPrefix())
-	for name, a := range out {
-		err := a.Check()
-		if err == nil && a.Model != name {
-			err = fmt.Errorf("topo: record for model %q is filed under %q", a.Model, name)
-		}
-		if err != nil {
-			slog.Warn("topo: ignoring serving map record", "err", err)
-			delete(out, name)
-		}
 	}
 	return out
 }
