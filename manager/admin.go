@@ -286,9 +286,9 @@ func detail(st *State, m *ModelState) ModelDetail {
 		if b, ok := over[id]; ok && sd.Assigned > 0 {
 			overs = append(overs, fmt.Sprintf("%s is assigned %s of its %s budget", id, humanize.IBytes(uint64(b)), humanize.IBytes(uint64(si.Budget))))
 		}
-		for _, l := range si.Loaded {
-			if l.Model == m.Name {
-				sd.Loaded[strconv.FormatUint(l.Version, 10)] = len(l.Have)
+		for _, v := range m.kept() {
+			if n := heldCount(si, m, m.version(v)); n > 0 {
+				sd.Loaded[strconv.FormatUint(v, 10)] = n
 			}
 		}
 		d.Shards = append(d.Shards, sd)
@@ -594,8 +594,10 @@ func shardList(st *State, state func(id string) string) any {
 		si := st.Shards[id]
 		s := ShardSummary{ID: id, Addr: si.Addr, Zone: si.Zone, Weight: cmp.Or(si.Weight, 1), State: state(id), Budget: si.Budget,
 			Assigned: replicas[id], Bytes: bytes[id]}
-		for _, l := range si.Loaded {
-			s.Held += len(l.Have)
+		for _, m := range st.Models {
+			for _, v := range m.kept() {
+				s.Held += heldCount(si, m, m.version(v))
+			}
 		}
 		out = append(out, s)
 	}

@@ -116,9 +116,7 @@ func (s *State) limitMoves(h holding, m *ModelState, assign [][]string, trusted 
 	// through at once.)
 	reports := func(id string, p int) bool {
 		si, ok := s.Shards[id]
-		return ok && !slices.ContainsFunc(kept, func(x *Version) bool {
-			return x == nil || x.Info == nil || p >= len(x.Info.IDs) || !si.Holds(m.Name, x.Version, uint32(p), x.Info.IDs[p])
-		})
+		return ok && !slices.ContainsFunc(kept, func(x *Version) bool { return !reported(si, m, x, p) })
 	}
 	// Moves under way: published (in prev and assign), not held yet. A
 	// first placement (nothing held anywhere) is not a move.

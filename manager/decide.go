@@ -283,8 +283,8 @@ func (s *State) servable(m *ModelState, v uint64, trusted []string) bool {
 	if x == nil || x.Info == nil {
 		return false
 	}
-	for p, id := range x.Info.IDs {
-		if !slices.ContainsFunc(trusted, func(sid string) bool { return s.Shards[sid].Holds(m.Name, v, uint32(p), id) }) {
+	for p := range x.Info.IDs {
+		if !slices.ContainsFunc(trusted, func(sid string) bool { return reported(s.Shards[sid], m, x, p) }) {
 			return false
 		}
 	}

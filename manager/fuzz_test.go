@@ -24,7 +24,7 @@ func FuzzShardReports(f *testing.F) {
 			Replicas: [][]string{{"s0"}, {"s0"}},
 			Versions: []Version{{Version: 1, Kind: "full", Phase: PhaseLive, Info: &topo.VersionInfo{Version: 1, Shape: model.Shape{Type: "lr"}, IDs: []string{"i0", "i1"}}},
 				{Version: 2, Kind: "full", Phase: PhaseReady, Info: &topo.VersionInfo{Version: 2, Shape: model.Shape{Type: "lr"}, IDs: []string{"j0", "j1"}}}}}}}
-		shards := topo.DecodeAll[topo.ShardInfo](map[string][]byte{topo.DefaultCluster.ShardKey("s0"): report}, topo.DefaultCluster.ShardsPrefix())
+		shards := topo.Shards(map[string][]byte{topo.DefaultCluster.ShardKey("s0"): report}, topo.DefaultCluster)
 		next, _, _ := Decide(s, ShardsChanged{Shards: shards}, Policy{Replicas: 1, KeepVersions: 2, KeepDeltas: 20})
 		m := next.Models["m"]
 		a := m.Assignment()

@@ -380,7 +380,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	go func() {
 		defer m.done.Done()
 		topo.Watch(ctx, opts.Etcd, opts.Cluster.ShardsPrefix(), func(kv map[string][]byte, _ int64) {
-			infos := topo.DecodeAll[topo.ShardInfo](kv, opts.Cluster.ShardsPrefix())
+			infos := topo.Shards(kv, opts.Cluster)
 			select { // keep only the newest
 			case <-shards:
 			default:

@@ -104,7 +104,7 @@ func (pb *publisher) ops(ctx context.Context, t *txnOps, name string, ms *ModelS
 	}
 	a := ms.Assignment()
 	h := topo.ModelHead{Schema: topo.AssignmentSchema, Model: name, Seq: a.Seq, Live: a.Live, Staged: a.Staged, Standby: a.Standby,
-		Canary: a.Canary, CanaryFraction: a.CanaryFraction, Partitions: a.Partitions, PlaceSeq: ms.PlaceSeq}
+		Canary: a.Canary, CanaryFraction: a.CanaryFraction, Partitions: a.Partitions, PlaceSeq: ms.PlaceSeq, KeptSince: a.KeptSince}
 	b, _ := json.Marshal(h)
 	if err := t.put(head, b); err != nil {
 		return nil, err

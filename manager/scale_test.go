@@ -61,7 +61,7 @@ type scaleSim struct {
 	// shards as reported, and the JSON last written of each; routers
 	// likewise.
 	shards     map[string]topo.ShardInfo
-	shardJSON  map[string]int
+	shardRecs  map[string]string // the shards' report records as last written
 	routers    map[string]topo.RouterInfo
 	routerJSON map[string]string
 	nextShard  int
@@ -96,7 +96,7 @@ func newScaleSim(tb testing.TB, cfg scaleConfig) *scaleSim {
 		s:    &State{Models: map[string]*ModelState{}, Shards: map[string]topo.ShardInfo{}, Routers: map[string]topo.RouterInfo{}},
 		p:    Policy{Replicas: 2, KeepVersions: 2, KeepDeltas: 20, MaxMoves: 4},
 		repo: map[string]map[uint64]*simVersion{}, latest: map[string]uint64{}, depth: map[string]int{},
-		shards: map[string]topo.ShardInfo{}, shardJSON: map[string]int{}, routers: map[string]topo.RouterInfo{}, routerJSON: map[string]string{},
+		shards: map[string]topo.ShardInfo{}, shardRecs: map[string]string{}, routers: map[string]topo.RouterInfo{}, routerJSON: map[string]string{},
 		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), pub: newPublisher(nil, topo.DefaultCluster),
 		etcd: map[string][]byte{}, reader: topo.NewMapReader(topo.DefaultCluster)}
 	for i := range cfg.models {
@@ -281,7 +281,6 @@ func (x *scaleSim) checkMap(s *State) {
 		}
 		want := m.Assignment()
 		a, ok := got[name]
-		a.PlaceSeq = 0
 		gotJSON, _ := json.Marshal(a)
 		wantJSON, _ := json.Marshal(want)
 		if !ok || string(gotJSON) != string(wantJSON) {
@@ -323,13 +322,15 @@ func (x *scaleSim) follow() {
 		}
 		for _, id := range slices.Sorted(mapsKeys(x.shards)) {
 			si := x.shards[id]
-			si.Applied, si.Loaded = map[string]uint64{}, nil
+			si.Held = map[string]*topo.Held{}
+			// The shard's reports, as a shard writes them: the partitions
+			// of each model it holds, and the map record it has applied
+			// (it loads at once what the map asks).
 			for _, name := range x.models {
 				a, ok := assigns[name]
 				if !ok {
 					continue
 				}
-				si.Applied[name] = a.Seq
 				var mine []uint32
 				for p, reps := range a.Replicas {
 					if slices.Contains(reps, id) {
@@ -339,22 +340,28 @@ func (x *scaleSim) follow() {
 				if len(mine) == 0 {
 					continue
 				}
-				for _, v := range a.Kept() {
-					info := a.Info(v)
-					l := topo.Loaded{Model: name, Version: v, Have: mine, IDs: make([]string, len(mine))}
-					for i, p := range mine {
-						l.IDs[i] = info.IDs[p]
-					}
-					si.Loaded = append(si.Loaded, l)
+				// As a shard does: the Seq reported stands while it says
+				// the same (no version kept since, no move since).
+				seq := a.Seq
+				if last := x.shards[id].Held[name]; last != nil && a.PlaceSeq <= last.Seq && slices.Equal(last.Parts, mine) &&
+					!slices.ContainsFunc(a.Kept(), func(v uint64) bool { return a.KeptSince[v] > last.Seq }) {
+					seq = last.Seq
 				}
-			}
-			b, _ := json.Marshal(si)
-			if h := len(b); h != x.shardJSON[id] || !sameShard(x.s.Shards[id], si) {
-				x.shardJSON[id] = h
-				x.stats.shardBytes += h
-				x.stats.mapsRead += h * x.cfg.routers // routers watch the shards too
-				x.note(h, "shard report")
-				changed = true
+				si.Held[name] = &topo.Held{Seq: seq, Parts: mine}
+				for key, rec := range map[string]any{
+					topo.DefaultCluster.HeldKey(id, name):  topo.HeldRecord{Schema: topo.ShardInfoSchema, Seq: seq},
+					topo.DefaultCluster.PartsKey(id, name): topo.PartsRecord{Schema: topo.ShardInfoSchema, Parts: mine},
+				} {
+					b, _ := json.Marshal(rec)
+					if x.shardRecs[key] != string(b) {
+						x.shardRecs[key] = string(b)
+						n := len(key) + len(b)
+						x.stats.shardBytes += n
+						x.stats.mapsRead += n * x.cfg.routers // routers watch the shards too
+						x.note(n, "shard report")
+						changed = true
+					}
+				}
 			}
 			x.shards[id] = si
 		}
@@ -387,23 +394,6 @@ func (x *scaleSim) follow() {
 	x.tb.Fatal("shards and routers did not settle in 20 rounds")
 }
 
-func sameShard(a, b topo.ShardInfo) bool {
-	if len(a.Applied) != len(b.Applied) || len(a.Loaded) != len(b.Loaded) {
-		return false
-	}
-	for k, v := range a.Applied {
-		if b.Applied[k] != v {
-			return false
-		}
-	}
-	for i := range a.Loaded {
-		if a.Loaded[i].Model != b.Loaded[i].Model || a.Loaded[i].Version != b.Loaded[i].Version || !slices.Equal(a.Loaded[i].Have, b.Loaded[i].Have) {
-			return false
-		}
-	}
-	return true
-}
-
 func mapsKeys[M ~map[string]V, V any](m M) func(func(string) bool) {
 	return func(yield func(string) bool) {
 		for k := range m {
@@ -424,7 +414,11 @@ func (x *scaleSim) second(i int) {
 		ids := slices.Sorted(mapsKeys(x.shards))
 		gone := ids[x.rng.IntN(len(ids))]
 		delete(x.shards, gone)
-		delete(x.shardJSON, gone)
+		for k := range x.shardRecs {
+			if strings.HasPrefix(k, topo.DefaultCluster.ShardKey(gone)+"/") {
+				delete(x.shardRecs, k)
+			}
+		}
 		x.decide(ShardsChanged{Shards: x.snapshotShards()})
 		x.follow()
 	case i%10 == 6:

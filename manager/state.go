@@ -307,7 +307,7 @@ func (m *ModelState) canaryVersion() uint64 {
 // Assignment is the serving map record of m.
 func (m *ModelState) Assignment() topo.Assignment {
 	a := topo.Assignment{Schema: topo.AssignmentSchema, Model: m.Name, Seq: m.Seq, Live: m.Live, Staged: m.Staged, Standby: m.Standby(),
-		Partitions: m.Partitions, Replicas: m.Replicas}
+		Partitions: m.Partitions, Replicas: m.Replicas, PlaceSeq: m.PlaceSeq}
 	if a.Replicas == nil {
 		a.Replicas = make([][]string, m.Partitions)
 	}
@@ -317,6 +317,12 @@ func (m *ModelState) Assignment() topo.Assignment {
 	for _, v := range a.Kept() {
 		if x := m.version(v); x != nil && x.Info != nil {
 			a.Versions = append(a.Versions, *x.Info)
+			if x.KeptSince != 0 {
+				if a.KeptSince == nil {
+					a.KeptSince = map[uint64]uint64{}
+				}
+				a.KeptSince[v] = x.KeptSince
+			}
 		}
 	}
 	return a

@@ -104,7 +104,13 @@ func (s *State) holdsVersion(h holding, m *ModelState, id string, x *Version, p 
 		return false
 	}
 	si, ok := s.Shards[id]
-	if !ok || si.Applied[m.Name] < max(m.PlaceSeq, x.KeptSince) {
+	if !ok {
+		return false
+	}
+	if held := si.Held[m.Name]; held != nil {
+		return held.Seq >= max(m.PlaceSeq, x.KeptSince) && held.Holds(x.Version, x.KeptSince, uint32(p))
+	}
+	if si.Applied[m.Name] < max(m.PlaceSeq, x.KeptSince) {
 		return false
 	}
 	if h == nil {
@@ -112,6 +118,35 @@ func (s *State) holdsVersion(h holding, m *ModelState, id string, x *Version, p 
 	}
 	l := h[id][x.Version]
 	return l != nil && x.Info.IDs[p] != "" && l.Identity(uint32(p)) == x.Info.IDs[p]
+}
+
+// reported reports whether si says it holds partition p of version x of
+// m with the validated content, however old its report: whether it has
+// it, not whether to hand over on it (holdsVersion).
+func reported(si topo.ShardInfo, m *ModelState, x *Version, p int) bool {
+	if x == nil || x.Info == nil || p >= len(x.Info.IDs) {
+		return false
+	}
+	if held := si.Held[m.Name]; held != nil {
+		return held.Holds(x.Version, x.KeptSince, uint32(p))
+	}
+	return si.Holds(m.Name, x.Version, uint32(p), x.Info.IDs[p])
+}
+
+// heldCount is how many partitions of version x of m si reports.
+func heldCount(si topo.ShardInfo, m *ModelState, x *Version) int {
+	if x == nil {
+		return 0
+	}
+	if held := si.Held[m.Name]; held != nil {
+		return held.Count(x.Version, x.KeptSince)
+	}
+	for _, l := range si.Loaded {
+		if l.Model == m.Name && l.Version == x.Version {
+			return len(l.Have)
+		}
+	}
+	return 0
 }
 
 // allHold reports whether every replica assign names holds its partition

@@ -156,7 +156,7 @@ func holders(a topo.Assignment, v uint64, info *topo.VersionInfo, shards map[str
 	for p, ids := range a.Replicas {
 		for _, id := range ids {
 			si, ok := shards[id]
-			if b := backends[si.Addr]; ok && b != nil && !seen[b] && p < len(info.IDs) && si.Holds(a.Model, v, uint32(p), info.IDs[p]) {
+			if b := backends[si.Addr]; ok && b != nil && !seen[b] && p < len(info.IDs) && si.HoldsIn(&a, v, uint32(p)) {
 				seen[b] = true
 				out = append(out, b)
 			}

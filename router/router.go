@@ -276,7 +276,7 @@ func (r *Router) watch(ctx context.Context) {
 					models[k] = v
 				}
 			}
-			ev := event{shards: topo.DecodeAll[topo.ShardInfo](shards, c.ShardsPrefix()), assigns: maps.Assignments(models), rev: rev}
+			ev := event{shards: topo.Shards(shards, c), assigns: maps.Assignments(models), rev: rev}
 			select {
 			case <-events: // keep only the newest
 			default:

@@ -144,7 +144,7 @@ func route(a topo.Assignment, v uint64, shards map[string]topo.ShardInfo, backen
 	for p, ids := range a.Replicas {
 		for _, id := range ids {
 			si, ok := shards[id]
-			if b := backends[si.Addr]; ok && b != nil && si.Holds(a.Model, v, uint32(p), info.IDs[p]) {
+			if b := backends[si.Addr]; ok && b != nil && si.HoldsIn(&a, v, uint32(p)) {
 				vr.replicas[p] = append(vr.replicas[p], b)
 			}
 		}

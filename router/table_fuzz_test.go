@@ -34,7 +34,7 @@ func FuzzBuildTable(f *testing.F) {
 	f.Fuzz(func(t *testing.T, assign, report []byte) {
 		c := topo.DefaultCluster
 		as := topo.Assignments(map[string][]byte{c.ModelKey("m"): assign}, c)
-		shards := topo.DecodeAll[topo.ShardInfo](map[string][]byte{c.ShardKey("s0"): report}, c.ShardsPrefix())
+		shards := topo.Shards(map[string][]byte{c.ShardKey("s0"): report}, c)
 		backends := map[string]*backend{}
 		for _, si := range shards {
 			backends[si.Addr] = &backend{id: si.ID, addr: si.Addr}

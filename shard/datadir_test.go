@@ -235,8 +235,13 @@ func TestStartClearsDataDir(t *testing.T) {
 }
 
 func TestDataDirDefault(t *testing.T) {
-	for cluster, want := range map[topo.Cluster]string{"": "cumulus-shard-default-rack1%2Fs1", "blue": "cumulus-shard-blue-rack1%2Fs1"} {
-		o := Options{ID: "rack1/s1", Cluster: cluster, Repo: loader.Repo{Dir: "r"}, Etcd: new(clientv3.Client)}
+	// An ID is a key under which a shard's reports sit: no '/'.
+	bad := Options{ID: "rack1/s1", Repo: loader.Repo{Dir: "r"}, Etcd: new(clientv3.Client)}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), `ID "rack1/s1"`) {
+		t.Fatalf("an ID with a '/': %v", err)
+	}
+	for cluster, want := range map[topo.Cluster]string{"": "cumulus-shard-default-rack1.s1", "blue": "cumulus-shard-blue-rack1.s1"} {
+		o := Options{ID: "rack1.s1", Cluster: cluster, Repo: loader.Repo{Dir: "r"}, Etcd: new(clientv3.Client)}
 		if err := o.Validate(); err != nil {
 			t.Fatal(err)
 		}

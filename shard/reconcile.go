@@ -23,6 +23,7 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 	want := s.wanted(as)
 	// From here on the report follows these records: nothing they keep
 	// here is dropped before a newer record says so.
+	s.cur = as
 	s.applied = make(map[string]uint64, len(as))
 	for name, a := range as {
 		s.applied[name] = a.Seq
@@ -43,13 +44,13 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 			s.loadVersion(ctx, a, v, want[name][v])
 		}
 	}
-	s.reg.Set(s.info()) // what was loaded, before promotions that may take long
+	s.report() // what was loaded, before promotions that may take long
 	// Failures of versions the map no longer keeps on this shard will
 	// never be retried: forget them.
 	s.forget(func(f *failure) bool { _, ok := want[f.model][f.version]; return !ok })
 	s.retire(want)
 	s.promote(ctx, as)
-	s.reg.Set(s.info())
+	s.report()
 }
 
 // superseded reports whether reconcile should stop between two loads:
@@ -166,7 +167,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		installed += len(batch)
 		batch = batch[:0]
 		if time.Since(s.reported) >= reportEvery {
-			s.reg.Set(s.info())
+			s.report()
 			s.reported = time.Now()
 		}
 	}
@@ -251,7 +252,7 @@ func (s *Shard) retire(want map[string]map[uint64][]uint32) {
 	})
 	if dropped {
 		s.install(after)
-		s.reg.Set(s.info())
+		s.report()
 		s.reclaim(reclaimWait)
 	}
 }
@@ -507,5 +508,5 @@ func (s *Shard) refuse(model string, version uint64, key string, err error) {
 	f.next = time.Now().Add(min(minRetry<<min(f.attempts-1, 10), maxRetry))
 	slog.Error("shard: refusing partition; keeping what is loaded", "shard", s.opts.ID, "partition", key, "err", err, "retry_in", time.Until(f.next).Round(time.Second))
 	s.metrics.loadFails.Inc()
-	s.reg.Set(s.info())
+	s.report()
 }

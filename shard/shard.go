@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -139,6 +140,8 @@ func (o *Options) Validate() error {
 	switch {
 	case o.ID == "":
 		return errors.New("shard: Options.ID is required")
+	case !topo.ValidID(o.ID):
+		return fmt.Errorf("shard: ID %q: use letters, digits, '.', '_' or '-', starting with a letter or digit", o.ID)
 	case o.Etcd == nil:
 		return errors.New("shard: Options.Etcd is required")
 	case o.Repo.Dir == "":
@@ -224,10 +227,12 @@ type Shard struct {
 	// installed; loader goroutine only.
 	unplaced int64
 	// Loader goroutine only:
-	failed     map[string]*failure    // "model/version[/partition]" → why, and when to try again
-	mismatched map[string]topo.Loaded // "model/version" → partitions refused for content other than the map expects
-	applied    map[string]uint64      // model → Seq of the map record reconciled to
-	passLoads  int                    // partition files loaded by this reconcile; loader goroutine only
+	failed     map[string]*failure        // "model/version[/partition]" → why, and when to try again
+	mismatched map[string]topo.Loaded     // "model/version" → partitions refused for content other than the map expects
+	applied    map[string]uint64          // model → Seq of the map record reconciled to
+	cur        map[string]topo.Assignment // the map reconciled to
+	acked      map[string]topo.HeldRecord // model → the held report last made
+	passLoads  int                        // partition files loaded by this reconcile; loader goroutine only
 	hot        hotState
 	ready      bool // health says SERVING
 	// reported is when loadVersion last reported progress; loader
@@ -261,6 +266,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	}
 	s := &Shard{opts: opts, lis: lis, ctx: ctx, cancel: cancel, pending: make(chan map[string]topo.Assignment, 1), failed: map[string]*failure{},
 		mismatched: map[string]topo.Loaded{},
+		acked:      map[string]topo.HeldRecord{},
 		slots:      admit.NewGate(int64(opts.MaxInflight), opts.MaxQueueTime), bytes: admit.NewGate(opts.MaxInflightBytes, opts.MaxQueueTime)}
 	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})
 	s.quiet = make(chan struct{})
@@ -305,7 +311,8 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	if opts.Starting != nil {
 		abort = context.AfterFunc(opts.Starting, cancel)
 	}
-	s.reg, err = topo.Register(ctx, opts.Etcd, opts.Cluster.ShardKey(opts.ID), s.info(), opts.LeaseTTL)
+	first, _ := s.info()
+	s.reg, err = topo.Register(ctx, opts.Etcd, opts.Cluster.ShardKey(opts.ID), first, opts.LeaseTTL)
 	if !abort() {
 		s.Close()
 		return nil, fmt.Errorf("shard %s: stopped before it had registered in etcd (%w)", opts.ID, context.Cause(opts.Starting))
@@ -417,9 +424,27 @@ func (s *Shard) halt(crash bool) {
 	})
 }
 
-func (s *Shard) info() string {
+// report writes the shard's registration and its reports of what it
+// holds (only what changed is written).
+func (s *Shard) report() {
+	v, subs := s.info()
+	s.reg.SetReport(v, subs)
+}
+
+// info is the shard's registration and its reports (topo's
+// shardreports.go): in schema 4 once every model of the map it follows
+// is of AssignmentSchema 4 (its managers read that form); until then in
+// schema 1, every version's identities in the registration, as managers
+// of an older build read it.
+func (s *Shard) info() (string, map[string]string) {
 	info := topo.ShardInfo{Schema: topo.ShardInfoSchema, ID: s.opts.ID, Addr: s.opts.AdvertiseAddr, Build: s.opts.Build,
-		Applied: s.applied, Loaded: s.Loaded(), Weight: s.opts.weight(), Zone: s.opts.Zone, Budget: s.opts.MemoryBudget}
+		Weight: s.opts.weight(), Zone: s.opts.Zone, Budget: s.opts.MemoryBudget}
+	var subs map[string]string
+	if s.newForm() {
+		subs = s.heldReports()
+	} else {
+		info.Schema, info.Applied, info.Loaded = topo.ShardInfoLegacySchema, s.applied, s.Loaded()
+	}
 	// What fails now, not a history: a load that later succeeds, or is no
 	// longer asked for, leaves the report.
 	for _, k := range slices.Sorted(maps.Keys(s.failed)) {
@@ -433,7 +458,83 @@ func (s *Shard) info() string {
 		info.Mismatched = append(info.Mismatched, s.mismatched[k])
 	}
 	b, _ := json.Marshal(info)
-	return string(b)
+	return string(b), subs
+}
+
+func sameExcept(a, b topo.Except) bool {
+	return a.Version == b.Version && slices.Equal(a.Missing, b.Missing)
+}
+
+// newForm reports whether the map followed is all of AssignmentSchema 4
+// or later (and there is one).
+func (s *Shard) newForm() bool {
+	for _, a := range s.cur {
+		if a.Schema < topo.AssignmentSchema {
+			return false
+		}
+	}
+	return len(s.cur) > 0
+}
+
+// heldReports are the shard's reports of each model of the map it
+// follows: the partitions assigned to it that it holds (of any version
+// kept), and per kept version those of them it lacks, relative to the
+// map record it applied. They hold no identities: a partition is held
+// only with the identity the map names (reconcile refuses any other).
+func (s *Shard) heldReports() map[string]string {
+	out := map[string]string{}
+	snap := s.snap.Load()
+	for _, name := range slices.Sorted(maps.Keys(s.cur)) {
+		a := s.cur[name]
+		kept := a.Kept()
+		held := make([]*version, len(kept))
+		for i, v := range kept {
+			held[i] = snap.get(name, v)
+		}
+		has := func(i int, p int) bool {
+			ver := held[i]
+			return ver != nil && p < len(ver.layers) && ver.layers[p] != nil
+		}
+		var parts []uint32
+		for p, reps := range a.Replicas {
+			if !slices.Contains(reps, s.opts.ID) {
+				continue
+			}
+			for i := range kept {
+				if has(i, p) {
+					parts = append(parts, uint32(p))
+					break
+				}
+			}
+		}
+		if parts == nil {
+			continue // nothing of it here
+		}
+		h := topo.HeldRecord{Schema: topo.ShardInfoSchema, Seq: s.applied[name]}
+		for i, v := range kept {
+			var missing []uint32
+			for _, p := range parts {
+				if !has(i, int(p)) {
+					missing = append(missing, p)
+				}
+			}
+			if missing != nil {
+				h.Except = append(h.Except, topo.Except{Version: v, Missing: missing})
+			}
+		}
+		slices.SortFunc(h.Except, func(a, b topo.Except) int { return cmp.Compare(a.Version, b.Version) })
+		// The Seq last reported stands while it says the same: no version
+		// kept since, no move since, nothing else missing.
+		if last, ok := s.acked[name]; ok && last.Seq <= h.Seq && a.PlaceSeq <= last.Seq && slices.EqualFunc(last.Except, h.Except, sameExcept) &&
+			!slices.ContainsFunc(kept, func(v uint64) bool { return a.KeptSince[v] > last.Seq }) {
+			h.Seq = last.Seq
+		}
+		s.acked[name] = h
+		hb, _ := json.Marshal(h)
+		pb, _ := json.Marshal(topo.PartsRecord{Schema: topo.ShardInfoSchema, Parts: parts})
+		out["held/"+name], out["parts/"+name] = string(hb), string(pb)
+	}
+	return out
 }
 
 // residentBytes is the size of the tables held in resident memory;

@@ -49,6 +49,8 @@ type ModelHead struct {
 	Partitions     uint32   `json:"partitions"`
 	// PlaceSeq is the Seq of the placement record this head goes with.
 	PlaceSeq uint64 `json:"place_seq"`
+	// KeptSince: see Assignment.
+	KeptSince map[uint64]uint64 `json:"kept_since,omitempty"`
 }
 
 // Placement is a model's placement record: Replicas[p] lists indexes
@@ -279,7 +281,7 @@ func decodeHead(key string, value []byte) (any, error) {
 // checking that they describe what h names.
 func assemble(h ModelHead, pl Placement, versions map[uint64]*resolved) (Assignment, error) {
 	a := Assignment{Schema: h.Schema, Model: h.Model, Seq: h.Seq, Live: h.Live, Staged: h.Staged, Standby: h.Standby,
-		Canary: h.Canary, CanaryFraction: h.CanaryFraction, Partitions: h.Partitions, PlaceSeq: h.PlaceSeq}
+		Canary: h.Canary, CanaryFraction: h.CanaryFraction, Partitions: h.Partitions, PlaceSeq: h.PlaceSeq, KeptSince: h.KeptSince}
 	if pl.Schema == 0 {
 		return a, fmt.Errorf("topo: model %s has no placement record", h.Model)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +25,7 @@ type Registration struct {
 
 	mu      sync.Mutex
 	value   string
+	subs    map[string]string // key suffix (after key + "/") → value
 	lease   clientv3.LeaseID
 	gen     uint64 // values Set so far
 	written uint64 // the gen of the value last written
@@ -32,6 +35,12 @@ type Registration struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 	abandon atomic.Bool
+	// inEtcd is what the current lease's writes put in etcd; the writing
+	// goroutine's (establish, run) only.
+	inEtcd struct {
+		value string
+		subs  map[string]string
+	}
 }
 
 // ErrTaken is returned when the key is registered by another process.
@@ -75,10 +84,14 @@ func (r *Registration) establish(ctx context.Context) (<-chan *clientv3.LeaseKee
 	}
 	r.mu.Lock()
 	r.lease = lease.ID
-	v, gen := r.value, r.gen
+	v, subs, gen := r.value, r.subs, r.gen
 	r.mu.Unlock()
+	then := []clientv3.Op{clientv3.OpPut(r.key, v, clientv3.WithLease(lease.ID))}
+	for _, k := range slices.Sorted(maps.Keys(subs)) {
+		then = append(then, clientv3.OpPut(r.key+"/"+k, subs[k], clientv3.WithLease(lease.ID)))
+	}
 	resp, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(r.key), "=", 0)).
-		Then(clientv3.OpPut(r.key, v, clientv3.WithLease(lease.ID))).Else(clientv3.OpGet(r.key)).Commit()
+		Then(then...).Else(clientv3.OpGet(r.key)).Commit()
 	if err == nil && !resp.Succeeded {
 		err = fmt.Errorf("%w: %s", ErrTaken, r.key)
 		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
@@ -89,11 +102,58 @@ func (r *Registration) establish(ctx context.Context) (<-chan *clientv3.LeaseKee
 		r.cli.Revoke(context.Background(), lease.ID)
 		return nil, err
 	}
+	r.inEtcd.value, r.inEtcd.subs = v, subs
 	ka, err := r.cli.KeepAlive(ctx, lease.ID)
 	if err == nil {
 		r.wroteValue(gen, true)
 	}
 	return ka, err
+}
+
+// SetReport replaces the registered value and the records kept beside it
+// under the same lease (key + "/" + suffix → value; a suffix no longer
+// given is deleted). Only what changed is written, in one transaction.
+func (r *Registration) SetReport(value string, subs map[string]string) {
+	r.mu.Lock()
+	if value == r.value && maps.Equal(subs, r.subs) {
+		r.mu.Unlock()
+		return
+	}
+	r.value, r.subs = value, maps.Clone(subs)
+	r.gen++
+	r.mu.Unlock()
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
+// write puts what changed since the last write under lease.
+func (r *Registration) write(ctx context.Context, v string, subs map[string]string, lease clientv3.LeaseID) error {
+	var ops []clientv3.Op
+	if v != r.inEtcd.value {
+		ops = append(ops, clientv3.OpPut(r.key, v, clientv3.WithLease(lease)))
+	}
+	for _, k := range slices.Sorted(maps.Keys(subs)) {
+		if was, ok := r.inEtcd.subs[k]; !ok || was != subs[k] {
+			ops = append(ops, clientv3.OpPut(r.key+"/"+k, subs[k], clientv3.WithLease(lease)))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.inEtcd.subs)) {
+		if _, ok := subs[k]; !ok {
+			ops = append(ops, clientv3.OpDelete(r.key+"/"+k))
+		}
+	}
+	for len(ops) > 0 {
+		n := min(len(ops), 120) // etcd's default bound on a transaction's operations is 128
+		if _, err := r.cli.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
+			r.inEtcd.value, r.inEtcd.subs = "\x00unknown", nil // write everything next time
+			return err
+		}
+		ops = ops[n:]
+	}
+	r.inEtcd.value, r.inEtcd.subs = v, subs
+	return nil
 }
 
 // wroteValue notes that the value of generation gen is in etcd under a
@@ -199,9 +259,9 @@ func (r *Registration) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAli
 			}
 		case <-r.changed:
 			r.mu.Lock()
-			v, lease, gen := r.value, r.lease, r.gen
+			v, subs, lease, gen := r.value, r.subs, r.lease, r.gen
 			r.mu.Unlock()
-			if _, err := r.cli.Put(ctx, r.key, v, clientv3.WithLease(lease)); err != nil {
+			if err := r.write(ctx, v, subs, lease); err != nil {
 				if ctx.Err() == nil {
 					slog.Warn("topo: updating registration failed", "key", r.key, "err", err)
 					r.retry() // try again on the next turn

@@ -6,7 +6,8 @@
 // cluster name so that clusters sharing an etcd never see each other:
 //
 //	/cumulus/CLUSTER/shards/ID     ShardInfo, under the shard's lease: who
-//	                               is alive, where, what it has verified
+//	                               is alive, where; under it, its reports of
+//	                               what it holds (shardreports.go)
 //	/cumulus/CLUSTER/models/NAME   the serving map of one model, written by
 //	                               the manager only: a head, and under it
 //	                               its placement and versions (maprecords.go)
@@ -49,8 +50,13 @@ const Schema = 4
 // The schema each record is written with: the oldest reader that may act
 // on it.
 const (
-	// ShardInfoSchema: shard registrations.
-	ShardInfoSchema = 1
+	// ShardInfoSchema: shard registrations. 4: what a shard holds is in
+	// its reports under the registration (shardreports.go), written once
+	// the map it follows is of AssignmentSchema 4; until then a shard
+	// writes schema 1 (Applied and Loaded in the registration), which
+	// managers and routers still read.
+	ShardInfoSchema       = 4
+	ShardInfoLegacySchema = 1
 	// AssignmentSchema: serving map records. 2: identities as digests and
 	// chains as runs (VersionInfo's JSON form), so a record stays small.
 	// 4 (3 was skipped: Schema was already 3, so readers of schema 3
@@ -170,6 +176,10 @@ type ShardInfo struct {
 	// manager places no more on it than fits while another shard has
 	// room. A new field: an older manager ignores it.
 	Budget int64 `json:"budget,omitempty"`
+	// Held is, per model, what the shard holds, from its reports under
+	// its registration (shardreports.go; schema 4). A schema 1 shard
+	// lists Applied and Loaded instead.
+	Held map[string]*Held `json:"-"`
 }
 
 // Loaded is one model version a shard holds: the partitions, ascending,
@@ -233,6 +243,10 @@ type Assignment struct {
 	// PlaceSeq is the Seq since which Replicas have not changed (0: not
 	// known, in a schema 2 record).
 	PlaceSeq uint64 `json:"place_seq,omitempty"`
+	// KeptSince is, per kept version, the Seq since which the map has
+	// kept it without a break: a shard's report (Held) that follows it
+	// speaks of the version.
+	KeptSince map[uint64]uint64 `json:"kept_since,omitempty"`
 	// Versions has the scoring metadata and the expected content of
 	// every version named above.
 	Versions []VersionInfo `json:"versions"`

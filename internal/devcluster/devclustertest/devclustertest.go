@@ -60,7 +60,7 @@ func WaitReplicated(t testing.TB, cli *clientv3.Client, n int) {
 				modelKV[k] = x.Value
 			}
 		}
-		shards := topo.DecodeAll[topo.ShardInfo](shardKV, c.ShardsPrefix())
+		shards := topo.Shards(shardKV, c)
 		as := topo.Assignments(modelKV, c)
 		if len(as) == 0 {
 			return errors.New("no model in the serving map yet")
@@ -73,7 +73,7 @@ func WaitReplicated(t testing.TB, cli *clientv3.Client, n int) {
 			for p, reps := range a.Replicas {
 				holders := 0
 				for _, id := range reps {
-					if shards[id].Holds(name, a.Live, uint32(p), info.IDs[p]) {
+					if shards[id].HoldsIn(&a, a.Live, uint32(p)) {
 						holders++
 					}
 				}
