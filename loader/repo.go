@@ -308,10 +308,10 @@ func (r Repo) Chain(name string, version uint64) ([]*codec.Manifest, error) {
 		}
 		if len(chain) > 0 {
 			top := chain[0]
-			if m.Partitions != top.Partitions && len(chain[len(chain)-1].Unchanged) > 0 {
-				return nil, fmt.Errorf("loader: %s version %d leaves partitions unchanged that its parent %d, of %d partitions, may lack (it has %d)", name, chain[len(chain)-1].Version, v, m.Partitions, top.Partitions)
+			if m.Partitions != top.Partitions {
+				return nil, fmt.Errorf("loader: %s version %d has %d partitions, its parent %d has %d (a delta's partitions, changed or not, are its parent's)", name, chain[len(chain)-1].Version, top.Partitions, v, m.Partitions)
 			}
-			if m.Shape != top.Shape || m.Enc() != top.Enc() || m.Partitions != top.Partitions || m.Hash != top.Hash {
+			if m.Shape != top.Shape || m.Enc() != top.Enc() || m.Hash != top.Hash {
 				return nil, fmt.Errorf("loader: %s version %d does not match the shape of its parent %d", name, chain[len(chain)-1].Version, v)
 			}
 		}

@@ -203,8 +203,9 @@ func (m *ModelState) count(old *ModelState) {
 		m.PlaceSeq = m.Seq
 	}
 	for _, v := range now.Kept() {
-		if !slices.Contains(was.Kept(), v) {
-			m.version(v).KeptSince = m.Seq
+		// (A version kept from before KeptSince was recorded gets it too.)
+		if x := m.version(v); !slices.Contains(was.Kept(), v) || x.KeptSince == 0 {
+			x.KeptSince = m.Seq
 		}
 	}
 }

@@ -269,6 +269,9 @@ type Manager struct {
 	unpublished map[string]bool
 	// pub writes the serving map's records; loop goroutine only.
 	pub *publisher
+	// patchEntries: every member of the raft group reads entries of
+	// schema 2 (patches), as its record says.
+	patchEntries atomic.Bool
 }
 
 type request struct {
@@ -867,6 +870,7 @@ func (m *Manager) write(ctx context.Context, next *State, acts []Action) error {
 			slog.Error("manager: committed, but the serving map is not published yet; trying again", "err", err)
 		}
 	} else {
+		c.wholeStates(next)
 		var ops txnOps
 		done, forget, err := m.pub.mapOps(wctx, &ops, next, slices.Concat(c.maps, c.gone))
 		if err == nil {
@@ -938,16 +942,15 @@ func (m *Manager) changes(cur, next *State, acts []Action) change {
 // how many models it compared. A model next shares with cur (Decide
 // copies only what an event touches) is not looked at.
 func changesOf(cur, next *State, acts []Action) (c change, compared int) {
-	c = change{states: map[string][]byte{}}
+	c = change{states: map[string][]byte{}, patches: map[string]modelPatch{}}
 	for name, nm := range next.Models {
 		om := cur.Models[name]
 		if om == nm {
 			continue
 		}
 		compared++
-		b, _ := json.Marshal(nm)
-		if was, _ := json.Marshal(om); om == nil || string(was) != string(b) {
-			c.states[name] = b
+		if p, ok := patchOf(om, nm); ok {
+			c.patches[name] = p
 		}
 		if nm.Partitions == 0 {
 			continue // nothing to serve yet

@@ -27,6 +27,10 @@ type MemberRecord struct {
 	Role    string `json:"role"`
 	Term    uint64 `json:"term"`
 	Applied uint64 `json:"applied"`
+	// Entries is the newest raft entry schema the member reads (absent:
+	// 1). The leader writes patches (schema 2) once every member of the
+	// group reads them.
+	Entries int `json:"entries,omitempty"`
 }
 
 // memberRecordSchema is MemberRecord's schema (topo.Schema's rule).
@@ -36,7 +40,7 @@ func (m *Manager) membersPrefix() string { return m.opts.Cluster.ManagerPrefix()
 
 // self is this member's record now.
 func (m *Manager) self() MemberRecord {
-	r := MemberRecord{Schema: memberRecordSchema, ID: m.group.ID(), Raft: m.group.Addr()}
+	r := MemberRecord{Schema: memberRecordSchema, ID: m.group.ID(), Raft: m.group.Addr(), Entries: raftEntrySchema}
 	if ms, err := m.group.Members(); err == nil {
 		for _, s := range ms {
 			if s.Self {
@@ -90,6 +94,7 @@ func (m *Manager) reportMember(ctx context.Context) {
 				last = string(b)
 			}
 		}
+		m.patchEntries.Store(m.group.Leading() && m.allReadPatches(ctx))
 		select {
 		case <-ctx.Done():
 			return
@@ -125,6 +130,31 @@ type MemberChange struct {
 	Addr string `json:"addr"`
 }
 
+// allReadPatches reports whether every member of the group says, in its
+// record, that it reads raft entries of schema 2.
+func (m *Manager) allReadPatches(ctx context.Context) bool {
+	config, err := m.group.Members()
+	if err != nil {
+		return false
+	}
+	resp, err := m.opts.Etcd.Get(ctx, m.membersPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return false
+	}
+	reads := map[string]bool{}
+	for _, kv := range resp.Kvs {
+		if r, err := topo.Decode[MemberRecord](string(kv.Key), kv.Value); err == nil && r.Entries >= 2 {
+			reads[r.ID] = true
+		}
+	}
+	for _, s := range config {
+		if !reads[s.ID] {
+			return false
+		}
+	}
+	return len(config) > 0
+}
+
 // errNotJoinable refuses adding a member that has not said it waits.
 var errNotJoinable = errors.New("manager: not a manager waiting to join")
 
@@ -136,7 +166,11 @@ func (m *Manager) joinable(ctx context.Context, c MemberChange) error {
 		return fmt.Errorf("reading %s's record: %w", c.ID, err)
 	}
 	if len(resp.Kvs) == 1 {
-		if r, err := topo.Decode[MemberRecord](string(resp.Kvs[0].Key), resp.Kvs[0].Value); err == nil && r.ID == c.ID && r.Raft == c.Addr && r.Role == "none" {
+		r, err := topo.Decode[MemberRecord](string(resp.Kvs[0].Key), resp.Kvs[0].Value)
+		if err == nil && r.ID == c.ID && r.Raft == c.Addr && r.Role == "none" {
+			if r.Entries < 2 && m.patchEntries.Load() {
+				return fmt.Errorf("%w: manager %s is of an older build, which cannot read the entries this group writes; upgrade it first", errNotJoinable, c.ID)
+			}
 			return nil
 		}
 	}

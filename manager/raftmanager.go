@@ -206,7 +206,12 @@ func (m *Manager) commitRaft(ctx context.Context, c change, next *State) (commit
 	if term == 0 || !m.group.Leading() {
 		return false, m.notLeader()
 	}
-	if len(c.states) > 0 || len(c.gone) > 0 || c.cordons != nil || len(c.audit) > 0 {
+	if len(c.patches) > 0 || len(c.gone) > 0 || c.cordons != nil || len(c.audit) > 0 {
+		if !m.patchEntries.Load() {
+			// A member may not read schema 2 yet: whole states.
+			c.wholeStates(next)
+			c.patches = nil
+		}
 		entry, err := entryOf(c, next.Cordoned, time.Now(), m.fsm.keep)
 		if err != nil {
 			return false, err

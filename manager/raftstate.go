@@ -26,8 +26,15 @@ import (
 // Records follow the schema rule (topo.Schema): a "schema" field, fields
 // added only as optional, readers refusing a newer schema than they know.
 
-// raftEntrySchema is the schema of raftEntry and raftSnapshot.
-const raftEntrySchema = 1
+// raftEntrySchema is the newest schema of raftEntry and raftSnapshot
+// this build reads. 2: Models, patches of the models' states
+// (raftpatch.go), written once every member says it reads them
+// (MemberRecord.Entries); schema 1's States are still read.
+const raftEntrySchema = 2
+
+// raftSnapshotSchema is raftSnapshot's (whole states, as schema 1
+// entries).
+const raftSnapshotSchema = 1
 
 // raftEntry is one committed change.
 type raftEntry struct {
@@ -35,8 +42,12 @@ type raftEntry struct {
 	// At is the leader's clock when it wrote the entry: audit retention by
 	// age counts from it, so every member drops the same entries.
 	At time.Time `json:"at"`
-	// States are the models' states that changed, by name.
+	// States are the models' states that changed, by name, whole
+	// (schema 1).
 	States map[string]json.RawMessage `json:"states,omitempty"`
+	// Models are the models' states that changed, as patches of the
+	// states the entry applies to (schema 2).
+	Models map[string]modelPatch `json:"models,omitempty"`
 	// Gone are models that left the state.
 	Gone []string `json:"gone,omitempty"`
 	// Cordons, when set, is the new list of cordoned shards.
@@ -112,6 +123,11 @@ func decodeEntry(b []byte) (raftEntry, map[string]*ModelState, error) {
 		ms.Schema = ModelStateSchema
 		states[name] = &ms
 	}
+	for name := range e.Models {
+		if states[name] != nil || slices.Contains(e.Gone, name) {
+			return e, nil, fmt.Errorf("%w: model %q both patched and replaced, or gone", errEntry, name)
+		}
+	}
 	if e.Cordons != nil && len(*e.Cordons) > maxCordons {
 		return e, nil, fmt.Errorf("%w: %d cordons, over %d", errEntry, len(*e.Cordons), maxCordons)
 	}
@@ -131,6 +147,13 @@ func (r *replicated) Apply(l *raft.Log) any {
 	e, states, err := decodeEntry(l.Data)
 	if err != nil {
 		return err
+	}
+	for _, name := range patchNames(e.Models) {
+		ms, err := applyPatch(name, r.state.Models[name], e.Models[name])
+		if err != nil {
+			return fmt.Errorf("%w: %v", errEntry, err)
+		}
+		states[name] = ms
 	}
 	r.gen++
 	next := &State{Models: maps.Clone(r.state.Models), Cordoned: r.state.Cordoned}
@@ -208,7 +231,7 @@ type raftSnapshot struct {
 func (r *replicated) Snapshot() (raft.FSMSnapshot, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return raftSnapshot{Schema: raftEntrySchema, Models: r.state.Models, Cordoned: r.state.Cordoned,
+	return raftSnapshot{Schema: raftSnapshotSchema, Models: r.state.Models, Cordoned: r.state.Cordoned,
 		Audit: slices.Clone(r.audit), AuditSeq: r.seq}, nil
 }
 
@@ -238,8 +261,8 @@ func (r *replicated) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("manager: a raft snapshot over %d bytes", maxSnapshotBytes)
 	}
 	s, err := topo.Decode[raftSnapshot]("raft snapshot", b)
-	if err == nil && s.Schema > raftEntrySchema {
-		err = fmt.Errorf("raft snapshot: schema %d, this build reads 1 to %d (upgrade it)", s.Schema, raftEntrySchema)
+	if err == nil && s.Schema > raftSnapshotSchema {
+		err = fmt.Errorf("raft snapshot: schema %d, this build reads 1 to %d (upgrade it)", s.Schema, raftSnapshotSchema)
 	}
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)
@@ -267,7 +290,10 @@ func (r *replicated) Restore(rc io.ReadCloser) error {
 // entryOf is the raft entry that persists c, written at at by a leader
 // keeping the audit log as keep says (zero: as each member's flags say).
 func entryOf(c change, cordoned []string, at time.Time, keep AuditRetention) ([]byte, error) {
-	e := raftEntry{Schema: raftEntrySchema, At: at, Gone: c.gone, Audit: c.audit}
+	e := raftEntry{Schema: 1, At: at, Gone: c.gone, Audit: c.audit}
+	if len(c.patches) > 0 {
+		e.Schema, e.Models = 2, c.patches
+	}
 	if keep.Keep > 0 && keep.MaxAge > 0 {
 		e.AuditKeep, e.AuditMaxAge = keep.Keep, int64(keep.MaxAge/time.Second)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -290,17 +291,79 @@ func TestFence(t *testing.T) {
 	}
 }
 
+// patchSeeds are schema 2 entries on model a (as modelJSON(a, 1)): a
+// full version 1 of 4 partitions, then a delta 2 on it changing one
+// partition's identity.
+func patchSeeds(t testing.TB) [][]byte {
+	ids := []string{"i0", "i1", "i2", "i3"}
+	a := &ModelState{Schema: ModelStateSchema, Name: "a", Partitions: 2, Live: 1, Seq: 1}
+	v1 := &ModelState{Schema: ModelStateSchema, Name: "a", Partitions: 4, Live: 1, Seq: 2,
+		Versions: []Version{{Version: 1, Kind: "full", Phase: PhaseLive, Info: &topo.VersionInfo{Version: 1, IDs: ids, Chain: []uint64{1}}}}}
+	v2 := *v1
+	v2.Seq = 3
+	d := slices.Clone(ids)
+	d[2] = "j2"
+	v2.Versions = append(slices.Clone(v1.Versions), Version{Version: 2, Kind: "delta", Parent: 1, Phase: PhaseStaging, Info: &topo.VersionInfo{Version: 2, IDs: d, Chain: []uint64{2, 1}}})
+	var out [][]byte
+	for _, step := range [][2]*ModelState{{a, v1}, {v1, &v2}} {
+		p, ok := patchOf(step[0], step[1])
+		if !ok {
+			t.Fatal("no patch")
+		}
+		out = append(out, entryJSON(t, change{patches: map[string]modelPatch{"a": p}}, nil, time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)))
+	}
+	return out
+}
+
+// TestRaftPatches: patches rebuild the leader's state on a member, a
+// delta's carrying only the identity it changed; patches that do not
+// apply to the member's state are refused, leaving it as it was.
+func TestRaftPatches(t *testing.T) {
+	seeds := patchSeeds(t)
+	r := newReplicated(AuditRetention{})
+	applyEntry(r, 1, entryJSON(t, change{states: map[string][]byte{"a": modelJSON(t, "a", 1)}}, nil, time.Now()))
+	for i, e := range seeds {
+		if err, bad := applyEntry(r, uint64(2+i), e).(error); bad {
+			t.Fatalf("entry %d: %v", i, err)
+		}
+	}
+	if !strings.Contains(string(seeds[1]), `"ids_changed":[2]`) || strings.Contains(string(seeds[1]), `"i0"`) {
+		t.Errorf("the delta's entry carries more than its changed identity: %s", seeds[1])
+	}
+	s, _ := r.view()
+	if v := s.Models["a"].version(2); v == nil || !slices.Equal(v.Info.IDs, []string{"i0", "i1", "j2", "i3"}) {
+		t.Fatalf("version 2 after the patches: %+v", v)
+	}
+	before := stateJSON(t, r)
+	for name, e := range map[string]string{
+		"base missing":         `{"schema":2,"at":"2026-11-24T00:00:00Z","models":{"a":{"head":{"schema":2,"name":"a","versions":null},"put":[{"version":3,"phase":"ready","info":{"version":3,"hash":"","bias":0,"ids":["x"]},"ids_base":9,"ids_changed":[0]}]}}}`,
+		"same info, none":      `{"schema":2,"at":"2026-11-24T00:00:00Z","models":{"a":{"head":{"schema":2,"name":"a","versions":null},"put":[{"version":5,"phase":"ready","same_info":true}]}}}`,
+		"out of order":         `{"schema":2,"at":"2026-11-24T00:00:00Z","models":{"a":{"head":{"schema":2,"name":"a","versions":null},"put":[{"version":2,"phase":"ready"},{"version":1,"phase":"ready"}]}}}`,
+		"changed out of range": `{"schema":2,"at":"2026-11-24T00:00:00Z","models":{"a":{"head":{"schema":2,"name":"a","versions":null},"put":[{"version":3,"phase":"ready","info":{"version":3,"hash":"","bias":0,"ids":["x"]},"ids_base":1,"ids_changed":[9]}]}}}`,
+		"misfiled":             `{"schema":2,"at":"2026-11-24T00:00:00Z","models":{"a":{"head":{"schema":2,"name":"b","versions":null}}}}`,
+		"patched and gone":     `{"schema":2,"at":"2026-11-24T00:00:00Z","gone":["a"],"models":{"a":{"head":{"schema":2,"name":"a","versions":null}}}}`,
+	} {
+		if err, refused := applyEntry(r, 10, []byte(e)).(error); !refused || !errors.Is(err, errEntry) || stateJSON(t, r) != before {
+			t.Errorf("%s: applied (%v), or the state changed", name, err)
+		}
+	}
+}
+
 // FuzzRaftEntry: no entry makes a member panic, and one refused leaves
 // the state as it was.
 func FuzzRaftEntry(f *testing.F) {
 	at := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
 	f.Add(entryJSON(f, change{states: map[string][]byte{"a": modelJSON(f, "a", 2)}, cordons: []byte("x"), audit: []AuditEntry{{Time: at, Op: "pin"}}}, []string{"s1"}, at))
 	f.Add([]byte(`{"schema":1,"at":"2026-11-24T00:00:00Z","gone":["a","a"],"cordons":null}`))
+	for _, p := range patchSeeds(f) {
+		f.Add(p)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := newReplicated(AuditRetention{Keep: 4})
 		applyEntry(r, 1, entryJSON(t, change{states: map[string][]byte{"a": modelJSON(t, "a", 1)}}, nil, at))
+		applyEntry(r, 2, patchSeeds(t)[0])
 		before := stateJSON(t, r)
-		if err, refused := applyEntry(r, 2, data).(error); refused {
+		if err, refused := applyEntry(r, 3, data).(error); refused {
 			if !errors.Is(err, errEntry) || stateJSON(t, r) != before {
 				t.Fatalf("refused with %v, state changed: %v", err, stateJSON(t, r) != before)
 			}

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/model"
 )
@@ -39,6 +41,9 @@ type scaleConfig struct {
 	touch                                 float64
 	compactAfter                          int
 	seed                                  uint64
+	// follow: a follower applies every entry, and its state is checked
+	// against the leader's after each.
+	follow bool
 }
 
 // simVersion is a version in the simulated repository.
@@ -69,6 +74,8 @@ type scaleSim struct {
 	now        time.Time
 	pub        *publisher
 	etcd       map[string][]byte // the serving map's records, as written
+	follower   *replicated
+	index      uint64
 	reader     *topo.MapReader
 	stats      scaleStats
 }
@@ -98,7 +105,7 @@ func newScaleSim(tb testing.TB, cfg scaleConfig) *scaleSim {
 		repo: map[string]map[uint64]*simVersion{}, latest: map[string]uint64{}, depth: map[string]int{},
 		shards: map[string]topo.ShardInfo{}, shardRecs: map[string]string{}, routers: map[string]topo.RouterInfo{}, routerJSON: map[string]string{},
 		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), pub: newPublisher(nil, topo.DefaultCluster),
-		etcd: map[string][]byte{}, reader: topo.NewMapReader(topo.DefaultCluster)}
+		etcd: map[string][]byte{}, reader: topo.NewMapReader(topo.DefaultCluster), follower: newReplicated(AuditRetention{})}
 	for i := range cfg.models {
 		name := fmt.Sprintf("m%d", i)
 		x.models = append(x.models, name)
@@ -218,13 +225,29 @@ func (x *scaleSim) decide(ev Event) {
 	x.stats.events++
 	x.stats.decide = append(x.stats.decide, took)
 	c, _ := changesOf(cur, next, acts)
-	if len(c.states) > 0 || len(c.gone) > 0 || c.cordons != nil || len(c.audit) > 0 {
+	if len(c.patches) > 0 || len(c.gone) > 0 || c.cordons != nil || len(c.audit) > 0 {
 		entry, err := entryOf(c, next.Cordoned, x.now, AuditRetention{})
 		if err != nil {
 			x.tb.Fatal(err)
 		}
 		x.stats.raftBytes += len(entry)
 		x.note(len(entry), "raft entry")
+		if x.cfg.follow {
+			x.index++
+			if r := x.follower.Apply(&raft.Log{Index: x.index, Type: raft.LogCommand, Data: entry}); r != nil {
+				if err, ok := r.(error); ok {
+					x.tb.Fatalf("a follower refused the entry: %v", err)
+				}
+			}
+			got, _ := x.follower.view()
+			for name, m := range next.Models {
+				a, _ := json.Marshal(m)
+				b, _ := json.Marshal(got.Models[name])
+				if string(a) != string(b) {
+					x.tb.Fatalf("model %s: a follower applying the entries holds\n%.3000s\nthe leader\n%.3000s", name, b, a)
+				}
+			}
+		}
 	}
 	var ops txnOps
 	done, _, err := x.pub.mapOps(context.Background(), &ops, next, slices.Concat(c.maps, c.gone))
@@ -527,7 +550,7 @@ func (x *scaleSim) report() {
 // checks that every delta goes live and placement holds; the benchmark
 // below runs the full size and reports the figures.
 func TestClusterScaleSim(t *testing.T) {
-	x := newScaleSim(t, scaleConfig{parts: 128, shards: 16, zones: 4, models: 3, routers: 4, seconds: 12, touch: 0.01, compactAfter: 5, seed: 7})
+	x := newScaleSim(t, scaleConfig{parts: 128, shards: 16, zones: 4, models: 3, routers: 4, seconds: 12, touch: 0.01, compactAfter: 5, seed: 7, follow: true})
 	x.run()
 	x.check()
 	x.report()

@@ -115,16 +115,31 @@ func (st *store) load(ctx context.Context) (*State, error) {
 
 // change is what one decision writes.
 type change struct {
-	states map[string][]byte // model → ModelState JSON
-	maps   []string          // models whose serving map changed, sorted
-	gone   []string          // models that left the state (nothing of them served)
-	audit  []AuditEntry
+	// patches are the models' states that changed, as raft entries of
+	// schema 2 carry them; states, the same whole (ModelState JSON), as
+	// etcd and schema 1 entries hold them (wholeStates).
+	patches map[string]modelPatch
+	states  map[string][]byte
+	maps    []string // models whose serving map changed, sorted
+	gone    []string // models that left the state (nothing of them served)
+	audit   []AuditEntry
 	// cordons is the cordon record to write; nil: unchanged.
 	cordons []byte
 }
 
 func (c *change) empty() bool {
-	return len(c.states) == 0 && len(c.maps) == 0 && len(c.gone) == 0 && len(c.audit) == 0 && c.cordons == nil
+	return len(c.states) == 0 && len(c.patches) == 0 && len(c.maps) == 0 && len(c.gone) == 0 && len(c.audit) == 0 && c.cordons == nil
+}
+
+// wholeStates fills states with the whole state, as next has it, of each
+// model patches name.
+func (c *change) wholeStates(next *State) {
+	if c.states == nil {
+		c.states = map[string][]byte{}
+	}
+	for name := range c.patches {
+		c.states[name], _ = json.Marshal(next.Models[name])
+	}
 }
 
 // maxTxnOps is etcd's default limit on operations in one transaction.

@@ -108,7 +108,8 @@ func (s *State) holdsVersion(h holding, m *ModelState, id string, x *Version, p 
 		return false
 	}
 	if held := si.Held[m.Name]; held != nil {
-		return held.Seq >= max(m.PlaceSeq, x.KeptSince) && held.Holds(x.Version, x.KeptSince, uint32(p))
+		ks := keptSince(m, x)
+		return held.Seq >= max(m.PlaceSeq, ks) && held.Holds(x.Version, ks, uint32(p))
 	}
 	if si.Applied[m.Name] < max(m.PlaceSeq, x.KeptSince) {
 		return false
@@ -128,9 +129,19 @@ func reported(si topo.ShardInfo, m *ModelState, x *Version, p int) bool {
 		return false
 	}
 	if held := si.Held[m.Name]; held != nil {
-		return held.Holds(x.Version, x.KeptSince, uint32(p))
+		return held.Holds(x.Version, keptSince(m, x), uint32(p))
 	}
 	return si.Holds(m.Name, x.Version, uint32(p), x.Info.IDs[p])
+}
+
+// keptSince is x.KeptSince, or, for a version kept from before it was
+// recorded, the model's Seq (as readers of the map take it: see
+// topo.Assignment.KeptSinceOf).
+func keptSince(m *ModelState, x *Version) uint64 {
+	if x.KeptSince != 0 {
+		return x.KeptSince
+	}
+	return m.Seq
 }
 
 // heldCount is how many partitions of version x of m si reports.
@@ -139,7 +150,7 @@ func heldCount(si topo.ShardInfo, m *ModelState, x *Version) int {
 		return 0
 	}
 	if held := si.Held[m.Name]; held != nil {
-		return held.Count(x.Version, x.KeptSince)
+		return held.Count(x.Version, keptSince(m, x))
 	}
 	for _, l := range si.Loaded {
 		if l.Model == m.Name && l.Version == x.Version {

@@ -171,10 +171,15 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 			s.reported = time.Now()
 		}
 	}
+	cut := false
 	defer func() {
 		flush()
 		if installed > 0 {
-			slog.Info(fmt.Sprintf("shard: loaded version %d of %s: %d partitions, %d of them unchanged from versions held; %d files read", v, name,
+			what := "loaded"
+			if cut {
+				what = "loading (cut short by a newer map)"
+			}
+			slog.Info(fmt.Sprintf("shard: %s version %d of %s: %d partitions, %d of them unchanged from versions held; %d files read", what, v, name,
 				installed, shared, s.passLoads-files0),
 				"shard", s.opts.ID, "model", name, "version", v, "took", time.Since(t0).Round(time.Millisecond))
 		}
@@ -182,6 +187,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 	last := time.Now()
 	for _, p := range missing {
 		if s.superseded(ctx) {
+			cut = true
 			return
 		}
 		pkey := fmt.Sprintf("%s/%d", vkey, p)

@@ -141,7 +141,7 @@ func (o *Options) Validate() error {
 	case o.ID == "":
 		return errors.New("shard: Options.ID is required")
 	case !topo.ValidID(o.ID):
-		return fmt.Errorf("shard: ID %q: use letters, digits, '.', '_' or '-', starting with a letter or digit", o.ID)
+		return fmt.Errorf("shard: ID %q: use letters, digits, '.', '_', ':', '@' or '-', starting with a letter or digit (no '/': reports sit under the ID)", o.ID)
 	case o.Etcd == nil:
 		return errors.New("shard: Options.Etcd is required")
 	case o.Repo.Dir == "":
@@ -491,9 +491,14 @@ func (s *Shard) heldReports() map[string]string {
 		for i, v := range kept {
 			held[i] = snap.get(name, v)
 		}
+		infos := make([]*topo.VersionInfo, len(kept))
+		for i, v := range kept {
+			infos[i] = a.Info(v)
+		}
+		// Held with the identity the map names, and no other.
 		has := func(i int, p int) bool {
-			ver := held[i]
-			return ver != nil && p < len(ver.layers) && ver.layers[p] != nil
+			ver, info := held[i], infos[i]
+			return ver != nil && info != nil && p < len(ver.layers) && ver.layers[p] != nil && p < len(info.IDs) && ver.ids[p] == info.IDs[p]
 		}
 		var parts []uint32
 		for p, reps := range a.Replicas {
@@ -526,7 +531,7 @@ func (s *Shard) heldReports() map[string]string {
 		// The Seq last reported stands while it says the same: no version
 		// kept since, no move since, nothing else missing.
 		if last, ok := s.acked[name]; ok && last.Seq <= h.Seq && a.PlaceSeq <= last.Seq && slices.EqualFunc(last.Except, h.Except, sameExcept) &&
-			!slices.ContainsFunc(kept, func(v uint64) bool { return a.KeptSince[v] > last.Seq }) {
+			!slices.ContainsFunc(kept, func(v uint64) bool { return a.KeptSinceOf(v) > last.Seq }) {
 			h.Seq = last.Seq
 		}
 		s.acked[name] = h

@@ -14,7 +14,8 @@ import (
 // first — the version's own file if it touches the partition, then its
 // parents' down to a full version. A full version's stack has one table;
 // a delta's lookups take the first layer that has a key. A delta that
-// leaves a partition unchanged shares its parent's stack for it.
+// leaves a partition unchanged holds its parent's tables for it (the
+// same tables, loaded once).
 type version struct {
 	m      *codec.Manifest
 	chain  []uint64   // versions of the layers, newest first

@@ -47,7 +47,10 @@ type ModelHead struct {
 	Canary         uint64   `json:"canary,omitempty"`
 	CanaryFraction float64  `json:"canary_fraction,omitempty"`
 	Partitions     uint32   `json:"partitions"`
-	// PlaceSeq is the Seq of the placement record this head goes with.
+	// PlaceSeq is the Seq of the placement written with this head (a
+	// reader may see a newer placement beside an older head while a
+	// publication spans transactions: both are of replicas that hold, or
+	// are kept until others do).
 	PlaceSeq uint64 `json:"place_seq"`
 	// KeptSince: see Assignment.
 	KeptSince map[uint64]uint64 `json:"kept_since,omitempty"`
@@ -310,6 +313,10 @@ func assemble(h ModelHead, pl Placement, versions map[uint64]*resolved) (Assignm
 	return a, a.Check()
 }
 
+// maxBaseChain bounds the records a version's identities may be based
+// through (a repository refuses chains of more than 1,000 deltas).
+const maxBaseChain = 1024
+
 // resolve returns version v's identities, resolving the records its
 // Base chain passes through (each once: what resolve finds is kept with
 // the record).
@@ -320,7 +327,7 @@ func resolve(versions map[uint64]*resolved, v uint64, parts uint32) ([]string, e
 		switch {
 		case r == nil:
 			return nil, fmt.Errorf("no record of version %d", x)
-		case len(chain) > MaxChainLen:
+		case len(chain) > maxBaseChain:
 			return nil, errors.New("identities based on too long a chain")
 		}
 		if r.ids != nil {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,12 +87,8 @@ func (r *Registration) establish(ctx context.Context) (<-chan *clientv3.LeaseKee
 	r.lease = lease.ID
 	v, subs, gen := r.value, r.subs, r.gen
 	r.mu.Unlock()
-	then := []clientv3.Op{clientv3.OpPut(r.key, v, clientv3.WithLease(lease.ID))}
-	for _, k := range slices.Sorted(maps.Keys(subs)) {
-		then = append(then, clientv3.OpPut(r.key+"/"+k, subs[k], clientv3.WithLease(lease.ID)))
-	}
 	resp, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(r.key), "=", 0)).
-		Then(then...).Else(clientv3.OpGet(r.key)).Commit()
+		Then(clientv3.OpPut(r.key, v, clientv3.WithLease(lease.ID))).Else(clientv3.OpGet(r.key)).Commit()
 	if err == nil && !resp.Succeeded {
 		err = fmt.Errorf("%w: %s", ErrTaken, r.key)
 		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
@@ -102,7 +99,16 @@ func (r *Registration) establish(ctx context.Context) (<-chan *clientv3.LeaseKee
 		r.cli.Revoke(context.Background(), lease.ID)
 		return nil, err
 	}
-	r.inEtcd.value, r.inEtcd.subs = v, subs
+	// The records beside it go in transactions of their own (as many
+	// as etcd's bounds need); until they are written, the registration
+	// is not Current.
+	r.inEtcd.value, r.inEtcd.subs = v, nil
+	if len(subs) > 0 {
+		if err = r.write(ctx, v, subs, lease.ID); err != nil {
+			r.cli.Revoke(context.Background(), lease.ID)
+			return nil, err
+		}
+	}
 	ka, err := r.cli.KeepAlive(ctx, lease.ID)
 	if err == nil {
 		r.wroteValue(gen, true)
@@ -128,32 +134,86 @@ func (r *Registration) SetReport(value string, subs map[string]string) {
 	}
 }
 
-// write puts what changed since the last write under lease.
+// write puts what changed since the last write under lease. Records
+// are grouped by what follows their first "/" (a shard's held/M and
+// parts/M go together), and a transaction never splits a group.
 func (r *Registration) write(ctx context.Context, v string, subs map[string]string, lease clientv3.LeaseID) error {
-	var ops []clientv3.Op
-	if v != r.inEtcd.value {
-		ops = append(ops, clientv3.OpPut(r.key, v, clientv3.WithLease(lease)))
-	}
-	for _, k := range slices.Sorted(maps.Keys(subs)) {
-		if was, ok := r.inEtcd.subs[k]; !ok || was != subs[k] {
-			ops = append(ops, clientv3.OpPut(r.key+"/"+k, subs[k], clientv3.WithLease(lease)))
+	var groups [][]clientv3.Op
+	at := map[string]int{}
+	add := func(k string, op clientv3.Op) {
+		_, g, _ := strings.Cut(k, "/")
+		i, ok := at[g]
+		if !ok {
+			i, at[g] = len(groups), len(groups)
+			groups = append(groups, nil)
 		}
+		groups[i] = append(groups[i], op)
 	}
+	if v != r.inEtcd.value {
+		groups = append(groups, []clientv3.Op{clientv3.OpPut(r.key, v, clientv3.WithLease(lease))})
+	}
+	// A group's deletes before its puts; "parts" before "held" (a
+	// reader pairs a new held record only with its partitions).
 	for _, k := range slices.Sorted(maps.Keys(r.inEtcd.subs)) {
 		if _, ok := subs[k]; !ok {
-			ops = append(ops, clientv3.OpDelete(r.key+"/"+k))
+			add(k, clientv3.OpDelete(r.key+"/"+k))
 		}
 	}
-	for len(ops) > 0 {
-		n := min(len(ops), 120) // etcd's default bound on a transaction's operations is 128
-		if _, err := r.cli.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
-			r.inEtcd.value, r.inEtcd.subs = "\x00unknown", nil // write everything next time
-			return err
+	keys := slices.SortedFunc(maps.Keys(subs), func(a, b string) int { return strings.Compare(reverseCut(a), reverseCut(b)) })
+	for _, k := range keys {
+		if was, ok := r.inEtcd.subs[k]; !ok || was != subs[k] {
+			add(k, clientv3.OpPut(r.key+"/"+k, subs[k], clientv3.WithLease(lease)))
 		}
-		ops = ops[n:]
+	}
+	var batch []clientv3.Op
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		_, err := r.cli.Txn(ctx).Then(batch...).Commit()
+		batch = batch[:0]
+		return err
+	}
+	for _, g := range groups {
+		if len(batch)+len(g) > 120 { // etcd's default bound on a transaction's operations is 128
+			if err := flush(); err != nil {
+				r.unknown(subs)
+				return err
+			}
+		}
+		batch = append(batch, g...)
+	}
+	if err := flush(); err != nil {
+		r.unknown(subs)
+		return err
 	}
 	r.inEtcd.value, r.inEtcd.subs = v, subs
 	return nil
+}
+
+// reverseCut orders records by what follows their kind, and "held"
+// after the others (a reader pairs a held record with its partitions).
+func reverseCut(k string) string {
+	kind, rest, _ := strings.Cut(k, "/")
+	order := "0"
+	if kind == "held" {
+		order = "1"
+	}
+	return rest + "/" + order + kind
+}
+
+// unknown notes, after a write that failed part way, that etcd may hold
+// any of what was there or what was being written: the next write puts
+// every record and deletes every one no longer given.
+func (r *Registration) unknown(subs map[string]string) {
+	merged := maps.Clone(r.inEtcd.subs)
+	if merged == nil {
+		merged = map[string]string{}
+	}
+	for k := range subs {
+		merged[k] = "\x00unknown"
+	}
+	r.inEtcd.value, r.inEtcd.subs = "\x00unknown", merged
 }
 
 // wroteValue notes that the value of generation gen is in etcd under a

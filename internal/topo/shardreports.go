@@ -91,12 +91,27 @@ func (h *Held) Count(v uint64, keptSince uint64) int {
 	if h == nil || h.Seq < keptSince {
 		return 0
 	}
+	n := len(h.Parts)
 	for _, e := range h.Except {
 		if e.Version == v {
-			return len(h.Parts) - len(e.Missing)
+			for _, p := range e.Missing {
+				if _, ok := slices.BinarySearch(h.Parts, p); ok {
+					n--
+				}
+			}
 		}
 	}
-	return len(h.Parts)
+	return n
+}
+
+// KeptSinceOf is the Seq since which a keeps version v; a version the map
+// keeps without saying since when counts as kept since the map's own
+// Seq (only reports that follow it speak of it).
+func (a *Assignment) KeptSinceOf(v uint64) uint64 {
+	if s, ok := a.KeptSince[v]; ok {
+		return s
+	}
+	return a.Seq
 }
 
 // HoldsIn reports whether si holds partition p of version v of a's model
@@ -104,13 +119,13 @@ func (h *Held) Count(v uint64, keptSince uint64) int {
 // shard of schema 1, its list of identities.
 func (si ShardInfo) HoldsIn(a *Assignment, v uint64, p uint32) bool {
 	if h := si.Held[a.Model]; h != nil {
-		return h.Holds(v, a.KeptSince[v], p)
+		return h.Holds(v, a.KeptSinceOf(v), p)
 	}
 	info := a.Info(v)
 	return info != nil && int(p) < len(info.IDs) && si.Holds(a.Model, v, p, info.IDs[p])
 }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$`)
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,252}$`)
 
 // ValidID reports whether s may name a shard or router: it becomes a key
 // under which others sit.
