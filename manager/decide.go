@@ -195,11 +195,11 @@ func (m *ModelState) count(old *ModelState) {
 		was = old.Assignment()
 	}
 	now := m.Assignment()
-	if old != nil && reflect.DeepEqual(was, now) {
+	if old != nil && sameAssignment(was, now) {
 		return
 	}
 	m.Seq++
-	if old == nil || !reflect.DeepEqual(was.Replicas, now.Replicas) {
+	if old == nil || !sameReplicas(was.Replicas, now.Replicas) {
 		m.PlaceSeq = m.Seq
 	}
 	for _, v := range now.Kept() {
@@ -208,6 +208,42 @@ func (m *ModelState) count(old *ModelState) {
 			x.KeptSince = m.Seq
 		}
 	}
+}
+
+// sameAssignment is reflect.DeepEqual for two records of a model's map,
+// at the cost of their fields: identities shared (as versions' records
+// share them) are not compared one by one.
+func sameAssignment(a, b topo.Assignment) bool {
+	if a.Schema != b.Schema || a.Model != b.Model || a.Seq != b.Seq || a.Live != b.Live || a.Staged != b.Staged || a.Canary != b.Canary ||
+		a.CanaryFraction != b.CanaryFraction || a.Partitions != b.Partitions || a.PlaceSeq != b.PlaceSeq ||
+		!slices.Equal(a.Standby, b.Standby) || !maps.Equal(a.KeptSince, b.KeptSince) || !sameReplicas(a.Replicas, b.Replicas) ||
+		len(a.Versions) != len(b.Versions) {
+		return false
+	}
+	for i := range a.Versions {
+		x, y := a.Versions[i], b.Versions[i]
+		if !sameStrings(x.IDs, y.IDs) || !slices.Equal(x.Chain, y.Chain) {
+			return false
+		}
+		x.IDs, y.IDs, x.Chain, y.Chain = nil, nil, nil, nil
+		if !reflect.DeepEqual(x, y) {
+			return false
+		}
+	}
+	return true
+}
+
+// sameStrings is slices.Equal, at once for the same slice.
+func sameStrings(a, b []string) bool {
+	if len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0]) {
+		return true
+	}
+	return slices.Equal(a, b)
+}
+
+// sameReplicas reports whether two placements are equal.
+func sameReplicas(a, b [][]string) bool {
+	return slices.EqualFunc(a, b, func(x, y []string) bool { return slices.Equal(x, y) })
 }
 
 // resolve settles versions whose own files are verified: ready when

@@ -264,7 +264,7 @@ func (x *scaleSim) decide(ev Event) {
 	x.checkMap(next)
 	for _, a := range acts {
 		if v, ok := a.(Validate); ok {
-			x.decide(Started{Model: v.Model, Version: v.Version})
+			x.decide(Started(v))
 			sv := x.repo[v.Model][v.Version]
 			info := &topo.VersionInfo{Version: v.Version, Shape: model.Shape{Type: model.LR}, Hash: "xxh64", IDs: sv.ids, Chain: sv.chain}
 			x.decide(Checked{Model: v.Model, Version: v.Version, Files: "f" + fmt.Sprint(v.Version), Info: info, Bytes: 1 << 20})

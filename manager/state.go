@@ -168,6 +168,9 @@ type ModelState struct {
 	Seq      uint64    `json:"seq,omitempty"`
 	PlaceSeq uint64    `json:"place_seq,omitempty"`
 	Versions []Version `json:"versions"` // ascending
+	// placed is the last placement made, for placement to give again
+	// while its inputs stand (not persisted).
+	placed *placeMemo
 }
 
 func (m *ModelState) version(v uint64) *Version {

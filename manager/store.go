@@ -183,14 +183,6 @@ func (t *txnOps) deletePrefix(prefix string) {
 	t.ops, t.sizes = append(t.ops, clientv3.OpDelete(prefix, clientv3.WithPrefix())), append(t.sizes, len(prefix))
 }
 
-// bytes is the keys' and values' size of the writes.
-func (t *txnOps) bytes() (n int) {
-	for _, s := range t.sizes {
-		n += s
-	}
-	return n
-}
-
 // each calls write with the operations in order, in batches that fit one
 // transaction each, at least once (with none when there are none), and
 // stops at the first error.

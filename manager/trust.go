@@ -121,6 +121,63 @@ func (s *State) holdsVersion(h holding, m *ModelState, id string, x *Version, p 
 	return l != nil && x.Info.IDs[p] != "" && l.Identity(uint32(p)) == x.Info.IDs[p]
 }
 
+// allKept answers, for one set of kept versions, whether shard id holds
+// partition p of every one of them: follows, by a report recent enough
+// to hand over on (holdsVersion); reports, by any report (reported).
+// For reports of schema 4 it reads each shard's report once, so a settle
+// asks it for every partition at the cost of a lookup, not of a search
+// per kept version.
+type allKept func(id string, p int) (follows, reports bool)
+
+func (s *State) allKept(h holding, m *ModelState, kept []*Version) allKept {
+	type index struct {
+		follows, reports bool
+		held             *topo.Held
+		lacking          map[uint32]bool // partitions a kept version lacks
+	}
+	idx := map[string]*index{}
+	for id, si := range s.Shards {
+		held := si.Held[m.Name]
+		if held == nil {
+			continue
+		}
+		x := &index{held: held, reports: true, lacking: map[uint32]bool{}}
+		for _, v := range kept {
+			if v == nil || v.Info == nil {
+				x.reports = false
+				continue
+			}
+			if ks := keptSince(m, v); held.Seq < ks {
+				x.reports = false
+			}
+			for _, e := range held.Except {
+				if e.Version == v.Version {
+					for _, p := range e.Missing {
+						x.lacking[p] = true
+					}
+				}
+			}
+		}
+		x.follows = x.reports && held.Seq >= m.PlaceSeq
+		idx[id] = x
+	}
+	return func(id string, p int) (follows, reports bool) {
+		if x := idx[id]; x != nil {
+			if _, in := slices.BinarySearch(x.held.Parts, uint32(p)); !in || x.lacking[uint32(p)] {
+				return false, false
+			}
+			return x.follows, x.reports
+		}
+		si, ok := s.Shards[id]
+		if !ok {
+			return false, false
+		}
+		follows = !slices.ContainsFunc(kept, func(x *Version) bool { return !s.holdsVersion(h, m, id, x, p) })
+		reports = !slices.ContainsFunc(kept, func(x *Version) bool { return !reported(si, m, x, p) })
+		return follows, reports
+	}
+}
+
 // reported reports whether si says it holds partition p of version x of
 // m with the validated content, however old its report: whether it has
 // it, not whether to hand over on it (holdsVersion).
@@ -192,27 +249,39 @@ func (s *State) allHold(h holding, m *ModelState, assign [][]string, v uint64) b
 // until its new holders have loaded it.
 func (s *State) handover(h holding, m *ModelState, assign [][]string, trusted []string) [][]string {
 	prev := m.Replicas
-	if len(prev) != len(assign) {
-		return assign
+	if len(prev) != len(assign) || sameReplicas(prev, assign) {
+		return assign // (nothing moves: every holder stays)
 	}
 	var serving []*Version
 	for _, v := range m.kept() {
 		serving = append(serving, m.version(v))
 	}
+	all := s.allKept(h, m, serving)
+	isTrusted := setOf(trusted)
 	out := make([][]string, len(assign))
 	for p, reps := range assign {
 		out[p] = reps
 		ready := !slices.ContainsFunc(reps, func(id string) bool {
-			return !slices.Contains(prev[p], id) || slices.ContainsFunc(serving, func(x *Version) bool { return !s.holdsVersion(h, m, id, x, p) })
+			follows, _ := all(id, p)
+			return !slices.Contains(prev[p], id) || !follows
 		})
 		if ready {
 			continue
 		}
 		for _, id := range prev[p] {
-			if !slices.Contains(out[p], id) && slices.Contains(trusted, id) {
+			if !slices.Contains(out[p], id) && isTrusted[id] {
 				out[p] = append(slices.Clip(out[p]), id)
 			}
 		}
+	}
+	return out
+}
+
+// setOf is ids as a set.
+func setOf(ids []string) map[string]bool {
+	out := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
 	}
 	return out
 }
