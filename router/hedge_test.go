@@ -99,8 +99,12 @@ func TestHedgeAnswersForAStalledShard(t *testing.T) {
 	rng := rand.New(rand.NewPCG(41, 1))
 	predictRight(t, c, m, rng, 40, time.Minute, "shard-0 stalled")
 	sent, won := counter(t, reg, "cumulus_router_hedges_total", "outcome", "sent"), counter(t, reg, "cumulus_router_hedges_total", "outcome", "won")
-	if sent == 0 || won != sent {
-		t.Errorf("hedges sent %v, won %v: want some, every one won (the stalled shard never answers)", sent, won)
+	// Every hedge of a call to the stalled shard wins; a call to the
+	// healthy one slower than the delay (a loaded machine, the race
+	// detector) is hedged to the stalled shard and loses, which CI saw
+	// once (24 sent, 23 won).
+	if sent == 0 || 4*won < 3*sent {
+		t.Errorf("hedges sent %v, won %v: want some, nearly every one won (the stalled shard never answers)", sent, won)
 	}
 	if n := calls(t, reg, "outcome", "cancelled"); n == 0 {
 		t.Error("no stalled call counted as cancelled once its request was answered")
