@@ -83,15 +83,16 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 		rank uint64
 	}
 	byShard := make([][]held, len(shards))
+	var seen []int         // shards of the partition kept so far
+	var seenZone []string // and their zones
 	for p := 0; p < partitions && p < len(current); p++ {
-		seen := map[int]bool{}
-		seenZone := map[string]bool{}
+		seen, seenZone = seen[:0], seenZone[:0]
 		for _, id := range current[p] {
 			i, ok := index[id]
-			if !ok || seen[i] || zoned && seenZone[shards[i].Zone] || len(seen) == replicas {
+			if !ok || slices.Contains(seen, i) || zoned && slices.Contains(seenZone, shards[i].Zone) || len(seen) == replicas {
 				continue
 			}
-			seen[i], seenZone[shards[i].Zone] = true, true
+			seen, seenZone = append(seen, i), append(seenZone, shards[i].Zone)
 			byShard[i] = append(byShard[i], held{p, rank(model, p, id)})
 		}
 	}
@@ -159,8 +160,19 @@ func rank(model string, p int, shard string) uint64 {
 	for i := range b {
 		b[i] = byte(p >> (8 * i))
 	}
-	return xxhash.Sum64String(model + "\x00" + shard + "\x00" + string(b[:]))
+	// xxh64 of model, 0, shard, 0, p's 8 bytes: streamed, not concatenated
+	// (the same hash, without a string made per pair).
+	var d xxhash.Digest
+	d.Reset()
+	d.WriteString(model)
+	d.Write(zero[:])
+	d.WriteString(shard)
+	d.Write(zero[:])
+	d.Write(b[:])
+	return d.Sum64()
 }
+
+var zero [1]byte
 
 // quotas splits slots among shards by weight, each at most perShard (a
 // shard holds one replica of a partition) and, first, at most its Room
