@@ -83,7 +83,7 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 		rank uint64
 	}
 	byShard := make([][]held, len(shards))
-	var seen []int         // shards of the partition kept so far
+	var seen []int        // shards of the partition kept so far
 	var seenZone []string // and their zones
 	for p := 0; p < partitions && p < len(current); p++ {
 		seen, seenZone = seen[:0], seenZone[:0]
