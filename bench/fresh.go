@@ -36,6 +36,10 @@ type FreshOptions struct {
 	// again on its chain, as cumulus model delta does): the manager's
 	// golden gate then checks every delta before it is served.
 	Golden int
+	// Every, if positive, publishes a delta every Every (the next at its
+	// tick, or at once if serving the last took longer); 0: each as soon
+	// as the last is served.
+	Every time.Duration
 }
 
 // Fresh is one delta's result.
@@ -71,7 +75,18 @@ func Freshness(ctx context.Context, o FreshOptions, progress io.Writer) ([]Fresh
 	}
 	rng := rand.New(rand.NewPCG(o.Seed, 17))
 	var out []Fresh
+	next := time.Now()
 	for i := range o.Deltas {
+		if o.Every > 0 {
+			if wait := time.Until(next); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return out, ctx.Err()
+				case <-time.After(wait):
+				}
+			}
+			next = next.Add(o.Every)
+		}
 		parent, _, err := o.Repo.DeltaParent(o.Model)
 		if err != nil {
 			return out, err

@@ -36,6 +36,9 @@ type Repo struct {
 	// Throttle, if set, bounds how fast partitions are read to be served
 	// (ReadPartition, MapPartitionCopy).
 	Throttle *Throttle
+	// Manifests, if set, keeps manifests parsed while their files stay
+	// the same (Manifest, Chain): for readers that never change one.
+	Manifests *ManifestCache
 }
 
 // Files kept beside a model's versions; see Repo.
@@ -133,6 +136,13 @@ func (r Repo) VersionDir(name string, version uint64) string {
 // describes the model and version it is filed under.
 func (r Repo) Manifest(name string, version uint64) (*codec.Manifest, error) {
 	p := filepath.Join(r.VersionDir(name, version), codec.ManifestName)
+	if m := r.Manifests.get(p); m != nil {
+		return m, nil
+	}
+	var st os.FileInfo
+	if r.Manifests != nil {
+		st, _ = os.Lstat(p)
+	}
 	b, err := ReadRegular(p, maxManifestBytes)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: model %q version %d", ErrNotFound, name, version)
@@ -147,6 +157,7 @@ func (r Repo) Manifest(name string, version uint64) (*codec.Manifest, error) {
 	if m.Name != name || m.Version != version {
 		return nil, fmt.Errorf("loader: %s describes %s version %d", p, m.Name, m.Version)
 	}
+	r.Manifests.put(p, st, m)
 	return m, nil
 }
 

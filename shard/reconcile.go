@@ -176,7 +176,10 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		flush()
 		if installed > 0 {
 			what := "loaded"
-			if cut {
+			switch {
+			case cut && ctx.Err() != nil:
+				what = "loading (cut short: the shard closes)"
+			case cut:
 				what = "loading (cut short by a newer map)"
 			}
 			slog.Info(fmt.Sprintf("shard: %s version %d of %s: %d partitions, %d of them unchanged from versions held; %d files read", what, v, name,
@@ -209,6 +212,10 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 			layers, err = s.loadStack(chain, p, mapped)
 		}
 		if err != nil {
+			if ctx.Err() != nil {
+				cut = true // the shard closes: nothing was refused
+				return
+			}
 			s.refuse(name, v, pkey, err)
 			continue
 		}

@@ -264,6 +264,11 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	if opts.LoadRate > 0 {
 		opts.Repo.Throttle = loader.NewThrottle(ctx, opts.LoadRate)
 	}
+	if opts.Repo.Manifests == nil {
+		// A delta a second must not re-read its whole chain's manifests
+		// (identities are checked against the map all the same).
+		opts.Repo.Manifests = loader.NewManifestCache()
+	}
 	s := &Shard{opts: opts, lis: lis, ctx: ctx, cancel: cancel, pending: make(chan map[string]topo.Assignment, 1), failed: map[string]*failure{},
 		mismatched: map[string]topo.Loaded{},
 		acked:      map[string]topo.HeldRecord{},

@@ -129,6 +129,7 @@ Target (issue 13): every delta of 1,000,000 keys served within 1s.`,
 	cmd.Flags().DurationVar(&scan, "scan-interval", 2*time.Second, "without --addr: the manager's full scan interval (it also watches the repository)")
 	cmd.Flags().IntVar(&o.Deltas, "deltas", 20, "deltas to publish")
 	cmd.Flags().IntVar(&o.Keys, "keys", 1_000_000, "keys each delta changes")
+	cmd.Flags().DurationVar(&o.Every, "every", 0, "publish a delta every this long (0: each as soon as the last is served)")
 	cmd.Flags().IntVar(&o.Golden, "golden", 0, "publish this many golden requests with the first delta, and each later delta's parent's scored again (the golden gate then checks every delta before it serves)")
 	cmd.Flags().StringVar(&validator, "validator", "", "without --addr: the manager's --validator (the validator gate runs on every delta)")
 	cmd.Flags().IntVar(&holdout, "holdout", 0, "without --addr: a hold-out set of this many generated requests, random labels (the hold-out gate runs on every delta)")
