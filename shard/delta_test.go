@@ -25,14 +25,7 @@ func TestDeltaSharesUnchangedPartitions(t *testing.T) {
 	const parts = 4
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
-	full := func(scale float32) *loader.Sparse {
-		s := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
-		for k := uint64(1); k <= 800_000; k++ { // partitions over 2 MiB: huge-page memory, freed explicitly
-			s.Keys = append(s.Keys, k)
-			s.Values = append(s.Values, scale*float32(k%101))
-		}
-		return s
-	}
+	full := func(scale float32) *loader.Sparse { return bigLR(800_000, scale) }
 	if _, err := repo.Publish("m", full(1), parts, ""); err != nil {
 		t.Fatal(err)
 	}

@@ -551,22 +551,26 @@ func TestStandbyGivesWay(t *testing.T) {
 	check(2, 2)
 }
 
+// bigLR is an LR model of features 1..n, feature k weighing
+// scale·(k mod 101): with n large enough, partitions over 2 MiB, in
+// huge-page memory freed explicitly (tablemem.Buffer.Freed says when).
+func bigLR(n uint64, scale float32) *loader.Sparse {
+	s := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
+	for k := uint64(1); k <= n; k++ {
+		s.Keys = append(s.Keys, k)
+		s.Values = append(s.Values, scale*float32(k%101))
+	}
+	return s
+}
+
 // TestReclaimWaitsForReaders: a table the map drops is freed at once
 // when no lookup reads it, never while one does; lookups racing version
 // swaps answer exactly or FailedPrecondition, never from freed memory.
 func TestReclaimWaitsForReaders(t *testing.T) {
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
-	big := func(scale float32) *loader.Sparse {
-		s := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
-		for k := uint64(1); k <= 300000; k++ { // partitions over 2 MiB: huge-page memory, freed explicitly
-			s.Keys = append(s.Keys, k)
-			s.Values = append(s.Values, scale*float32(k%101))
-		}
-		return s
-	}
 	for _, scale := range []float32{1, 2} {
-		if _, err := repo.Publish("m", big(scale), 1, ""); err != nil {
+		if _, err := repo.Publish("m", bigLR(300_000, scale), 1, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
