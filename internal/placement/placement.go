@@ -111,6 +111,8 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 	for p := range out {
 		for len(out[p]) < replicas {
 			best, bestZoned := -1, false
+			var bestRank uint64 // rank(model, p, best), once computed
+			ranked := false
 			for i, s := range shards {
 				if slices.Contains(out[p], s.ID) {
 					continue
@@ -119,8 +121,28 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 				if best >= 0 && bestZoned && !zoneOK {
 					continue
 				}
-				if best < 0 || zoneOK && !bestZoned || better(model, p, i, best, quota, load, shards) {
-					best, bestZoned = i, zoneOK
+				if best < 0 || zoneOK && !bestZoned {
+					best, bestZoned, ranked = i, zoneOK, false
+					continue
+				}
+				// better(model, p, i, best, …), with best's rank kept.
+				ri, rb := quota[i]-load[i], quota[best]-load[best]
+				switch {
+				case ri != rb:
+					if ri > rb {
+						best, bestZoned, ranked = i, zoneOK, false
+					}
+				case s.Weight != shards[best].Weight:
+					if s.Weight > shards[best].Weight {
+						best, bestZoned, ranked = i, zoneOK, false
+					}
+				default:
+					if !ranked {
+						bestRank, ranked = rank(model, p, shards[best].ID), true
+					}
+					if r := rank(model, p, s.ID); r < bestRank {
+						best, bestZoned, bestRank = i, zoneOK, r
+					}
 				}
 			}
 			out[p] = append(out[p], shards[best].ID)
@@ -129,19 +151,6 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 		slices.Sort(out[p]) // one order, however the list was made
 	}
 	return out
-}
-
-// better reports whether shard i has more room for partition p than
-// shard j.
-func better(model string, p, i, j int, quota, load []int, shards []Shard) bool {
-	ri, rj := quota[i]-load[i], quota[j]-load[j]
-	if ri != rj {
-		return ri > rj
-	}
-	if shards[i].Weight != shards[j].Weight {
-		return shards[i].Weight > shards[j].Weight
-	}
-	return rank(model, p, shards[i].ID) < rank(model, p, shards[j].ID)
 }
 
 func usesZone(ids []string, zone string, shards []Shard, index map[string]int) bool {
@@ -160,19 +169,16 @@ func rank(model string, p int, shard string) uint64 {
 	for i := range b {
 		b[i] = byte(p >> (8 * i))
 	}
-	// xxh64 of model, 0, shard, 0, p's 8 bytes: streamed, not concatenated
-	// (the same hash, without a string made per pair).
-	var d xxhash.Digest
-	d.Reset()
-	d.WriteString(model)
-	d.Write(zero[:])
-	d.WriteString(shard)
-	d.Write(zero[:])
-	d.Write(b[:])
-	return d.Sum64()
+	// xxh64 of model, 0, shard, 0, p's 8 bytes, made on the stack (no
+	// string made per pair) when they fit.
+	var buf [160]byte
+	k := append(buf[:0], model...)
+	k = append(k, 0)
+	k = append(k, shard...)
+	k = append(k, 0)
+	k = append(k, b[:]...)
+	return xxhash.Sum64(k)
 }
-
-var zero [1]byte
 
 // quotas splits slots among shards by weight, each at most perShard (a
 // shard holds one replica of a partition) and, first, at most its Room
