@@ -93,11 +93,18 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 				continue
 			}
 			seen, seenZone = append(seen, i), append(seenZone, shards[i].Zone)
-			byShard[i] = append(byShard[i], held{p, rank(model, p, id)})
+			byShard[i] = append(byShard[i], held{p: p})
 		}
 	}
 	for i, hs := range byShard {
-		slices.SortFunc(hs, func(a, b held) int { return cmp.Compare(a.rank, b.rank) })
+		// Only a shard over its quota gives replicas up, in rank order:
+		// the others keep all theirs, in any order.
+		if len(hs) > quota[i] {
+			for j := range hs {
+				hs[j].rank = rank(model, hs[j].p, shards[i].ID)
+			}
+			slices.SortFunc(hs, func(a, b held) int { return cmp.Compare(a.rank, b.rank) })
+		}
 		for _, h := range hs[:min(len(hs), quota[i])] {
 			out[h.p] = append(out[h.p], shards[i].ID)
 			load[i]++

@@ -1,0 +1,21 @@
+package placement
+
+import (
+	"fmt"
+	"testing"
+)
+
+// BenchmarkPlaceShardLeaves: 4,096 partitions, replicas 2, over 256
+// shards in 4 zones, placed again once one shard has left (what a
+// manager does when a shard leaves).
+func BenchmarkPlaceShardLeaves(b *testing.B) {
+	var shards []Shard
+	for i := range 256 {
+		shards = append(shards, Shard{ID: fmt.Sprintf("shard-%04d", i), Weight: 1, Zone: fmt.Sprintf("zone-%d", i%4)})
+	}
+	cur := Place("m0", nil, 4096, 2, shards)
+	b.ResetTimer()
+	for range b.N {
+		Place("m0", cur, 4096, 2, shards[1:])
+	}
+}
