@@ -564,7 +564,7 @@ func TestClusterScaleSim(t *testing.T) {
 // partitions. go test -run XXX -bench ClusterScaleSim -benchtime 1x ./manager
 func BenchmarkClusterScaleSim(b *testing.B) {
 	for range b.N {
-		x := newScaleSim(b, scaleConfig{parts: 4096, shards: 256, zones: 4, models: 3, routers: 4, seconds: 20, touch: 0.01, compactAfter: 200, seed: 7})
+		x := newScaleSim(b, scaleConfig{parts: 4096, shards: 256, zones: 4, models: 3, routers: 4, seconds: 8, touch: 0.01, compactAfter: 200, seed: 7})
 		x.run()
 		x.check()
 		x.report()
