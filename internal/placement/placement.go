@@ -116,7 +116,14 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 	// partition already and, zoned, is in a zone the partition does not
 	// use — or, failing that, any shard not holding it.
 	for p := range out {
+		var used []string // zones of the partition's replicas so far
 		for len(out[p]) < replicas {
+			if zoned {
+				used = used[:0]
+				for _, id := range out[p] {
+					used = append(used, shards[index[id]].Zone)
+				}
+			}
 			best, bestZoned := -1, false
 			var bestRank uint64 // rank(model, p, best), once computed
 			ranked := false
@@ -124,7 +131,7 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 				if slices.Contains(out[p], s.ID) {
 					continue
 				}
-				zoneOK := !zoned || !usesZone(out[p], s.Zone, shards, index)
+				zoneOK := !zoned || !slices.Contains(used, s.Zone)
 				if best >= 0 && bestZoned && !zoneOK {
 					continue
 				}
@@ -158,15 +165,6 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 		slices.Sort(out[p]) // one order, however the list was made
 	}
 	return out
-}
-
-func usesZone(ids []string, zone string, shards []Shard, index map[string]int) bool {
-	for _, id := range ids {
-		if shards[index[id]].Zone == zone {
-			return true
-		}
-	}
-	return false
 }
 
 // rank is a partition's place in a shard's order of its own (rendezvous
