@@ -41,22 +41,24 @@ func fileKey(st os.FileInfo) (ino uint64) {
 	return 0
 }
 
-// get returns the manifest cached for path if its file is as it was.
-func (c *ManifestCache) get(path string) *codec.Manifest {
+// get returns the manifest cached for path if its file is as it was,
+// and the file's state now (for put, when it is not: nil without a
+// cache, or without a regular file).
+func (c *ManifestCache) get(path string) (*codec.Manifest, os.FileInfo) {
 	if c == nil {
-		return nil
+		return nil, nil
 	}
 	st, err := os.Lstat(path)
 	if err != nil || !st.Mode().IsRegular() {
-		return nil
+		return nil, nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[path]
 	if !ok || e.size != st.Size() || !e.mtime.Equal(st.ModTime()) || e.ino != fileKey(st) {
-		return nil
+		return nil, st
 	}
-	return e.m
+	return e.m, st
 }
 
 // put caches m as path's, with the file's state before it was read

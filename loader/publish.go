@@ -280,7 +280,7 @@ func (w *VersionWriter) commitLocked(m *codec.Manifest) error {
 		if err == nil {
 			// The version is visible now; failing to sync its name would
 			// not make it less so, so the error is not reported.
-			_ = syncDir(filepath.Join(w.repo.Dir, w.spec.Name))
+			_ = syncPath(filepath.Join(w.repo.Dir, w.spec.Name))
 			return nil
 		}
 		if !errors.Is(err, os.ErrExist) && !isNotEmpty(err) {
@@ -321,7 +321,7 @@ func (r Repo) writeHighWater(name string, v uint64) error {
 	if err := os.Rename(tmp, filepath.Join(dir, highWaterName)); err != nil {
 		return fmt.Errorf("loader: %w", err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := syncPath(dir); err != nil {
 		return fmt.Errorf("loader: syncing %s: %w", dir, err)
 	}
 	return nil
@@ -365,15 +365,7 @@ func (w *VersionWriter) syncPartitions(files []codec.File) error {
 	for _, f := range files {
 		g.Go(func() error {
 			path := filepath.Join(w.tmp, f.Path)
-			fh, err := os.Open(path)
-			if err != nil {
-				return fmt.Errorf("loader: %w", err)
-			}
-			err = fh.Sync()
-			if cerr := fh.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
+			if err := syncPath(path); err != nil {
 				return fmt.Errorf("loader: syncing %s: %w", path, err)
 			}
 			return nil
@@ -414,8 +406,8 @@ func writeFile(path string, write func(io.Writer) error, sync bool) error {
 	return nil
 }
 
-// syncDir fsyncs a directory, making renames in it durable.
-func syncDir(dir string) error {
+// syncPath fsyncs a file, or a directory (making renames in it durable).
+func syncPath(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

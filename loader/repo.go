@@ -136,12 +136,9 @@ func (r Repo) VersionDir(name string, version uint64) string {
 // describes the model and version it is filed under.
 func (r Repo) Manifest(name string, version uint64) (*codec.Manifest, error) {
 	p := filepath.Join(r.VersionDir(name, version), codec.ManifestName)
-	if m := r.Manifests.get(p); m != nil {
-		return m, nil
-	}
-	var st os.FileInfo
-	if r.Manifests != nil {
-		st, _ = os.Lstat(p)
+	cached, st := r.Manifests.get(p)
+	if cached != nil {
+		return cached, nil
 	}
 	b, err := ReadRegular(p, maxManifestBytes)
 	if errors.Is(err, fs.ErrNotExist) {
