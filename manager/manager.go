@@ -871,18 +871,10 @@ func (m *Manager) write(ctx context.Context, next *State, acts []Action) error {
 		}
 	} else {
 		c.wholeStates(next)
-		var ops txnOps
-		done, forget, err := m.pub.mapOps(wctx, &ops, next, slices.Concat(c.maps, c.gone))
-		if err == nil {
-			err = m.st.commit(wctx, c, ops)
-		}
+		err := m.pub.publish(wctx, next, slices.Concat(c.maps, c.gone), func(ops txnOps) error { return m.st.commit(wctx, c, ops) })
 		if err != nil {
-			if forget != nil {
-				forget()
-			}
 			return err
 		}
-		done()
 	}
 	prev := m.persisted
 	m.setPersisted(next)
@@ -942,7 +934,7 @@ func (m *Manager) changes(cur, next *State, acts []Action) change {
 // how many models it compared. A model next shares with cur (Decide
 // copies only what an event touches) is not looked at.
 func changesOf(cur, next *State, acts []Action) (c change, compared int) {
-	c = change{states: map[string][]byte{}, patches: map[string]modelPatch{}}
+	c = change{patches: map[string]modelPatch{}}
 	for name, nm := range next.Models {
 		om := cur.Models[name]
 		if om == nm {

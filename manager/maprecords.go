@@ -156,26 +156,32 @@ func versionOfKey(c topo.Cluster, name, key string) (uint64, bool) {
 	return v, err == nil && c.VersionKey(name, v) == key
 }
 
-// mapOps is ops for each of names, as s has them; done records them all
-// as published, forget forgets them all (the write failed).
-func (pb *publisher) mapOps(ctx context.Context, t *txnOps, s *State, names []string) (done, forget func(), err error) {
+// publish brings etcd's records of the models names to what s holds:
+// write is given the operations and writes them (in as many transactions
+// as it needs); once it has, they are recorded as published. When it
+// fails, or the operations cannot be made, the models are forgotten:
+// their next publication reads etcd again.
+func (pb *publisher) publish(ctx context.Context, s *State, names []string, write func(txnOps) error) error {
+	var t txnOps
 	var dones []func()
-	forget = func() {
+	err := func() error {
+		for _, name := range names {
+			d, err := pb.ops(ctx, &t, name, s.Models[name])
+			if err != nil {
+				return err
+			}
+			dones = append(dones, d)
+		}
+		return write(t)
+	}()
+	if err != nil {
 		for _, name := range names {
 			pb.forget(name)
 		}
+		return err
 	}
-	for _, name := range names {
-		d, err := pb.ops(ctx, t, name, s.Models[name])
-		if err != nil {
-			forget()
-			return nil, nil, err
-		}
-		dones = append(dones, d)
+	for _, d := range dones {
+		d()
 	}
-	return func() {
-		for _, d := range dones {
-			d()
-		}
-	}, forget, nil
+	return nil
 }

@@ -164,17 +164,7 @@ func (m *Manager) takeOver(ctx context.Context, term uint64) error {
 		}
 	}
 	m.pub = newPublisher(m.opts.Etcd, m.opts.Cluster) // what another leader wrote is read again
-	var ops txnOps
-	done, forget, err := m.pub.mapOps(bctx, &ops, s, slices.Sorted(maps.Keys(names)))
-	if err != nil {
-		return err
-	}
-	if err := m.fence.publish(bctx, term, ops); err != nil {
-		forget()
-		return err
-	}
-	done()
-	return nil
+	return m.pub.publish(bctx, s, slices.Sorted(maps.Keys(names)), func(ops txnOps) error { return m.fence.publish(bctx, term, ops) })
 }
 
 // raftChanges tells the loop that the state machine changed: a
@@ -245,17 +235,10 @@ func (m *Manager) publishPending(ctx context.Context, next *State) error {
 	if len(m.unpublished) == 0 {
 		return nil
 	}
-	var ops txnOps
-	done, forget, err := m.pub.mapOps(ctx, &ops, next, slices.Sorted(maps.Keys(m.unpublished)))
-	if err == nil {
-		if err = m.fence.publish(ctx, m.term.Load(), ops); err != nil {
-			forget()
-		}
-	}
+	err := m.pub.publish(ctx, next, slices.Sorted(maps.Keys(m.unpublished)), func(ops txnOps) error { return m.fence.publish(ctx, m.term.Load(), ops) })
 	if err != nil {
 		return fmt.Errorf("committed, but the serving map is not published yet: %w", err)
 	}
-	done()
 	clear(m.unpublished)
 	return nil
 }

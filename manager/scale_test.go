@@ -251,11 +251,10 @@ func (x *scaleSim) decide(ev Event) {
 		}
 	}
 	var ops txnOps
-	done, _, err := x.pub.mapOps(context.Background(), &ops, next, slices.Concat(c.maps, c.gone))
+	err = x.pub.publish(context.Background(), next, slices.Concat(c.maps, c.gone), func(t txnOps) error { ops = t; return nil })
 	if err != nil {
 		x.tb.Fatal(err)
 	}
-	done()
 	for _, n := range ops.sizes {
 		x.stats.mapBytes += n
 		x.stats.mapsRead += n * x.cfg.routers
