@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -162,29 +163,18 @@ func applyPatch(name string, om *ModelState, p modelPatch) (*ModelState, error) 
 			v.Info = ov.Info
 		case pv.Base != 0:
 			b := nm.version(pv.Base)
-			if b == nil || b.Info == nil || v.Info == nil || len(pv.Changed) != len(v.Info.IDs) {
+			if b == nil || b.Info == nil || v.Info == nil {
 				return nil, fmt.Errorf("model %s version %d: its identities are based on version %d, which it lacks", name, v.Version, pv.Base)
 			}
-			ids := slices.Clone(b.Info.IDs)
-			for j, part := range pv.Changed {
-				if int(part) >= len(ids) || j > 0 && part <= pv.Changed[j-1] {
-					return nil, fmt.Errorf("model %s version %d: changed partitions must ascend below %d", name, v.Version, len(ids))
-				}
-				ids[part] = v.Info.IDs[j]
+			ids, err := topo.ChangedIDs(b.Info.IDs, pv.Changed, v.Info.IDs)
+			if err != nil {
+				return nil, fmt.Errorf("model %s version %d: %w", name, v.Version, err)
 			}
 			info := *v.Info
 			info.IDs = ids
 			v.Info = &info
 		}
-		at, found := slices.BinarySearchFunc(nm.Versions, v.Version, func(x Version, n uint64) int {
-			switch {
-			case x.Version < n:
-				return -1
-			case x.Version > n:
-				return 1
-			}
-			return 0
-		})
+		at, found := slices.BinarySearchFunc(nm.Versions, v.Version, func(x Version, n uint64) int { return cmp.Compare(x.Version, n) })
 		if found {
 			nm.Versions[at] = v
 		} else {

@@ -191,15 +191,9 @@ func reported(si topo.ShardInfo, m *ModelState, x *Version, p int) bool {
 	return si.Holds(m.Name, x.Version, uint32(p), x.Info.IDs[p])
 }
 
-// keptSince is x.KeptSince, or, for a version kept from before it was
-// recorded, the model's Seq (as readers of the map take it: see
-// topo.Assignment.KeptSinceOf).
-func keptSince(m *ModelState, x *Version) uint64 {
-	if x.KeptSince != 0 {
-		return x.KeptSince
-	}
-	return m.Seq
-}
+// keptSince is the Seq since which m keeps x, as readers of its map
+// take it (topo.KeptFrom).
+func keptSince(m *ModelState, x *Version) uint64 { return topo.KeptFrom(x.KeptSince, m.Seq) }
 
 // heldCount is how many partitions of version x of m si reports.
 func heldCount(si topo.ShardInfo, m *ModelState, x *Version) int {

@@ -132,6 +132,23 @@ func NewVersionRecord(model string, info VersionInfo, base uint64, baseIDs []str
 	return r
 }
 
+// ChangedIDs is the inverse of NewVersionRecord's relative form: base's
+// identities with those of the partitions changed (ascending) replaced
+// by ids, in order. base is not changed.
+func ChangedIDs(base []string, changed []uint32, ids []string) ([]string, error) {
+	if len(changed) != len(ids) {
+		return nil, fmt.Errorf("%d changed partitions and %d identities", len(changed), len(ids))
+	}
+	out := slices.Clone(base)
+	for i, p := range changed {
+		if int(p) >= len(out) || i > 0 && p <= changed[i-1] {
+			return nil, fmt.Errorf("changed partitions must ascend below %d", len(out))
+		}
+		out[p] = ids[i]
+	}
+	return out, nil
+}
+
 // MapReader assembles the serving map from a snapshot of its records
 // (key → value under ModelsPrefix), as a watch hands them over. It
 // decodes and resolves only the records that changed since its last
@@ -352,15 +369,12 @@ func resolve(versions map[uint64]*resolved, v uint64, parts uint32) ([]string, e
 			continue
 		}
 		base := versions[r.rec.Base].ids
-		if len(r.rec.Changed) != len(r.rec.Info.IDs) || len(base) != int(parts) {
-			return nil, fmt.Errorf("version %d lists %d changed partitions and %d identities", r.rec.Info.Version, len(r.rec.Changed), len(r.rec.Info.IDs))
+		if len(base) != int(parts) {
+			return nil, fmt.Errorf("version %d's base %d has %d identities for %d partitions", r.rec.Info.Version, r.rec.Base, len(base), parts)
 		}
-		ids := slices.Clone(base)
-		for i, p := range r.rec.Changed {
-			if p >= parts || i > 0 && p <= r.rec.Changed[i-1] {
-				return nil, fmt.Errorf("version %d: changed partitions must ascend below %d", r.rec.Info.Version, parts)
-			}
-			ids[p] = r.rec.Info.IDs[i]
+		ids, err := ChangedIDs(base, r.rec.Changed, r.rec.Info.IDs)
+		if err != nil {
+			return nil, fmt.Errorf("version %d: %w", r.rec.Info.Version, err)
 		}
 		r.ids = ids
 	}

@@ -104,14 +104,18 @@ func (h *Held) Count(v uint64, keptSince uint64) int {
 	return n
 }
 
-// KeptSinceOf is the Seq since which a keeps version v; a version the map
-// keeps without saying since when counts as kept since the map's own
-// Seq (only reports that follow it speak of it).
-func (a *Assignment) KeptSinceOf(v uint64) uint64 {
-	if s, ok := a.KeptSince[v]; ok {
-		return s
+// KeptSinceOf is the Seq since which a keeps version v (KeptFrom).
+func (a *Assignment) KeptSinceOf(v uint64) uint64 { return KeptFrom(a.KeptSince[v], a.Seq) }
+
+// KeptFrom is the Seq since which a map of Seq seq keeps a version it
+// records kept since recorded: recorded, or, for a version kept without
+// saying since when (0), seq itself (only reports that follow it speak
+// of it). The manager and the map's readers follow this one rule.
+func KeptFrom(recorded, seq uint64) uint64 {
+	if recorded != 0 {
+		return recorded
 	}
-	return a.Seq
+	return seq
 }
 
 // HoldsIn reports whether si holds partition p of version v of a's model
