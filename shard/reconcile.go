@@ -153,11 +153,11 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 	t0, files0 := time.Now(), s.passLoads
 	var batch []placed
 	installed, shared := 0, 0
-	// Partitions are installed in batches, a snapshot swap each (and a
-	// progress report, at most every reportEvery): a large version's
-	// partitions, seconds apart, each come in as they are loaded; a
-	// delta's, loaded in a moment or shared with its parent, in one
-	// swap, not one each.
+	// Partitions are installed in batches, a snapshot swap (and a
+	// progress report, at most every reportEvery) each reportEvery of
+	// loading: a large version's partitions, seconds apart, each come in
+	// as they are loaded; a delta's, loaded in a moment or shared with
+	// its parent, in one swap, not one each.
 	flush := func() {
 		if len(batch) == 0 {
 			return
@@ -187,7 +187,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 				"shard", s.opts.ID, "model", name, "version", v, "took", time.Since(t0).Round(time.Millisecond))
 		}
 	}()
-	last := time.Now()
+	last := time.Now() // the last swap, or the loop's start
 	for _, p := range missing {
 		if s.superseded(ctx) {
 			cut = true

@@ -493,12 +493,9 @@ func (s *Shard) heldReports() map[string]string {
 		a := s.cur[name]
 		kept := a.Kept()
 		held := make([]*version, len(kept))
-		for i, v := range kept {
-			held[i] = snap.get(name, v)
-		}
 		infos := make([]*topo.VersionInfo, len(kept))
 		for i, v := range kept {
-			infos[i] = a.Info(v)
+			held[i], infos[i] = snap.get(name, v), a.Info(v)
 		}
 		// Held with the identity the map names, and no other.
 		has := func(i int, p int) bool {

@@ -159,7 +159,7 @@ func (r *Registration) write(ctx context.Context, v string, subs map[string]stri
 			add(k, clientv3.OpDelete(r.key+"/"+k))
 		}
 	}
-	keys := slices.SortedFunc(maps.Keys(subs), func(a, b string) int { return strings.Compare(reverseCut(a), reverseCut(b)) })
+	keys := slices.SortedFunc(maps.Keys(subs), func(a, b string) int { return strings.Compare(recordOrder(a), recordOrder(b)) })
 	for _, k := range keys {
 		if was, ok := r.inEtcd.subs[k]; !ok || was != subs[k] {
 			add(k, clientv3.OpPut(r.key+"/"+k, subs[k], clientv3.WithLease(lease)))
@@ -191,9 +191,9 @@ func (r *Registration) write(ctx context.Context, v string, subs map[string]stri
 	return nil
 }
 
-// reverseCut orders records by what follows their kind, and "held"
+// recordOrder orders records by what follows their kind, and "held"
 // after the others (a reader pairs a held record with its partitions).
-func reverseCut(k string) string {
+func recordOrder(k string) string {
 	kind, rest, _ := strings.Cut(k, "/")
 	order := "0"
 	if kind == "held" {
