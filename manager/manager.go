@@ -382,8 +382,9 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	go func() {
 		defer m.done.Done()
+		reports := topo.NewShardReader(opts.Cluster) // decodes only the records that changed
 		topo.Watch(ctx, opts.Etcd, opts.Cluster.ShardsPrefix(), func(kv map[string][]byte, _ int64) {
-			infos := topo.Shards(kv, opts.Cluster)
+			infos := reports.Shards(kv)
 			select { // keep only the newest
 			case <-shards:
 			default:

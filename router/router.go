@@ -265,7 +265,8 @@ func (r *Router) watch(ctx context.Context) {
 		serving := func(k string) bool {
 			return strings.HasPrefix(k, c.ShardsPrefix()) || strings.HasPrefix(k, c.ModelsPrefix())
 		}
-		maps := topo.NewMapReader(c) // decodes only the records that changed
+		// Readers that decode only the records that changed.
+		maps, reports := topo.NewMapReader(c), topo.NewShardReader(c)
 		topo.WatchKeys(ctx, r.opts.Etcd, c.Prefix(), serving, func(kv map[string][]byte, rev int64) {
 			shards, models := map[string][]byte{}, map[string][]byte{}
 			for k, v := range kv {
@@ -276,7 +277,7 @@ func (r *Router) watch(ctx context.Context) {
 					models[k] = v
 				}
 			}
-			ev := event{shards: topo.Shards(shards, c), assigns: maps.Assignments(models), rev: rev}
+			ev := event{shards: reports.Shards(shards), assigns: maps.Assignments(models), rev: rev}
 			select {
 			case <-events: // keep only the newest
 			default:

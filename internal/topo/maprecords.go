@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unsafe"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -156,14 +155,7 @@ func ChangedIDs(base []string, changed []uint32, ids []string) ([]string, error)
 // map. Not safe for concurrent use.
 type MapReader struct {
 	cluster Cluster
-	cache   map[string]decoded
-}
-
-// decoded is a record as last decoded, with the value it came from.
-type decoded struct {
-	at  *byte // the value's first byte: a watch's values do not change in place
-	n   int
-	val any // ModelHead, Placement, *resolved, Assignment (schema ≤ 2), or error
+	cache   recordCache // ModelHead, Placement, *resolved, Assignment (schema ≤ 2), or error
 }
 
 // resolved is a version record with its identities resolved (nil until
@@ -175,7 +167,7 @@ type resolved struct {
 
 // NewMapReader returns a reader of cluster c's serving map.
 func NewMapReader(c Cluster) *MapReader {
-	return &MapReader{cluster: c, cache: map[string]decoded{}}
+	return &MapReader{cluster: c, cache: recordCache{}}
 }
 
 // Assignments decodes a snapshot of the serving map: every model whose
@@ -229,12 +221,7 @@ func (r *MapReader) Assignments(kv map[string][]byte) map[string]Assignment {
 		}
 		out[name] = a
 	}
-	// Forget what the snapshot no longer has.
-	for key := range r.cache {
-		if _, ok := kv[key]; !ok {
-			delete(r.cache, key)
-		}
-	}
+	r.cache.sweep(kv)
 	return out
 }
 
@@ -248,13 +235,11 @@ func cmpErr(a, b error) error {
 // decode is the record at key, from the cache when value is the one
 // last decoded there.
 func (r *MapReader) decode(key string, value []byte, sub bool, rest string) any {
-	var at *byte
-	if len(value) > 0 {
-		at = unsafe.SliceData(value)
-	}
-	if d, ok := r.cache[key]; ok && d.at == at && d.n == len(value) {
-		return d.val
-	}
+	return r.cache.get(key, value, func() any { return decodeMapRecord(key, value, sub, rest) })
+}
+
+// decodeMapRecord reads one record of the serving map (decode).
+func decodeMapRecord(key string, value []byte, sub bool, rest string) any {
 	var val any
 	var err error
 	switch {
@@ -276,9 +261,8 @@ func (r *MapReader) decode(key string, value []byte, sub bool, rest string) any 
 		err = fmt.Errorf("topo: %s: not a serving map record", key)
 	}
 	if err != nil {
-		val = err
+		return err
 	}
-	r.cache[key] = decoded{at: at, n: len(value), val: val}
 	return val
 }
 

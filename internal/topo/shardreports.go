@@ -147,56 +147,48 @@ const MaxHeldParts = 1 << 20
 // is logged and left out: a report lost is a shard that holds nothing of
 // that model, never a wrong one.
 func Shards(kv map[string][]byte, c Cluster) map[string]ShardInfo {
-	prefix := c.ShardsPrefix()
+	return NewShardReader(c).Shards(kv)
+}
+
+// ShardReader is Shards for a watch's snapshots, decoding only the
+// records that changed since its last call: each shard's report of a
+// delta costs a reader that record, not every shard's. Not safe for
+// concurrent use.
+type ShardReader struct {
+	cluster Cluster
+	cache   recordCache // ShardInfo, HeldRecord, PartsRecord, or error
+}
+
+// NewShardReader returns a reader of cluster c's shard registrations.
+func NewShardReader(c Cluster) *ShardReader { return &ShardReader{cluster: c, cache: recordCache{}} }
+
+// Shards assembles the shards of kv (see Shards).
+func (r *ShardReader) Shards(kv map[string][]byte) map[string]ShardInfo {
+	prefix := r.cluster.ShardsPrefix()
 	out := map[string]ShardInfo{}
 	held := map[string]map[string]HeldRecord{}
 	parts := map[string]map[string]PartsRecord{}
 	for key, value := range kv {
-		id, rest, sub := strings.Cut(Suffix(key, prefix), "/")
-		if !sub {
-			si, err := Decode[ShardInfo](key, value)
-			if err == nil && si.ID != id {
-				err = fmt.Errorf("topo: %s holds the registration of shard %q", key, si.ID)
+		id, rest, _ := strings.Cut(Suffix(key, prefix), "/")
+		_, model, _ := strings.Cut(rest, "/")
+		switch v := r.cache.get(key, value, func() any { return decodeShardRecord(key, value, id, rest) }).(type) {
+		case error:
+			slog.Warn("topo: ignoring record", "err", v)
+		case ShardInfo:
+			out[id] = v
+		case HeldRecord:
+			if held[id] == nil {
+				held[id] = map[string]HeldRecord{}
 			}
-			if err != nil {
-				slog.Warn("topo: ignoring record", "err", err)
-				continue
+			held[id][model] = v
+		case PartsRecord:
+			if parts[id] == nil {
+				parts[id] = map[string]PartsRecord{}
 			}
-			out[id] = si
-			continue
-		}
-		kind, model, _ := strings.Cut(rest, "/")
-		var err error
-		switch kind {
-		case "held":
-			var h HeldRecord
-			if h, err = Decode[HeldRecord](key, value); err == nil {
-				err = checkExcept(h.Except)
-			}
-			if err == nil {
-				if held[id] == nil {
-					held[id] = map[string]HeldRecord{}
-				}
-				held[id][model] = h
-			}
-		case "parts":
-			var pr PartsRecord
-			if pr, err = Decode[PartsRecord](key, value); err == nil && (len(pr.Parts) > MaxHeldParts || !ascending(pr.Parts)) {
-				err = fmt.Errorf("topo: %s: partitions must ascend, at most %d", key, MaxHeldParts)
-			}
-			if err == nil {
-				if parts[id] == nil {
-					parts[id] = map[string]PartsRecord{}
-				}
-				parts[id][model] = pr
-			}
-		default:
-			err = fmt.Errorf("topo: %s: not a shard record", key)
-		}
-		if err != nil {
-			slog.Warn("topo: ignoring record", "err", err)
+			parts[id][model] = v
 		}
 	}
+	r.cache.sweep(kv)
 	for id, models := range held {
 		si, ok := out[id]
 		if !ok {
@@ -213,6 +205,43 @@ func Shards(kv map[string][]byte, c Cluster) map[string]ShardInfo {
 		out[id] = si
 	}
 	return out
+}
+
+// decodeShardRecord reads the record at key: shard id's registration
+// (rest ""), or its report rest ("held/M", "parts/M").
+func decodeShardRecord(key string, value []byte, id, rest string) any {
+	if rest == "" {
+		si, err := Decode[ShardInfo](key, value)
+		if err == nil && si.ID != id {
+			err = fmt.Errorf("topo: %s holds the registration of shard %q", key, si.ID)
+		}
+		if err != nil {
+			return err
+		}
+		return si
+	}
+	kind, _, _ := strings.Cut(rest, "/")
+	switch kind {
+	case "held":
+		h, err := Decode[HeldRecord](key, value)
+		if err == nil {
+			err = checkExcept(h.Except)
+		}
+		if err != nil {
+			return err
+		}
+		return h
+	case "parts":
+		pr, err := Decode[PartsRecord](key, value)
+		if err == nil && (len(pr.Parts) > MaxHeldParts || !ascending(pr.Parts)) {
+			err = fmt.Errorf("topo: %s: partitions must ascend, at most %d", key, MaxHeldParts)
+		}
+		if err != nil {
+			return err
+		}
+		return pr
+	}
+	return fmt.Errorf("topo: %s: not a shard record", key)
 }
 
 func checkExcept(ex []Except) error {
