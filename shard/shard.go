@@ -489,6 +489,8 @@ func (s *Shard) newForm() bool {
 func (s *Shard) heldReports() map[string]string {
 	out := map[string]string{}
 	snap := s.snap.Load()
+	// What was reported of models the map no longer has goes with them.
+	maps.DeleteFunc(s.acked, func(name string, _ topo.HeldRecord) bool { _, ok := s.cur[name]; return !ok })
 	for _, name := range slices.Sorted(maps.Keys(s.cur)) {
 		a := s.cur[name]
 		kept := a.Kept()
