@@ -18,12 +18,19 @@
 // shards have room; the replicas that fit nowhere are shared by weight
 // all the same.
 //
+// Which replicas an over-quota shard gives up, and ties among shards
+// with equal room, go by a rank: rendezvous hashing, each shard's hash of
+// the model and its ID mixed with the partition (SplitMix64's finaliser).
+//
 // Cost: O(partitions × replicas × shards) for what must be placed anew,
-// O(partitions × replicas) for what stays (a rank is hashed only where
-// a shard is over its quota); 10,000 partitions over 100 shards placed
-// from nothing take 13–17 ms (BenchmarkPlace10k), 4,096 over 256 in 4
-// zones after one shard left about 7 ms (BenchmarkPlaceShardLeaves),
-// both on this project's 2-core machine under load. Tests: movement bounds
-// over random shard names, weighted balance, zones, determinism
+// O(partitions × replicas) per pass for what stays, on shard indexes, not
+// names. A zone may force a replica past a shard's quota, which the next
+// pass trims: a join at 4,096 partitions over 257 shards in 4 zones
+// takes 7 passes. On this project's 2-core machine under load: 10,000
+// partitions over 100 shards placed from nothing 8–17 ms
+// (BenchmarkPlace10k); 4,096 over 256 in 4 zones after one shard left
+// 0.65–0.9 ms (BenchmarkPlaceShardLeaves), after one joined 1.3–1.5 ms
+// (BenchmarkPlaceShardJoins). Tests: movement bounds over random shard
+// names and at 4,096 partitions, weighted balance, zones, determinism
 // (placement_test.go).
 package placement

@@ -19,3 +19,18 @@ func BenchmarkPlaceShardLeaves(b *testing.B) {
 		Place("m0", cur, 4096, 2, shards[1:])
 	}
 }
+
+// BenchmarkPlaceShardJoins: the same cluster placed again once a 257th
+// shard has joined (every other shard's quota shrinks: each ranks what
+// it holds to choose what it gives up).
+func BenchmarkPlaceShardJoins(b *testing.B) {
+	var shards []Shard
+	for i := range 257 {
+		shards = append(shards, Shard{ID: fmt.Sprintf("shard-%04d", i), Weight: 1, Zone: fmt.Sprintf("zone-%d", i%4)})
+	}
+	cur := Place("m0", nil, 4096, 2, shards[:256])
+	b.ResetTimer()
+	for range b.N {
+		Place("m0", cur, 4096, 2, shards)
+	}
+}

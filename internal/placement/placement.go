@@ -32,45 +32,137 @@ type Shard struct {
 // shards that are gone). shards must have distinct IDs; their order does
 // not matter.
 func Place(model string, current [][]string, partitions, replicas int, shards []Shard) [][]string {
+	if len(shards) == 0 || partitions == 0 {
+		return make([][]string, partitions)
+	}
+	c := newPlacer(model, partitions, replicas, shards)
 	// One pass may leave a zone-forced replica on a shard past its quota,
 	// which the next pass trims, moving another partition: passes are
 	// repeated until the answer stands (it always does at once without
 	// zones), so that placing again moves nothing.
-	out := place(model, current, partitions, replicas, shards)
+	out := c.place(c.grid(current))
 	for range maxPasses {
-		next := place(model, out, partitions, replicas, shards)
-		if slices.EqualFunc(next, out, slices.Equal) {
+		next := c.place(out)
+		if slices.Equal(next, out) {
 			break
 		}
 		out = next
 	}
-	return out
+	return c.names(out)
 }
 
 // maxPasses bounds Place's repeated passes.
 const maxPasses = 16
 
-func place(model string, current [][]string, partitions, replicas int, shards []Shard) [][]string {
-	out := make([][]string, partitions)
-	if len(shards) == 0 || partitions == 0 {
-		return out
-	}
-	shards = slices.Clone(shards)
-	slices.SortFunc(shards, func(a, b Shard) int { return cmp.Compare(a.ID, b.ID) })
-	replicas = max(1, min(replicas, len(shards)))
+// placer places one model's partitions. It works on a grid: a row of
+// replicas slots per partition, each a shard's index in shards (sorted by
+// ID, so that sorting indexes sorts IDs) or none (-1), where a
+// placement of names would cost a slice per partition per pass and a map
+// lookup per replica.
+type placer struct {
+	model      string
+	partitions int
+	replicas   int
+	shards     []Shard
+	index      map[string]int32
+	zone       []int32 // each shard's zone, numbered
 	// Zones count only when every shard names one (a shard without one
 	// would be a zone of its own, and take a replica of every partition),
 	// and there are as many as replicas.
-	zones := map[string]bool{}
-	for _, s := range shards {
-		zones[s.Zone] = true
-	}
-	zoned := len(zones) >= replicas && !zones[""]
-	quota := quotas(model, shards, partitions*replicas, partitions)
-	index := make(map[string]int, len(shards))
+	zoned bool
+	quota []int
+	// seed is each shard's hash of the model and its ID, from which its
+	// ranks are drawn.
+	seed []uint64
+}
+
+// rank is partition p's place in shard i's order of its own (rendezvous
+// hashing): deterministic, and spread. It mixes the shard's seed with p
+// (the finaliser of SplitMix64), where hashing the model, the shard and
+// p anew for each pair cost most of a placement: a tie among a few
+// hundred shards ranks every one of them.
+func (c *placer) rank(p int, i int32) uint64 {
+	z := c.seed[i] + uint64(p+1)*0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
+func newPlacer(model string, partitions, replicas int, shards []Shard) *placer {
+	shards = slices.Clone(shards)
+	slices.SortFunc(shards, func(a, b Shard) int { return cmp.Compare(a.ID, b.ID) })
+	c := &placer{model: model, partitions: partitions, replicas: max(1, min(replicas, len(shards))), shards: shards,
+		index: make(map[string]int32, len(shards)), zone: make([]int32, len(shards))}
+	zones := map[string]int32{}
 	for i, s := range shards {
-		index[s.ID] = i
+		c.index[s.ID] = int32(i)
+		z, ok := zones[s.Zone]
+		if !ok {
+			z = int32(len(zones))
+			zones[s.Zone] = z
+		}
+		c.zone[i] = z
 	}
+	_, unzoned := zones[""]
+	c.zoned = len(zones) >= c.replicas && !unzoned
+	c.quota = quotas(model, shards, partitions*c.replicas, partitions)
+	c.seed = make([]uint64, len(shards))
+	for i, s := range shards {
+		c.seed[i] = xxhash.Sum64String(model + "\x00" + s.ID)
+	}
+	return c
+}
+
+// none marks an empty slot of a grid.
+const none = -1
+
+// grid is current as a grid: per partition, the replicas that may be
+// kept (see keepable), in current's order.
+func (c *placer) grid(current [][]string) []int32 {
+	r := c.replicas
+	g := slices.Repeat([]int32{none}, c.partitions*r)
+	for p := 0; p < c.partitions && p < len(current); p++ {
+		row, k := g[p*r:(p+1)*r], 0
+		for _, id := range current[p] {
+			if i, ok := c.index[id]; ok && k < r && c.keepable(row[:k], i) {
+				row[k] = i
+				k++
+			}
+		}
+	}
+	return g
+}
+
+// keepable says a replica on shard i may join those of row: not twice on
+// one shard, nor (zoned) twice in one zone.
+func (c *placer) keepable(row []int32, i int32) bool {
+	for _, j := range row {
+		if j == i || c.zoned && c.zone[j] == c.zone[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// names is a grid as shard IDs, every row full.
+func (c *placer) names(g []int32) [][]string {
+	r := c.replicas
+	all := make([]string, len(g))
+	for k, i := range g {
+		all[k] = c.shards[i].ID
+	}
+	out := make([][]string, c.partitions)
+	for p := range out {
+		out[p] = all[p*r : (p+1)*r : (p+1)*r]
+	}
+	return out
+}
+
+// place is one pass: from the grid cur, where each partition's replicas
+// go.
+func (c *placer) place(cur []int32) []int32 {
+	r, shards, quota := c.replicas, c.shards, c.quota
+	out := slices.Repeat([]int32{none}, len(cur))
 	load := make([]int, len(shards))
 
 	// Keep what may stay: a current replica on a shard still here, not
@@ -79,34 +171,46 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 	// (a hash), so that which replicas an over-full shard gives up is
 	// spread, and the same on every manager.
 	type held struct {
-		p    int
+		p    int32
 		rank uint64
 	}
-	byShard := make([][]held, len(shards))
-	var seen []int        // shards of the partition kept so far
-	var seenZone []string // and their zones
-	for p := 0; p < partitions && p < len(current); p++ {
-		seen, seenZone = seen[:0], seenZone[:0]
-		for _, id := range current[p] {
-			i, ok := index[id]
-			if !ok || slices.Contains(seen, i) || zoned && slices.Contains(seenZone, shards[i].Zone) || len(seen) == replicas {
-				continue
+	keep := slices.Repeat([]int32{none}, len(cur)) // cur, less what may not stay
+	start := make([]int, len(shards)+1)            // shard i's kept replicas are byShard[start[i]:start[i+1]]
+	for p := range c.partitions {
+		row, k := keep[p*r:(p+1)*r], 0
+		for _, i := range cur[p*r : (p+1)*r] {
+			if i != none && c.keepable(row[:k], i) {
+				row[k] = i
+				k++
+				start[i+1]++
 			}
-			seen, seenZone = append(seen, i), append(seenZone, shards[i].Zone)
-			byShard[i] = append(byShard[i], held{p: p})
 		}
 	}
-	for i, hs := range byShard {
+	for i := range shards {
+		start[i+1] += start[i]
+	}
+	byShard := make([]held, start[len(shards)])
+	next := slices.Clone(start[:len(shards)])
+	for k, i := range keep {
+		if i != none {
+			byShard[next[i]] = held{p: int32(k / r)}
+			next[i]++
+		}
+	}
+	n := make([]int, c.partitions) // replicas placed per partition
+	for i := range shards {
+		hs := byShard[start[i]:start[i+1]]
 		// Only a shard over its quota gives replicas up, in rank order:
 		// the others keep all theirs, in any order.
 		if len(hs) > quota[i] {
 			for j := range hs {
-				hs[j].rank = rank(model, hs[j].p, shards[i].ID)
+				hs[j].rank = c.rank(int(hs[j].p), int32(i))
 			}
 			slices.SortFunc(hs, func(a, b held) int { return cmp.Compare(a.rank, b.rank) })
 		}
 		for _, h := range hs[:min(len(hs), quota[i])] {
-			out[h.p] = append(out[h.p], shards[i].ID)
+			out[int(h.p)*r+n[h.p]] = int32(i)
+			n[h.p]++
 			load[i]++
 		}
 	}
@@ -115,23 +219,17 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 	// (quota - load, then weight, then a hash) that does not hold the
 	// partition already and, zoned, is in a zone the partition does not
 	// use — or, failing that, any shard not holding it.
-	for p := range out {
-		var used []string // zones of the partition's replicas so far
-		for len(out[p]) < replicas {
-			if zoned {
-				used = used[:0]
-				for _, id := range out[p] {
-					used = append(used, shards[index[id]].Zone)
-				}
-			}
+	for p := range c.partitions {
+		row := out[p*r : (p+1)*r]
+		for k := n[p]; k < r; k++ {
 			best, bestZoned := -1, false
 			var bestRank uint64 // rank(model, p, best), once computed
 			ranked := false
 			for i, s := range shards {
-				if slices.Contains(out[p], s.ID) {
+				if slices.Contains(row[:k], int32(i)) {
 					continue
 				}
-				zoneOK := !zoned || !slices.Contains(used, s.Zone)
+				zoneOK := !c.zoned || !slices.ContainsFunc(row[:k], func(j int32) bool { return c.zone[j] == c.zone[i] })
 				if best >= 0 && bestZoned && !zoneOK {
 					continue
 				}
@@ -152,37 +250,19 @@ func place(model string, current [][]string, partitions, replicas int, shards []
 					}
 				default:
 					if !ranked {
-						bestRank, ranked = rank(model, p, shards[best].ID), true
+						bestRank, ranked = c.rank(p, int32(best)), true
 					}
-					if r := rank(model, p, s.ID); r < bestRank {
+					if r := c.rank(p, int32(i)); r < bestRank {
 						best, bestZoned, bestRank = i, zoneOK, r
 					}
 				}
 			}
-			out[p] = append(out[p], shards[best].ID)
+			row[k] = int32(best)
 			load[best]++
 		}
-		slices.Sort(out[p]) // one order, however the list was made
+		slices.Sort(row) // one order, however the row was made
 	}
 	return out
-}
-
-// rank is a partition's place in a shard's order of its own (rendezvous
-// hashing): deterministic, and spread.
-func rank(model string, p int, shard string) uint64 {
-	var b [8]byte
-	for i := range b {
-		b[i] = byte(p >> (8 * i))
-	}
-	// xxh64 of model, 0, shard, 0, p's 8 bytes, made on the stack (no
-	// string made per pair) when they fit.
-	var buf [160]byte
-	k := append(buf[:0], model...)
-	k = append(k, 0)
-	k = append(k, shard...)
-	k = append(k, 0)
-	k = append(k, b[:]...)
-	return xxhash.Sum64(k)
 }
 
 // quotas splits slots among shards by weight, each at most perShard (a

@@ -262,3 +262,54 @@ func TestRoom(t *testing.T) {
 		t.Fatalf("b has no room: %v", n)
 	}
 }
+
+// TestClusterScaleJoinLeave: at 4,096 partitions over 256 shards in 4
+// zones, replicas 2, a shard joining takes its share (1/257 of the
+// replicas), and what else moves (replicas a zone forces past a quota,
+// and those they displace) is at most half as many again; a
+// shard leaving moves only its own; and either placement, placed again,
+// moves nothing (the passes reach their fixed point).
+func TestClusterScaleJoinLeave(t *testing.T) {
+	var shards []Shard
+	for i := range 257 {
+		shards = append(shards, Shard{ID: fmt.Sprintf("shard-%04d", i), Weight: 1, Zone: fmt.Sprintf("zone-%d", i%4)})
+	}
+	const parts, reps = 4096, 2
+	before := Place("m", nil, parts, reps, shards[:256])
+	joined := Place("m", before, parts, reps, shards)
+	left := Place("m", before, parts, reps, shards[1:256])
+	for name, got := range map[string][][]string{"before": before, "joined": joined, "left": left} {
+		ss := shards
+		switch name {
+		case "before":
+			ss = shards[:256]
+		case "left":
+			ss = shards[1:256]
+		}
+		if again := Place("m", got, parts, reps, ss); !reflect.DeepEqual(again, got) {
+			t.Fatalf("%s: placing again moved %d", name, moved(got, again))
+		}
+	}
+	onto := 0
+	for _, r := range joined {
+		if slices.Contains(r, "shard-0256") {
+			onto++
+		}
+	}
+	share := parts * reps / 257
+	if onto < share || onto > share+1 {
+		t.Fatalf("the joining shard took %d replicas; its share is %d", onto, share)
+	}
+	if n := moved(before, joined); n > onto*3/2 {
+		t.Fatalf("a join moved %d replicas, %d of them onto the new shard", n, onto)
+	}
+	own := 0
+	for _, r := range before {
+		if slices.Contains(r, "shard-0000") {
+			own++
+		}
+	}
+	if n := moved(before, left); n != own {
+		t.Fatalf("a leave moved %d replicas; the shard held %d", n, own)
+	}
+}
