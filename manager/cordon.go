@@ -45,14 +45,19 @@ const maxCordons = 1024
 // trusted shards that are not cordoned, within their budgets, before
 // limitMoves.
 //
-// Placement costs O(partitions × replicas × shards) (18 ms for 4,096
-// partitions over 256 shards), and most events change none of its
-// inputs: the last result is kept with the model, and given again while
-// they stand.
+// A placement, once made, stands while its inputs do (the shards, their
+// weights, zones and budgets, the model's size) and the replicas are on
+// their way to it: each partition's replicas are among those it was
+// placed from and those it is placed on. So a rebalance keeps one target
+// while its moves are carried out a few at a time (Policy.MaxMoves), and
+// the events meanwhile cost no placement (about 1 ms per model at 4,096
+// partitions over 256 shards, on every event of a rebalance). A manager
+// that takes over mid-way places afresh from where the replicas are,
+// which moves no more than the first placement would have.
 func (s *State) placement(m *ModelState, trusted []string, p Policy) [][]string {
 	shards, fit := s.placeable(m, trusted), s.fit(m)
 	key := placeKey(m, shards, s.Shards, p.Replicas, fit)
-	if c := m.placed; c != nil && c.key == key && sameReplicas(c.from, m.Replicas) {
+	if c := m.placed; c != nil && c.key == key && onTheWay(c.from, c.out, m.Replicas) {
 		return c.out
 	}
 	out := Assign(m.Name, m.Replicas, m.Partitions, shards, s.Shards, p.Replicas, fit)
@@ -65,6 +70,22 @@ func (s *State) placement(m *ModelState, trusted []string, p Policy) [][]string 
 type placeMemo struct {
 	key       string
 	from, out [][]string
+}
+
+// onTheWay reports whether every partition's replicas in cur are among
+// its replicas in from and in to.
+func onTheWay(from, to, cur [][]string) bool {
+	if len(cur) != len(to) || len(cur) != len(from) {
+		return false
+	}
+	for p, reps := range cur {
+		for _, id := range reps {
+			if !slices.Contains(to[p], id) && !slices.Contains(from[p], id) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // placeKey fingerprints what Assign reads besides the current replicas.
@@ -125,16 +146,12 @@ func (s *State) ShardState(id string) string {
 // partition counts as loading onto a shard it is newly assigned to until
 // the shard holds every version kept of it. Deterministic: partitions in
 // order.
-func (s *State) limitMoves(h holding, m *ModelState, assign [][]string, trusted []string, replicas, max int) [][]string {
+func (s *State) limitMoves(kc *keptOf, m *ModelState, assign [][]string, trusted []string, replicas, max int) [][]string {
 	prev := m.Replicas
 	if max <= 0 || len(prev) != len(assign) || sameReplicas(prev, assign) {
 		return assign // (nothing moves: nothing to limit)
 	}
-	var kept []*Version
-	for _, v := range m.kept() {
-		kept = append(kept, m.version(v))
-	}
-	all := s.allKept(h, m, kept)
+	all := kc.of(s, m)
 	// holdsAll: id holds partition p of every kept version, by a report
 	// that follows the latest placement (the shard has loaded it).
 	holdsAll := func(id string, p int) bool { follows, _ := all(id, p); return follows }
@@ -147,20 +164,34 @@ func (s *State) limitMoves(h holding, m *ModelState, assign [][]string, trusted 
 	reports := func(id string, p int) bool { _, r := all(id, p); return r }
 	isTrusted := setOf(trusted)
 	// Moves under way: published (in prev and assign), not held yet. A
-	// first placement (nothing held anywhere) is not a move.
+	// first placement (nothing held anywhere) is not a move. They are
+	// counted only for the shards that partitions would move onto now,
+	// the only counts read below: a rebalance moves onto a few shards,
+	// and the count would cost a lookup for every replica of the model.
+	targets := map[string]bool{}
+	for p, reps := range assign {
+		for _, id := range reps {
+			if !slices.Contains(prev[p], id) {
+				targets[id] = true
+			}
+		}
+	}
 	loading := map[string]int{}
 	moving := func(p int, id string) bool {
-		return slices.ContainsFunc(prev[p], func(o string) bool { return o != id && reports(o, p) }) && !holdsAll(id, p)
+		return !holdsAll(id, p) && slices.ContainsFunc(prev[p], func(o string) bool { return o != id && reports(o, p) })
 	}
 	for p, reps := range assign {
 		for _, id := range reps {
-			if slices.Contains(prev[p], id) && moving(p, id) {
+			if targets[id] && slices.Contains(prev[p], id) && moving(p, id) {
 				loading[id]++
 			}
 		}
 	}
 	out := slices.Clone(assign)
 	for p, reps := range assign {
+		if !slices.ContainsFunc(reps, func(id string) bool { return !slices.Contains(prev[p], id) }) {
+			continue // nothing new onto it: nothing to defer
+		}
 		holders := slices.DeleteFunc(slices.Clone(prev[p]), func(o string) bool { return !isTrusted[o] || !reports(o, p) })
 		var onto []string
 		for _, id := range reps {

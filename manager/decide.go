@@ -130,7 +130,8 @@ func (s *State) settle(m *ModelState, p Policy) {
 	}
 	trusted := s.trusted(m)
 	h := s.holding(m.Name)
-	assign := s.limitMoves(h, m, s.placement(m, trusted, p), trusted, p.Replicas, p.MaxMoves)
+	kc := &keptOf{h: h}
+	assign := s.limitMoves(kc, m, s.placement(m, trusted, p), trusted, p.Replicas, p.MaxMoves)
 	liveServable := true // only a removed live version can stop being so (nobody can load it again)
 	if lv := m.version(m.Live); lv != nil && (lv.Gone || lv.Broken != "") {
 		liveServable = s.servable(m, m.Live, trusted)
@@ -177,7 +178,7 @@ func (s *State) settle(m *ModelState, p Policy) {
 	if lv := m.version(m.Live); lv != nil && strings.HasPrefix(lv.Reason, reasonWithoutRouters) && s.routersAllScore(m.Name, m.Live) {
 		lv.Reason = "" // the routers it went live without can score it now
 	}
-	m.Replicas = s.handover(h, m, assign, trusted)
+	m.Replicas = s.handover(kc, m, assign, trusted)
 	m.retire(p.KeepVersions, p.KeepDeltas)
 	m.forget()
 }

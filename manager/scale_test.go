@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -84,9 +85,10 @@ type scaleSim struct {
 type scaleStats struct {
 	events                         int
 	decide                         []time.Duration
-	raftBytes, mapBytes            int // written by the manager
-	shardBytes, routerBytes        int // written by shards and routers
-	largest                        int // of etcd's records
+	decideKind                     []string // the event of each decide entry
+	raftBytes, mapBytes            int      // written by the manager
+	shardBytes, routerBytes        int      // written by shards and routers
+	largest                        int      // of etcd's records
 	largestWhat                    string
 	largestEntry                   int // raft entry
 	deltas                         int
@@ -225,6 +227,7 @@ func (x *scaleSim) decide(ev Event) {
 	x.s = next
 	x.stats.events++
 	x.stats.decide = append(x.stats.decide, took)
+	x.stats.decideKind = append(x.stats.decideKind, eventKind(ev))
 	c, _ := changesOf(cur, next, acts)
 	if len(c.patches) > 0 || len(c.gone) > 0 || c.cordons != nil || len(c.audit) > 0 {
 		entry, err := entryOf(c, next.Cordoned, x.now, AuditRetention{})
@@ -518,6 +521,28 @@ func (x *scaleSim) check() {
 	}
 }
 
+// eventKind names an event for the report: its type, and a command's op.
+func eventKind(ev Event) string {
+	if c, ok := ev.(Command); ok {
+		return "Command " + string(c.Op)
+	}
+	return fmt.Sprintf("%T", ev)[len("manager."):]
+}
+
+// slowest lists the n slowest decisions with their events.
+func slowest(ds []time.Duration, kinds []string, n int) string {
+	idx := make([]int, len(ds))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(ds[b], ds[a]) })
+	var parts []string
+	for _, i := range idx[:min(n, len(idx))] {
+		parts = append(parts, fmt.Sprintf("%v %s", ds[i].Round(10*time.Microsecond), kinds[i]))
+	}
+	return strings.Join(parts, ", ")
+}
+
 func percentile(ds []time.Duration, q float64) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
@@ -542,6 +567,7 @@ func (x *scaleSim) report() {
 	x.tb.Logf("%d partitions, %d shards in %d zones, %d models, %d routers: %d deltas over %d s, %d events",
 		x.cfg.parts, x.cfg.shards, x.cfg.zones, x.cfg.models, x.cfg.routers, st.deltas, x.cfg.seconds, st.events)
 	x.tb.Logf("Decide: p50 %v, p99 %v, max %v", percentile(st.decide, 0.5), percentile(st.decide, 0.99), percentile(st.decide, 1))
+	x.tb.Logf("slowest events: %s", slowest(st.decide, st.decideKind, 5))
 	x.tb.Logf("per delta (median, max): raft %d / %d B; etcd, all writers %d / %d B; a router reads %d / %d B",
 		med(raft), slices.Max(raft), med(etcd), slices.Max(etcd), med(read), slices.Max(read))
 	x.tb.Logf("etcd per delta by writer (median): the manager's map records %d B, shards %d B, routers %d B", med(mp), med(sh), med(ro))
@@ -558,6 +584,49 @@ func TestClusterScaleSim(t *testing.T) {
 	x.report()
 }
 
+// TestRebalanceKeepsItsTarget: a shard joins while moves are limited to
+// two loading onto a shard at a time, so the rebalance takes several
+// rounds of shards loading and reporting. The placement made when the
+// shard joined stands throughout: the replicas end exactly there, and
+// placing afresh from where they ended moves nothing. No event meanwhile
+// placed anew.
+func TestRebalanceKeepsItsTarget(t *testing.T) {
+	x := newScaleSim(t, scaleConfig{parts: 128, shards: 16, zones: 4, models: 3, routers: 2, seconds: 1, touch: 0.01, compactAfter: 5, seed: 3})
+	x.p.MaxMoves = 2
+	x.run()
+	x.addShard()
+	x.decide(ShardsChanged{Shards: x.snapshotShards()})
+	targets := map[string][][]string{}
+	made := map[string]*placeMemo{}
+	limited := false
+	for _, name := range x.models {
+		m := x.s.Models[name]
+		targets[name], made[name] = x.s.placement(m, x.s.trusted(m), x.p), m.placed
+		if !sameReplicas(m.Replicas, targets[name]) {
+			limited = true
+		}
+	}
+	if !limited {
+		t.Fatal("the join moved everything at once: nothing to carry out over rounds")
+	}
+	x.follow()
+	for _, name := range x.models {
+		m := x.s.Models[name]
+		if !sameReplicas(m.Replicas, targets[name]) {
+			t.Fatalf("model %s: the rebalance ended away from the placement made when the shard joined", name)
+		}
+		if m.placed != made[name] {
+			t.Fatalf("model %s: placed anew during the rebalance (each event paid a placement)", name)
+		}
+		trusted := x.s.trusted(m)
+		again := Assign(m.Name, m.Replicas, m.Partitions, x.s.placeable(m, trusted), x.s.Shards, x.p.Replicas, x.s.fit(m))
+		if !sameReplicas(again, m.Replicas) {
+			t.Fatalf("model %s: placing afresh from where the rebalance ended moves replicas", name)
+		}
+	}
+	x.check()
+}
+
 // BenchmarkClusterScaleSim: 4,096 partitions, 256 shards in 4 zones,
 // replicas 2, three models, a delta a second touching 1% of the
 // partitions. go test -run XXX -bench ClusterScaleSim -benchtime 1x ./manager
@@ -567,5 +636,24 @@ func BenchmarkClusterScaleSim(b *testing.B) {
 		x.run()
 		x.check()
 		x.report()
+	}
+}
+
+// BenchmarkDecideRebalancing: the cost of one event that settles every
+// model while a rebalance is under way (a shard has just joined 256, at
+// 4,096 partitions, three models): what the slowest events of
+// BenchmarkClusterScaleSim pay.
+// go test -run XXX -bench DecideRebalancing ./manager
+func BenchmarkDecideRebalancing(b *testing.B) {
+	x := newScaleSim(b, scaleConfig{parts: 4096, shards: 256, zones: 4, models: 3, routers: 4, seconds: 1, touch: 0.01, compactAfter: 200, seed: 7})
+	x.run()
+	x.addShard()
+	x.decide(ShardsChanged{Shards: x.snapshotShards()})
+	ev := RoutersChanged{Routers: x.snapshotRouters()}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, _, err := Decide(x.s, ev, x.p); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -130,18 +130,31 @@ func (s *State) holdsVersion(h holding, m *ModelState, id string, x *Version, p 
 type allKept func(id string, p int) (follows, reports bool)
 
 func (s *State) allKept(h holding, m *ModelState, kept []*Version) allKept {
-	type index struct {
+	// For the shards with a report of schema 4, the answers are laid out
+	// by partition (held[at[p]:at[p+1]]): a settle asks for every replica
+	// of every partition, and a scan of a partition's few holders costs
+	// less than a lookup by shard and a search of its parts.
+	type answer struct {
+		view             int32 // in views
 		follows, reports bool
+	}
+	n := int(m.Partitions)
+	type shardView struct {
+		id               string
 		held             *topo.Held
+		follows, reports bool
 		lacking          map[uint32]bool // partitions a kept version lacks
 	}
-	idx := map[string]*index{}
+	var views []shardView
+	schema4 := map[string]bool{}
+	at := make([]int, n+1)
 	for id, si := range s.Shards {
 		held := si.Held[m.Name]
 		if held == nil {
 			continue
 		}
-		x := &index{held: held, reports: true, lacking: map[uint32]bool{}}
+		schema4[id] = true
+		x := shardView{id: id, held: held, reports: true}
 		for _, v := range kept {
 			if v == nil || v.Info == nil {
 				x.reports = false
@@ -152,6 +165,9 @@ func (s *State) allKept(h holding, m *ModelState, kept []*Version) allKept {
 			}
 			for _, e := range held.Except {
 				if e.Version == v.Version {
+					if x.lacking == nil {
+						x.lacking = map[uint32]bool{}
+					}
 					for _, p := range e.Missing {
 						x.lacking[p] = true
 					}
@@ -159,14 +175,36 @@ func (s *State) allKept(h holding, m *ModelState, kept []*Version) allKept {
 			}
 		}
 		x.follows = x.reports && held.Seq >= m.PlaceSeq
-		idx[id] = x
+		views = append(views, x)
+		for _, p := range held.Parts {
+			if int(p) < n && !x.lacking[p] {
+				at[p+1]++
+			}
+		}
+	}
+	for p := range n {
+		at[p+1] += at[p]
+	}
+	held := make([]answer, at[n])
+	next := slices.Clone(at[:n])
+	for v, x := range views {
+		for _, p := range x.held.Parts {
+			if int(p) < n && !x.lacking[p] {
+				held[next[p]] = answer{int32(v), x.follows, x.reports}
+				next[p]++
+			}
+		}
 	}
 	return func(id string, p int) (follows, reports bool) {
-		if x := idx[id]; x != nil {
-			if _, in := slices.BinarySearch(x.held.Parts, uint32(p)); !in || x.lacking[uint32(p)] {
-				return false, false
+		if p >= 0 && p < n {
+			for _, a := range held[at[p]:at[p+1]] {
+				if views[a.view].id == id {
+					return a.follows, a.reports
+				}
 			}
-			return x.follows, x.reports
+		}
+		if schema4[id] {
+			return false, false
 		}
 		si, ok := s.Shards[id]
 		if !ok {
@@ -176,6 +214,28 @@ func (s *State) allKept(h holding, m *ModelState, kept []*Version) allKept {
 		reports = !slices.ContainsFunc(kept, func(x *Version) bool { return !reported(si, m, x, p) })
 		return follows, reports
 	}
+}
+
+// keptOf is allKept for a model's kept versions, made once while they
+// stand: limitMoves and handover ask for the same versions in one settle
+// unless a commit between them changed which are kept.
+type keptOf struct {
+	h   holding
+	vs  []uint64
+	all allKept
+}
+
+func (kc *keptOf) of(s *State, m *ModelState) allKept {
+	vs := m.kept()
+	if kc.all != nil && slices.Equal(vs, kc.vs) {
+		return kc.all
+	}
+	var kept []*Version
+	for _, v := range vs {
+		kept = append(kept, m.version(v))
+	}
+	kc.vs, kc.all = vs, s.allKept(kc.h, m, kept)
+	return kc.all
 }
 
 // reported reports whether si says it holds partition p of version x of
@@ -241,16 +301,12 @@ func (s *State) allHold(h holding, m *ModelState, assign [][]string, v uint64) b
 // if they are still trusted (registered, reporting nothing false), so a
 // partition moved when shards join or leave keeps its serving replicas
 // until its new holders have loaded it.
-func (s *State) handover(h holding, m *ModelState, assign [][]string, trusted []string) [][]string {
+func (s *State) handover(kc *keptOf, m *ModelState, assign [][]string, trusted []string) [][]string {
 	prev := m.Replicas
 	if len(prev) != len(assign) || sameReplicas(prev, assign) {
 		return assign // (nothing moves: every holder stays)
 	}
-	var serving []*Version
-	for _, v := range m.kept() {
-		serving = append(serving, m.version(v))
-	}
-	all := s.allKept(h, m, serving)
+	all := kc.of(s, m)
 	isTrusted := setOf(trusted)
 	out := make([][]string, len(assign))
 	for p, reps := range assign {
