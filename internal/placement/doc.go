@@ -23,14 +23,15 @@
 // the model and its ID mixed with the partition (SplitMix64's finaliser).
 //
 // Cost: O(partitions × replicas × shards) for what must be placed anew,
-// O(partitions × replicas) per pass for what stays, on shard indexes, not
-// names. A zone may force a replica past a shard's quota, which the next
-// pass trims: a join at 4,096 partitions over 257 shards in 4 zones
-// takes 7 passes. On this project's 2-core machine under load: 10,000
-// partitions over 100 shards placed from nothing 8–17 ms
-// (BenchmarkPlace10k); 4,096 over 256 in 4 zones after one shard left
-// 0.65–0.9 ms (BenchmarkPlaceShardLeaves), after one joined 1.3–1.5 ms
+// O(partitions × replicas) for what stays, on shard indexes, not names.
+// A zone may force a replica past a shard's quota, which the next pass
+// trims: a join at 4,096 partitions over 257 shards in 4 zones takes 7
+// passes, each after the first costing only what it changes (again). On
+// this project's 2-core machine under load: 10,000 partitions over 100
+// shards placed from nothing 8–17 ms (BenchmarkPlace10k); 4,096 over 256
+// in 4 zones after one shard left 0.6–0.7 ms
+// (BenchmarkPlaceShardLeaves), after one joined 0.6–0.7 ms
 // (BenchmarkPlaceShardJoins). Tests: movement bounds over random shard
 // names and at 4,096 partitions, weighted balance, zones, determinism
-// (placement_test.go).
+// (placement_test.go); later passes as whole ones (again_test.go).
 package placement

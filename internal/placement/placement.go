@@ -2,6 +2,7 @@ package placement
 
 import (
 	"cmp"
+	"maps"
 	"math"
 	"slices"
 
@@ -40,13 +41,24 @@ func Place(model string, current [][]string, partitions, replicas int, shards []
 	// which the next pass trims, moving another partition: passes are
 	// repeated until the answer stands (it always does at once without
 	// zones), so that placing again moves nothing.
+	// Passes after the first change only what they trim (again).
 	out := c.place(c.grid(current))
+	load := make([]int, len(c.shards))
+	var forced []int
+	for p := range c.partitions {
+		row := out[p*c.replicas : (p+1)*c.replicas]
+		for _, i := range row {
+			load[i]++
+		}
+		if c.zoned && !c.zonesApart(row) {
+			forced = append(forced, p)
+		}
+	}
 	for range maxPasses {
-		next := c.place(out)
-		if slices.Equal(next, out) {
+		var changed bool
+		if changed, forced = c.again(out, load, forced); !changed {
 			break
 		}
-		out = next
 	}
 	return c.names(out)
 }
@@ -220,49 +232,146 @@ func (c *placer) place(cur []int32) []int32 {
 	// partition already and, zoned, is in a zone the partition does not
 	// use — or, failing that, any shard not holding it.
 	for p := range c.partitions {
-		row := out[p*r : (p+1)*r]
-		for k := n[p]; k < r; k++ {
-			best, bestZoned := -1, false
-			var bestRank uint64 // rank(model, p, best), once computed
-			ranked := false
-			for i, s := range shards {
-				if slices.Contains(row[:k], int32(i)) {
-					continue
-				}
-				zoneOK := !c.zoned || !slices.ContainsFunc(row[:k], func(j int32) bool { return c.zone[j] == c.zone[i] })
-				if best >= 0 && bestZoned && !zoneOK {
-					continue
-				}
-				if best < 0 || zoneOK && !bestZoned {
-					best, bestZoned, ranked = i, zoneOK, false
-					continue
-				}
-				// better(model, p, i, best, …), with best's rank kept.
-				ri, rb := quota[i]-load[i], quota[best]-load[best]
-				switch {
-				case ri != rb:
-					if ri > rb {
-						best, bestZoned, ranked = i, zoneOK, false
-					}
-				case s.Weight != shards[best].Weight:
-					if s.Weight > shards[best].Weight {
-						best, bestZoned, ranked = i, zoneOK, false
-					}
-				default:
-					if !ranked {
-						bestRank, ranked = c.rank(p, int32(best)), true
-					}
-					if r := c.rank(p, int32(i)); r < bestRank {
-						best, bestZoned, bestRank = i, zoneOK, r
-					}
-				}
-			}
-			row[k] = int32(best)
-			load[best]++
-		}
-		slices.Sort(row) // one order, however the row was made
+		c.fill(p, out[p*r:(p+1)*r], n[p], load)
 	}
 	return out
+}
+
+// fill gives partition p's row its missing replicas (those from k on):
+// each goes to the shard with the most room (quota - load, then weight,
+// then its rank) that does not hold the partition already and, zoned, is
+// in a zone the partition does not use — or, failing that, any shard not
+// holding it. It counts them in load, and sorts the row.
+func (c *placer) fill(p int, row []int32, k int, load []int) {
+	shards, quota := c.shards, c.quota
+	for ; k < len(row); k++ {
+		best, bestZoned := -1, false
+		var bestRank uint64 // rank(model, p, best), once computed
+		ranked := false
+		for i, s := range shards {
+			if slices.Contains(row[:k], int32(i)) {
+				continue
+			}
+			zoneOK := !c.zoned || !slices.ContainsFunc(row[:k], func(j int32) bool { return c.zone[j] == c.zone[i] })
+			if best >= 0 && bestZoned && !zoneOK {
+				continue
+			}
+			if best < 0 || zoneOK && !bestZoned {
+				best, bestZoned, ranked = i, zoneOK, false
+				continue
+			}
+			// better(model, p, i, best, …), with best's rank kept.
+			ri, rb := quota[i]-load[i], quota[best]-load[best]
+			switch {
+			case ri != rb:
+				if ri > rb {
+					best, bestZoned, ranked = i, zoneOK, false
+				}
+			case s.Weight != shards[best].Weight:
+				if s.Weight > shards[best].Weight {
+					best, bestZoned, ranked = i, zoneOK, false
+				}
+			default:
+				if !ranked {
+					bestRank, ranked = c.rank(p, int32(best)), true
+				}
+				if r := c.rank(p, int32(i)); r < bestRank {
+					best, bestZoned, bestRank = i, zoneOK, r
+				}
+			}
+		}
+		row[k] = int32(best)
+		load[best]++
+	}
+	slices.Sort(row) // one order, however the row was made
+}
+
+// again is place(out) for out a pass's result, made in out, at the cost
+// of what it changes; it reports whether anything did. A pass's result
+// has every row full, so another pass keeps every replica but those a
+// zone forces beside another of its zone (only in rows the last pass
+// filled: forced) and those beyond the quota of a shard over it; it
+// fills the rows they leave, in order, as place does.
+func (c *placer) again(out []int32, load []int, forced []int) (changed bool, nowForced []int) {
+	r, shards, quota := c.replicas, c.shards, c.quota
+	holes := map[int]bool{}
+	was := map[int][]int32{} // the rows changed, as they were
+	drop := func(p, k int) {
+		row := out[p*r : (p+1)*r]
+		if was[p] == nil {
+			was[p] = slices.Clone(row)
+		}
+		load[row[k]]--
+		row[k] = none
+		holes[p] = true
+	}
+	for _, p := range forced {
+		row := out[p*r : (p+1)*r]
+		for k := 1; k < r; k++ {
+			if i := row[k]; i != none && !c.keepable(slices.DeleteFunc(slices.Clone(row[:k]), func(j int32) bool { return j == none }), i) {
+				drop(p, k)
+			}
+		}
+	}
+	over := make([]bool, len(shards))
+	anyOver := false
+	for i := range shards {
+		if load[i] > quota[i] {
+			over[i], anyOver = true, true
+		}
+	}
+	if anyOver {
+		// An over-full shard keeps its replicas first in rank order.
+		type held struct {
+			p, k int
+			rank uint64
+		}
+		byShard := map[int32][]held{}
+		for at, i := range out {
+			if i != none && over[i] {
+				byShard[i] = append(byShard[i], held{p: at / r, k: at % r})
+			}
+		}
+		for i := range shards {
+			hs := byShard[int32(i)]
+			if len(hs) <= quota[i] {
+				continue
+			}
+			for j := range hs {
+				hs[j].rank = c.rank(hs[j].p, int32(i))
+			}
+			slices.SortFunc(hs, func(a, b held) int { return cmp.Compare(a.rank, b.rank) })
+			for _, h := range hs[quota[i]:] {
+				drop(h.p, h.k)
+			}
+		}
+	}
+	if len(holes) == 0 {
+		return false, nil
+	}
+	for _, p := range slices.Sorted(maps.Keys(holes)) {
+		row := out[p*r : (p+1)*r]
+		kept := slices.DeleteFunc(slices.Clone(row), func(i int32) bool { return i == none })
+		copy(row, kept)
+		c.fill(p, row, len(kept), load)
+		if !slices.Equal(row, was[p]) {
+			changed = true
+		}
+		if c.zoned && !c.zonesApart(row) {
+			nowForced = append(nowForced, p)
+		}
+	}
+	return changed, nowForced
+}
+
+// zonesApart reports whether a row's replicas are in distinct zones.
+func (c *placer) zonesApart(row []int32) bool {
+	for k := 1; k < len(row); k++ {
+		if !c.keepable(row[:k], row[k]) {
+			return false
+		}
+	}
+	return true
 }
 
 // quotas splits slots among shards by weight, each at most perShard (a
