@@ -871,11 +871,18 @@ func (m *Manager) write(ctx context.Context, next *State, acts []Action) error {
 			slog.Error("manager: committed, but the serving map is not published yet; trying again", "err", err)
 		}
 	} else {
-		c.wholeStates(next)
-		err := m.pub.publish(wctx, next, slices.Concat(c.maps, c.gone), func(ops txnOps) error { return m.st.commit(wctx, c, ops) })
+		states, done, err := m.st.stateOps(c, m.persisted, next)
 		if err != nil {
 			return err
 		}
+		err = m.pub.publish(wctx, next, slices.Concat(c.maps, c.gone), func(ops txnOps) error {
+			ops.add(states)
+			return m.st.commit(wctx, c, ops)
+		})
+		if err != nil {
+			return err
+		}
+		done()
 	}
 	prev := m.persisted
 	m.setPersisted(next)

@@ -43,7 +43,8 @@ type scaleConfig struct {
 	compactAfter                          int
 	seed                                  uint64
 	// follow: a follower applies every entry, and its state is checked
-	// against the leader's after each.
+	// against the leader's after each; so is the state read back from
+	// the records a manager without raft writes.
 	follow bool
 }
 
@@ -75,6 +76,8 @@ type scaleSim struct {
 	now        time.Time
 	pub        *publisher
 	etcd       map[string][]byte // the serving map's records, as written
+	stateStore *store            // a manager without raft: what it has written of its state
+	stateKV    map[string][]byte // and the records, as written
 	follower   *replicated
 	index      uint64
 	reader     *topo.MapReader
@@ -91,6 +94,7 @@ type scaleStats struct {
 	largest                        int      // of etcd's records
 	largestWhat                    string
 	largestEntry                   int // raft entry
+	stateBytes, largestState       int // a manager without raft: its state's records
 	deltas                         int
 	perDelta                       []deltaBytes
 	mapsRead                       int // bytes of map records a router reads
@@ -99,7 +103,7 @@ type scaleStats struct {
 
 // deltaBytes is what one delta cost, from its scan until shards and
 // routers settled.
-type deltaBytes struct{ raft, etcd, maps, shards, routers, routerRead int }
+type deltaBytes struct{ raft, etcd, maps, shards, routers, routerRead, state int }
 
 func newScaleSim(tb testing.TB, cfg scaleConfig) *scaleSim {
 	x := &scaleSim{tb: tb, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.seed, 1)),
@@ -253,6 +257,7 @@ func (x *scaleSim) decide(ev Event) {
 			}
 		}
 	}
+	x.storeState(c, cur, next)
 	var ops txnOps
 	err = x.pub.publish(context.Background(), next, slices.Concat(c.maps, c.gone), func(t txnOps) error { ops = t; return nil })
 	if err != nil {
@@ -275,21 +280,71 @@ func (x *scaleSim) decide(ev Event) {
 	}
 }
 
+// storeState writes the change as a manager without raft does, to a
+// simulated etcd of its own, and measures it; following, it checks that
+// a manager reading those records back holds exactly the state.
+func (x *scaleSim) storeState(c change, cur, next *State) {
+	x.tb.Helper()
+	if x.stateStore == nil {
+		x.stateStore, x.stateKV = &store{cluster: topo.DefaultCluster}, map[string][]byte{}
+	}
+	ops, done, err := x.stateStore.stateOps(c, cur, next)
+	if err != nil {
+		x.tb.Fatal(err)
+	}
+	for _, name := range c.gone {
+		ops.delete(x.stateStore.modelKey(name))
+		ops.deletePrefix(x.stateStore.modelKey(name) + "/")
+	}
+	done()
+	for _, n := range ops.sizes {
+		x.stats.stateBytes += n
+		x.stats.largestState = max(x.stats.largestState, n)
+	}
+	applyOps(x.stateKV, ops)
+	if !x.cfg.follow {
+		return
+	}
+	recs := map[string]*modelRecords{}
+	for k, v := range x.stateKV {
+		if err := addRecord(recs, strings.TrimPrefix(k, x.stateStore.modelsPrefix()), k, v); err != nil {
+			x.tb.Fatal(err)
+		}
+	}
+	got, _, err := x.stateStore.assembleAll(recs)
+	if err != nil {
+		x.tb.Fatalf("reading back the state's records: %v", err)
+	}
+	if len(got) != len(next.Models) {
+		x.tb.Fatalf("read back %d models' states, want %d", len(got), len(next.Models))
+	}
+	for name, m := range next.Models {
+		a, _ := json.Marshal(m)
+		b, _ := json.Marshal(got[name])
+		if string(a) != string(b) {
+			x.tb.Fatalf("model %s: its state's records read back as\n%.3000s\nthe state\n%.3000s", name, b, a)
+		}
+	}
+}
+
 // applyOps applies writes to the simulated etcd.
-func (x *scaleSim) applyOps(ops txnOps) {
+func (x *scaleSim) applyOps(ops txnOps) { applyOps(x.etcd, ops) }
+
+// applyOps applies writes to a simulated etcd.
+func applyOps(etcd map[string][]byte, ops txnOps) {
 	for _, op := range ops.ops {
 		key := string(op.KeyBytes())
 		switch {
 		case op.IsPut():
-			x.etcd[key] = slices.Clone(op.ValueBytes())
+			etcd[key] = slices.Clone(op.ValueBytes())
 		case op.IsDelete() && len(op.RangeBytes()) > 0:
-			for k := range x.etcd {
+			for k := range etcd {
 				if k >= key && k < string(op.RangeBytes()) {
-					delete(x.etcd, k)
+					delete(etcd, k)
 				}
 			}
 		case op.IsDelete():
-			delete(x.etcd, key)
+			delete(etcd, key)
 		}
 	}
 }
@@ -469,7 +524,7 @@ func (x *scaleSim) second(i int) {
 		etcd := (x.stats.mapBytes - before.mapBytes) + (x.stats.shardBytes - before.shardBytes) + (x.stats.routerBytes - before.routerBytes)
 		x.stats.perDelta = append(x.stats.perDelta, deltaBytes{raft: x.stats.raftBytes - before.raftBytes, etcd: etcd,
 			maps: x.stats.mapBytes - before.mapBytes, shards: x.stats.shardBytes - before.shardBytes, routers: x.stats.routerBytes - before.routerBytes,
-			routerRead: (x.stats.mapsRead - before.mapsRead) / max(1, x.cfg.routers)})
+			routerRead: (x.stats.mapsRead - before.mapsRead) / max(1, x.cfg.routers), state: x.stats.stateBytes - before.stateBytes})
 		if m := x.s.Models[name]; m.Live >= v {
 			x.stats.committedDeltas++
 		} else {
@@ -493,7 +548,7 @@ func (x *scaleSim) run() {
 	}
 	// Per-delta figures from here on; the largest records since the
 	// start (a full version's record is written with it).
-	x.stats = scaleStats{largest: x.stats.largest, largestWhat: x.stats.largestWhat, largestEntry: x.stats.largestEntry}
+	x.stats = scaleStats{largest: x.stats.largest, largestWhat: x.stats.largestWhat, largestEntry: x.stats.largestEntry, largestState: x.stats.largestState}
 	for i := range x.cfg.seconds {
 		x.second(i)
 	}
@@ -572,6 +627,17 @@ func (x *scaleSim) report() {
 		med(raft), slices.Max(raft), med(etcd), slices.Max(etcd), med(read), slices.Max(read))
 	x.tb.Logf("etcd per delta by writer (median): the manager's map records %d B, shards %d B, routers %d B", med(mp), med(sh), med(ro))
 	x.tb.Logf("largest etcd record %d B (%s); largest raft entry %d B; heap in use %d MiB", st.largest, st.largestWhat, st.largestEntry, ms.HeapInuse>>20)
+	whole := 0
+	for _, m := range x.s.Models {
+		b, _ := json.Marshal(m)
+		whole = max(whole, len(b))
+	}
+	var state []int
+	for _, d := range st.perDelta {
+		state = append(state, d.state)
+	}
+	x.tb.Logf("a manager without raft writes its state's records to etcd besides: per delta (median, max) %d / %d B, largest record %d B (a model's state as one record: %d B)",
+		med(state), slices.Max(state), st.largestState, whole)
 }
 
 // TestClusterScaleSim runs a small cluster through the simulation and
@@ -650,6 +716,38 @@ func BenchmarkDecideRebalancing(b *testing.B) {
 	x.addShard()
 	x.decide(ShardsChanged{Shards: x.snapshotShards()})
 	ev := RoutersChanged{Routers: x.snapshotRouters()}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, _, err := Decide(x.s, ev, x.p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestStateRecordsReadBack: a manager without raft keeps each model's
+// state in records that change with what changed (storerecords.go).
+// Through a minute of deltas with a short keep policy (versions leave
+// the state, and identities based on them are written again on another
+// base) and compactions, the records read back, after every decision,
+// as exactly the state.
+func TestStateRecordsReadBack(t *testing.T) {
+	x := newScaleSim(t, scaleConfig{parts: 32, shards: 6, zones: 3, models: 2, routers: 1, seconds: 60, touch: 0.1, compactAfter: 7, seed: 11, follow: true})
+	x.p.KeepVersions, x.p.KeepDeltas = 1, 3
+	x.run()
+	x.check()
+	if x.stats.stateBytes == 0 {
+		t.Fatal("nothing written")
+	}
+}
+
+// BenchmarkDecideShardJoins: the cost of the event in which a shard
+// joins 256 (4,096 partitions, three models): every model placed anew.
+// go test -run XXX -bench DecideShardJoins ./manager
+func BenchmarkDecideShardJoins(b *testing.B) {
+	x := newScaleSim(b, scaleConfig{parts: 4096, shards: 256, zones: 4, models: 3, routers: 4, seconds: 1, touch: 0.01, compactAfter: 200, seed: 7})
+	x.run()
+	x.addShard()
+	ev := ShardsChanged{Shards: x.snapshotShards()}
 	b.ResetTimer()
 	for b.Loop() {
 		if _, _, err := Decide(x.s, ev, x.p); err != nil {

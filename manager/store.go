@@ -19,7 +19,7 @@ import (
 // derives:
 //
 //	MANAGER/guard          guardRecord: bumped by every write
-//	MANAGER/models/NAME    ModelState
+//	MANAGER/models/NAME/…  ModelState, in records that change with what changed (storerecords.go)
 //	MANAGER/audit/SEQ      AuditEntry (the newest maxAudit)
 //	MANAGER/cordons        cordonRecord: the cordoned shards
 //
@@ -37,6 +37,9 @@ type store struct {
 	// group: this manager is a raft member, reading the state kept in
 	// etcd only to import it.
 	group bool
+	// layout: the models whose state etcd holds as records of their own
+	// (storerecords.go), as last read or written.
+	layout map[string]*stored
 }
 
 type guardRecord struct {
@@ -80,7 +83,8 @@ func (st *store) load(ctx context.Context) (*State, error) {
 	if err != nil {
 		return nil, fmt.Errorf("manager: reading state: %w", err)
 	}
-	models := map[string]*ModelState{}
+	var models map[string]*ModelState
+	recs := map[string]*modelRecords{}
 	var cordoned []string
 	st.rev, st.audit = 0, 0
 	for _, kv := range resp.Kvs {
@@ -95,12 +99,9 @@ func (st *store) load(ctx context.Context) (*State, error) {
 			}
 			st.rev, st.audit = kv.ModRevision, g.Audit
 		case strings.HasPrefix(key, st.modelsPrefix()):
-			m, err := topo.Decode[ModelState](key, kv.Value)
-			if err != nil {
-				return nil, fmt.Errorf("manager: %w", err)
+			if err := addRecord(recs, strings.TrimPrefix(key, st.modelsPrefix()), key, kv.Value); err != nil {
+				return nil, err
 			}
-			m.Schema = ModelStateSchema // rewritten in this build's form
-			models[m.Name] = &m
 		case key == st.cordonKey():
 			c, err := topo.Decode[cordonRecord](key, kv.Value)
 			if err != nil {
@@ -109,6 +110,9 @@ func (st *store) load(ctx context.Context) (*State, error) {
 			cordoned = slices.Compact(slices.Sorted(slices.Values(c.Shards)))
 			cordoned = cordoned[:min(len(cordoned), maxCordons)]
 		}
+	}
+	if models, st.layout, err = st.assembleAll(recs); err != nil {
+		return nil, err
 	}
 	return &State{Models: models, Cordoned: cordoned}, nil
 }
@@ -162,7 +166,36 @@ const (
 type txnOps struct {
 	ops   []clientv3.Op
 	sizes []int
+	// joined[i]: ops[i] goes in the transaction of ops[i-1] (one model's
+	// records: see together), unless they cannot fit one.
+	joined []bool
 }
+
+// together marks the operations added from now on until done is
+// called as one group, written in one transaction where one can hold
+// them.
+func (t *txnOps) together() (done func()) {
+	first := len(t.ops)
+	return func() {
+		for len(t.joined) < len(t.ops) {
+			t.joined = append(t.joined, len(t.joined) > first)
+		}
+	}
+}
+
+// add appends u's operations.
+func (t *txnOps) add(u txnOps) {
+	for len(t.joined) < len(t.ops) {
+		t.joined = append(t.joined, false)
+	}
+	t.ops, t.sizes = append(t.ops, u.ops...), append(t.sizes, u.sizes...)
+	for i := range u.ops {
+		t.joined = append(t.joined, i < len(u.joined) && u.joined[i])
+	}
+}
+
+// isJoined reports whether ops[i] must follow ops[i-1] in its transaction.
+func (t *txnOps) isJoined(i int) bool { return i < len(t.joined) && t.joined[i] }
 
 // put adds a write of value at key, refusing a record etcd would refuse.
 func (t *txnOps) put(key string, value []byte) error {
@@ -186,18 +219,28 @@ func (t *txnOps) deletePrefix(prefix string) {
 // each calls write with the operations in order, in batches that fit one
 // transaction each, at least once (with none when there are none), and
 // stops at the first error.
+//
+// A group (together) is not split across transactions unless it alone
+// cannot fit one: a transaction ends before a group that would not fit.
 func (t *txnOps) each(write func(batch []clientv3.Op) error) error {
-	ops, sizes := t.ops, t.sizes
+	ops, sizes, at := t.ops, t.sizes, 0
 	for first := true; first || len(ops) > 0; first = false {
 		n, bytes := 0, 0
 		for n < len(ops) && n < maxTxnOps-1 && (n == 0 || bytes+sizes[n] <= maxTxnBytes) {
 			bytes += sizes[n]
 			n++
 		}
+		whole := n
+		for n < len(ops) && n > 0 && t.isJoined(at+n) {
+			n-- // back to the start of the group the limit cut
+		}
+		if n == 0 {
+			n = whole // a group larger than a transaction: split after all
+		}
 		if err := write(ops[:n:n]); err != nil {
 			return err
 		}
-		ops, sizes = ops[n:], sizes[n:]
+		ops, sizes, at = ops[n:], sizes[n:], at+n
 	}
 	return nil
 }
@@ -226,7 +269,8 @@ func (st *store) commit(ctx context.Context, c change, mapOps txnOps) error {
 		}
 	}
 	for _, name := range c.gone {
-		ops.delete(st.modelsPrefix() + name) // the map's records: in mapOps
+		ops.delete(st.modelKey(name)) // the map's records: in mapOps
+		ops.deletePrefix(st.modelKey(name) + "/")
 	}
 	seq := st.audit
 	for _, e := range c.audit {

@@ -106,6 +106,21 @@ func NewPlacement(model string, seq uint64, replicas [][]string) Placement {
 	return pl
 }
 
+// Names is the placement as shard IDs, the inverse of NewPlacement.
+func (pl Placement) Names() ([][]string, error) {
+	out := make([][]string, len(pl.Replicas))
+	for p, reps := range pl.Replicas {
+		out[p] = make([]string, len(reps))
+		for i, n := range reps {
+			if int(n) >= len(pl.Shards) {
+				return nil, fmt.Errorf("topo: model %s: placement names shard %d of %d", pl.Model, n, len(pl.Shards))
+			}
+			out[p][i] = pl.Shards[n]
+		}
+	}
+	return out, nil
+}
+
 // NewVersionRecord is info's record, relative to base's identities
 // (baseIDs; base 0: none). It lists every identity when more than half
 // differ: a reader then resolves it without base.
@@ -292,15 +307,9 @@ func assemble(h ModelHead, pl Placement, versions map[uint64]*resolved) (Assignm
 	if len(pl.Replicas) != int(h.Partitions) {
 		return a, fmt.Errorf("topo: model %s: placement of %d partitions, the head says %d", h.Model, len(pl.Replicas), h.Partitions)
 	}
-	a.Replicas = make([][]string, len(pl.Replicas))
-	for p, reps := range pl.Replicas {
-		a.Replicas[p] = make([]string, len(reps))
-		for i, n := range reps {
-			if int(n) >= len(pl.Shards) {
-				return a, fmt.Errorf("topo: model %s: placement names shard %d of %d", h.Model, n, len(pl.Shards))
-			}
-			a.Replicas[p][i] = pl.Shards[n]
-		}
+	var err error
+	if a.Replicas, err = pl.Names(); err != nil {
+		return a, err
 	}
 	for _, v := range a.Kept() {
 		ids, err := resolve(versions, v, h.Partitions)

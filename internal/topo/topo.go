@@ -45,7 +45,7 @@ import (
 // record's schema to the first Schema that reads it. Each record type
 // has its own schema, below; Schema is at least the largest of them.
 // Readers are upgraded before writers: shards and routers, then managers.
-const Schema = 4
+const Schema = 5
 
 // The schema each record is written with: the oldest reader that may act
 // on it.
@@ -66,6 +66,9 @@ const (
 	AssignmentSchema = 4
 	// RouterInfoSchema: router registrations.
 	RouterInfoSchema = 1
+	// (5: the head of a model's state as a manager without raft keeps it
+	// in etcd, in records of their own: manager/storerecords.go. Only
+	// managers read it.)
 )
 
 // Cluster is a cluster's name: every key sits under /cumulus/NAME/.

@@ -1,0 +1,214 @@
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+)
+
+// recordsModel is a model of parts partitions with a full version 1 and
+// deltas 2..last, each delta changing partition v%parts.
+func recordsModel(parts int, last uint64) *ModelState {
+	m := &ModelState{Schema: ModelStateSchema, Name: "m", Partitions: uint32(parts), Live: last, Seq: 3, PlaceSeq: 1}
+	ids := make([]string, parts)
+	for p := range ids {
+		ids[p] = digest("m", 1, p)
+	}
+	for v := uint64(1); v <= last; v++ {
+		x := Version{Version: v, Kind: "full", Phase: PhaseStandby, Files: fmt.Sprint("f", v), Checked: fmt.Sprint("f", v)}
+		chain := []uint64{v}
+		if v > 1 {
+			x.Kind, x.Parent = "delta", v-1
+			ids = slices.Clone(ids)
+			ids[int(v)%parts] = digest("m", v, int(v)%parts)
+			chain = append(chain, m.Versions[len(m.Versions)-1].Info.Chain...)
+		}
+		if v == last {
+			x.Phase = PhaseLive
+		}
+		x.Info = &topo.VersionInfo{Version: v, Hash: "xxh64", IDs: ids, Chain: chain}
+		m.Versions = append(m.Versions, x)
+	}
+	for range parts {
+		m.Replicas = append(m.Replicas, []string{"s0", "s1"})
+	}
+	return m
+}
+
+// modelKeys lists the keys of model m's state records in etcd.
+func modelKeys(t *testing.T, cli *clientv3.Client, st *store) []string {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), st.modelKey("m"), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, kv := range resp.Kvs {
+		keys = append(keys, strings.TrimPrefix(string(kv.Key), st.modelsPrefix()))
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func sameJSON(t *testing.T, what string, got, want *ModelState) {
+	t.Helper()
+	a, _ := json.Marshal(want)
+	b, _ := json.Marshal(got)
+	if string(a) != string(b) {
+		i := 0
+		for i < len(a) && i < len(b) && a[i] == b[i] {
+			i++
+		}
+		from := max(0, i-200)
+		t.Fatalf("%s: read back, from byte %d\n%.600s\nwant\n%.600s", what, from, b[from:], a[from:])
+	}
+}
+
+// TestStateRecordsInEtcd, against a real etcd: a model's state read from
+// a record of the older form (one record) is written back, at its next
+// change, as records of its own (a head of schema 5, which older
+// managers refuse, its replicas, a record per version and per version's
+// identities, a delta's listing only what it changed), and reads back as
+// the state. Records the head does not list are ignored, and removed
+// with the next change.
+func TestStateRecordsInEtcd(t *testing.T) {
+	cli := testenv.Etcd(t)
+	ctx := context.Background()
+	st := &store{cli: cli, cluster: topo.DefaultCluster, writer: "a"}
+	older := recordsModel(64, 4)
+	b, _ := json.Marshal(older)
+	if _, err := cli.Put(ctx, st.modelKey("m"), string(b)); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := st.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameJSON(t, "the older form", loaded.Models["m"], older)
+
+	// Its next change writes it in parts.
+	next := &State{Models: map[string]*ModelState{"m": recordsModel(64, 5)}}
+	commit := func(cur, next *State, cut func(txnOps) txnOps) {
+		t.Helper()
+		c, _ := changesOf(cur, next, nil)
+		ops, done, err := st.stateOps(c, cur, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cut != nil {
+			ops = cut(ops)
+		}
+		if err := st.commit(ctx, c, ops); err != nil {
+			t.Fatal(err)
+		}
+		if cut == nil {
+			done()
+		}
+	}
+	commit(loaded, next, nil)
+	keys := modelKeys(t, cli, st)
+	want := []string{"m", "m/ids/1", "m/ids/2", "m/ids/3", "m/ids/4", "m/ids/5", "m/replicas", "m/versions/1", "m/versions/2", "m/versions/3", "m/versions/4", "m/versions/5"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("records %v, want %v", keys, want)
+	}
+	resp, _ := cli.Get(ctx, st.modelKey("m"))
+	if !strings.HasPrefix(string(resp.Kvs[0].Value), `{"schema":5,`) {
+		t.Fatalf("the head is not of schema 5, which readers of schema 4 and below refuse: %.200s", resp.Kvs[0].Value)
+	}
+	resp, _ = cli.Get(ctx, st.modelKey("m")+"/ids/5")
+	if n := len(resp.Kvs[0].Value); n > 400 {
+		t.Fatalf("a one-partition delta's identities take %d bytes", n)
+	}
+	fresh := &store{cli: cli, cluster: topo.DefaultCluster, writer: "b"}
+	got, err := fresh.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameJSON(t, "the state in parts", got.Models["m"], next.Models["m"])
+
+	// Records the head does not list (a change too large for one
+	// transaction, cut short) are ignored, and go with the next change:
+	// here one that drops version 1 (2 loses the base of its identities
+	// and has them written again) and adds 6.
+	for _, k := range []string{"m/versions/99", "m/ids/99"} {
+		if _, err := cli.Put(ctx, st.modelsPrefix()+k, `{"schema":1,"version":99,"phase":"live"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st = &store{cli: cli, cluster: topo.DefaultCluster, writer: "c"}
+	stray, err := st.load(ctx)
+	if err != nil {
+		t.Fatalf("reading with records the head does not list: %v", err)
+	}
+	sameJSON(t, "with records the head does not list", stray.Models["m"], next.Models["m"])
+	then := recordsModel(64, 6)
+	then.Versions = then.Versions[1:]
+	after := &State{Models: map[string]*ModelState{"m": then}}
+	commit(stray, after, nil)
+	got, err = (&store{cli: cli, cluster: topo.DefaultCluster, writer: "d"}).load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameJSON(t, "after the change", got.Models["m"], then)
+	keys = modelKeys(t, cli, st)
+	want = []string{"m", "m/ids/2", "m/ids/3", "m/ids/4", "m/ids/5", "m/ids/6", "m/replicas", "m/versions/2", "m/versions/3", "m/versions/4", "m/versions/5", "m/versions/6"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("records %v, want %v", keys, want)
+	}
+
+	// A model that leaves the state leaves no record.
+	st.layout = nil
+	if _, err := st.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	commit(after, &State{Models: map[string]*ModelState{}}, nil)
+	if keys := modelKeys(t, cli, st); len(keys) != 0 {
+		t.Fatalf("a model gone left %v", keys)
+	}
+}
+
+// TestTxnGroupsWhole: a group of operations (one model's records) is
+// not split across transactions while one can hold it: the transaction
+// before it ends early.
+func TestTxnGroupsWhole(t *testing.T) {
+	var ops txnOps
+	third := maxTxnBytes / 3
+	ops.put("a", make([]byte, third))
+	ops.put("b", make([]byte, third))
+	end := ops.together()
+	ops.put("c1", make([]byte, third))
+	ops.put("c2", make([]byte, third))
+	end()
+	ops.put("d", nil)
+	var batches [][]string
+	err := ops.each(func(batch []clientv3.Op) error {
+		var keys []string
+		for _, op := range batch {
+			keys = append(keys, string(op.KeyBytes()))
+		}
+		batches = append(batches, keys)
+		return nil
+	})
+	if err != nil || fmt.Sprint(batches) != "[[a b] [c1 c2 d]]" {
+		t.Fatalf("batches %v, want [[a b] [c1 c2 d]]", batches)
+	}
+	// A group larger than a transaction is split all the same.
+	var big txnOps
+	end = big.together()
+	for i := range 4 {
+		big.put(fmt.Sprint("g", i), make([]byte, third))
+	}
+	end()
+	n := 0
+	if err := big.each(func([]clientv3.Op) error { n++; return nil }); err != nil || n != 2 {
+		t.Fatalf("a group of four thirds of a transaction: %d transactions, want 2", n)
+	}
+}
