@@ -310,7 +310,7 @@ func (st *store) assemble(name string, r *modelRecords) (*ModelState, *stored, e
 		}
 		x.Info = nil
 		if sv.HasInfo {
-			info, base, err := st.readIDs(name, r, v, resolved)
+			info, base, err := st.readIDs(name, r, v, resolved, 0)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -333,13 +333,20 @@ func (st *store) assemble(name string, r *modelRecords) (*ModelState, *stored, e
 	return &m, s, nil
 }
 
+// maxIDsDepth bounds how many records a version's identities are read
+// through (a chain holds at most 1,000 deltas).
+const maxIDsDepth = 1024
+
 // readIDs is version v's Info from its ids record, with every identity:
 // those of its base read first, from the base's record whether the head
 // lists it or not (a change written in several transactions writes a
 // base's identities before those based on it, and removes no record
 // before the head that stops listing it).
-func (st *store) readIDs(name string, r *modelRecords, v uint64, resolved map[uint64]*topo.VersionInfo) (*topo.VersionInfo, uint64, error) {
+func (st *store) readIDs(name string, r *modelRecords, v uint64, resolved map[uint64]*topo.VersionInfo, depth int) (*topo.VersionInfo, uint64, error) {
 	key := st.subKey(name, "ids", v)
+	if depth > maxIDsDepth {
+		return nil, 0, fmt.Errorf("manager: %s: identities based on more than %d others", key, maxIDsDepth)
+	}
 	b, ok := r.ids[v]
 	if !ok {
 		return nil, 0, fmt.Errorf("manager: version %d of model %s has identities, but no record of them (%s)", v, name, key)
@@ -357,7 +364,7 @@ func (st *store) readIDs(name string, r *modelRecords, v uint64, resolved map[ui
 		}
 		base := resolved[ids.Base]
 		if base == nil {
-			if base, _, err = st.readIDs(name, r, ids.Base, resolved); err != nil {
+			if base, _, err = st.readIDs(name, r, ids.Base, resolved, depth+1); err != nil {
 				return nil, 0, err
 			}
 		}

@@ -212,3 +212,34 @@ func TestTxnGroupsWhole(t *testing.T) {
 		t.Fatalf("a group of four thirds of a transaction: %d transactions, want 2", n)
 	}
 }
+
+// FuzzStateRecords: whatever a model's state records hold, reading them
+// returns a state or an error, never a panic.
+func FuzzStateRecords(f *testing.F) {
+	st := &store{cluster: topo.DefaultCluster}
+	next := &State{Models: map[string]*ModelState{"m": recordsModel(8, 3)}}
+	c, _ := changesOf(&State{Models: map[string]*ModelState{}}, next, nil)
+	ops, _, err := st.stateOps(c, &State{Models: map[string]*ModelState{}}, next)
+	if err != nil {
+		f.Fatal(err)
+	}
+	seed := map[string][]byte{}
+	for _, op := range ops.ops {
+		seed[strings.TrimPrefix(string(op.KeyBytes()), st.modelsPrefix())] = op.ValueBytes()
+	}
+	f.Add(seed["m"], seed["m/replicas"], seed["m/versions/2"], seed["m/ids/2"], seed["m/ids/3"])
+	f.Add(seed["m"], seed["m/replicas"], seed["m/versions/3"], seed["m/ids/3"], seed["m/ids/2"])
+	f.Fuzz(func(t *testing.T, head, replicas, version, ids2, ids3 []byte) {
+		kv := map[string][]byte{"m": head, "m/replicas": replicas, "m/versions/1": seed["m/versions/1"], "m/ids/1": seed["m/ids/1"],
+			"m/versions/2": version, "m/versions/3": seed["m/versions/3"], "m/ids/2": ids2, "m/ids/3": ids3}
+		recs := map[string]*modelRecords{}
+		for k, v := range kv {
+			if err := addRecord(recs, k, st.modelsPrefix()+k, v); err != nil {
+				return
+			}
+		}
+		if models, _, err := st.assembleAll(recs); err == nil && models["m"] == nil {
+			t.Fatal("read without error, and without the model")
+		}
+	})
+}
