@@ -90,10 +90,10 @@ func onTheWay(from, to, cur [][]string) bool {
 
 // placeKey fingerprints what Assign reads besides the current replicas.
 func placeKey(m *ModelState, shards []string, infos map[string]topo.ShardInfo, replicas int, fit Fit) string {
-	b := fmt.Appendf(nil, "%s/%d/%d/%d", m.Name, m.Partitions, replicas, fit.ReplicaBytes)
+	b := fmt.Appendf(nil, "%q/%d/%d/%d", m.Name, m.Partitions, replicas, fit.ReplicaBytes)
 	for _, id := range shards {
 		si := infos[id]
-		b = fmt.Appendf(b, "|%s/%g/%s/%d", id, si.Weight, si.Zone, si.Budget)
+		b = fmt.Appendf(b, "|%q/%g/%q/%d", id, si.Weight, si.Zone, si.Budget) // (quoted: no zone can pass for another shard)
 	}
 	return string(b)
 }
@@ -230,7 +230,8 @@ func (s *State) Plan(p Policy) []Move {
 		if m.Partitions == 0 || s.Shards == nil {
 			continue
 		}
-		target := s.placement(m, s.trusted(m), p)
+		mc := *m // (placement keeps its result in the model: in a copy, as Plan changes nothing)
+		target := s.placement(&mc, s.trusted(m), p)
 		for i, to := range target {
 			var from []string
 			if i < len(m.Replicas) {

@@ -705,17 +705,25 @@ func BenchmarkClusterScaleSim(b *testing.B) {
 	}
 }
 
+// joiningSim is the simulated cluster at full size, a first second of
+// deltas served, and a shard just joined (that no event has told yet).
+func joiningSim(b *testing.B) *scaleSim {
+	x := newScaleSim(b, scaleConfig{parts: 4096, shards: 256, zones: 4, models: 3, routers: 4, seconds: 1, touch: 0.01, compactAfter: 200, seed: 7})
+	x.run()
+	x.addShard()
+	return x
+}
+
 // BenchmarkDecideRebalancing: the cost of one event that settles every
 // model while a rebalance is under way (a shard has just joined 256, at
 // 4,096 partitions, three models): what the slowest events of
 // BenchmarkClusterScaleSim pay.
 // go test -run XXX -bench DecideRebalancing ./manager
 func BenchmarkDecideRebalancing(b *testing.B) {
-	x := newScaleSim(b, scaleConfig{parts: 4096, shards: 256, zones: 4, models: 3, routers: 4, seconds: 1, touch: 0.01, compactAfter: 200, seed: 7})
-	x.run()
-	x.addShard()
+	x := joiningSim(b)
 	x.decide(ShardsChanged{Shards: x.snapshotShards()})
 	ev := RoutersChanged{Routers: x.snapshotRouters()}
+	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
 		if _, _, err := Decide(x.s, ev, x.p); err != nil {
@@ -744,10 +752,9 @@ func TestStateRecordsReadBack(t *testing.T) {
 // joins 256 (4,096 partitions, three models): every model placed anew.
 // go test -run XXX -bench DecideShardJoins ./manager
 func BenchmarkDecideShardJoins(b *testing.B) {
-	x := newScaleSim(b, scaleConfig{parts: 4096, shards: 256, zones: 4, models: 3, routers: 4, seconds: 1, touch: 0.01, compactAfter: 200, seed: 7})
-	x.run()
-	x.addShard()
+	x := joiningSim(b)
 	ev := ShardsChanged{Shards: x.snapshotShards()}
+	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
 		if _, _, err := Decide(x.s, ev, x.p); err != nil {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"strings"
 
@@ -254,15 +253,10 @@ var ErrTooLarge = errors.New("manager: record too large for etcd")
 // each conditional on the last. The serving map's records go first, so
 // a router sees the map of as many models change at once as fit.
 func (st *store) commit(ctx context.Context, c change, mapOps txnOps) error {
-	if c.empty() {
+	if c.empty() && len(mapOps.ops) == 0 {
 		return nil
 	}
 	ops := mapOps
-	for _, name := range slices.Sorted(maps.Keys(c.states)) {
-		if err := ops.put(st.modelsPrefix()+name, c.states[name]); err != nil {
-			return err
-		}
-	}
 	if c.cordons != nil {
 		if err := ops.put(st.cordonKey(), c.cordons); err != nil {
 			return err
@@ -309,6 +303,12 @@ func (st *store) commit(ctx context.Context, c change, mapOps txnOps) error {
 		return nil
 	})
 	if err != nil {
+		if st.txns > 0 {
+			// Part of the change is written: what etcd holds is known
+			// neither as before nor as after. The next read loads it
+			// (refresh), and a write meanwhile is refused as stale.
+			st.rev = -1
+		}
 		return err
 	}
 	st.audit = seq

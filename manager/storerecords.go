@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,11 +60,14 @@ type storedIDs struct {
 }
 
 // stored is what the etcd records of one model hold, as far as writing
-// the next change needs: the base of each version's identities.
+// the next change needs.
 type stored struct {
-	bases map[uint64]uint64
-	// strays are versions with records the head does not list, to remove.
-	strays []uint64
+	// whole: the state is one record of the older form; headless: there
+	// are records of the model but no head (its first write was cut
+	// short). Either way the next change writes it all.
+	whole, headless bool
+	bases           map[uint64]uint64 // each version's identities' base (0: none), for those with identities
+	strays          []uint64          // versions with records the head does not list, to remove
 }
 
 func (st *store) modelKey(name string) string { return st.modelsPrefix() + name }
@@ -75,115 +77,137 @@ func (st *store) subKey(name, kind string, v uint64) string {
 
 // stateOps are the writes that bring the records of the models c changed
 // from prev's states to next's, and done, to call once they are written.
-// A model not yet stored in this form (read from a record of the older
-// form, or new) is written whole.
+// A model not stored in records of its own yet (read from a record of the
+// older form, or new) is written whole; records no head owns go.
 func (st *store) stateOps(c change, prev, next *State) (ops txnOps, done func(), err error) {
 	after := map[string]*stored{}
+	for _, name := range slices.Sorted(maps.Keys(st.layout)) {
+		if was := st.layout[name]; was.headless && next.Models[name] == nil {
+			ops.deletePrefix(st.modelKey(name) + "/")
+			after[name] = nil
+		}
+	}
 	for _, name := range slices.Sorted(maps.Keys(c.patches)) {
 		nm := next.Models[name]
 		if nm == nil {
 			continue
 		}
-		om := prev.Models[name]
-		was := st.layout[name]
-		if was == nil {
+		om, p, was := prev.Models[name], c.patches[name], st.layout[name]
+		if was == nil || was.whole || was.headless {
 			om = nil // nothing of it in this form: write it all
+			p, _ = patchOf(nil, nm)
 		}
 		end := ops.together()
-		now, err := st.modelOps(&ops, name, om, nm, was)
+		now, err := st.modelOps(&ops, name, om, nm, p, was)
 		end()
 		if err != nil {
 			return txnOps{}, nil, err
 		}
 		after[name] = now
 	}
-	if st.layout == nil {
-		st.layout = map[string]*stored{}
-	}
 	return ops, func() {
-		maps.Copy(st.layout, after)
+		if st.layout == nil {
+			st.layout = map[string]*stored{}
+		}
+		for name, s := range after {
+			if s == nil {
+				delete(st.layout, name)
+			} else {
+				st.layout[name] = s
+			}
+		}
 		for _, name := range c.gone {
 			delete(st.layout, name)
 		}
 	}, nil
 }
 
-// modelOps adds the writes from om's records (nil: none) to nm's.
-func (st *store) modelOps(ops *txnOps, name string, om, nm *ModelState, was *stored) (*stored, error) {
+// modelOps adds the writes of p, the change from om (nil: none) to nm,
+// to the records was describes. Version and identity records are those
+// p puts (its identities, relative to a version of nm, as raft entries
+// carry them); besides, identities based on a version that left the
+// state, lost its identities or had them changed are written again on
+// another base.
+func (st *store) modelOps(ops *txnOps, name string, om, nm *ModelState, p modelPatch, was *stored) (*stored, error) {
 	now := &stored{bases: map[uint64]uint64{}}
-	if was != nil {
+	if om != nil {
 		maps.Copy(now.bases, was.bases)
 	}
-	rewritten := map[uint64]bool{} // versions whose identities are written here
-	var heads []uint64
-	for _, v := range nm.Versions {
-		heads = append(heads, v.Version)
-	}
-	if om == nil || !sameReplicas(om.Replicas, nm.Replicas) {
-		b, _ := json.Marshal(topo.NewPlacement(name, 0, nm.Replicas))
+	if p.Replicas != nil {
+		b, _ := json.Marshal(topo.NewPlacement(name, 0, *p.Replicas))
 		if err := ops.put(st.modelKey(name)+"/replicas", b); err != nil {
 			return nil, err
 		}
 	}
-	for i := range nm.Versions {
-		v := &nm.Versions[i]
-		var ov *Version
-		if om != nil {
-			ov = om.version(v.Version)
-		}
-		// Identities based on a version that left the state, or whose
-		// own changed, are written again.
-		base := now.bases[v.Version]
-		rebase := base != 0 && (nm.version(base) == nil || rewritten[base])
-		if ov != nil && sameVersion(ov, v) && !rebase {
-			continue
-		}
+	putIDs := func(v uint64, ids storedIDs) error {
+		ids.Schema = recordSchema
+		b, _ := json.Marshal(ids)
+		now.bases[v] = ids.Base
+		return ops.put(st.subKey(name, "ids", v), b)
+	}
+	changed := map[uint64]bool{} // versions whose identities this change sets or removes
+	for _, pv := range p.Put {
+		v := nm.version(pv.Version.Version)
 		rec := storedVersion{Schema: recordSchema, Version: *v, HasInfo: v.Info != nil}
 		rec.Info = nil
 		b, _ := json.Marshal(rec)
 		if err := ops.put(st.subKey(name, "versions", v.Version), b); err != nil {
 			return nil, err
 		}
-		sameInfo := ov != nil && ov.Info != nil && v.Info != nil && (ov.Info == v.Info || reflect.DeepEqual(*ov.Info, *v.Info))
-		switch {
+		switch _, had := now.bases[v.Version]; {
 		case v.Info == nil:
-			if ov != nil && ov.Info != nil {
+			if had {
 				ops.delete(st.subKey(name, "ids", v.Version))
+				delete(now.bases, v.Version)
+				changed[v.Version] = true
 			}
-			delete(now.bases, v.Version)
-		case !sameInfo || rebase:
-			ids := storedIDs{Schema: recordSchema}
-			ids.Base, ids.Changed, ids.Info = relativeIDs(nm, v)
-			b, _ := json.Marshal(ids)
-			if err := ops.put(st.subKey(name, "ids", v.Version), b); err != nil {
+		case pv.SameInfo && had:
+		default:
+			ids := storedIDs{Info: pv.Info, Base: pv.Base, Changed: pv.Changed}
+			if pv.SameInfo { // unchanged, but with no record yet
+				ids.Base, ids.Changed, ids.Info = relativeIDs(nm, v)
+			}
+			if err := putIDs(v.Version, ids); err != nil {
 				return nil, err
 			}
-			now.bases[v.Version] = ids.Base
-			rewritten[v.Version] = true
+			changed[v.Version] = !pv.SameInfo
 		}
+	}
+	for i := range nm.Versions {
+		v := &nm.Versions[i]
+		base := now.bases[v.Version]
+		if v.Info == nil || changed[v.Version] || base == 0 {
+			continue
+		}
+		if bv := nm.version(base); bv != nil && bv.Info != nil && !changed[base] {
+			continue
+		}
+		var ids storedIDs
+		ids.Base, ids.Changed, ids.Info = relativeIDs(nm, v)
+		if err := putIDs(v.Version, ids); err != nil {
+			return nil, err
+		}
+	}
+	var listed []uint64
+	for _, v := range nm.Versions {
+		listed = append(listed, v.Version)
 	}
 	bare := *nm
 	bare.Versions, bare.Replicas = nil, nil
 	state, _ := json.Marshal(bare)
-	b, _ := json.Marshal(stateHead{Schema: headSchema, State: state, Listed: heads})
+	b, _ := json.Marshal(stateHead{Schema: headSchema, State: state, Listed: listed})
 	if err := ops.put(st.modelKey(name), b); err != nil {
 		return nil, err
 	}
+	gone := slices.Clone(p.Drop)
 	if was != nil {
-		for _, v := range was.strays {
-			if nm.version(v) == nil {
-				ops.delete(st.subKey(name, "versions", v))
-				ops.delete(st.subKey(name, "ids", v))
-			}
-		}
+		gone = append(gone, was.strays...)
 	}
-	if om != nil {
-		for _, v := range om.Versions {
-			if nm.version(v.Version) == nil {
-				ops.delete(st.subKey(name, "versions", v.Version))
-				ops.delete(st.subKey(name, "ids", v.Version))
-				delete(now.bases, v.Version)
-			}
+	for _, v := range gone {
+		if nm.version(v) == nil {
+			ops.delete(st.subKey(name, "versions", v))
+			ops.delete(st.subKey(name, "ids", v))
+			delete(now.bases, v)
 		}
 	}
 	return now, nil
@@ -239,10 +263,10 @@ func (st *store) assembleAll(recs map[string]*modelRecords) (map[string]*ModelSt
 		if err != nil {
 			return nil, nil, err
 		}
-		models[name] = m
-		if how != nil {
-			layout[name] = how
+		if m != nil {
+			models[name] = m
 		}
+		layout[name] = how
 	}
 	return models, layout, nil
 }
@@ -250,17 +274,30 @@ func (st *store) assembleAll(recs map[string]*modelRecords) (map[string]*ModelSt
 // assemble is the model's state its records hold, and how they hold it
 // (nil: as one record of the older form).
 func (st *store) assemble(name string, r *modelRecords) (*ModelState, *stored, error) {
+	parts := map[uint64]bool{} // versions with records of their own
+	for v := range r.versions {
+		parts[v] = true
+	}
+	for v := range r.ids {
+		parts[v] = true
+	}
+	strays := func(listed []uint64) []uint64 {
+		for _, v := range listed {
+			delete(parts, v)
+		}
+		return slices.Sorted(maps.Keys(parts))
+	}
 	if r.head == nil {
-		return nil, nil, fmt.Errorf("manager: model %s has records of its state but no head (%s)", name, st.modelKey(name))
+		// The first write of a new model, cut short: nothing to read.
+		return nil, &stored{headless: true, strays: strays(nil)}, nil
 	}
 	head, err := topo.Decode[stateHead](r.headKey, r.head)
 	if err != nil {
 		return nil, nil, fmt.Errorf("manager: %w", err)
 	}
-	whole := head.Schema < headSchema // one record of the older form: rewritten in this build's at its next change
-	if whole && (r.replicas != nil || len(r.versions) > 0 || len(r.ids) > 0) {
-		return nil, nil, fmt.Errorf("manager: %s is a whole state (schema %d), beside records of a state in parts", r.headKey, head.Schema)
-	}
+	// One record of the older form (and records of a rewrite in parts
+	// that was cut short beside it): rewritten whole at its next change.
+	whole := head.Schema < headSchema
 	state := head.State
 	switch {
 	case whole:
@@ -277,7 +314,7 @@ func (st *store) assemble(name string, r *modelRecords) (*ModelState, *stored, e
 	}
 	m.Schema = ModelStateSchema
 	if whole {
-		return &m, nil, nil
+		return &m, &stored{whole: true, strays: strays(nil)}, nil
 	}
 	m.Versions, m.Replicas = nil, nil
 	if r.replicas != nil {
@@ -310,7 +347,7 @@ func (st *store) assemble(name string, r *modelRecords) (*ModelState, *stored, e
 		}
 		x.Info = nil
 		if sv.HasInfo {
-			info, base, err := st.readIDs(name, r, v, resolved, 0)
+			info, base, err := st.readIDs(name, r, v, m.Partitions, resolved, 0)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -319,17 +356,7 @@ func (st *store) assemble(name string, r *modelRecords) (*ModelState, *stored, e
 		}
 		m.Versions = append(m.Versions, x)
 	}
-	for v := range r.versions {
-		if !slices.Contains(head.Listed, v) {
-			s.strays = append(s.strays, v)
-		}
-	}
-	for v := range r.ids {
-		if m.version(v) == nil && !slices.Contains(s.strays, v) {
-			s.strays = append(s.strays, v)
-		}
-	}
-	slices.Sort(s.strays)
+	s.strays = strays(head.Listed)
 	return &m, s, nil
 }
 
@@ -342,7 +369,7 @@ const maxIDsDepth = 1024
 // lists it or not (a change written in several transactions writes a
 // base's identities before those based on it, and removes no record
 // before the head that stops listing it).
-func (st *store) readIDs(name string, r *modelRecords, v uint64, resolved map[uint64]*topo.VersionInfo, depth int) (*topo.VersionInfo, uint64, error) {
+func (st *store) readIDs(name string, r *modelRecords, v uint64, partitions uint32, resolved map[uint64]*topo.VersionInfo, depth int) (*topo.VersionInfo, uint64, error) {
 	key := st.subKey(name, "ids", v)
 	if depth > maxIDsDepth {
 		return nil, 0, fmt.Errorf("manager: %s: identities based on more than %d others", key, maxIDsDepth)
@@ -364,7 +391,7 @@ func (st *store) readIDs(name string, r *modelRecords, v uint64, resolved map[ui
 		}
 		base := resolved[ids.Base]
 		if base == nil {
-			if base, _, err = st.readIDs(name, r, ids.Base, resolved, depth+1); err != nil {
+			if base, _, err = st.readIDs(name, r, ids.Base, partitions, resolved, depth+1); err != nil {
 				return nil, 0, err
 			}
 		}
@@ -373,6 +400,9 @@ func (st *store) readIDs(name string, r *modelRecords, v uint64, resolved map[ui
 			return nil, 0, fmt.Errorf("manager: %s: %w", key, err)
 		}
 		ids.Info.IDs = all
+	}
+	if partitions != 0 && len(ids.Info.IDs) != int(partitions) {
+		return nil, 0, fmt.Errorf("manager: %s: identities of %d partitions, the model has %d", key, len(ids.Info.IDs), partitions)
 	}
 	resolved[v] = ids.Info
 	return ids.Info, ids.Base, nil

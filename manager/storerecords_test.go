@@ -96,24 +96,19 @@ func TestStateRecordsInEtcd(t *testing.T) {
 
 	// Its next change writes it in parts.
 	next := &State{Models: map[string]*ModelState{"m": recordsModel(64, 5)}}
-	commit := func(cur, next *State, cut func(txnOps) txnOps) {
+	commit := func(cur, next *State) {
 		t.Helper()
 		c, _ := changesOf(cur, next, nil)
 		ops, done, err := st.stateOps(c, cur, next)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cut != nil {
-			ops = cut(ops)
-		}
 		if err := st.commit(ctx, c, ops); err != nil {
 			t.Fatal(err)
 		}
-		if cut == nil {
-			done()
-		}
+		done()
 	}
-	commit(loaded, next, nil)
+	commit(loaded, next)
 	keys := modelKeys(t, cli, st)
 	want := []string{"m", "m/ids/1", "m/ids/2", "m/ids/3", "m/ids/4", "m/ids/5", "m/replicas", "m/versions/1", "m/versions/2", "m/versions/3", "m/versions/4", "m/versions/5"}
 	if !slices.Equal(keys, want) {
@@ -152,7 +147,7 @@ func TestStateRecordsInEtcd(t *testing.T) {
 	then := recordsModel(64, 6)
 	then.Versions = then.Versions[1:]
 	after := &State{Models: map[string]*ModelState{"m": then}}
-	commit(stray, after, nil)
+	commit(stray, after)
 	got, err = (&store{cli: cli, cluster: topo.DefaultCluster, writer: "d"}).load(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +164,7 @@ func TestStateRecordsInEtcd(t *testing.T) {
 	if _, err := st.load(ctx); err != nil {
 		t.Fatal(err)
 	}
-	commit(after, &State{Models: map[string]*ModelState{}}, nil)
+	commit(after, &State{Models: map[string]*ModelState{}})
 	if keys := modelKeys(t, cli, st); len(keys) != 0 {
 		t.Fatalf("a model gone left %v", keys)
 	}
@@ -240,6 +235,155 @@ func FuzzStateRecords(f *testing.F) {
 		}
 		if models, _, err := st.assembleAll(recs); err == nil && models["m"] == nil {
 			t.Fatal("read without error, and without the model")
+		}
+	})
+}
+
+// kvState is a simulated etcd holding a manager's state records.
+type kvState struct {
+	t  *testing.T
+	st *store
+	kv map[string][]byte
+}
+
+func newKVState(t *testing.T) *kvState {
+	return &kvState{t: t, st: &store{cluster: topo.DefaultCluster}, kv: map[string][]byte{}}
+}
+
+// write writes the change from cur to next, all of it (limit 0) or only
+// its first limit transactions, as a commit cut short does; it returns
+// the keys of the identity records written.
+func (k *kvState) write(cur, next *State, limit int) (ids []string) {
+	k.t.Helper()
+	c, _ := changesOf(cur, next, nil)
+	ops, done, err := k.st.stateOps(c, cur, next)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	for _, name := range c.gone {
+		ops.deletePrefix(k.st.modelKey(name) + "/")
+		ops.delete(k.st.modelKey(name))
+	}
+	n := 0
+	err = ops.each(func(batch []clientv3.Op) error {
+		if n++; limit > 0 && n > limit {
+			return fmt.Errorf("cut")
+		}
+		for _, op := range batch {
+			if op.IsPut() && strings.Contains(string(op.KeyBytes()), "/ids/") {
+				ids = append(ids, strings.TrimPrefix(string(op.KeyBytes()), k.st.modelsPrefix()))
+			}
+		}
+		applyOps(k.kv, txnOps{ops: batch})
+		return nil
+	})
+	if err == nil {
+		done()
+	}
+	return ids
+}
+
+// read is what a manager starting now reads, and it becomes this store's
+// view of the records.
+func (k *kvState) read() (*State, error) {
+	recs := map[string]*modelRecords{}
+	for key, v := range k.kv {
+		if err := addRecord(recs, strings.TrimPrefix(key, k.st.modelsPrefix()), key, v); err != nil {
+			return nil, err
+		}
+	}
+	models, layout, err := k.st.assembleAll(recs)
+	if err != nil {
+		return nil, err
+	}
+	k.st.layout = layout
+	return &State{Models: models}, nil
+}
+
+func one(m *ModelState) *State { return &State{Models: map[string]*ModelState{m.Name: m}} }
+
+// TestStateRecordsCases: the cases a review found. A version losing its
+// identities has those based on it written again; a rebase writes only
+// the identities that lost their base, not the versions after them; a
+// model's change cut short between transactions (a new model's, or the
+// first rewrite of the older form) is read as the state before it, and
+// the next change removes what it left.
+func TestStateRecordsCases(t *testing.T) {
+	empty := &State{Models: map[string]*ModelState{}}
+	t.Run("base loses its identities", func(t *testing.T) {
+		k := newKVState(t)
+		s1 := one(recordsModel(8, 3))
+		k.write(empty, s1, 0)
+		m2 := s1.Models["m"].clone()
+		m2.Versions[1].Phase, m2.Versions[1].Info = PhaseRejected, nil
+		k.write(s1, one(m2), 0)
+		got, err := k.read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameJSON(t, "after version 2 lost its identities", got.Models["m"], m2)
+	})
+	t.Run("a rebase writes only what lost its base", func(t *testing.T) {
+		k := newKVState(t)
+		s1 := one(recordsModel(64, 10))
+		k.write(empty, s1, 0)
+		m2 := s1.Models["m"].clone()
+		m2.Versions = m2.Versions[1:]
+		if ids := k.write(s1, one(m2), 0); !slices.Equal(ids, []string{"m/ids/2"}) {
+			t.Fatalf("dropping version 1 wrote identities %v, want only version 2's", ids)
+		}
+		got, err := k.read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameJSON(t, "after version 1 left", got.Models["m"], m2)
+	})
+	big := recordsModel(8, 70) // 141 records: more than one transaction holds
+	t.Run("a new model's first write cut short", func(t *testing.T) {
+		k := newKVState(t)
+		k.write(empty, one(big), 1)
+		got, err := k.read()
+		if err != nil || len(got.Models) != 0 {
+			t.Fatalf("read %v, %v; want no model", got, err)
+		}
+		k.write(got, empty, 0) // any change: the leftovers go
+		if len(k.kv) != 0 {
+			t.Fatalf("left %d records", len(k.kv))
+		}
+		k.write(empty, one(big), 0)
+		if got, err = k.read(); err != nil {
+			t.Fatal(err)
+		}
+		sameJSON(t, "written again", got.Models["m"], big)
+	})
+	t.Run("the first rewrite of the older form cut short", func(t *testing.T) {
+		k := newKVState(t)
+		older := recordsModel(8, 69)
+		b, _ := json.Marshal(older)
+		k.kv[k.st.modelKey("m")] = b
+		was, err := k.read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		k.write(was, one(big), 1)
+		got, err := k.read()
+		if err != nil {
+			t.Fatalf("reading the older form beside a cut rewrite: %v", err)
+		}
+		sameJSON(t, "the older form beside a cut rewrite", got.Models["m"], older)
+		k.write(got, one(big), 0)
+		if got, err = k.read(); err != nil {
+			t.Fatal(err)
+		}
+		sameJSON(t, "rewritten", got.Models["m"], big)
+		n := 0
+		for key := range k.kv {
+			if strings.HasPrefix(key, k.st.modelKey("m")+"/versions/") {
+				n++
+			}
+		}
+		if n != len(big.Versions) {
+			t.Fatalf("%d version records for %d versions", n, len(big.Versions))
 		}
 	})
 }

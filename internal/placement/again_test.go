@@ -60,10 +60,7 @@ func TestAgainIsAPass(t *testing.T) {
 			t.Fatalf("trial %d: Place differs from whole passes", trial)
 		}
 	}
-	var shards []Shard
-	for i := range 257 {
-		shards = append(shards, Shard{ID: fmt.Sprintf("shard-%04d", i), Weight: 1, Zone: fmt.Sprintf("zone-%d", i%4)})
-	}
+	shards := zonedShards(257)
 	cur := Place("m", nil, 4096, 2, shards[:256])
 	if got, want := Place("m", cur, 4096, 2, shards), passes("m", cur, 4096, 2, shards); !reflect.DeepEqual(got, want) {
 		t.Fatal("a join at 4,096 partitions: Place differs from whole passes")

@@ -44,19 +44,11 @@ func Place(model string, current [][]string, partitions, replicas int, shards []
 	// Passes after the first change only what they trim (again).
 	out := c.place(c.grid(current))
 	load := make([]int, len(c.shards))
-	var forced []int
-	for p := range c.partitions {
-		row := out[p*c.replicas : (p+1)*c.replicas]
-		for _, i := range row {
-			load[i]++
-		}
-		if c.zoned && !c.zonesApart(row) {
-			forced = append(forced, p)
-		}
+	for _, i := range out {
+		load[i]++
 	}
 	for range maxPasses {
-		var changed bool
-		if changed, forced = c.again(out, load, forced); !changed {
+		if !c.again(out, load) {
 			break
 		}
 	}
@@ -287,32 +279,15 @@ func (c *placer) fill(p int, row []int32, k int, load []int) {
 }
 
 // again is place(out) for out a pass's result, made in out, at the cost
-// of what it changes; it reports whether anything did. A pass's result
-// has every row full, so another pass keeps every replica but those a
-// zone forces beside another of its zone (only in rows the last pass
-// filled: forced) and those beyond the quota of a shard over it; it
-// fills the rows they leave, in order, as place does.
-func (c *placer) again(out []int32, load []int, forced []int) (changed bool, nowForced []int) {
+// of what it changes; it reports whether anything did. A pass's rows are
+// full, their replicas on distinct shards and, zoned, in distinct zones
+// (a fill always finds a zone the row does not use: there are at least
+// as many zones as replicas), so another pass keeps every replica but
+// those beyond the quota of a shard over it (the fill of a row whose
+// free zones had no shard with room puts one there), and fills the rows
+// they leave, in order, as place does.
+func (c *placer) again(out []int32, load []int) (changed bool) {
 	r, shards, quota := c.replicas, c.shards, c.quota
-	holes := map[int]bool{}
-	was := map[int][]int32{} // the rows changed, as they were
-	drop := func(p, k int) {
-		row := out[p*r : (p+1)*r]
-		if was[p] == nil {
-			was[p] = slices.Clone(row)
-		}
-		load[row[k]]--
-		row[k] = none
-		holes[p] = true
-	}
-	for _, p := range forced {
-		row := out[p*r : (p+1)*r]
-		for k := 1; k < r; k++ {
-			if i := row[k]; i != none && !c.keepable(slices.DeleteFunc(slices.Clone(row[:k]), func(j int32) bool { return j == none }), i) {
-				drop(p, k)
-			}
-		}
-	}
 	over := make([]bool, len(shards))
 	anyOver := false
 	for i := range shards {
@@ -320,58 +295,49 @@ func (c *placer) again(out []int32, load []int, forced []int) (changed bool, now
 			over[i], anyOver = true, true
 		}
 	}
-	if anyOver {
-		// An over-full shard keeps its replicas first in rank order.
-		type held struct {
-			p, k int
-			rank uint64
-		}
-		byShard := map[int32][]held{}
-		for at, i := range out {
-			if i != none && over[i] {
-				byShard[i] = append(byShard[i], held{p: at / r, k: at % r})
-			}
-		}
-		for i := range shards {
-			hs := byShard[int32(i)]
-			if len(hs) <= quota[i] {
-				continue
-			}
-			for j := range hs {
-				hs[j].rank = c.rank(hs[j].p, int32(i))
-			}
-			slices.SortFunc(hs, func(a, b held) int { return cmp.Compare(a.rank, b.rank) })
-			for _, h := range hs[quota[i]:] {
-				drop(h.p, h.k)
-			}
+	if !anyOver {
+		return false
+	}
+	// An over-full shard keeps its replicas first in rank order.
+	type held struct {
+		p, k int
+		rank uint64
+	}
+	byShard := map[int32][]held{}
+	for at, i := range out {
+		if over[i] {
+			byShard[i] = append(byShard[i], held{p: at / r, k: at % r})
 		}
 	}
-	if len(holes) == 0 {
-		return false, nil
+	holes := map[int][]int32{} // the rows changed, as they were
+	for i := range shards {
+		hs := byShard[int32(i)]
+		if len(hs) <= quota[i] {
+			continue
+		}
+		for j := range hs {
+			hs[j].rank = c.rank(hs[j].p, int32(i))
+		}
+		slices.SortFunc(hs, func(a, b held) int { return cmp.Compare(a.rank, b.rank) })
+		for _, h := range hs[quota[i]:] {
+			row := out[h.p*r : (h.p+1)*r]
+			if holes[h.p] == nil {
+				holes[h.p] = slices.Clone(row)
+			}
+			load[row[h.k]]--
+			row[h.k] = none
+		}
 	}
 	for _, p := range slices.Sorted(maps.Keys(holes)) {
 		row := out[p*r : (p+1)*r]
 		kept := slices.DeleteFunc(slices.Clone(row), func(i int32) bool { return i == none })
 		copy(row, kept)
 		c.fill(p, row, len(kept), load)
-		if !slices.Equal(row, was[p]) {
+		if !slices.Equal(row, holes[p]) {
 			changed = true
 		}
-		if c.zoned && !c.zonesApart(row) {
-			nowForced = append(nowForced, p)
-		}
 	}
-	return changed, nowForced
-}
-
-// zonesApart reports whether a row's replicas are in distinct zones.
-func (c *placer) zonesApart(row []int32) bool {
-	for k := 1; k < len(row); k++ {
-		if !c.keepable(row[:k], row[k]) {
-			return false
-		}
-	}
-	return true
+	return changed
 }
 
 // quotas splits slots among shards by weight, each at most perShard (a

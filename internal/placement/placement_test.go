@@ -270,10 +270,7 @@ func TestRoom(t *testing.T) {
 // shard leaving moves only its own; and either placement, placed again,
 // moves nothing (the passes reach their fixed point).
 func TestClusterScaleJoinLeave(t *testing.T) {
-	var shards []Shard
-	for i := range 257 {
-		shards = append(shards, Shard{ID: fmt.Sprintf("shard-%04d", i), Weight: 1, Zone: fmt.Sprintf("zone-%d", i%4)})
-	}
+	shards := zonedShards(257)
 	const parts, reps = 4096, 2
 	before := Place("m", nil, parts, reps, shards[:256])
 	joined := Place("m", before, parts, reps, shards)
