@@ -138,7 +138,8 @@ func (r *Router) version(t *table, req *Request, d uint64) (*versionRoute, *trac
 	case err != nil:
 		return nil, nil, err
 	case vr == nil && mr.why != "":
-		return nil, nil, fmt.Errorf("router: %w: %s", ErrUnavailable, mr.why)
+		// (Why names what failed to fetch, and from where.)
+		return nil, nil, WithReason(fmt.Sprintf("model %q cannot be scored yet", req.Model), fmt.Errorf("router: %w: %s", ErrUnavailable, mr.why))
 	case vr == nil:
 		return nil, nil, fmt.Errorf("router: %w: model %q has no version with every partition loaded yet", ErrUnavailable, req.Model)
 	}
@@ -463,9 +464,9 @@ func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, c *call) {
 	failed := err != nil && ctx.Err() == nil // else cancelled: the request went on without it
 	if err != nil {
 		rb.buf = nil // the transport may still hold it
-		c.err = shardError(ctx, b.id, err)
+		c.err = shardError(ctx, b.id, c.parts, err)
 	} else if err := resp.Decode(raw, n, vr.width()); err != nil {
-		c.err = fmt.Errorf("router: %w: shard %s answered badly: %v", ErrUnavailable, b.id, err)
+		c.err = WithReason(partsReason(ErrUnavailable, c.parts), fmt.Errorf("router: %w: shard %s answered badly: %v", ErrUnavailable, b.id, err))
 		failed = true
 	}
 	switch {

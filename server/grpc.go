@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -114,7 +116,7 @@ func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) err
 		if _, ok := status.FromError(err); ok && errors.Unwrap(err) == nil {
 			return nil, err // gRPC's own, as it is
 		}
-		return nil, grpcFailure(ctx, err)
+		return nil, s.grpcFailure(ctx, "", requestID(""), err)
 	}
 	serve := func(ctx context.Context, r any) (any, error) {
 		return srv.(kservepb.GRPCInferenceServiceServer).ModelInfer(ctx, r.(*kservepb.ModelInferRequest))
@@ -202,7 +204,7 @@ func (k *kserveGRPC) ModelInfer(ctx context.Context, r *kservepb.ModelInferReque
 	resp, err := k.infer(ctx, r)
 	k.s.observe("grpc", err)
 	if err != nil {
-		return nil, grpcFailure(ctx, err)
+		return nil, k.s.grpcFailure(ctx, r.ModelName, requestID(r.Id), err)
 	}
 	return resp, nil
 }
@@ -319,15 +321,18 @@ func typedContents(t *tensor, c *kservepb.InferTensorContents) error {
 	return nil
 }
 
-// grpcFailure is the status an infer call fails with; a refusal as
-// overload (the front's or a shard's) also gets the retry pushback
-// trailer.
-func grpcFailure(ctx context.Context, err error) error {
-	st := grpcError(err)
-	if status.Code(st) == codes.ResourceExhausted {
-		grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", strconv.Itoa(retryPushbackMS)))
+// grpcFailure is the status an infer call fails with: its reason and
+// request id (requestid.go), the id also in the x-request-id trailer; a
+// refusal as overload (the front's or a shard's) also gets the retry
+// pushback trailer.
+func (s *Server) grpcFailure(ctx context.Context, model, id string, err error) error {
+	st := grpcStatus(err, fmt.Sprintf("%s (request id %s)", s.told(ctx, "grpc", model, id, err), id))
+	trailer := metadata.Pairs(strings.ToLower(headerRequestID), id)
+	if st.Code() == codes.ResourceExhausted {
+		trailer.Set("grpc-retry-pushback-ms", strconv.Itoa(retryPushbackMS))
 	}
-	return st
+	grpc.SetTrailer(ctx, trailer)
+	return st.Err()
 }
 
 // requestBytes is what a decoded request holds in memory.
@@ -335,14 +340,18 @@ func requestBytes(r *router.Request) int64 {
 	return int64(8*(len(r.IDs)+len(r.SharedIDs)+len(r.RowSplits)) + 4*(len(r.Values)+len(r.SharedValues)))
 }
 
-// grpcError maps router error codes to gRPC codes.
-// A refusal as overload carries google.rpc.RetryInfo.
-func grpcError(err error) error {
-	st := status.New(classify(err).grpc, err.Error())
+// grpcError maps router error codes to gRPC codes, with the error's
+// reason.
+func grpcError(err error) error { return grpcStatus(err, router.Reason(err)).Err() }
+
+// grpcStatus is err's status, with message. A refusal as overload
+// carries google.rpc.RetryInfo.
+func grpcStatus(err error, message string) *status.Status {
+	st := status.New(classify(err).grpc, message)
 	if st.Code() == codes.ResourceExhausted {
 		if withRetry, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retryPushbackMS * time.Millisecond)}); derr == nil {
 			st = withRetry
 		}
 	}
-	return st.Err()
+	return st
 }

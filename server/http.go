@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cumulus-serving/cumulus/internal/admit"
+	"github.com/cumulus-serving/cumulus/router"
 )
 
 func (s *Server) routes() *http.ServeMux {
@@ -48,9 +49,9 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 // writeError maps router error codes to HTTP statuses; the body is
-// KServe's {"error": "..."}.
+// KServe's {"error": "..."}, with the error's reason.
 func writeError(w http.ResponseWriter, err error) {
-	writeJSON(w, classify(err).http, map[string]string{"error": err.Error()})
+	writeJSON(w, classify(err).http, map[string]string{"error": router.Reason(err)})
 }
 
 func (s *Server) httpMetadata(w http.ResponseWriter, r *http.Request) {
@@ -77,14 +78,19 @@ func (s *Server) httpModelReady(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) httpInfer(w http.ResponseWriter, r *http.Request) {
 	t0 := time.Now()
-	err := s.inferHTTP(w, r, t0)
+	var clientID string
+	err := s.inferHTTP(w, r, t0, &clientID)
 	s.latencies.WithLabelValues("http").Observe(time.Since(t0).Seconds())
 	s.observe("http", err)
 	if err != nil {
 		if classify(err).http == http.StatusTooManyRequests {
 			w.Header().Set("Retry-After", "1")
 		}
-		writeError(w, err)
+		// Its reason and request id (requestid.go).
+		id := requestID(clientID)
+		reason := s.told(r.Context(), "http", r.PathValue("name"), id, err)
+		w.Header().Set(headerRequestID, id)
+		writeJSON(w, classify(err).http, map[string]string{"error": reason, "id": id})
 	}
 }
 
@@ -97,7 +103,7 @@ func (s *Server) httpInfer(w http.ResponseWriter, r *http.Request) {
 // it takes a request slot and is decoded, stopping at the first element
 // past a limit; then its decoded bytes are admitted. A slow sender holds
 // bytes, never a slot.
-func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time) error {
+func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time, clientID *string) error {
 	deadline := t0.Add(s.opts.RequestTimeout)
 	rd := s.receiveDeadline(t0, r.ContentLength, deadline)
 	// From here on the body arrives within its receive time, also when
@@ -134,6 +140,7 @@ func (s *Server) inferHTTP(w http.ResponseWriter, r *http.Request, t0 time.Time)
 	if err != nil {
 		return err
 	}
+	*clientID = ib.id
 	req, err := buildRequest(model, r.PathValue("version"), ib.inputs)
 	if err != nil {
 		return err

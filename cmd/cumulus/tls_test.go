@@ -176,15 +176,25 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 	intruder := startProcess(t, []string{"grpc: "}, append(append([]string{"router", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"},
 		flags(stranger)...), common...)...)
 	frontAddr = intruder.out["grpc: "]
+	var answer string
 	testenv.Eventually(t, 30*time.Second, func() error {
-		if out, err := predict(tlsconf.Files{CA: otherCA}); err == nil {
+		out, err := predict(tlsconf.Files{CA: otherCA})
+		if err == nil {
 			t.Fatalf("a router of another CA got scores from the shard: %s", out)
 		}
+		answer = out
 		if log := intruder.stderr.String(); !strings.Contains(log, "router: shard call failed") || !strings.Contains(log, "certificate") {
 			return fmt.Errorf("the router logged no failed shard call naming the certificate:\n%s", log)
 		}
+		if m := answerID.FindStringSubmatch(out); m == nil || !strings.Contains(logOf(intruder), "id="+m[1]+" ") {
+			return fmt.Errorf("no request id in the answer, or not logged yet: %s", out)
+		}
 		return nil
 	})
+	// Its client is told no TLS message, shard or address; the router's
+	// log has them under the request id.
+	checkFailure(t, answer, answerID.FindStringSubmatch(answer)[1], logOf(intruder),
+		[]string{"certificate", "tls", "x509", "s0", shardAddr, "127.0.0.1"}, []string{"certificate"})
 	frontAddr = rt.out["grpc: "]
 
 	// The admin API: likewise.
