@@ -3,7 +3,6 @@ package server
 import (
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,11 +73,7 @@ type receiving struct {
 // begin starts a request's reception from addr (a "host:port" remote
 // address), charging it overhead.
 func (r *reception) begin(addr string, overhead int64) (*receiving, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		host = addr
-	}
-	x := &receiving{r: r, peer: host}
+	x := &receiving{r: r, peer: peerHost(addr)}
 	if err := x.take(overhead); err != nil {
 		return x, err
 	}

@@ -100,6 +100,13 @@ type Options struct {
 	// still arriving then is cut off: HTTP 408 and the connection closed,
 	// a gRPC stream ended with DeadlineExceeded. Default 200ms.
 	ReceiveTimeout time.Duration
+	// MaxConnsPerPeer bounds the connections one client address holds
+	// open on each front (conns.go). Default 64.
+	MaxConnsPerPeer int
+	// HeaderTimeout bounds how long a connection may take to send its
+	// request headers (HTTP) or to establish itself (gRPC: TLS and the
+	// HTTP/2 preface). Default 2s.
+	HeaderTimeout time.Duration
 	// Registry receives the front's metrics; Gatherer is served at
 	// /metrics. Both default to the Prometheus default registry.
 	Registry prometheus.Registerer
@@ -130,7 +137,13 @@ func (o *Options) Validate() error {
 	if err := admit.Defaults(&o.MaxInflight, &o.MaxInflightBytes, &o.MaxQueueTime, 4); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
-	if o.MaxRequestBytes < 0 || o.RequestTimeout < 0 || o.MaxReceivingBytes < 0 || o.MaxReceivingPerPeer < 0 || o.ReceiveTimeout < 0 {
+	if o.MaxConnsPerPeer == 0 {
+		o.MaxConnsPerPeer = 64
+	}
+	if o.HeaderTimeout == 0 {
+		o.HeaderTimeout = 2 * time.Second
+	}
+	if o.MaxRequestBytes < 0 || o.RequestTimeout < 0 || o.MaxReceivingBytes < 0 || o.MaxReceivingPerPeer < 0 || o.ReceiveTimeout < 0 || o.MaxConnsPerPeer < 0 || o.HeaderTimeout < 0 {
 		return errors.New("server: limits and timeouts must not be negative")
 	}
 	need := bodyCharge(int64(o.MaxRequestBytes))
@@ -186,7 +199,9 @@ func Start(opts Options) (*Server, error) {
 		Buckets: prometheus.ExponentialBuckets(100e-6, 2, 16)}, []string{"api"})
 	receiving := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cumulus_receiving_bytes",
 		Help: "What the infer requests still arriving are counted at now (MaxReceivingBytes bounds it)."}, func() float64 { return float64(s.recv.bytes()) })
-	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.refusedIn, s.adm.waiting, receiving} {
+	connsRefused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_connections_refused_total",
+		Help: "Connections closed as soon as accepted, their client address holding MaxConnsPerPeer already, by API."}, []string{"api"})
+	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.refusedIn, s.adm.waiting, receiving, connsRefused} {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("server: metrics: %w", err)
 		}
@@ -199,10 +214,13 @@ func Start(opts Options) (*Server, error) {
 		s.grpcLis.Close()
 		return nil, fmt.Errorf("server: HTTP: %w", err)
 	}
+	s.grpcLis = limitPeers(s.grpcLis, opts.MaxConnsPerPeer, connsRefused.WithLabelValues("grpc").Inc)
+	s.httpLis = limitPeers(s.httpLis, opts.MaxConnsPerPeer, connsRefused.WithLabelValues("http").Inc)
 	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(grpcRecvLimit(opts)), grpc.ChainUnaryInterceptor(s.counting, s.timing),
 		// Streams past admission are refused at once, not queued in the
 		// transport; this only bounds what one connection can pile up.
 		grpc.MaxConcurrentStreams(uint32(max(4*opts.MaxInflight, 100))),
+		grpc.ConnectionTimeout(opts.HeaderTimeout),
 		grpc.ForceServerCodecV2(s.codec)}
 	if opts.TLS != nil {
 		gopts = append(gopts, grpc.Creds(opts.TLS.GRPC("router front (gRPC)")))
@@ -218,7 +236,7 @@ func Start(opts Options) (*Server, error) {
 		s.inflight.Add(1)
 		defer s.inflight.Add(-1)
 		routes.ServeHTTP(w, r)
-	}), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	}), ReadHeaderTimeout: opts.HeaderTimeout, IdleTimeout: time.Minute}
 	serveHTTP := func() { s.http.Serve(s.httpLis) }
 	if opts.TLS != nil {
 		s.http.TLSConfig, s.http.ErrorLog = opts.TLS.Server(), tlsconf.HTTPErrorLog("router front (HTTP)")
