@@ -12,59 +12,61 @@ import (
 	"github.com/cumulus-serving/cumulus/server"
 )
 
-// closedByServer reports whether the server has closed c (a read ends
-// with EOF or a reset within d; a read that times out: still open).
-func closedByServer(c net.Conn, d time.Duration) bool {
-	c.SetReadDeadline(time.Now().Add(d))
-	_, err := c.Read(make([]byte, 1))
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
-		return false
+// served reports whether the front serves c: it answers an HTTP request
+// (http), or sends its HTTP/2 settings (grpc), within a second. A
+// connection held unread gets nothing, and is closed.
+func served(t *testing.T, api string, c net.Conn) bool {
+	t.Helper()
+	if api == "http" {
+		if _, err := io.WriteString(c, "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			return false
+		}
 	}
-	return err != nil
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	n, _ := c.Read(make([]byte, 1))
+	return n > 0
 }
 
 // TestConnsPerPeer: a client address holds at most MaxConnsPerPeer
-// connections on each front; the next is closed at once and counted,
-// and a connection closed makes room again.
+// connections on each front; the next is held unread, closed after
+// HeaderTimeout and counted; a connection closed makes room again.
 func TestConnsPerPeer(t *testing.T) {
-	s, _ := startFront(t, server.Options{MaxConnsPerPeer: 3}, failing{})
-	for _, front := range []struct{ api, addr string }{{"http", s.HTTPAddr()}, {"grpc", s.GRPCAddr()}} {
-		var open []net.Conn
-		for range 3 {
-			c, err := net.Dial("tcp", front.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			open = append(open, c)
-		}
-		over, err := net.Dial("tcp", front.addr)
+	s, _ := startFront(t, server.Options{MaxConnsPerPeer: 3, HeaderTimeout: 300 * time.Millisecond}, failing{})
+	dial := func(addr string) net.Conn {
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !closedByServer(over, 5*time.Second) {
-			t.Fatalf("%s: a fourth connection from one address was kept open", front.api)
+		return c
+	}
+	for _, front := range []struct{ api, addr string }{{"http", s.HTTPAddr()}, {"grpc", s.GRPCAddr()}} {
+		var open []net.Conn
+		for range 3 {
+			c := dial(front.addr)
+			if !served(t, front.api, c) {
+				t.Fatalf("%s: a connection within the bound was not served", front.api)
+			}
+			open = append(open, c)
 		}
-		if closedByServer(open[0], 100*time.Millisecond) {
-			t.Fatalf("%s: a connection within the bound was closed", front.api)
+		over := dial(front.addr)
+		if served(t, front.api, over) {
+			t.Fatalf("%s: a fourth connection from one address was served", front.api)
+		}
+		over.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadAll(over); err != nil {
+			t.Fatalf("%s: a connection held past the bound was not closed: %v", front.api, err)
 		}
 		open[0].Close()
 		// The count falls once the server sees the close: a new one is
-		// kept open then.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			c, err := net.Dial("tcp", front.addr)
-			if err != nil {
-				t.Fatal(err)
+		// served then.
+		testenv.Eventually(t, 10*time.Second, func() error {
+			c := dial(front.addr)
+			defer c.Close()
+			if !served(t, front.api, c) {
+				return fmt.Errorf("%s: no room again after a connection closed", front.api)
 			}
-			kept := !closedByServer(c, 200*time.Millisecond)
-			c.Close()
-			if kept {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no room again after a connection closed", front.api)
-			}
-		}
+			return nil
+		})
 		for _, c := range open[1:] {
 			c.Close()
 		}

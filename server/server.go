@@ -101,7 +101,8 @@ type Options struct {
 	// a gRPC stream ended with DeadlineExceeded. Default 200ms.
 	ReceiveTimeout time.Duration
 	// MaxConnsPerPeer bounds the connections one client address holds
-	// open on each front (conns.go). Default 64.
+	// open on each front; one past it is held unread for HeaderTimeout,
+	// then closed (conns.go). Default 64.
 	MaxConnsPerPeer int
 	// HeaderTimeout bounds how long a connection may take to send its
 	// request headers (HTTP) or to establish itself (gRPC: TLS and the
@@ -214,8 +215,8 @@ func Start(opts Options) (*Server, error) {
 		s.grpcLis.Close()
 		return nil, fmt.Errorf("server: HTTP: %w", err)
 	}
-	s.grpcLis = limitPeers(s.grpcLis, opts.MaxConnsPerPeer, connsRefused.WithLabelValues("grpc").Inc)
-	s.httpLis = limitPeers(s.httpLis, opts.MaxConnsPerPeer, connsRefused.WithLabelValues("http").Inc)
+	s.grpcLis = limitPeers(s.grpcLis, opts.MaxConnsPerPeer, opts.HeaderTimeout, connsRefused.WithLabelValues("grpc").Inc)
+	s.httpLis = limitPeers(s.httpLis, opts.MaxConnsPerPeer, opts.HeaderTimeout, connsRefused.WithLabelValues("http").Inc)
 	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(grpcRecvLimit(opts)), grpc.ChainUnaryInterceptor(s.counting, s.timing),
 		// Streams past admission are refused at once, not queued in the
 		// transport; this only bounds what one connection can pile up.
