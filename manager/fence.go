@@ -33,7 +33,7 @@ func termValue(t uint64) string { return fmt.Sprintf("%020d", t) }
 // publish writes ops (the serving map's records) as the leader of term,
 // in as few transactions as etcd's limits allow, each fenced.
 func (f fence) publish(ctx context.Context, term uint64, ops txnOps) error {
-	return ops.each(func(batch []clientv3.Op) error { return f.txn(ctx, term, batch) })
+	return ops.Each(func(batch []clientv3.Op) error { return f.txn(ctx, term, batch) })
 }
 
 // txn writes ops as the leader of term, creating the fence key first if

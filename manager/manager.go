@@ -876,7 +876,7 @@ func (m *Manager) write(ctx context.Context, next *State, acts []Action) error {
 			return err
 		}
 		err = m.pub.publish(wctx, next, slices.Concat(c.maps, c.gone), func(ops txnOps) error {
-			ops.add(states)
+			ops.Add(states)
 			return m.st.commit(wctx, c, ops)
 		})
 		if err != nil {

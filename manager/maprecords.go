@@ -55,8 +55,8 @@ func (pb *publisher) forget(name string) { delete(pb.models, name) }
 func (pb *publisher) ops(ctx context.Context, t *txnOps, name string, ms *ModelState) (done func(), err error) {
 	head := pb.cluster.ModelKey(name)
 	if ms == nil {
-		t.delete(head)
-		t.deletePrefix(head + "/")
+		t.Delete(head)
+		t.DeletePrefix(head + "/")
 		return func() { delete(pb.models, name) }, nil
 	}
 	if ms.Partitions == 0 {
@@ -90,14 +90,14 @@ func (pb *publisher) ops(ctx context.Context, t *txnOps, name string, ms *ModelS
 		if err != nil {
 			return nil, err
 		}
-		if err := t.put(pb.cluster.VersionKey(name, v), b); err != nil {
+		if err := t.Put(pb.cluster.VersionKey(name, v), b); err != nil {
 			return nil, err
 		}
 		next.versions[v] = pubVersion{base: rec.Base, ids: x.Info.IDs}
 	}
 	if pb.models[name] == nil || cur.placeSeq != ms.PlaceSeq {
 		b, _ := json.Marshal(topo.NewPlacement(name, ms.PlaceSeq, ms.Replicas))
-		if err := t.put(pb.cluster.PlacementKey(name), b); err != nil {
+		if err := t.Put(pb.cluster.PlacementKey(name), b); err != nil {
 			return nil, err
 		}
 		next.placeSeq = ms.PlaceSeq
@@ -106,7 +106,7 @@ func (pb *publisher) ops(ctx context.Context, t *txnOps, name string, ms *ModelS
 	h := topo.ModelHead{Schema: topo.AssignmentSchema, Model: name, Seq: a.Seq, Live: a.Live, Staged: a.Staged, Standby: a.Standby,
 		Canary: a.Canary, CanaryFraction: a.CanaryFraction, Partitions: a.Partitions, PlaceSeq: ms.PlaceSeq, KeptSince: a.KeptSince}
 	b, _ := json.Marshal(h)
-	if err := t.put(head, b); err != nil {
+	if err := t.Put(head, b); err != nil {
 		return nil, err
 	}
 	// What the kept versions' records are based on stays; the rest goes.
@@ -121,13 +121,13 @@ func (pb *publisher) ops(ctx context.Context, t *txnOps, name string, ms *ModelS
 	}
 	for _, v := range slices.Sorted(maps.Keys(next.versions)) {
 		if !needed[v] {
-			t.delete(pb.cluster.VersionKey(name, v))
+			t.Delete(pb.cluster.VersionKey(name, v))
 			delete(next.versions, v)
 		}
 	}
 	for _, key := range stale {
 		if v, ok := versionOfKey(pb.cluster, name, key); !ok || !needed[v] {
-			t.delete(key)
+			t.Delete(key)
 		}
 	}
 	return func() { pb.models[name] = next }, nil

@@ -269,7 +269,7 @@ func TestFence(t *testing.T) {
 		t.Fatalf("term 10: %v", err)
 	}
 	var gone txnOps
-	gone.delete(topo.DefaultCluster.ModelKey("m"))
+	gone.Delete(topo.DefaultCluster.ModelKey("m"))
 	if err := f.publish(ctx, 9, gone); !errors.Is(err, ErrFenced) {
 		t.Fatalf("term 9 after term 10: %v", err)
 	}
@@ -279,9 +279,9 @@ func TestFence(t *testing.T) {
 	// Many models: several transactions, each fenced.
 	var many txnOps
 	for i := range 300 {
-		many.put(topo.DefaultCluster.ModelKey(fmt.Sprintf("m%03d", i)), []byte("x"))
+		many.Put(topo.DefaultCluster.ModelKey(fmt.Sprintf("m%03d", i)), []byte("x"))
 	}
-	many.delete(topo.DefaultCluster.ModelKey("m"))
+	many.Delete(topo.DefaultCluster.ModelKey("m"))
 	if err := f.publish(ctx, 11, many); err != nil {
 		t.Fatal(err)
 	}

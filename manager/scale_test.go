@@ -263,7 +263,7 @@ func (x *scaleSim) decide(ev Event) {
 	if err != nil {
 		x.tb.Fatal(err)
 	}
-	for _, n := range ops.sizes {
+	for _, n := range ops.Sizes {
 		x.stats.mapBytes += n
 		x.stats.mapsRead += n * x.cfg.routers
 		x.note(n, "serving map record")
@@ -293,11 +293,11 @@ func (x *scaleSim) storeState(c change, cur, next *State) {
 		x.tb.Fatal(err)
 	}
 	for _, name := range c.gone {
-		ops.delete(x.stateStore.modelKey(name))
-		ops.deletePrefix(x.stateStore.modelKey(name) + "/")
+		ops.Delete(x.stateStore.modelKey(name))
+		ops.DeletePrefix(x.stateStore.modelKey(name) + "/")
 	}
 	done()
-	for _, n := range ops.sizes {
+	for _, n := range ops.Sizes {
 		x.stats.stateBytes += n
 		x.stats.largestState = max(x.stats.largestState, n)
 	}
@@ -332,7 +332,7 @@ func (x *scaleSim) applyOps(ops txnOps) { applyOps(x.etcd, ops) }
 
 // applyOps applies writes to a simulated etcd.
 func applyOps(etcd map[string][]byte, ops txnOps) {
-	for _, op := range ops.ops {
+	for _, op := range ops.Ops {
 		key := string(op.KeyBytes())
 		switch {
 		case op.IsPut():

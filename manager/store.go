@@ -145,126 +145,31 @@ func (c *change) wholeStates(next *State) {
 	}
 }
 
-// maxTxnOps is etcd's default limit on operations in one transaction.
-const maxTxnOps = 128
-
-// maxTxnBytes bounds the keys and values of one transaction: etcd refuses
-// requests over --max-request-bytes (default 1.5 MiB), and this leaves
-// room for the request's own framing. maxRecordBytes bounds one record.
-// The manager's records stay far below (a model's state and map record
-// under 256 KiB, TestStateStaysSmall); these bounds turn a record that
-// does not into a clear error before anything is written.
-const (
-	maxTxnBytes    = 1 << 20
-	maxRecordBytes = maxTxnBytes - 4<<10
-)
-
 // txnOps are writes to make in as few etcd transactions as its limits
-// allow (maxTxnOps, maxTxnBytes), leaving room in each for one more
-// operation of the writer's own (a guard, a fence).
-type txnOps struct {
-	ops   []clientv3.Op
-	sizes []int
-	// joined[i]: ops[i] goes in the transaction of ops[i-1] (one model's
-	// records: see together), unless they cannot fit one.
-	joined []bool
-}
-
-// together marks the operations added from now on until done is
-// called as one group, written in one transaction where one can hold
-// them.
-func (t *txnOps) together() (done func()) {
-	first := len(t.ops)
-	return func() {
-		for len(t.joined) < len(t.ops) {
-			t.joined = append(t.joined, len(t.joined) > first)
-		}
-	}
-}
-
-// add appends u's operations.
-func (t *txnOps) add(u txnOps) {
-	for len(t.joined) < len(t.ops) {
-		t.joined = append(t.joined, false)
-	}
-	t.ops, t.sizes = append(t.ops, u.ops...), append(t.sizes, u.sizes...)
-	for i := range u.ops {
-		t.joined = append(t.joined, i < len(u.joined) && u.joined[i])
-	}
-}
-
-// isJoined reports whether ops[i] must follow ops[i-1] in its transaction.
-func (t *txnOps) isJoined(i int) bool { return i < len(t.joined) && t.joined[i] }
-
-// put adds a write of value at key, refusing a record etcd would refuse.
-func (t *txnOps) put(key string, value []byte) error {
-	if n := len(key) + len(value); n > maxRecordBytes {
-		return fmt.Errorf("%w: %s is %d bytes, over the %d a write may carry; nothing written", ErrTooLarge, key, n, maxRecordBytes)
-	}
-	t.ops, t.sizes = append(t.ops, clientv3.OpPut(key, string(value))), append(t.sizes, len(key)+len(value))
-	return nil
-}
-
-// delete adds the deletion of key.
-func (t *txnOps) delete(key string) {
-	t.ops, t.sizes = append(t.ops, clientv3.OpDelete(key)), append(t.sizes, len(key))
-}
-
-// deletePrefix adds the deletion of every key under prefix.
-func (t *txnOps) deletePrefix(prefix string) {
-	t.ops, t.sizes = append(t.ops, clientv3.OpDelete(prefix, clientv3.WithPrefix())), append(t.sizes, len(prefix))
-}
-
-// each calls write with the operations in order, in batches that fit one
-// transaction each, at least once (with none when there are none), and
-// stops at the first error.
-//
-// A group (together) is not split across transactions unless it alone
-// cannot fit one: a transaction ends before a group that would not fit.
-func (t *txnOps) each(write func(batch []clientv3.Op) error) error {
-	ops, sizes, at := t.ops, t.sizes, 0
-	for first := true; first || len(ops) > 0; first = false {
-		n, bytes := 0, 0
-		for n < len(ops) && n < maxTxnOps-1 && (n == 0 || bytes+sizes[n] <= maxTxnBytes) {
-			bytes += sizes[n]
-			n++
-		}
-		whole := n
-		for n < len(ops) && n > 0 && t.isJoined(at+n) {
-			n-- // back to the start of the group the limit cut
-		}
-		if n == 0 {
-			n = whole // a group larger than a transaction: split after all
-		}
-		if err := write(ops[:n:n]); err != nil {
-			return err
-		}
-		ops, sizes, at = ops[n:], sizes[n:], at+n
-	}
-	return nil
-}
+// allow (topo.Txn).
+type txnOps = topo.Txn
 
 // ErrTooLarge is returned by commit for a record etcd would refuse.
-var ErrTooLarge = errors.New("manager: record too large for etcd")
+var ErrTooLarge = topo.ErrTooLarge
 
 // commit writes c, with mapOps (the serving map's records of the models
 // in c.maps), in one transaction conditional on the guard; a change of
-// more than maxTxnOps operations or maxTxnBytes bytes goes in several,
+// more than topo.MaxTxnOps operations or topo.MaxTxnBytes bytes goes in several,
 // each conditional on the last. The serving map's records go first, so
 // a router sees the map of as many models change at once as fit.
 func (st *store) commit(ctx context.Context, c change, mapOps txnOps) error {
-	if c.empty() && len(mapOps.ops) == 0 {
+	if c.empty() && len(mapOps.Ops) == 0 {
 		return nil
 	}
 	ops := mapOps
 	if c.cordons != nil {
-		if err := ops.put(st.cordonKey(), c.cordons); err != nil {
+		if err := ops.Put(st.cordonKey(), c.cordons); err != nil {
 			return err
 		}
 	}
 	for _, name := range c.gone {
-		ops.delete(st.modelKey(name)) // the map's records: in mapOps
-		ops.deletePrefix(st.modelKey(name) + "/")
+		ops.Delete(st.modelKey(name)) // the map's records: in mapOps
+		ops.DeletePrefix(st.modelKey(name) + "/")
 	}
 	seq := st.audit
 	for _, e := range c.audit {
@@ -273,15 +178,15 @@ func (st *store) commit(ctx context.Context, c change, mapOps txnOps) error {
 			Schema int `json:"schema"`
 			AuditEntry
 		}{recordSchema, e})
-		if err := ops.put(st.auditKey(seq), b); err != nil {
+		if err := ops.Put(st.auditKey(seq), b); err != nil {
 			return err
 		}
 		if seq > maxAudit {
-			ops.delete(st.auditKey(seq - maxAudit))
+			ops.Delete(st.auditKey(seq - maxAudit))
 		}
 	}
 	st.txns = 0
-	err := ops.each(func(batch []clientv3.Op) error {
+	err := ops.Each(func(batch []clientv3.Op) error {
 		g, _ := json.Marshal(guardRecord{Schema: recordSchema, Writer: st.writer, Audit: seq})
 		then := append(batch, clientv3.OpPut(st.guardKey(), string(g)))
 		cond := clientv3.Compare(clientv3.ModRevision(st.guardKey()), "=", st.rev)

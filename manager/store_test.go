@@ -23,7 +23,7 @@ import (
 // mapRecord is the write of value as model name's serving map record.
 func mapRecord(name, value string) txnOps {
 	var t txnOps
-	t.put(topo.DefaultCluster.ModelKey(name), []byte(value))
+	t.Put(topo.DefaultCluster.ModelKey(name), []byte(value))
 	return t
 }
 
@@ -80,11 +80,11 @@ func TestCommitSplitsByBytes(t *testing.T) {
 	if _, err := st.load(ctx); err != nil {
 		t.Fatal(err)
 	}
-	at := maxRecordBytes - len(st.modelsPrefix()+"m0")
+	at := topo.MaxRecordBytes - len(st.modelsPrefix()+"m0")
 	records := func(values map[string][]byte) (txnOps, error) {
 		var ops txnOps
 		for _, name := range slices.Sorted(maps.Keys(values)) {
-			if err := ops.put(st.modelsPrefix()+name, values[name]); err != nil {
+			if err := ops.Put(st.modelsPrefix()+name, values[name]); err != nil {
 				return txnOps{}, err
 			}
 		}
@@ -102,7 +102,7 @@ func TestCommitSplitsByBytes(t *testing.T) {
 		t.Fatalf("five records at the limit: %v", err)
 	}
 	if st.txns != 5 {
-		t.Fatalf("%d transactions for five records of %d bytes, want 5", st.txns, maxRecordBytes)
+		t.Fatalf("%d transactions for five records of %d bytes, want 5", st.txns, topo.MaxRecordBytes)
 	}
 	for i := range 5 {
 		resp, err := cli.Get(ctx, st.modelsPrefix()+fmt.Sprintf("m%d", i))
@@ -118,7 +118,7 @@ func TestCommitSplitsByBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := st.commit(ctx, change{}, ops); err != nil || st.txns != 3 {
-		t.Fatalf("300 small records: %v, %d transactions, want 3 (%d operations each at most)", err, st.txns, maxTxnOps)
+		t.Fatalf("300 small records: %v, %d transactions, want 3 (%d operations each at most)", err, st.txns, topo.MaxTxnOps)
 	}
 	if _, err := records(map[string][]byte{"a": []byte("{}"), "m0": bytes.Repeat([]byte{'y'}, at+1)}); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "m0") {
 		t.Fatalf("a record one byte over the limit: %v", err)

@@ -83,7 +83,7 @@ func (st *store) stateOps(c change, prev, next *State) (ops txnOps, done func(),
 	after := map[string]*stored{}
 	for _, name := range slices.Sorted(maps.Keys(st.layout)) {
 		if was := st.layout[name]; was.headless && next.Models[name] == nil {
-			ops.deletePrefix(st.modelKey(name) + "/")
+			ops.DeletePrefix(st.modelKey(name) + "/")
 			after[name] = nil
 		}
 	}
@@ -97,7 +97,7 @@ func (st *store) stateOps(c change, prev, next *State) (ops txnOps, done func(),
 			om = nil // nothing of it in this form: write it all
 			p, _ = patchOf(nil, nm)
 		}
-		end := ops.together()
+		end := ops.Together()
 		now, err := st.modelOps(&ops, name, om, nm, p, was)
 		end()
 		if err != nil {
@@ -135,7 +135,7 @@ func (st *store) modelOps(ops *txnOps, name string, om, nm *ModelState, p modelP
 	}
 	if p.Replicas != nil {
 		b, _ := json.Marshal(topo.NewPlacement(name, 0, *p.Replicas))
-		if err := ops.put(st.modelKey(name)+"/replicas", b); err != nil {
+		if err := ops.Put(st.modelKey(name)+"/replicas", b); err != nil {
 			return nil, err
 		}
 	}
@@ -143,7 +143,7 @@ func (st *store) modelOps(ops *txnOps, name string, om, nm *ModelState, p modelP
 		ids.Schema = recordSchema
 		b, _ := json.Marshal(ids)
 		now.bases[v] = ids.Base
-		return ops.put(st.subKey(name, "ids", v), b)
+		return ops.Put(st.subKey(name, "ids", v), b)
 	}
 	changed := map[uint64]bool{} // versions whose identities this change sets or removes
 	for _, pv := range p.Put {
@@ -151,13 +151,13 @@ func (st *store) modelOps(ops *txnOps, name string, om, nm *ModelState, p modelP
 		rec := storedVersion{Schema: recordSchema, Version: *v, HasInfo: v.Info != nil}
 		rec.Info = nil
 		b, _ := json.Marshal(rec)
-		if err := ops.put(st.subKey(name, "versions", v.Version), b); err != nil {
+		if err := ops.Put(st.subKey(name, "versions", v.Version), b); err != nil {
 			return nil, err
 		}
 		switch _, had := now.bases[v.Version]; {
 		case v.Info == nil:
 			if had {
-				ops.delete(st.subKey(name, "ids", v.Version))
+				ops.Delete(st.subKey(name, "ids", v.Version))
 				delete(now.bases, v.Version)
 				changed[v.Version] = true
 			}
@@ -196,7 +196,7 @@ func (st *store) modelOps(ops *txnOps, name string, om, nm *ModelState, p modelP
 	bare.Versions, bare.Replicas = nil, nil
 	state, _ := json.Marshal(bare)
 	b, _ := json.Marshal(stateHead{Schema: headSchema, State: state, Listed: listed})
-	if err := ops.put(st.modelKey(name), b); err != nil {
+	if err := ops.Put(st.modelKey(name), b); err != nil {
 		return nil, err
 	}
 	gone := slices.Clone(p.Drop)
@@ -205,8 +205,8 @@ func (st *store) modelOps(ops *txnOps, name string, om, nm *ModelState, p modelP
 	}
 	for _, v := range gone {
 		if nm.version(v) == nil {
-			ops.delete(st.subKey(name, "versions", v))
-			ops.delete(st.subKey(name, "ids", v))
+			ops.Delete(st.subKey(name, "versions", v))
+			ops.Delete(st.subKey(name, "ids", v))
 			delete(now.bases, v)
 		}
 	}

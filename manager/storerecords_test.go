@@ -175,16 +175,16 @@ func TestStateRecordsInEtcd(t *testing.T) {
 // before it ends early.
 func TestTxnGroupsWhole(t *testing.T) {
 	var ops txnOps
-	third := maxTxnBytes / 3
-	ops.put("a", make([]byte, third))
-	ops.put("b", make([]byte, third))
-	end := ops.together()
-	ops.put("c1", make([]byte, third))
-	ops.put("c2", make([]byte, third))
+	third := topo.MaxTxnBytes / 3
+	ops.Put("a", make([]byte, third))
+	ops.Put("b", make([]byte, third))
+	end := ops.Together()
+	ops.Put("c1", make([]byte, third))
+	ops.Put("c2", make([]byte, third))
 	end()
-	ops.put("d", nil)
+	ops.Put("d", nil)
 	var batches [][]string
-	err := ops.each(func(batch []clientv3.Op) error {
+	err := ops.Each(func(batch []clientv3.Op) error {
 		var keys []string
 		for _, op := range batch {
 			keys = append(keys, string(op.KeyBytes()))
@@ -197,13 +197,13 @@ func TestTxnGroupsWhole(t *testing.T) {
 	}
 	// A group larger than a transaction is split all the same.
 	var big txnOps
-	end = big.together()
+	end = big.Together()
 	for i := range 4 {
-		big.put(fmt.Sprint("g", i), make([]byte, third))
+		big.Put(fmt.Sprint("g", i), make([]byte, third))
 	}
 	end()
 	n := 0
-	if err := big.each(func([]clientv3.Op) error { n++; return nil }); err != nil || n != 2 {
+	if err := big.Each(func([]clientv3.Op) error { n++; return nil }); err != nil || n != 2 {
 		t.Fatalf("a group of four thirds of a transaction: %d transactions, want 2", n)
 	}
 }
@@ -219,7 +219,7 @@ func FuzzStateRecords(f *testing.F) {
 		f.Fatal(err)
 	}
 	seed := map[string][]byte{}
-	for _, op := range ops.ops {
+	for _, op := range ops.Ops {
 		seed[strings.TrimPrefix(string(op.KeyBytes()), st.modelsPrefix())] = op.ValueBytes()
 	}
 	f.Add(seed["m"], seed["m/replicas"], seed["m/versions/2"], seed["m/ids/2"], seed["m/ids/3"])
@@ -261,11 +261,11 @@ func (k *kvState) write(cur, next *State, limit int) (ids []string) {
 		k.t.Fatal(err)
 	}
 	for _, name := range c.gone {
-		ops.deletePrefix(k.st.modelKey(name) + "/")
-		ops.delete(k.st.modelKey(name))
+		ops.DeletePrefix(k.st.modelKey(name) + "/")
+		ops.Delete(k.st.modelKey(name))
 	}
 	n := 0
-	err = ops.each(func(batch []clientv3.Op) error {
+	err = ops.Each(func(batch []clientv3.Op) error {
 		if n++; limit > 0 && n > limit {
 			return fmt.Errorf("cut")
 		}
@@ -274,7 +274,7 @@ func (k *kvState) write(cur, next *State, limit int) (ids []string) {
 				ids = append(ids, strings.TrimPrefix(string(op.KeyBytes()), k.st.modelsPrefix()))
 			}
 		}
-		applyOps(k.kv, txnOps{ops: batch})
+		applyOps(k.kv, txnOps{Ops: batch})
 		return nil
 	})
 	if err == nil {

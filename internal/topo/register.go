@@ -136,54 +136,55 @@ func (r *Registration) SetReport(value string, subs map[string]string) {
 
 // write puts what changed since the last write under lease. Records
 // are grouped by what follows their first "/" (a shard's held/M and
-// parts/M go together), and a transaction never splits a group.
+// parts/M go together), and a transaction never splits a group (Txn).
 func (r *Registration) write(ctx context.Context, v string, subs map[string]string, lease clientv3.LeaseID) error {
-	var groups [][]clientv3.Op
-	at := map[string]int{}
-	add := func(k string, op clientv3.Op) {
-		_, g, _ := strings.Cut(k, "/")
-		i, ok := at[g]
-		if !ok {
-			i, at[g] = len(groups), len(groups)
-			groups = append(groups, nil)
-		}
-		groups[i] = append(groups[i], op)
-	}
+	var t Txn
 	if v != r.inEtcd.value {
-		groups = append(groups, []clientv3.Op{clientv3.OpPut(r.key, v, clientv3.WithLease(lease))})
+		if err := t.Put(r.key, []byte(v), clientv3.WithLease(lease)); err != nil {
+			return err
+		}
 	}
 	// A group's deletes before its puts; "parts" before "held" (a
 	// reader pairs a new held record only with its partitions).
+	groups := map[string][]string{} // group → keys to delete, then to put
+	var order []string
+	note := func(k string) {
+		_, g, _ := strings.Cut(k, "/")
+		if _, ok := groups[g]; !ok {
+			order = append(order, g)
+		}
+		groups[g] = append(groups[g], k)
+	}
 	for _, k := range slices.Sorted(maps.Keys(r.inEtcd.subs)) {
 		if _, ok := subs[k]; !ok {
-			add(k, clientv3.OpDelete(r.key+"/"+k))
+			note(k)
 		}
 	}
-	keys := slices.SortedFunc(maps.Keys(subs), func(a, b string) int { return strings.Compare(recordOrder(a), recordOrder(b)) })
-	for _, k := range keys {
+	for _, k := range slices.SortedFunc(maps.Keys(subs), func(a, b string) int { return strings.Compare(recordOrder(a), recordOrder(b)) }) {
 		if was, ok := r.inEtcd.subs[k]; !ok || was != subs[k] {
-			add(k, clientv3.OpPut(r.key+"/"+k, subs[k], clientv3.WithLease(lease)))
+			note(k)
 		}
 	}
-	var batch []clientv3.Op
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		_, err := r.cli.Txn(ctx).Then(batch...).Commit()
-		batch = batch[:0]
-		return err
-	}
-	for _, g := range groups {
-		if len(batch)+len(g) > 120 { // etcd's default bound on a transaction's operations is 128
-			if err := flush(); err != nil {
-				r.unknown(subs)
+	for _, g := range order {
+		end := t.Together()
+		for _, k := range groups[g] {
+			if val, ok := subs[k]; !ok {
+				t.Delete(r.key + "/" + k)
+			} else if err := t.Put(r.key+"/"+k, []byte(val), clientv3.WithLease(lease)); err != nil {
+				end()
 				return err
 			}
 		}
-		batch = append(batch, g...)
+		end()
 	}
-	if err := flush(); err != nil {
+	if len(t.Ops) == 0 {
+		r.inEtcd.value, r.inEtcd.subs = v, subs
+		return nil
+	}
+	if err := t.Each(func(batch []clientv3.Op) error {
+		_, err := r.cli.Txn(ctx).Then(batch...).Commit()
+		return err
+	}); err != nil {
 		r.unknown(subs)
 		return err
 	}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 )
@@ -184,5 +187,61 @@ func TestSetUnchangedWritesNothing(t *testing.T) {
 	})
 	if got := revision() - before; got != 1 {
 		t.Errorf("100 sets of the same value and one of a new one made %d etcd revisions, want 1", got)
+	}
+}
+
+// TestSetReportWritesWhatChanged: a registration's reports, more than
+// one transaction holds, are written whole, under its lease; a change
+// writes what changed and deletes what is no longer given; etcd then
+// holds exactly the reports given.
+func TestSetReportWritesWhatChanged(t *testing.T) {
+	cli := testenv.Etcd(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := DefaultCluster.ShardKey("reporter")
+	r, err := Register(ctx, cli, key, "v0", 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	subs := map[string]string{}
+	for i := range 150 { // 300 records: three transactions
+		subs[fmt.Sprintf("parts/m%03d", i)] = fmt.Sprint("p", i)
+		subs[fmt.Sprintf("held/m%03d", i)] = fmt.Sprint("h", i)
+	}
+	holds := func(value string, subs map[string]string) error {
+		resp, err := cli.Get(context.Background(), key, clientv3.WithPrefix())
+		if err != nil {
+			return err
+		}
+		got := map[string]string{}
+		for _, kv := range resp.Kvs {
+			if kv.Lease == 0 {
+				return fmt.Errorf("%s is not under the lease", kv.Key)
+			}
+			got[strings.TrimPrefix(string(kv.Key), key)] = string(kv.Value)
+		}
+		want := map[string]string{"": value}
+		for k, v := range subs {
+			want["/"+k] = v
+		}
+		if !maps.Equal(got, want) {
+			return fmt.Errorf("etcd holds %d records, want %d", len(got), len(want))
+		}
+		return nil
+	}
+	r.SetReport("v1", subs)
+	testenv.Eventually(t, 10*time.Second, func() error { return holds("v1", subs) })
+	next := maps.Clone(subs)
+	delete(next, "parts/m007")
+	delete(next, "held/m007")
+	next["held/m100"] = "changed"
+	next["parts/n000"], next["held/n000"] = "new", "new"
+	before, _ := cli.Get(context.Background(), key)
+	r.SetReport("v1", next)
+	testenv.Eventually(t, 10*time.Second, func() error { return holds("v1", next) })
+	after, _ := cli.Get(context.Background(), key)
+	if n := after.Header.Revision - before.Header.Revision; n != 1 {
+		t.Errorf("a change of five records took %d transactions, want 1", n)
 	}
 }
