@@ -3,6 +3,7 @@ package loader
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"slices"
@@ -247,4 +248,51 @@ func idBytes(ids []uint64) []byte {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&ids[0])), 8*len(ids))
+}
+
+// GenerateDeltas publishes n deltas on a generated model's newest
+// version, each a delta on the one before, of keys upserts: ids of the
+// model drawn uniformly from its ranks (so traffic finds them), new values
+// drawn from seed. It is how benchmarks make a model with a long chain.
+func (r Repo) GenerateDeltas(name string, n, keys int, seed uint64) ([]*codec.Manifest, error) {
+	v, err := r.Latest(name)
+	if err != nil {
+		return nil, err
+	}
+	chain, err := r.Chain(name, v)
+	if err != nil {
+		return nil, err
+	}
+	base := chain[len(chain)-1]
+	if base.Generator == nil {
+		return nil, fmt.Errorf("loader: gen: model %s was not made by 'cumulus model gen'", name)
+	}
+	if keys <= 0 || int64(keys) > base.Params {
+		return nil, fmt.Errorf("loader: gen: %d keys a delta; want 1..%d (the model's features)", keys, base.Params)
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	var out []*codec.Manifest
+	for i := range n {
+		up := &Sparse{Shape: base.Shape}
+		seen := map[uint64]bool{}
+		for len(up.Keys) < keys {
+			id := GenID(*base.Generator, rng.Uint64N(uint64(base.Params)))
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			up.Keys = append(up.Keys, id)
+			for j := range up.Width() {
+				up.Values = append(up.Values, genValue(seed+uint64(i)+1, id, j, 0.1))
+			}
+		}
+		m, err := r.PublishDelta(name, Delta{Upserts: up, Parent: v,
+			Source: fmt.Sprintf("cumulus model gen --deltas: delta %d of %d, %d keys", i+1, n, keys)})
+		if err != nil {
+			return out, err
+		}
+		out = append(out, m)
+		v = m.Version
+	}
+	return out, nil
 }

@@ -365,6 +365,36 @@ func TestGenerate(t *testing.T) {
 	if len(inModel) != 200000 {
 		t.Errorf("%d distinct ids, want 200000", len(inModel))
 	}
+
+	// Deltas on it: each on the one before, of ids the model has.
+	ds, err := repo.GenerateDeltas("g", 3, 50, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range ds {
+		if d.Kind != codec.KindDelta || d.Parent != m.Version+uint64(i) {
+			t.Errorf("delta %d: kind %s on %d, want a delta on %d", i, d.Kind, d.Parent, m.Version+uint64(i))
+		}
+		n := 0
+		for _, f := range d.Files {
+			pt, err := repo.ReadPartition(d, f.Partition)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range pt.Count {
+				if !inModel[pt.Key(j)] {
+					t.Errorf("delta %d changes feature %d, which the model does not have", i, pt.Key(j))
+				}
+			}
+			n += pt.Count
+		}
+		if n != 50 {
+			t.Errorf("delta %d changes %d features, want 50", i, n)
+		}
+	}
+	if _, err := repo.GenerateDeltas("g", 1, 200001, 9); err == nil || !strings.Contains(err.Error(), "keys a delta") {
+		t.Errorf("more keys a delta than features: %v", err)
+	}
 }
 
 // tsvGood is a valid TSV model: TestParseTSV checks what it parses to,

@@ -1,4 +1,4 @@
-# Shared by the measuring scripts (scale.sh, tail.sh, tls.sh, types.sh): each
+# Shared by the measuring scripts (chain.sh, scale.sh, tail.sh, tls.sh, types.sh): each
 # prepends this to its own program. A run is a line whose first field
 # names its setup; setup[i] and val[i, column] hold run i.
 # ms converts a duration Go printed (µs, ms or s) to milliseconds.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -74,6 +76,9 @@ func TestDeltaSharesUnchangedPartitions(t *testing.T) {
 		case p != touched && (len(l) != 1 || l[0] != base):
 			t.Errorf("unchanged partition %d: stack %v, want the parent's table, shared", p, l)
 		}
+		if (v2.views[p] != nil) != (p == touched) || v1.views[p] != nil {
+			t.Errorf("partition %d: views %v (version 1) and %v (version 2); want a view where the delta has a file, only", p, v1.views[p], v2.views[p])
+		}
 		if v2.ids[p] != v1.ids[p] && p != touched {
 			t.Errorf("unchanged partition %d: identity %s, want the parent's %s", p, v2.ids[p], v1.ids[p])
 		}
@@ -124,4 +129,119 @@ func TestDeltaSharesUnchangedPartitions(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestViewsThroughABranch: deltas on a base, a rollback and a delta on
+// the older version (a branch); every kept version answers its own
+// chain's values through one overlay per partition. Once the abandoned
+// branch's big delta is dropped, the overlay is rebuilt without it and
+// its memory given back, and the versions left answer as before.
+func TestViewsThroughABranch(t *testing.T) {
+	const parts = 2
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	if _, err := repo.Publish("m", bigLR(100_000, 1), parts, ""); err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint64]map[uint64]float32{1: {}}
+	for k := uint64(1); k <= 100_000; k++ {
+		want[1][k] = float32(k % 101)
+	}
+	// publish a delta on parent: upserts of keys lo..hi to v, deletions of dels.
+	publish := func(parent uint64, lo, hi uint64, v float32, dels []uint64) uint64 {
+		up := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
+		for k := lo; k <= hi; k++ {
+			up.Keys, up.Values = append(up.Keys, k), append(up.Values, v)
+		}
+		m, err := repo.PublishDelta("m", loader.Delta{Upserts: up, Deletes: dels, Parent: parent})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := maps.Clone(want[parent])
+		for k := lo; k <= hi; k++ {
+			w[k] = v
+		}
+		for _, k := range dels {
+			delete(w, k)
+		}
+		want[m.Version] = w
+		return m.Version
+	}
+	v2 := publish(1, 1, 1000, -2, []uint64{5000, 5001})
+	v3 := publish(v2, 1, 60_000, -3, []uint64{70_000}) // big: abandoned below
+	v4 := publish(v2, 500, 1500, -4, []uint64{9})      // on v2, after a rollback from v3
+	v5 := publish(v4, 5000, 5000, -5, nil)             // writes a deleted key again
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	keys := []uint64{1, 5, 7, 9, 70_000, 499, 500, 1000, 1001, 1500, 1501, 4999, 5000, 5001, 59_999, 60_000, 60_001, 99_999, 100_000, 100_001}
+	check := func(vs ...uint64) {
+		t.Helper()
+		for _, v := range vs {
+			ks := slices.Clone(keys)
+			r, err := lookup(s, v, parts, ks)
+			if err != nil {
+				t.Fatalf("version %d: %v", v, err)
+			}
+			k := 0
+			for i, key := range ks {
+				w, ok := want[v][key]
+				if r.Found(i) != ok || ok && r.Value(k, 0) != w {
+					t.Errorf("version %d, key %d: found %v, want %v (%v)", v, key, r.Found(i), ok, w)
+				}
+				if r.Found(i) {
+					k++
+				}
+			}
+		}
+	}
+	held := func(vs ...uint64) func() error {
+		return func() error {
+			for _, v := range vs {
+				ver := s.snap.Load().get("m", v)
+				for p := range parts {
+					if ver == nil || ver.layers[p] == nil {
+						return fmt.Errorf("version %d partition %d not loaded", v, p)
+					}
+				}
+			}
+			return nil
+		}
+	}
+	putMap(t, cli, repo, parts, v5, 0, v4, v3, v2, 1)
+	testenv.Eventually(t, 10*time.Second, held(v5, v4, v3, v2, 1))
+	check(v5, v4, v3, v2, 1)
+	snap := s.snap.Load()
+	for p := range parts {
+		ov := snap.get("m", v5).views[p].ov
+		for _, v := range []uint64{v4, v3, v2} {
+			if x := snap.get("m", v).views[p]; x == nil || x.ov != ov {
+				t.Fatalf("partition %d: version %d does not read the overlay version %d reads", p, v, v5)
+			}
+		}
+	}
+	before := s.overlayBytes.Load()
+	putMap(t, cli, repo, parts, v5, 0, v4, v2, 1)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if s.snap.Load().get("m", v3) != nil {
+			return errors.New("version 3 still held")
+		}
+		if after := s.overlayBytes.Load(); after >= before/2 {
+			return fmt.Errorf("overlays hold %d bytes after the big delta went, %d before: not rebuilt without it", after, before)
+		}
+		return nil
+	})
+	check(v5, v4, v2, 1)
+	// Everything on the base goes: so do its overlays.
+	putMap(t, cli, repo, parts, 1, 0)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n := s.overlayBytes.Load(); n != 0 {
+			putMap(t, cli, repo, parts, 1, 0)
+			return fmt.Errorf("overlays hold %d bytes with no delta held", n)
+		}
+		return nil
+	})
+	check(1)
 }

@@ -21,8 +21,10 @@
 // never of the repository's, which the shard does not control. A version
 // staged beside the live one may be mapped; after the manager commits it,
 // the old version is retired and the new one promoted to resident memory
-// a partition at a time. docs/storage.md has the layout, the lookup and
-// the measurements.
+// a partition at a time. A version's deltas are read through its view of
+// one overlay per base partition (overlay.go, views.go), so a lookup
+// costs the same at any chain length. docs/storage.md has the layout, the
+// lookup and the measurements.
 //
 // Lookups (Service.Lookup) read an immutable snapshot through an atomic
 // pointer: no locks on the request path. Goroutines: the gRPC server, the

@@ -208,8 +208,9 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 			err = s.opts.BeforeLoad(ctx, name, v, p)
 		}
 		before := s.passLoads
+		var view *view
 		if err == nil {
-			layers, err = s.loadStack(chain, p, mapped)
+			layers, view, err = s.loadStack(chain, p, mapped)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -223,7 +224,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 			shared++
 		}
 		delete(s.failed, pkey)
-		batch = append(batch, placed{p: p, layers: layers, id: id})
+		batch = append(batch, placed{p: p, layers: layers, view: view, id: id})
 		if time.Since(last) >= reportEvery {
 			flush()
 			last = time.Now()
@@ -258,7 +259,8 @@ func matchesMap(chain []*codec.Manifest, got []uint64, a topo.Assignment, info *
 	return nil
 }
 
-// retire drops every partition the map does not keep on this shard.
+// retire drops every partition the map does not keep on this shard, and
+// the overlays only they used.
 func (s *Shard) retire(want map[string]map[uint64][]uint32) {
 	after, dropped := s.snap.Load().keepOnly(func(name string, v uint64, p uint32) bool {
 		return slices.Contains(want[name][v], p)
@@ -268,6 +270,7 @@ func (s *Shard) retire(want map[string]map[uint64][]uint32) {
 		s.report()
 		s.reclaim(reclaimWait)
 	}
+	s.tidyOverlays()
 }
 
 // promote moves mapped partitions of live versions into resident memory
@@ -315,7 +318,7 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 			}
 			layers := append(slices.Clone(l[:len(l)-1]), NewTable(pt))
 			layers[len(layers)-1].sha, layers[len(layers)-1].fv = l[len(l)-1].sha, base.Version
-			s.install(s.snap.Load().with(v.m, v.chain, uint32(p), layers, v.ids[p], nil))
+			s.install(s.snap.Load().with(v.m, v.chain, placed{p: uint32(p), layers: layers, view: v.views[p], id: v.ids[p]}, nil))
 			s.reclaim(reclaimWait) // the mapping goes before the next partition comes in
 			s.passLoads++
 			slog.Info("shard: partition now resident", "shard", s.opts.ID, "model", name, "version", a.Live, "partition", p)
@@ -394,6 +397,7 @@ func (s *Shard) demote(model string, fileVersion uint64, p uint32, t *Table) err
 	}
 	mt := NewTable(pt)
 	mt.sha, mt.fv = t.sha, t.fv
+	s.moveInOverlays(t, mt)
 	s.install(s.snap.Load().replaced(t, mt))
 	s.reclaim(reclaimWait) // the resident copy goes before the live partition comes in
 	slog.Info("shard: standby partition now mapped, making room for the live version", "shard", s.opts.ID, "model", model,
@@ -422,8 +426,9 @@ func (s *Shard) bytesToLoad(chain []*codec.Manifest, parts []uint32) int64 {
 
 // loadStack returns partition p's tables for a version's chain, newest
 // first — one per link with a file for p (codec.Layers) — reusing tables
-// already held for any link; with mapped, what it loads is mapped.
-func (s *Shard) loadStack(chain []*codec.Manifest, p uint32, mapped bool) ([]*Table, error) {
+// already held for any link, and the view of its deltas (nil: none, or
+// the stack is walked); with mapped, what it loads is mapped.
+func (s *Shard) loadStack(chain []*codec.Manifest, p uint32, mapped bool) ([]*Table, *view, error) {
 	links := codec.Layers(chain, p)
 	layers := make([]*Table, len(links))
 	for i, c := range links {
@@ -441,7 +446,7 @@ func (s *Shard) loadStack(chain []*codec.Manifest, p uint32, mapped bool) ([]*Ta
 					t.release()
 				}
 			}
-			return nil, err
+			return nil, nil, err
 		}
 		t.sha, t.fv = f.SHA256, c.Version
 		layers[i] = t
@@ -451,7 +456,7 @@ func (s *Shard) loadStack(chain []*codec.Manifest, p uint32, mapped bool) ([]*Ta
 		slog.Debug("shard: loaded partition", "shard", s.opts.ID, "model", c.Name, "version", c.Version, "kind", c.Kind, "partition", p,
 			"keys", t.Len(), "bytes", t.Bytes(), "mapped", t.Mapped, "took", time.Since(t0).Round(time.Millisecond))
 	}
-	return layers, nil
+	return layers, s.viewOf(chain[0].Name, p, layers), nil
 }
 
 // place counts a resident table loaded but not yet installed, so that

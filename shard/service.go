@@ -76,60 +76,111 @@ type scratch struct {
 	layer   []int32
 	pending []int32
 	pkeys   []uint64
-	ws      []float32
+	ws, ws2 []float32
 	found   []uint64
 	vals    []byte // found keys' values, as the response carries them
 }
 
-// lookupLayers answers keys from a partition's stack — deltas newest
-// first, then a hot tier, then the base, which may be mapped: the first
-// layer holding a key decides, and a tombstone there means the feature
-// was deleted.
+// lookupStack answers keys from a partition's stack: the view of its
+// deltas first, if it has one (v; layers are then what lies below the
+// deltas), then each layer in turn — deltas newest first when the stack
+// has no view, a hot tier, the base, which may be mapped. The first to
+// have a key decides, and a tombstone there means the feature was
+// deleted.
 // i is the index of keys[0] in the whole request; it returns the index
 // after the last key, or ctx's error if ctx ends before a mapped layer is
 // read (reading it may wait on the disk).
-func (sc *scratch) lookupLayers(ctx context.Context, layers []*Table, keys []uint64, w, i int) (int, error) {
+func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, keys []uint64, w, i int) (int, error) {
+	if v != nil && len(layers) == 1 && !layers[0].Mapped {
+		return sc.lookupView(v, layers[0], keys, w, i), nil
+	}
 	n := len(keys)
 	sc.idx, sc.idx2, sc.layer = resize(sc.idx, n), resize(sc.idx2, n), resize(sc.layer, n)
 	sc.pending = resize(sc.pending, n)
-	for j := range sc.layer {
-		sc.layer[j], sc.pending[j] = -1, int32(j)
+	var ws []float32 // LR: each found key's weight, read while its record is in cache
+	if w == 1 {
+		sc.ws, sc.ws2 = resize(sc.ws, n), resize(sc.ws2, n)
+		ws = sc.ws
 	}
 	// The base learns from every key, not only from those the layers
 	// above miss: otherwise cached keys would fade from the hot tier.
 	layers[len(layers)-1].Sample(keys)
+	var over []*Table // the view's tables, by layer
+	sc.pending = sc.pending[:0]
+	if v != nil {
+		over = v.find(keys, sc.layer, sc.idx, ws)
+		for j, l := range sc.layer {
+			if l >= 0 {
+				sc.layer[j] = l + int32(len(layers))
+			} else {
+				sc.pending = append(sc.pending, int32(j))
+			}
+		}
+	} else {
+		for j := range sc.layer {
+			sc.layer[j] = -1
+			sc.pending = append(sc.pending, int32(j))
+		}
+	}
 	// Each layer sees only the keys the layers above it did not have: a
 	// mapped base under a hot tier is asked only for the cold keys.
 	for li, t := range layers {
+		if len(sc.pending) == 0 {
+			break
+		}
 		sc.pkeys = sc.pkeys[:0]
 		for _, j := range sc.pending {
 			sc.pkeys = append(sc.pkeys, keys[j])
+		}
+		found := sc.idx2[:len(sc.pkeys)]
+		var pw []float32
+		if ws != nil {
+			pw = sc.ws2[:len(sc.pkeys)]
 		}
 		if t.Mapped {
 			if err := ctx.Err(); err != nil {
 				return 0, err
 			}
-			t.findCold(sc.pkeys, sc.idx2[:len(sc.pkeys)])
+			t.findCold(sc.pkeys, found)
+			for q, r := range found {
+				if pw != nil && r >= 0 {
+					pw[q] = t.Weight(int(r))
+				}
+			}
 		} else {
-			t.Find(sc.pkeys, sc.idx2[:len(sc.pkeys)])
+			t.find(sc.pkeys, found, pw)
 		}
 		kept := 0
 		for q, j := range sc.pending {
-			if r := sc.idx2[q]; r >= 0 {
+			if r := found[q]; r >= 0 {
 				sc.layer[j], sc.idx[j] = int32(li), r
+				if ws != nil {
+					ws[j] = pw[q]
+				}
 			} else {
 				sc.pending[kept] = j
 				kept++
 			}
 		}
 		sc.pending = sc.pending[:kept]
-		if kept == 0 {
-			break
-		}
 	}
 	for j := range keys {
-		if li := sc.layer[j]; li >= 0 {
-			t, r := layers[li], int(sc.idx[j])
+		if li := int(sc.layer[j]); li >= 0 {
+			if ws != nil {
+				if !codec.IsTombstone(ws[j]) {
+					sc.vals = binary.LittleEndian.AppendUint32(sc.vals, math.Float32bits(ws[j]))
+					sc.found[i>>6] |= 1 << (i & 63)
+				}
+				i++
+				continue
+			}
+			var t *Table
+			if li < len(layers) {
+				t = layers[li]
+			} else {
+				t = over[li-len(layers)]
+			}
+			r := int(sc.idx[j])
 			if codec.IsTombstone(t.Weight(r)) {
 				i++
 				continue
@@ -140,6 +191,88 @@ func (sc *scratch) lookupLayers(ctx context.Context, layers []*Table, keys []uin
 		i++
 	}
 	return i, nil
+}
+
+// lookupSection appends the values of one section's keys found in ver's
+// stack for its partition, which ver holds, to sc.vals and marks them in
+// sc.found; i is the index of the section's first key in the request. It
+// returns the index after its last key, or ctx's error if ctx ends before
+// a mapped layer is read.
+func (sc *scratch) lookupSection(ctx context.Context, ver *version, sec codec.Section, w, i int) (int, error) {
+	layers := ver.layers[sec.Partition]
+	if v := ver.views[sec.Partition]; v != nil || len(layers) > 1 || layers[0].Mapped {
+		if v != nil {
+			layers = layers[v.deltas:]
+		}
+		return sc.lookupStack(ctx, v, layers, sec.Keys, w, i)
+	}
+	t := layers[0]
+	sc.idx = resize(sc.idx, len(sec.Keys))
+	if w == 1 {
+		// LR: the weight is read while the record is in cache.
+		sc.ws = resize(sc.ws, len(sec.Keys))
+		t.FindWeights(sec.Keys, sc.idx, sc.ws)
+		for j, r := range sc.idx {
+			if r >= 0 {
+				sc.found[i>>6] |= 1 << (i & 63)
+				sc.vals = binary.LittleEndian.AppendUint32(sc.vals, math.Float32bits(sc.ws[j]))
+			}
+			i++
+		}
+		return i, nil
+	}
+	t.Find(sec.Keys, sc.idx)
+	for _, r := range sc.idx {
+		if r >= 0 {
+			sc.found[i>>6] |= 1 << (i & 63)
+			sc.vals = t.AppendValues(sc.vals, int(r))
+		}
+		i++
+	}
+	return i, nil
+}
+
+// lookupView is lookupStack for the common stack: deltas read through
+// a view over a resident base. Every key is looked up in both, the base
+// with the same batched search as a full version's, and the view's
+// answer, where it has one, wins: the few keys the deltas hold cost a
+// base lookup too, and the many they do not hold cost no gathering.
+func (sc *scratch) lookupView(v *view, base *Table, keys []uint64, w, i int) int {
+	n := len(keys)
+	sc.idx, sc.idx2, sc.layer = resize(sc.idx, n), resize(sc.idx2, n), resize(sc.layer, n)
+	if w == 1 {
+		sc.ws, sc.ws2 = resize(sc.ws, n), resize(sc.ws2, n)
+		base.FindWeights(keys, sc.idx2, sc.ws2)
+		v.find(keys, sc.layer, sc.idx, sc.ws)
+		for j, l := range sc.layer {
+			x, ok := sc.ws2[j], sc.idx2[j] >= 0
+			if l >= 0 {
+				x, ok = sc.ws[j], !codec.IsTombstone(sc.ws[j])
+			}
+			if ok {
+				sc.vals = binary.LittleEndian.AppendUint32(sc.vals, math.Float32bits(x))
+				sc.found[i>>6] |= 1 << (i & 63)
+			}
+			i++
+		}
+		return i
+	}
+	base.Find(keys, sc.idx2)
+	over := v.find(keys, sc.layer, sc.idx, nil)
+	for j, l := range sc.layer {
+		t, r := base, int(sc.idx2[j])
+		if l >= 0 {
+			if t, r = over[l], int(sc.idx[j]); codec.IsTombstone(t.Weight(r)) {
+				r = -1
+			}
+		}
+		if r >= 0 {
+			sc.vals = t.AppendValues(sc.vals, r)
+			sc.found[i>>6] |= 1 << (i & 63)
+		}
+		i++
+	}
+	return i
 }
 
 func (s *Shard) countFault(kind string) { s.metrics.faults.WithLabelValues(kind).Inc() }
@@ -219,35 +352,9 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 		if sec.Partition >= uint32(len(ver.layers)) || ver.layers[sec.Partition] == nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold partition %d of %q version %d", s.opts.ID, sec.Partition, sc.req.Model, sc.req.Version)
 		}
-		if layers := ver.layers[sec.Partition]; len(layers) > 1 || layers[0].Mapped {
-			var err error
-			if i, err = sc.lookupLayers(ctx, layers, sec.Keys, w, i); err != nil {
-				return nil, status.FromContextError(err).Err()
-			}
-			continue
-		}
-		t := ver.layers[sec.Partition][0]
-		sc.idx = resize(sc.idx, len(sec.Keys))
-		if w == 1 {
-			// LR: the weight is read while the record is in cache.
-			sc.ws = resize(sc.ws, len(sec.Keys))
-			t.FindWeights(sec.Keys, sc.idx, sc.ws)
-			for j, r := range sc.idx {
-				if r >= 0 {
-					sc.found[i>>6] |= 1 << (i & 63)
-					sc.vals = binary.LittleEndian.AppendUint32(sc.vals, math.Float32bits(sc.ws[j]))
-				}
-				i++
-			}
-			continue
-		}
-		t.Find(sec.Keys, sc.idx)
-		for _, r := range sc.idx {
-			if r >= 0 {
-				sc.found[i>>6] |= 1 << (i & 63)
-				sc.vals = t.AppendValues(sc.vals, int(r))
-			}
-			i++
+		var err error
+		if i, err = sc.lookupSection(ctx, ver, sec, w, i); err != nil {
+			return nil, status.FromContextError(err).Err()
 		}
 	}
 	s.metrics.keys.Add(float64(n))
@@ -345,7 +452,7 @@ func StackWeights(layers []*Table, keys []uint64, w []float32, found []bool, s *
 	sc.vals = sc.vals[:0]
 	sc.found = resize(sc.found, (len(keys)+63)/64)
 	clear(sc.found)
-	sc.lookupLayers(context.Background(), layers, keys, 1, 0)
+	sc.lookupStack(context.Background(), nil, layers, keys, 1, 0)
 	k := 0
 	for j := range keys {
 		found[j] = sc.found[j>>6]>>(j&63)&1 == 1

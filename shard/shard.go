@@ -226,6 +226,10 @@ type Shard struct {
 	// unplaced is the bytes of resident tables loaded and not yet
 	// installed; loader goroutine only.
 	unplaced int64
+	// overlayBytes is the memory of the overlays (views.go); written by
+	// the loader.
+	overlayBytes atomic.Int64
+	ovs          overlays // loader goroutine only
 	// Loader goroutine only:
 	failed     map[string]*failure        // "model/version[/partition]" → why, and when to try again
 	mismatched map[string]topo.Loaded     // "model/version" → partitions refused for content other than the map expects
@@ -270,6 +274,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		opts.Repo.Manifests = loader.NewManifestCache()
 	}
 	s := &Shard{opts: opts, lis: lis, ctx: ctx, cancel: cancel, pending: make(chan map[string]topo.Assignment, 1), failed: map[string]*failure{},
+		ovs:        overlays{byKey: map[ovKey]*overlay{}, all: map[*overlay]bool{}},
 		mismatched: map[string]topo.Loaded{},
 		acked:      map[string]topo.HeldRecord{},
 		slots:      admit.NewGate(int64(opts.MaxInflight), opts.MaxQueueTime), bytes: admit.NewGate(opts.MaxInflightBytes, opts.MaxQueueTime)}
@@ -546,11 +551,12 @@ func (s *Shard) heldReports() map[string]string {
 	return out
 }
 
-// residentBytes is the size of the tables held in resident memory;
+// residentBytes is the size of the tables held in resident memory and
+// of the overlays of their deltas;
 // with hot false, hot tiers (which give way to anything else) are left out.
 // It is kept as snapshots are installed (reclaim.go), not summed.
 func (s *Shard) residentBytes(hot bool) int64 {
-	n := s.resident.Load()
+	n := s.resident.Load() + s.overlayBytes.Load()
 	if hot {
 		n += s.residentHot.Load()
 	}

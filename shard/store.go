@@ -15,11 +15,13 @@ import (
 // parents' down to a full version. A full version's stack has one table;
 // a delta's lookups take the first layer that has a key. A delta that
 // leaves a partition unchanged holds its parent's tables for it (the
-// same tables, loaded once).
+// same tables, loaded once). Where a stack has deltas, lookups read them
+// through one view of an overlay (overlay.go), not table by table.
 type version struct {
 	m      *codec.Manifest
 	chain  []uint64   // versions of the layers, newest first
 	layers [][]*Table // per partition; nil where not held
+	views  []*view    // per partition: the view of the stack's deltas; nil: walk the stack
 	ids    []string   // per partition: content identity (codec.PartitionIdentity) of what is held
 	dense  *denseFile // the dense part, verified, for a type with one
 }
@@ -68,18 +70,19 @@ func (s *snapshot) file(model string, fileVersion uint64, p uint32) *Table {
 	return nil
 }
 
-// placed is one partition's stack and its content identity.
+// placed is one partition's stack, the view of its deltas, and its
+// content identity.
 type placed struct {
 	p      uint32
 	layers []*Table
+	view   *view
 	id     string
 }
 
 // with returns a copy of s in which version m (of chain) holds partition
-// p as the stack layers, whose content identity is id, and dense as its
-// dense part (nil: the one it held, if any).
-func (s *snapshot) with(m *codec.Manifest, chain []uint64, p uint32, layers []*Table, id string, dense *denseFile) *snapshot {
-	return s.withParts(m, chain, []placed{{p: p, layers: layers, id: id}}, dense)
+// p as placed, and dense as its dense part (nil: the one it held, if any).
+func (s *snapshot) with(m *codec.Manifest, chain []uint64, x placed, dense *denseFile) *snapshot {
+	return s.withParts(m, chain, []placed{x}, dense)
 }
 
 // withParts is with for several partitions at once: one copy of the
@@ -90,16 +93,17 @@ func (s *snapshot) withParts(m *codec.Manifest, chain []uint64, parts []placed, 
 	if vs == nil {
 		vs = map[uint64]*version{}
 	}
-	nv := &version{m: m, chain: chain, layers: make([][]*Table, m.Partitions), ids: make([]string, m.Partitions), dense: dense}
+	nv := &version{m: m, chain: chain, layers: make([][]*Table, m.Partitions), views: make([]*view, m.Partitions), ids: make([]string, m.Partitions), dense: dense}
 	if old := vs[m.Version]; old != nil {
 		copy(nv.layers, old.layers)
+		copy(nv.views, old.views)
 		copy(nv.ids, old.ids)
 		if dense == nil {
 			nv.dense = old.dense
 		}
 	}
 	for _, x := range parts {
-		nv.layers[x.p], nv.ids[x.p] = x.layers, x.id
+		nv.layers[x.p], nv.views[x.p], nv.ids[x.p] = x.layers, x.view, x.id
 	}
 	vs[m.Version] = nv
 	n.models[m.Name] = vs
@@ -113,14 +117,14 @@ func (s *snapshot) keepOnly(keep func(model string, v uint64, p uint32) bool) (*
 	dropped := false
 	for name, vs := range s.models {
 		for v, ver := range vs {
-			nv := &version{m: ver.m, chain: ver.chain, layers: make([][]*Table, len(ver.layers)), ids: ver.ids, dense: ver.dense}
+			nv := &version{m: ver.m, chain: ver.chain, layers: make([][]*Table, len(ver.layers)), views: make([]*view, len(ver.layers)), ids: ver.ids, dense: ver.dense}
 			held := false
 			for p, l := range ver.layers {
 				if l == nil {
 					continue
 				}
 				if keep(name, v, uint32(p)) {
-					nv.layers[p], held = l, true
+					nv.layers[p], nv.views[p], held = l, ver.views[p], true
 				} else {
 					dropped = true
 				}

@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"context"
 	"math/rand/v2"
 	"testing"
 
@@ -72,4 +73,82 @@ func itoa(n int) string {
 		return "10M"
 	}
 	return "n"
+}
+
+// BenchmarkChain times a request of 20,000 keys (Zipf 1.1 over 10M LR
+// features in 8 partitions, 2,500 keys a partition) on one full version
+// (fresh), on 200 deltas of 1,000 keys read through an overlay (overlay),
+// and on the same deltas walked table by table (walk), in one run: the
+// chain-length target of Storage II, at the shard's lookup.
+func BenchmarkChain(b *testing.B) {
+	const parts, perPart, deltas, deltaKeys = 8, 1_250_000, 200, 1000
+	rng := rand.New(rand.NewPCG(7, 8))
+	fresh := &version{layers: make([][]*Table, parts), views: make([]*view, parts)}
+	walk := &version{layers: make([][]*Table, parts), views: make([]*view, parts)}
+	over := &version{layers: make([][]*Table, parts), views: make([]*view, parts)}
+	keyOf := func(p, i int) uint64 { return uint64(i*parts + p) }
+	for p := range parts {
+		keys := make([]uint64, perPart)
+		for i := range keys {
+			keys[i] = keyOf(p, i)
+		}
+		base, err := ResidentTable(1, codec.EncFP32, keys, make([]float32, perPart))
+		if err != nil {
+			b.Fatal(err)
+		}
+		stack := []*Table{base}
+		ov := newOverlay()
+		var ls []int
+		for range deltas {
+			n := deltaKeys / parts
+			dk, seen := make([]uint64, 0, n), map[uint64]bool{}
+			for len(dk) < n {
+				if k := keyOf(p, rng.IntN(perPart)); !seen[k] {
+					seen[k] = true
+					dk = append(dk, k)
+				}
+			}
+			d, err := ResidentTable(1, codec.EncFP32, dk, make([]float32, n))
+			if err != nil {
+				b.Fatal(err)
+			}
+			stack = append([]*Table{d}, stack...)
+			ls = append(ls, ov.merge(d))
+		}
+		fresh.layers[p] = []*Table{base}
+		walk.layers[p], over.layers[p] = stack, stack
+		over.views[p] = newView(ov, ls, deltas)
+	}
+	z := rand.NewZipf(rng, 1.1, 1, perPart*parts-1)
+	reqs := make([][]codec.Section, 64)
+	for r := range reqs {
+		for p := range parts {
+			sec := codec.Section{Partition: uint32(p)}
+			for len(sec.Keys) < 2500 {
+				if k := z.Uint64(); int(k%parts) == p {
+					sec.Keys = append(sec.Keys, k)
+				}
+			}
+			reqs[r] = append(reqs[r], sec)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		ver  *version
+	}{{"fresh", fresh}, {"overlay", over}, {"walk", walk}} {
+		b.Run(c.name, func(b *testing.B) {
+			var sc scratch
+			sc.found = make([]uint64, 20000/64+1)
+			i := 0
+			for b.Loop() {
+				sc.vals = sc.vals[:0]
+				at := 0
+				for _, sec := range reqs[i%len(reqs)] {
+					at, _ = sc.lookupSection(context.Background(), c.ver, sec, 1, at)
+				}
+				i++
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*20000), "ns/key")
+		})
+	}
 }

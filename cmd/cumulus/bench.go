@@ -286,19 +286,20 @@ func benchClients(protos []string, addr, httpAddr string, conns int, creds crede
 	return clients, closeAll, nil
 }
 
-// generatedModel is the manifest of model's latest version in repo,
-// which must have been made by 'cumulus model gen': bench draws its
-// traffic from the generator recorded in it.
+// generatedModel is the manifest of the full version under model's
+// latest version in repo, which must have been made by 'cumulus model
+// gen': bench draws its traffic from the generator recorded in it.
 func generatedModel(repo, model string) (*codec.Manifest, error) {
 	r := loader.Repo{Dir: repo}
 	v, err := r.Latest(model)
 	if err != nil {
 		return nil, fmt.Errorf("--repo: %w", err)
 	}
-	m, err := r.Manifest(model, v)
+	chain, err := r.Chain(model, v)
 	if err != nil {
 		return nil, err
 	}
+	m := chain[len(chain)-1] // a delta's generator is its full version's
 	if m.Generator == nil {
 		return nil, fmt.Errorf("model %s was not made by 'cumulus model gen': no id generator to draw traffic from", model)
 	}

@@ -151,6 +151,7 @@ func modelGenCommand() *cobra.Command {
 	var spec loader.GenSpec
 	var shape shapeFlags
 	var repo, ids string
+	var deltas, deltaKeys int
 	cmd := &cobra.Command{
 		Use:   "gen",
 		Short: "Generate a synthetic model (Zipf traffic ranks mapped to ids) for demos and benchmarks",
@@ -186,6 +187,13 @@ func modelGenCommand() *cobra.Command {
 				size += f.Size
 			}
 			fmt.Printf("published %s version %d: %s, %d features, %d partitions, %d bytes\n", m.Name, m.Version, m.Shape, m.Params, m.Partitions, size)
+			if deltas > 0 {
+				ds, err := loader.Repo{Dir: repo}.GenerateDeltas(spec.Name, deltas, deltaKeys, spec.Seed)
+				if err != nil {
+					return err
+				}
+				fmt.Printf("published %d deltas of %d keys on it: versions %d to %d\n", len(ds), deltaKeys, ds[0].Version, ds[len(ds)-1].Version)
+			}
 			return nil
 		},
 	}
@@ -197,6 +205,8 @@ func modelGenCommand() *cobra.Command {
 	cmd.Flags().StringVar(&spec.Encoding, "encoding", "fp32", "factor storage (fm, ffm): fp32, fp16 or int8")
 	cmd.Flags().StringVar(&ids, "ids", "hashed", "hashed (64-bit ids, as hashed features are) or dense (0..params-1)")
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
+	cmd.Flags().IntVar(&deltas, "deltas", 0, "then publish this many deltas on it, each on the one before (a long chain, for benchmarks)")
+	cmd.Flags().IntVar(&deltaKeys, "delta-keys", 1000, "with --deltas: features each delta changes, drawn uniformly from the model's")
 	cmd.MarkFlagRequired("name")
 	cmd.MarkFlagRequired("repo")
 	return cmd

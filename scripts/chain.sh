@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A long chain against one full version (Storage II's chain-length
+# target): the same generated LR model (PARAMS features, default
+# 10,000,000, in 8 partitions) served by a fresh `cumulus dev` once as
+# its full version and once with DELTAS deltas (default 200) of KEYS
+# features (default 1,000) on it, nothing compacted (--compact-after 0).
+# Load comes from a separate `cumulus bench` process: rank200, closed
+# loop at concurrency 4, REQUESTS requests (default 6,000), ROUNDS
+# alternating rounds (default 5). It prints every run, then each setup's
+# median QPS, p50, p99 and server CPU per request (utime+stime of the
+# dev process) and the ratio of the chain's CPU to the full version's.
+#
+#   scripts/chain.sh WORKDIR
+# CUMULUS names the binary (default: cumulus on PATH); DEV, if set, the
+# one that serves (to compare builds, another than the one that loads).
+set -euo pipefail
+work=$1
+C=${CUMULUS:-cumulus}
+D=${DEV:-$C}
+rounds=${ROUNDS:-5}
+requests=${REQUESTS:-6000}
+params=${PARAMS:-10000000}
+deltas=${DELTAS:-200}
+keys=${KEYS:-1000}
+mkdir -p "$work"
+[ -d "$work/full/bench" ] || "$C" model gen --name bench --type lr --params "$params" --repo "$work/full" > /dev/null 2>&1
+[ -d "$work/chain/bench" ] || "$C" model gen --name bench --type lr --params "$params" --repo "$work/chain" \
+  --deltas "$deltas" --delta-keys "$keys" > /dev/null 2>&1
+pid=
+trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null' EXIT
+run() { # setup
+  local s=$1
+  "$D" dev --repo "$work/$s" --compact-after 0 --http-addr 127.0.0.1:29030 --grpc-addr 127.0.0.1:29031 \
+    --admin-addr 127.0.0.1:29032 > "$work/dev.out" 2> "$work/dev.err" &
+  pid=$!
+  until grep -q '^ready' "$work/dev.out"; do kill -0 $pid; sleep 0.2; done
+  "$C" bench --addr 127.0.0.1:29031 --repo "$work/$s" --model bench --workload rank200 --log-level warn \
+    --concurrency 4 --requests "$requests" --duration 10m --pid $pid --settle 0 |
+    awk -v name="$s" '
+      /^rank200 .*requests=/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] } }
+      /^rank200 .*cpu of pid/ { for (i = 1; i <= NF; i++) if ($i ~ /ms$/ && $(i+1) == "per") cpu = $i }
+      END { printf "%-5s %s %s %s %s %s\n", name, f["qps"], f["p50"], f["p99"], cpu, f["errors"] }' | tee -a "$work/runs.txt"
+  kill -INT $pid; wait $pid || true; pid=
+}
+: > "$work/runs.txt"
+echo "setup qps p50 p99 cpu/request errors"
+for _ in $(seq "$rounds"); do
+  for s in full chain; do run "$s"; done
+done
+awk "$(cat "$(dirname "$0")/median.awk")"'
+{ runs++; setup[runs] = $1; val[runs, "qps"] = $2; val[runs, "p50"] = ms($3); val[runs, "p99"] = ms($4); val[runs, "cpu"] = ms($5) }
+END {
+  printf "\nmedian of %d rounds  qps      p50      p99   cpu/request  x full\n", runs / 2
+  full = median("full", "cpu")
+  split("full chain", names, " ")
+  for (k = 1; k <= 2; k++) printf "%-5s %14.0f %6.2fms %6.2fms %9.3fms %6.3f\n", names[k], median(names[k], "qps"), median(names[k], "p50"), median(names[k], "p99"), median(names[k], "cpu"), median(names[k], "cpu") / full
+}' "$work/runs.txt"
