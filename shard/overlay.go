@@ -136,6 +136,25 @@ func (d *ovData) has(e uint32) bool {
 	return c < len(d.chunks)
 }
 
+// growth is how many bytes merging tables of n more records would
+// allocate: the chunks their entries need and, if the slots would be
+// over half full, the doubled slots.
+func (o *overlay) growth(n int) int64 {
+	var b int64
+	c, _ := chunkOf(uint32(max(o.entries+n, 1) - 1))
+	for i := len(o.data.Load().chunks); i <= c; i++ {
+		b += int64(ovFirstChunk<<i) * ovEntryBytes
+	}
+	if need := 2 * (o.keys + n); need > len(o.slots.Load().hs) {
+		size := ovMinSlots
+		for size < need {
+			size *= 2
+		}
+		b += int64(size) * ovSlotBytes
+	}
+	return b
+}
+
 // merge adds table t's records as a new layer, unless t is merged
 // already, and returns t's layer. Loader goroutine only.
 func (o *overlay) merge(t *Table) int {

@@ -34,14 +34,21 @@ func (s *Shard) viewOf(model string, p uint32, layers []*Table) *view {
 	base := layers[len(layers)-1]
 	k := ovKey{model: model, base: base.fv, p: p, sha: base.sha}
 	ov := s.ovs.byKey[k]
-	var need int64
+	n := 0 // records to merge
 	for _, t := range deltas {
 		if t.Mapped {
 			return nil
 		}
 		if ov == nil || !ov.merged(t) {
-			need += int64(t.n) * (ovEntryBytes + 4*ovSlotBytes) // entries, and slots at worst twice doubled
+			n += t.n
 		}
+	}
+	var need int64
+	if ov != nil {
+		need = ov.growth(n)
+	} else {
+		fresh := newOverlay()
+		need = fresh.bytes + fresh.growth(n)
 	}
 	if !s.fits(need) {
 		return nil
@@ -82,11 +89,18 @@ func (s *Shard) moveInOverlays(old, new *Table) {
 	}
 }
 
-// ovGCFloor is how many entries of layers no view holds an overlay keeps
-// before it is rebuilt without them (and at least as many as it holds in
-// use): deltas dropped from a branch abandoned after a rollback, or
-// merged by a load that failed.
-const ovGCFloor = 1 << 14
+// An overlay is rebuilt without the layers no view holds (deltas of a
+// branch abandoned after a rollback) once they hold more than a quarter
+// as many entries as the layers in use, and at least ovGCFloor, or once
+// there are more than ovGCLayers of them: a key's list may hold an entry
+// of each, which a lookup walks past, and a dead layer's table, if small
+// (on the Go heap), is kept alive by the overlay until then. Rebuilding
+// costs the entries in use, so it is paid at most once per quarter of
+// them dropped.
+const (
+	ovGCFloor  = 1 << 10
+	ovGCLayers = 16
+)
 
 // tidyOverlays forgets the overlays no version held uses, and rebuilds
 // those mostly made of layers no view holds. Loader goroutine only.
@@ -121,15 +135,15 @@ func (s *Shard) tidyOverlays() {
 			}
 		}
 		holds := func(l int) bool { return l>>6 < len(live) && live[l>>6]>>(l&63)&1 == 1 }
-		inUse, dead := 0, 0
+		inUse, dead, deadLayers := 0, 0, 0
 		for l, n := range o.counts {
 			if holds(l) {
 				inUse += n
 			} else {
-				dead += n
+				dead, deadLayers = dead+n, deadLayers+1
 			}
 		}
-		if dead <= max(inUse, ovGCFloor) {
+		if dead <= max(inUse/4, ovGCFloor) && deadLayers <= ovGCLayers {
 			continue
 		}
 		n := newOverlay()
