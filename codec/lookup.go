@@ -6,13 +6,17 @@ import (
 	"math"
 	"math/bits"
 	"unsafe"
+
+	"github.com/cumulus-serving/cumulus/internal/vec"
 )
 
 // Lookup request, router → shard. Integers are unsigned LEB128 varints
 // unless noted.
 //
 //	byte     magic 0xC5
-//	byte     format version (1)
+//	byte     format version: 1, or 2 followed by
+//	byte       flags: bit 0 (FlagStored) answers with records as stored
+//	           (a format 2 response); no other bit is defined
 //	varint   model name length, then the name's bytes
 //	varint   model version (the version the router pinned for this request)
 //	varint   section count
@@ -28,9 +32,16 @@ const (
 	magicRequest  = 0xC5
 	magicResponse = 0xC6
 	wireVersion   = 1
+	// storedVersion is the format of requests with flags and of
+	// responses that carry records as stored.
+	storedVersion = 2
 
 	KeysFixed = 0
 	KeysDelta = 1
+
+	// FlagStored asks a shard for records as stored (fp16 and int8
+	// factors as their bytes) rather than as float32s.
+	FlagStored = 1
 )
 
 // Section is the keys of one partition in a lookup request.
@@ -39,9 +50,20 @@ type Section struct {
 	Keys      []uint64
 }
 
-// AppendLookupRequest appends the encoded request to dst.
+// AppendLookupRequest appends the encoded request to dst: format 1,
+// which every shard reads, answered with float32 values.
 func AppendLookupRequest(dst []byte, model string, version uint64, sections []Section) []byte {
-	dst = append(dst, magicRequest, wireVersion)
+	return appendSections(append(dst, magicRequest, wireVersion), model, version, sections)
+}
+
+// AppendStoredLookupRequest appends a request for records as stored
+// (format 2, FlagStored): only shards that offer the version's encoding
+// in their registration read it.
+func AppendStoredLookupRequest(dst []byte, model string, version uint64, sections []Section) []byte {
+	return appendSections(append(dst, magicRequest, storedVersion, FlagStored), model, version, sections)
+}
+
+func appendSections(dst []byte, model string, version uint64, sections []Section) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(model)))
 	dst = append(dst, model...)
 	dst = binary.AppendUvarint(dst, version)
@@ -87,6 +109,7 @@ func deltaSize(keys []uint64) int {
 type LookupRequest struct {
 	Model    []byte
 	Version  uint64
+	Stored   bool // answer with records as stored (FlagStored)
 	Sections []Section
 	keys     []uint64 // backing store for every section's Keys
 }
@@ -102,10 +125,19 @@ func (r *LookupRequest) Decode(b []byte) error {
 	if len(b) < 2 || b[0] != magicRequest {
 		return fmt.Errorf("%w: lookup request: bad magic", ErrCorrupt)
 	}
-	if b[1] != wireVersion {
+	r.Stored = false
+	switch b[1] {
+	case wireVersion:
+		d.b = b[2:]
+	case storedVersion:
+		if len(b) < 3 || b[2]&^FlagStored != 0 {
+			return fmt.Errorf("%w: lookup request: missing or unknown flags", ErrCorrupt)
+		}
+		r.Stored = b[2]&FlagStored != 0
+		d.b = b[3:]
+	default:
 		return fmt.Errorf("%w: lookup request: unsupported format version %d", ErrCorrupt, b[1])
 	}
-	d.b = b[2:]
 	nameLen := d.uvarint()
 	if nameLen > uint64(len(d.b)) {
 		return d.fail("lookup request: model name longer than message")
@@ -174,13 +206,20 @@ func (r *LookupRequest) Decode(b []byte) error {
 // Lookup response, shard → router, answering keys in request order:
 //
 //	byte     magic 0xC6
-//	byte     format version (1)
+//	byte     format version: 1 (values as float32s), or 2 (records as
+//	         stored), which a shard sends only when asked (FlagStored)
 //	varint   key count n
-//	varint   width w (float32 values per key)
+//	varint   width w (values per key)
+//	byte     format 2 only: the records' encoding (0 fp32, 1 fp16, 2 int8)
 //	ceil(n/8) bytes  presence bitmap, bit i (LSB first) set if key i was found
-//	(found keys) × w × float32 little-endian
+//	format 1: (found keys) × w × float32 little-endian
+//	format 2: (found keys) × the record as the partition file stores it
+//	          less its 8-byte key: RecordSize(w, encoding) − 8 bytes
 //
-// Absent keys cost one bit; a present key costs its values and nothing else.
+// Absent keys cost one bit; a present key costs its values and nothing
+// else. Format 2 sends fp16 and int8 records at half and a quarter of
+// their float32 bytes, copied by the shard without conversion; the router
+// decodes them (internal/vec) exactly as a shard would.
 
 // AppendLookupResponse appends an encoded response. found is a bitmap of n
 // bits (LSB first, 64 per word); values holds w floats per found key in
@@ -212,6 +251,18 @@ func StartLookupResponse(dst []byte, n, w int) (out []byte, bitmapAt int) {
 	return append(dst, make([]byte, (n+7)/8)...), at
 }
 
+// StartStoredResponse is StartLookupResponse for a response of records as
+// stored in encoding e (format 2): the caller appends each found record
+// less its key (RecordSize(w, e) − 8 bytes).
+func StartStoredResponse(dst []byte, n, w int, e Encoding) (out []byte, bitmapAt int) {
+	dst = append(dst, magicResponse, storedVersion)
+	dst = binary.AppendUvarint(dst, uint64(n))
+	dst = binary.AppendUvarint(dst, uint64(w))
+	dst = append(dst, byte(e))
+	at := len(dst)
+	return append(dst, make([]byte, (n+7)/8)...), at
+}
+
 // FinishLookupResponse writes found, a bitmap of n bits (LSB first, 64
 // per word), at b[bitmapAt:].
 func FinishLookupResponse(b []byte, bitmapAt, n int, found []uint64) {
@@ -231,21 +282,40 @@ func AppendFloat32s(dst []byte, v []float32) []byte {
 // LookupResponse is a decoded response: views into the decoded buffer.
 type LookupResponse struct {
 	N, Width int
-	Bitmap   []byte // ceil(N/8) bytes
-	Values   []byte // Found × Width × 4 bytes
+	Bitmap   []byte   // ceil(N/8) bytes
+	Values   []byte   // Found × the record's bytes (Stride)
+	Enc      Encoding // how the records are encoded (format 1: fp32)
+	Stride   int      // bytes a found key: RecordSize(Width, Enc) − 8
 }
 
 // Found reports whether key i was present.
 func (r *LookupResponse) Found(i int) bool { return r.Bitmap[i>>3]>>(i&7)&1 == 1 }
 
-// Value returns float j of the k-th found key's values.
+// Value returns value j of the k-th found key (convenient, not fast).
 func (r *LookupResponse) Value(k, j int) float32 {
-	return math.Float32frombits(binary.LittleEndian.Uint32(r.Values[4*(k*r.Width+j):]))
+	if r.Enc == EncFP32 {
+		return math.Float32frombits(binary.LittleEndian.Uint32(r.Values[4*(k*r.Width+j):]))
+	}
+	v := make([]float32, r.Width)
+	r.Record(k, v)
+	return v[j]
 }
 
 // Record writes the k-th found key's Width values into dst.
 func (r *LookupResponse) Record(k int, dst []float32) {
-	src := r.Values[4*k*r.Width : 4*(k+1)*r.Width]
+	src := r.Values[k*r.Stride : (k+1)*r.Stride]
+	switch r.Enc {
+	case EncFP16:
+		dst[0] = math.Float32frombits(binary.LittleEndian.Uint32(src))
+		vec.FromHalf(dst[1:r.Width], src[4:])
+		return
+	case EncInt8:
+		dst[0] = math.Float32frombits(binary.LittleEndian.Uint32(src))
+		if r.Width > 1 {
+			vec.FromInt8(dst[1:r.Width], src[8:], math.Float32frombits(binary.LittleEndian.Uint32(src[4:])))
+		}
+		return
+	}
 	if littleEndian {
 		// The wire's order is the machine's: one copy, bytes to bytes
 		// (no alignment assumed).
@@ -261,12 +331,15 @@ func (r *LookupResponse) Record(k int, dst []float32) {
 // does.
 var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
-// Decode parses b, checking it answers exactly n keys of width w.
-func (r *LookupResponse) Decode(b []byte, n, w int) error {
+// Decode parses b, checking it answers exactly n keys of width w with
+// records in encoding e: the version's encoding if the request asked for
+// records as stored, else EncFP32 (float32 values, as format 1 carries
+// them). A response in another encoding is refused.
+func (r *LookupResponse) Decode(b []byte, n, w int, e Encoding) error {
 	if len(b) < 2 || b[0] != magicResponse {
 		return fmt.Errorf("%w: lookup response: bad magic", ErrCorrupt)
 	}
-	if b[1] != wireVersion {
+	if b[1] != wireVersion && b[1] != storedVersion {
 		return fmt.Errorf("%w: lookup response: unsupported format version %d", ErrCorrupt, b[1])
 	}
 	d := decoder{b: b[2:]}
@@ -276,6 +349,21 @@ func (r *LookupResponse) Decode(b []byte, n, w int) error {
 	}
 	if gotN != uint64(n) || gotW != uint64(w) {
 		return fmt.Errorf("%w: lookup response: answers %d keys of width %d, want %d of width %d", ErrCorrupt, gotN, gotW, n, w)
+	}
+	got := EncFP32
+	if b[1] == storedVersion {
+		if len(d.b) < 1 {
+			return d.fail("lookup response: truncated header")
+		}
+		got = Encoding(d.b[0])
+		d.b = d.b[1:]
+	}
+	if got != e {
+		return fmt.Errorf("%w: lookup response: records encoded %v, the version's are %v", ErrCorrupt, got, e)
+	}
+	r.Enc, r.Stride = e, 4*w
+	if e != EncFP32 {
+		r.Stride = RecordSize(w, e) - 8
 	}
 	nb := (n + 7) / 8
 	if len(d.b) < nb {
@@ -289,7 +377,7 @@ func (r *LookupResponse) Decode(b []byte, n, w int) error {
 	if n%8 != 0 && r.Bitmap[nb-1]>>(n%8) != 0 {
 		return d.fail("lookup response: bitmap has bits past the key count")
 	}
-	if len(d.b)-nb != found*w*4 {
+	if len(d.b)-nb != found*r.Stride {
 		return d.fail("lookup response: value bytes do not match found keys")
 	}
 	r.Values = d.b[nb:]

@@ -105,7 +105,7 @@ func TestLookupResponseRoundTrip(t *testing.T) {
 	}
 	b := AppendLookupResponse(nil, n, w, found, values)
 	var r LookupResponse
-	if err := r.Decode(b, n, w); err != nil {
+	if err := r.Decode(b, n, w, EncFP32); err != nil {
 		t.Fatal(err)
 	}
 	k := 0
@@ -120,15 +120,15 @@ func TestLookupResponseRoundTrip(t *testing.T) {
 			k++
 		}
 	}
-	if err := r.Decode(b, n+1, w); !errors.Is(err, ErrCorrupt) {
+	if err := r.Decode(b, n+1, w, EncFP32); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("count mismatch accepted: %v", err)
 	}
-	if err := r.Decode(b[:len(b)-1], n, w); !errors.Is(err, ErrCorrupt) {
+	if err := r.Decode(b[:len(b)-1], n, w, EncFP32); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("truncated accepted: %v", err)
 	}
 	// A bit past the key count would make the values misalign.
 	bad := AppendLookupResponse(nil, 3, 1, []uint64{0b1001}, []float32{1, 2})
-	if err := r.Decode(bad, 3, 1); !errors.Is(err, ErrCorrupt) {
+	if err := r.Decode(bad, 3, 1, EncFP32); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("stray bitmap bit accepted: %v", err)
 	}
 }
@@ -154,7 +154,7 @@ func TestLookupDecodeAllocs(t *testing.T) {
 		if err := r.Decode(req); err != nil {
 			t.Fatal(err)
 		}
-		if err := lr.Decode(resp, len(keys), 1); err != nil {
+		if err := lr.Decode(resp, len(keys), 1, EncFP32); err != nil {
 			t.Fatal(err)
 		}
 		buf = AppendLookupRequest(buf[:0], "model", 7, r.Sections)
@@ -170,6 +170,7 @@ func TestLookupDecodeAllocs(t *testing.T) {
 func FuzzLookupRequest(f *testing.F) {
 	f.Add(AppendLookupRequest(nil, "m", 1, []Section{{2, []uint64{1, 2, 3}}}))
 	f.Add(AppendLookupRequest(nil, "model", 9, []Section{{0, []uint64{math.MaxUint64, 7}}, {5, nil}}))
+	f.Add(AppendStoredLookupRequest(nil, "model", 9, []Section{{0, []uint64{math.MaxUint64, 7}}, {5, nil}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var r LookupRequest
 		if err := r.Decode(b); err != nil {
@@ -180,11 +181,14 @@ func FuzzLookupRequest(f *testing.F) {
 		}
 		// Whatever decodes must re-encode to something that decodes the same.
 		again := AppendLookupRequest(nil, string(r.Model), r.Version, r.Sections)
+		if r.Stored {
+			again = AppendStoredLookupRequest(nil, string(r.Model), r.Version, r.Sections)
+		}
 		var r2 LookupRequest
 		if err := r2.Decode(again); err != nil {
 			t.Fatalf("re-encoded request does not decode: %v", err)
 		}
-		if len(r2.Sections) != len(r.Sections) || r2.NumKeys() != r.NumKeys() {
+		if len(r2.Sections) != len(r.Sections) || r2.NumKeys() != r.NumKeys() || r2.Stored != r.Stored {
 			t.Fatal("re-encoded request differs")
 		}
 		for i := range r.Sections {
@@ -196,14 +200,20 @@ func FuzzLookupRequest(f *testing.F) {
 }
 
 func FuzzLookupResponse(f *testing.F) {
-	f.Add(AppendLookupResponse(nil, 3, 2, []uint64{0b101}, []float32{1, 2, 3, 4}), 3, 2)
-	f.Add(AppendLookupResponse(nil, 0, 1, nil, nil), 0, 1)
-	f.Fuzz(func(t *testing.T, b []byte, n, w int) {
-		if n < 0 || n > 1<<20 || w < 1 || w > 1024 {
+	f.Add(AppendLookupResponse(nil, 3, 2, []uint64{0b101}, []float32{1, 2, 3, 4}), 3, 2, uint8(0))
+	f.Add(AppendLookupResponse(nil, 0, 1, nil, nil), 0, 1, uint8(0))
+	for _, e := range []Encoding{EncFP16, EncInt8} {
+		b, at := StartStoredResponse(nil, 3, 3, e)
+		b = append(b, make([]byte, 2*(RecordSize(3, e)-8))...)
+		FinishLookupResponse(b, at, 3, []uint64{0b101})
+		f.Add(b, 3, 3, uint8(e))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, n, w int, e uint8) {
+		if n < 0 || n > 1<<20 || w < 1 || w > 1024 || Encoding(e) > EncInt8 {
 			return
 		}
 		var r LookupResponse
-		if err := r.Decode(b, n, w); err != nil {
+		if err := r.Decode(b, n, w, Encoding(e)); err != nil {
 			if !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("error %v does not wrap ErrCorrupt", err)
 			}

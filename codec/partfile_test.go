@@ -256,7 +256,7 @@ func TestRecordValuesOnTheWire(t *testing.T) {
 			wire := AppendRecordValues([]byte{0xee}, rec, width, e)[1:]
 			resp := AppendLookupResponseRaw(nil, 2, width, []uint64{0b10}, wire)
 			var r LookupResponse
-			if err := r.Decode(resp, 2, width); err != nil {
+			if err := r.Decode(resp, 2, width, EncFP32); err != nil {
 				t.Fatal(err)
 			}
 			got := make([]float32, width)
@@ -264,6 +264,32 @@ func TestRecordValuesOnTheWire(t *testing.T) {
 			for j := range want {
 				if math.Float32bits(got[j]) != math.Float32bits(want[j]) || r.Value(0, j) != want[j] {
 					t.Fatalf("%s width %d value %d: %v on the wire, %v decoded", e, width, j, got[j], want[j])
+				}
+			}
+			// As stored (format 2): the record's bytes less its key, and
+			// the same values read back, bit for bit.
+			stored, at := StartStoredResponse(nil, 2, width, e)
+			stored = append(stored, rec[8:]...)
+			FinishLookupResponse(stored, at, 2, []uint64{0b10})
+			if err := r.Decode(stored, 2, width, e); err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Values) != RecordSize(width, e)-8 {
+				t.Errorf("%s width %d: %d bytes on the wire for a record of %d", e, width, len(r.Values), RecordSize(width, e))
+			}
+			clear(got)
+			r.Record(0, got)
+			for j := range want {
+				if math.Float32bits(got[j]) != math.Float32bits(want[j]) || r.Value(0, j) != want[j] {
+					t.Fatalf("%s width %d value %d: %v as stored on the wire, %v decoded", e, width, j, got[j], want[j])
+				}
+			}
+			// A frame in another encoding than the version's is refused.
+			for _, other := range []Encoding{EncFP32, EncFP16, EncInt8} {
+				if other != e && (width > 1 || other != EncFP32) {
+					if err := r.Decode(stored, 2, width, other); !errors.Is(err, ErrCorrupt) {
+						t.Errorf("%s record decoded as %s: %v", e, other, err)
+					}
 				}
 			}
 		}

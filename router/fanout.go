@@ -454,8 +454,16 @@ func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, c *call) {
 		rb.sections = append(rb.sections, codec.Section{Partition: p, Keys: keys})
 		n += len(keys)
 	}
-	rb.buf = codec.AppendLookupRequest(rb.buf[:0], vr.model, vr.version, rb.sections)
 	b := c.b
+	// Records as stored (fp16, int8: a half or a quarter of the bytes)
+	// from a shard that offers them; float32s from any other.
+	enc := codec.EncFP32
+	if vr.enc != codec.EncFP32 && b.offers(vr.enc) {
+		enc = vr.enc
+		rb.buf = codec.AppendStoredLookupRequest(rb.buf[:0], vr.model, vr.version, rb.sections)
+	} else {
+		rb.buf = codec.AppendLookupRequest(rb.buf[:0], vr.model, vr.version, rb.sections)
+	}
 	b.inflight.Add(1)
 	raw, err := b.svc.Lookup(ctx, rb.buf)
 	b.inflight.Add(-1)
@@ -465,7 +473,7 @@ func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, c *call) {
 	if err != nil {
 		rb.buf = nil // the transport may still hold it
 		c.err = shardError(ctx, b.id, c.parts, err)
-	} else if err := resp.Decode(raw, n, vr.width()); err != nil {
+	} else if err := resp.Decode(raw, n, vr.width(), enc); err != nil {
 		c.err = WithReason(partsReason(ErrUnavailable, c.parts), fmt.Errorf("router: %w: shard %s answered badly: %v", ErrUnavailable, b.id, err))
 		failed = true
 	}

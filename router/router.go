@@ -317,7 +317,8 @@ func (r *Router) watch(ctx context.Context) {
 		live := map[string]bool{}
 		for _, si := range shards {
 			live[si.Addr] = true
-			if backends[si.Addr] != nil {
+			if b := backends[si.Addr]; b != nil {
+				b.offer(si) // a shard restarted at the same address may be another build
 				continue
 			}
 			svc, c, err := r.opts.Dial(si.Addr)
@@ -355,6 +356,7 @@ func (r *Router) newBackend(si topo.ShardInfo, svc shard.Service, slot int) *bac
 	b.calls.ok = r.shardRPC.WithLabelValues(si.ID, "ok")
 	b.calls.failed = r.shardRPC.WithLabelValues(si.ID, "error")
 	b.calls.cancelled = r.shardRPC.WithLabelValues(si.ID, "cancelled")
+	b.offer(si)
 	return b
 }
 

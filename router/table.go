@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/hedge"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/model"
@@ -25,7 +26,24 @@ type backend struct {
 	latency  hedge.Latency
 	delay    prometheus.Gauge
 	calls    struct{ ok, failed, cancelled prometheus.Observer }
+	// stored: bit e set if the shard sends records of encoding e as
+	// stored (its registration's Encodings, as last read).
+	stored atomic.Uint32
 }
+
+// offer records the encodings si says its records are sent as stored in.
+func (b *backend) offer(si topo.ShardInfo) {
+	var bits uint32
+	for _, name := range si.Encodings {
+		if e, ok := codec.Encodings[name]; ok {
+			bits |= 1 << e
+		}
+	}
+	b.stored.Store(bits)
+}
+
+// offers reports whether b sends records of encoding e as stored.
+func (b *backend) offers(e codec.Encoding) bool { return b.stored.Load()>>e&1 == 1 }
 
 // failedLoad is what a recent failure weighs in a replica's load: a
 // replica that fails at once has no calls outstanding, and would
@@ -51,7 +69,8 @@ type versionRoute struct {
 	model      string
 	version    uint64
 	shape      model.Shape
-	scorer     model.Scorer // built once per routing table
+	enc        codec.Encoding // how its factors are stored: shards that offer it send them so
+	scorer     model.Scorer   // built once per routing table
 	partitions uint32
 	replicas   [][]*backend // partition → shards holding it
 	asks       int          // replicas of all partitions: most calls a request can make
@@ -139,7 +158,7 @@ func route(a topo.Assignment, v uint64, shards map[string]topo.ShardInfo, backen
 	if err != nil {
 		return nil
 	}
-	vr := &versionRoute{model: a.Model, version: v, shape: info.Shape, scorer: scorer,
+	vr := &versionRoute{model: a.Model, version: v, shape: info.Shape, scorer: scorer, enc: codec.Encodings[info.Encoding],
 		partitions: a.Partitions, replicas: make([][]*backend, a.Partitions)}
 	for p, ids := range a.Replicas {
 		for _, id := range ids {

@@ -125,7 +125,7 @@ func lookupAll(c *Client) error {
 		return err
 	}
 	var r codec.LookupResponse
-	if err := r.Decode(raw, len(keys), 1); err != nil {
+	if err := r.Decode(raw, len(keys), 1, codec.EncFP32); err != nil {
 		return err
 	}
 	k := 0

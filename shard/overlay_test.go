@@ -3,14 +3,20 @@ package shard
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // chainCase is a history of deltas on one base: delta i (version i+1)
@@ -282,4 +288,122 @@ func TestViewLookupAllocs(t *testing.T) {
 			t.Errorf("width %d: %v allocations a lookup through a view", width, n)
 		}
 	}
+}
+
+// TestStoredRecordsOnTheWire: a shard asked for records as stored sends
+// each found key's record less its 8-byte key, bytes as the file holds
+// them, from a full version's table and through a delta's view alike;
+// read back, they are the values codec.DecodeRecord gives. A request of
+// format 1 still gets float32s.
+func TestStoredRecordsOnTheWire(t *testing.T) {
+	const parts, dim = 2, 16
+	shape := model.Shape{Type: model.FM, Dim: dim}
+	for _, enc := range []codec.Encoding{codec.EncFP32, codec.EncFP16, codec.EncInt8} {
+		cli := testenv.Etcd(t)
+		repo := loader.Repo{Dir: t.TempDir()}
+		rng := rand.New(rand.NewPCG(uint64(enc), 3))
+		full := &loader.Sparse{Shape: shape}
+		for k := range uint64(2000) {
+			full.Keys = append(full.Keys, k)
+			for range dim + 1 {
+				full.Values = append(full.Values, float32(rng.NormFloat64()))
+			}
+		}
+		if _, err := repo.PublishEncoded("m", full, parts, enc.String(), "test"); err != nil {
+			t.Fatal(err)
+		}
+		up := &loader.Sparse{Shape: shape, Keys: []uint64{3, 5, 4000}}
+		for range 3 * (dim + 1) {
+			up.Values = append(up.Values, float32(rng.NormFloat64()))
+		}
+		if _, err := repo.PublishDelta("m", loader.Delta{Upserts: up, Deletes: []uint64{7}}); err != nil {
+			t.Fatal(err)
+		}
+		s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, DataDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		putMap(t, cli, repo, parts, 2, 0, 1)
+		testenv.Eventually(t, 10*time.Second, func() error {
+			for _, v := range []uint64{1, 2} {
+				if ver := s.snap.Load().get("m", v); ver == nil || ver.layers[0] == nil || ver.layers[1] == nil {
+					return fmt.Errorf("version %d not loaded", v)
+				}
+			}
+			return nil
+		})
+		keys := []uint64{0, 3, 5, 7, 8, 1999, 4000, 1 << 40}
+		sections := sectionsOf(keys, parts)
+		var ordered []uint64
+		for _, sec := range sections {
+			ordered = append(ordered, sec.Keys...)
+		}
+		for _, v := range []uint64{1, 2} {
+			chain, err := repo.Chain("m", v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, err := s.Lookup(context.Background(), codec.AppendStoredLookupRequest(nil, "m", v, sections))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r codec.LookupResponse
+			if err := r.Decode(raw, len(keys), dim+1, enc); err != nil {
+				t.Fatalf("%v version %d: %v", enc, v, err)
+			}
+			found := 0
+			for i := range ordered {
+				if r.Found(i) {
+					found++
+				}
+			}
+			if len(r.Values) != found*(codec.RecordSize(dim+1, enc)-8) {
+				t.Errorf("%v version %d: %d value bytes for %d records of %d bytes", enc, v, len(r.Values), found, codec.RecordSize(dim+1, enc))
+			}
+			k := 0
+			got, want := make([]float32, dim+1), make([]float32, dim+1)
+			for i, key := range ordered {
+				ok := storedValue(t, repo, chain, key, want)
+				if r.Found(i) != ok {
+					t.Fatalf("%v version %d key %d: found %v, want %v", enc, v, key, r.Found(i), ok)
+				}
+				if ok {
+					r.Record(k, got)
+					k++
+					if !sameBits(got, want) {
+						t.Fatalf("%v version %d key %d: %v sent, %v stored", enc, v, key, got, want)
+					}
+				}
+			}
+			// Format 1: float32 values, the same numbers.
+			raw, err = s.Lookup(context.Background(), codec.AppendLookupRequest(nil, "m", v, sections))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Decode(raw, len(keys), dim+1, codec.EncFP32); err != nil || len(r.Values) != found*4*(dim+1) {
+				t.Errorf("%v version %d, format 1: %v, %d value bytes", enc, v, err, len(r.Values))
+			}
+		}
+		s.Close()
+	}
+}
+
+// storedValue decodes key's record as chain (newest first) stores it,
+// reading the partition files: false if absent or deleted.
+func storedValue(t *testing.T, repo loader.Repo, chain []*codec.Manifest, key uint64, dst []float32) bool {
+	t.Helper()
+	p := partition.Of(key, chain[0].Partitions)
+	for _, m := range codec.Layers(chain, p) {
+		pt, err := repo.ReadPartition(m, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range pt.Count {
+			if pt.Key(i) == key {
+				pt.Values(i, dst)
+				return !codec.IsTombstone(dst[0])
+			}
+		}
+	}
+	return false
 }

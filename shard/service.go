@@ -79,6 +79,21 @@ type scratch struct {
 	ws, ws2 []float32
 	found   []uint64
 	vals    []byte // found keys' values, as the response carries them
+	stored  bool   // vals carries records as stored (codec.FlagStored)
+}
+
+// StoredEncodings are the encodings whose records this shard sends as
+// stored when asked, as its registration says (topo.ShardInfo.Encodings).
+var StoredEncodings = []string{"fp16", "int8"}
+
+// appendRecord appends record r of t to the response: as stored, less
+// its key, or as float32s.
+func (sc *scratch) appendRecord(t *Table, r int) {
+	if sc.stored {
+		sc.vals = append(sc.vals, t.rec[r*t.rs+8:(r+1)*t.rs]...)
+		return
+	}
+	sc.vals = t.AppendValues(sc.vals, r)
 }
 
 // lookupStack answers keys from a partition's stack: the view of its
@@ -185,7 +200,7 @@ func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, ke
 				i++
 				continue
 			}
-			sc.vals = t.AppendValues(sc.vals, r)
+			sc.appendRecord(t, r)
 			sc.found[i>>6] |= 1 << (i & 63)
 		}
 		i++
@@ -225,7 +240,7 @@ func (sc *scratch) lookupSection(ctx context.Context, ver *version, sec codec.Se
 	for _, r := range sc.idx {
 		if r >= 0 {
 			sc.found[i>>6] |= 1 << (i & 63)
-			sc.vals = t.AppendValues(sc.vals, int(r))
+			sc.appendRecord(t, int(r))
 		}
 		i++
 	}
@@ -267,7 +282,7 @@ func (sc *scratch) lookupView(v *view, base *Table, keys []uint64, w, i int) int
 			}
 		}
 		if r >= 0 {
-			sc.vals = t.AppendValues(sc.vals, r)
+			sc.appendRecord(t, r)
 			sc.found[i>>6] |= 1 << (i & 63)
 		}
 		i++
@@ -342,7 +357,12 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 	// room made for every key found (up to 4 MiB: keys not found must not
 	// cost memory up front).
 	var at int
-	sc.vals, at = codec.StartLookupResponse(append(make([]byte, 0, len(prefix)+16+(n+7)/8+min(4*n*w, 4<<20)), prefix...), n, w)
+	buf := append(make([]byte, 0, len(prefix)+16+(n+7)/8+min(4*n*w, 4<<20)), prefix...)
+	if sc.stored = sc.req.Stored; sc.stored {
+		sc.vals, at = codec.StartStoredResponse(buf, n, w, ver.m.Enc())
+	} else {
+		sc.vals, at = codec.StartLookupResponse(buf, n, w)
+	}
 	defer func() { sc.vals = nil }() // the response is the caller's
 	i := 0
 	for _, sec := range sc.req.Sections {

@@ -448,7 +448,7 @@ func (s *Shard) report() {
 // of an older build read it.
 func (s *Shard) info() (string, map[string]string) {
 	info := topo.ShardInfo{Schema: topo.ShardInfoSchema, ID: s.opts.ID, Addr: s.opts.AdvertiseAddr, Build: s.opts.Build,
-		Weight: s.opts.weight(), Zone: s.opts.Zone, Budget: s.opts.MemoryBudget}
+		Weight: s.opts.weight(), Zone: s.opts.Zone, Budget: s.opts.MemoryBudget, Encodings: StoredEncodings}
 	var subs map[string]string
 	if s.newForm() {
 		subs = s.heldReports()

@@ -119,7 +119,7 @@ func lookup(s *Shard, version uint64, parts uint32, keys []uint64) (*codec.Looku
 		return nil, err
 	}
 	var r codec.LookupResponse
-	return &r, r.Decode(raw, len(keys), 1)
+	return &r, r.Decode(raw, len(keys), 1, codec.EncFP32)
 }
 
 func TestShardServesAssignedAndRefusesDamage(t *testing.T) {

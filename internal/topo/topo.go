@@ -179,6 +179,12 @@ type ShardInfo struct {
 	// manager places no more on it than fits while another shard has
 	// room. A new field: an older manager ignores it.
 	Budget int64 `json:"budget,omitempty"`
+	// Encodings lists the factor encodings (fp16, int8) whose records the
+	// shard sends as stored when a lookup asks (codec.FlagStored); a
+	// router asks only shards that list the version's. A new field: an
+	// older router ignores it, an older shard lists none and is sent
+	// format 1 requests.
+	Encodings []string `json:"encodings,omitempty"`
 	// Held is, per model, what the shard holds, from its reports under
 	// its registration (shardreports.go; schema 4). A schema 1 shard
 	// lists Applied and Loaded instead.

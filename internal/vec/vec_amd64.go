@@ -7,6 +7,7 @@ import "golang.org/x/sys/cpu"
 var (
 	useAVX    = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 	useAVX512 = useAVX && cpu.X86.HasAVX512F
+	useF16C   = useAVX && cpu.X86.HasF16C
 )
 
 //go:noescape
@@ -26,3 +27,15 @@ func tile6x16(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k i
 
 //go:noescape
 func reluAVX(v *float32, n int)
+
+// fromHalfAVX converts n halves (n a multiple of 8) at src to float32s at
+// dst.
+//
+//go:noescape
+func fromHalfAVX(dst *float32, src *byte, n int)
+
+// fromInt8AVX sets n float32s (n a multiple of 8) at dst to the int8s at
+// src times scale.
+//
+//go:noescape
+func fromInt8AVX(dst *float32, src *byte, scale float32, n int)

@@ -395,3 +395,88 @@ relu1:
 reludone:
 	VZEROUPPER
 	RET
+
+// func fromHalfAVX(dst *float32, src *byte, n int): n a multiple of 8.
+TEXT ·fromHalfAVX(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+
+half32:
+	CMPQ      CX, $32
+	JL        half8
+	VCVTPH2PS (SI), Y0
+	VCVTPH2PS 16(SI), Y1
+	VCVTPH2PS 32(SI), Y2
+	VCVTPH2PS 48(SI), Y3
+	VMOVUPS   Y0, (DI)
+	VMOVUPS   Y1, 32(DI)
+	VMOVUPS   Y2, 64(DI)
+	VMOVUPS   Y3, 96(DI)
+	ADDQ      $64, SI
+	ADDQ      $128, DI
+	SUBQ      $32, CX
+	JMP       half32
+
+half8:
+	CMPQ      CX, $0
+	JE        halfdone
+	VCVTPH2PS (SI), Y0
+	VMOVUPS   Y0, (DI)
+	ADDQ      $16, SI
+	ADDQ      $32, DI
+	SUBQ      $8, CX
+	JMP       half8
+
+halfdone:
+	VZEROUPPER
+	RET
+
+// func fromInt8AVX(dst *float32, src *byte, scale float32, n int): n a
+// multiple of 8. Sign-extend to int32, convert (exact: |q| ≤ 128), and
+// multiply once by scale, rounding as Go's float32 product does.
+TEXT ·fromInt8AVX(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	VBROADCASTSS scale+16(FP), Y4
+	MOVQ         n+24(FP), CX
+
+q32:
+	CMPQ      CX, $32
+	JL        q8
+	VPMOVSXBD (SI), Y0
+	VPMOVSXBD 8(SI), Y1
+	VPMOVSXBD 16(SI), Y2
+	VPMOVSXBD 24(SI), Y3
+	VCVTDQ2PS Y0, Y0
+	VCVTDQ2PS Y1, Y1
+	VCVTDQ2PS Y2, Y2
+	VCVTDQ2PS Y3, Y3
+	VMULPS    Y4, Y0, Y0
+	VMULPS    Y4, Y1, Y1
+	VMULPS    Y4, Y2, Y2
+	VMULPS    Y4, Y3, Y3
+	VMOVUPS   Y0, (DI)
+	VMOVUPS   Y1, 32(DI)
+	VMOVUPS   Y2, 64(DI)
+	VMOVUPS   Y3, 96(DI)
+	ADDQ      $32, SI
+	ADDQ      $128, DI
+	SUBQ      $32, CX
+	JMP       q32
+
+q8:
+	CMPQ      CX, $0
+	JE        qdone
+	VPMOVSXBD (SI), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    Y4, Y0, Y0
+	VMOVUPS   Y0, (DI)
+	ADDQ      $8, SI
+	ADDQ      $32, DI
+	SUBQ      $8, CX
+	JMP       q8
+
+qdone:
+	VZEROUPPER
+	RET

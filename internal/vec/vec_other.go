@@ -5,6 +5,7 @@ package vec
 const (
 	useAVX    = false
 	useAVX512 = false
+	useF16C   = false
 )
 
 func axpyAVX(y, x *float32, a float32, n int) { panic("vec: no assembly kernels on this platform") }
@@ -19,3 +20,8 @@ func tile6x16(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k i
 }
 
 func reluAVX(v *float32, n int) { panic("vec: no assembly kernels on this platform") }
+
+func fromHalfAVX(dst *float32, src *byte, n int) { panic("vec: no assembly kernels on this platform") }
+func fromInt8AVX(dst *float32, src *byte, scale float32, n int) {
+	panic("vec: no assembly kernels on this platform")
+}

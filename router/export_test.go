@@ -1,0 +1,55 @@
+package router
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cumulus-serving/cumulus/shard"
+)
+
+// formats records the format of each lookup request it passes on.
+type formats struct {
+	shard.Service
+	seen map[byte]int
+}
+
+func (f *formats) Lookup(ctx context.Context, req []byte) ([]byte, error) {
+	f.seen[req[1]]++
+	return f.Service.Lookup(ctx, req)
+}
+
+// FetchRecords fetches ids' records from the shards of model's live
+// version as a request would, and returns each distinct id (in first-seen
+// order), its values (width each), and the lookup request formats sent
+// (codec: 1 float32 values, 2 records as stored). With older, the shards'
+// offers of stored encodings are withdrawn first, as an older shard
+// makes none, and restored after. For tests outside the package.
+func FetchRecords(ctx context.Context, r *Router, model string, ids []uint64, older bool) ([]uint64, []float32, map[byte]int, error) {
+	mr := r.tab.Load().models[model]
+	if mr == nil || mr.live == nil {
+		return nil, nil, nil, fmt.Errorf("model %q has no live version", model)
+	}
+	vr := mr.live
+	seen := map[byte]int{}
+	for _, reps := range vr.replicas {
+		for _, b := range reps {
+			if _, ok := b.svc.(*formats); ok {
+				continue
+			}
+			svc, offered := b.svc, b.stored.Load()
+			b.svc = &formats{Service: svc, seen: seen}
+			if older {
+				b.stored.Store(0)
+			}
+			defer func() { b.svc = svc; b.stored.Store(offered) }()
+		}
+	}
+	w := getWork()
+	defer w.release()
+	w.dedup(&Request{IDs: ids})
+	w.partition(vr)
+	if err := r.fanOut(ctx, vr, w); err != nil {
+		return nil, nil, nil, err
+	}
+	return append([]uint64(nil), w.ids.uniq...), append([]float32(nil), w.vals...), seen, nil
+}
