@@ -298,8 +298,9 @@ func verifyFile(p string, f codec.File) error {
 	return nil
 }
 
-// maxChain bounds how many deltas may stack on a full version.
-const maxChain = 1000
+// MaxChain bounds how many deltas may stack on a full version: a chain
+// longer is refused, and so is a delta that would make one.
+const MaxChain = 1000
 
 // Chain returns the manifests a version is made of, newest first: the
 // version itself, then its parents, ending at a full version. Every link
@@ -327,8 +328,8 @@ func (r Repo) Chain(name string, version uint64) ([]*codec.Manifest, error) {
 		if m.Kind == codec.KindFull {
 			return chain, nil
 		}
-		if len(chain) > maxChain {
-			return nil, fmt.Errorf("loader: %s version %d stacks more than %d deltas", name, version, maxChain)
+		if len(chain) > MaxChain {
+			return nil, fmt.Errorf("loader: %s version %d stacks more than %d deltas", name, version, MaxChain)
 		}
 		v = m.Parent
 	}

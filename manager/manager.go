@@ -53,7 +53,19 @@ type Options struct {
 	// CompactAfter: when the live version's chain reaches this many
 	// deltas, the manager compacts it into a new full version (see
 	// loader.Repo.Compact), which rolls out like any version. It needs
-	// write access to the repository. Default 200; negative: never.
+	// write access to the repository. Default 500; negative: never; it
+	// must stay below loader.MaxChain, the longest chain a version may
+	// have.
+	//
+	// Why 500: a chain's length no longer costs lookups (a shard reads a
+	// version's deltas through one overlay), so what bounds it is what a
+	// compaction costs, a rewrite of the whole model, paid once per
+	// CompactAfter deltas; the shards' overlay memory (about 40–64 bytes
+	// per delta key, plus the deltas' records); the files a shard reads
+	// to load a version afresh; and room below loader.MaxChain for the
+	// deltas published while a compaction runs (they are copied onto
+	// it): at a delta a second, 500 deltas are 8 minutes between
+	// compactions, with as long again for one to finish.
 	CompactAfter int
 	// ScanInterval is how often the whole repository is scanned, besides
 	// watching it for new versions (see watchRepo). Default 10s.
@@ -151,8 +163,11 @@ func (o *Options) Validate() error {
 	case o.KeepDeltas < 0:
 		o.KeepDeltas = 0
 	}
-	if o.CompactAfter == 0 {
-		o.CompactAfter = 200
+	switch {
+	case o.CompactAfter == 0:
+		o.CompactAfter = 500
+	case o.CompactAfter >= loader.MaxChain:
+		return fmt.Errorf("manager: CompactAfter %d: a chain may hold at most %d deltas (loader.MaxChain); compact before, below %d", o.CompactAfter, loader.MaxChain, loader.MaxChain)
 	}
 	if o.ScanInterval == 0 {
 		o.ScanInterval = 10 * time.Second

@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -57,4 +60,22 @@ func TestPublishesAtOnce(t *testing.T) {
 			return fmt.Errorf("no assignment yet")
 		}
 	})
+}
+
+// TestCompactAfterBound: CompactAfter defaults to 500 and must stay below
+// the longest chain the loader accepts, or a chain could never be
+// compacted before deltas on it are refused.
+func TestCompactAfterBound(t *testing.T) {
+	o := manager.Options{Repo: loader.Repo{Dir: t.TempDir()}, Etcd: &clientv3.Client{}}
+	if err := o.Validate(); err != nil || o.CompactAfter != 500 {
+		t.Fatalf("default: CompactAfter %d, %v", o.CompactAfter, err)
+	}
+	o.CompactAfter = loader.MaxChain
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "at most 1000 deltas") {
+		t.Errorf("CompactAfter %d accepted: %v", loader.MaxChain, err)
+	}
+	o.CompactAfter = loader.MaxChain - 1
+	if err := o.Validate(); err != nil {
+		t.Errorf("CompactAfter %d: %v", loader.MaxChain-1, err)
+	}
 }

@@ -434,7 +434,7 @@ func (f *policyFlags) register(cmd *cobra.Command, scan time.Duration) {
 	cmd.Flags().IntVar(&f.keepVersions, "keep-versions", 2, "full versions besides the live one kept loaded for rollback, with their deltas")
 	cmd.Flags().IntVar(&f.keepDeltas, "keep-deltas", 20, "deltas on each kept full version kept loaded for rollback (the newest); older ones retire")
 	cmd.Flags().IntVar(&f.autoPrune, "auto-prune", 0, "after each commit, remove the directories of versions nothing needs, keeping this many of them (the newest); 0: never (needs write access to the repository)")
-	cmd.Flags().IntVar(&f.compactAfter, "compact-after", 200, "compact the live version's chain into a new full version once it has this many deltas; 0: never (needs write access to the repository)")
+	cmd.Flags().IntVar(&f.compactAfter, "compact-after", 500, fmt.Sprintf("compact the live version's chain into a new full version once it has this many deltas, below %d (the longest chain); 0: never (needs write access to the repository)", loader.MaxChain))
 	cmd.Flags().DurationVar(&f.routerWait, "router-wait", 30*time.Second, "how long, once the shards hold a staged version, a router that cannot score it (its dense part not fetched) holds the commit back; past it the version goes live and that router answers 503 for the model until it can (negative: wait for ever)")
 	cmd.Flags().StringVar(&f.validator, "validator", "", "a program run (without a shell) on each staged version's directory before it is committed: exit 0 accepts it, otherwise the version is rejected with its last stderr line as the reason (the validator gate)")
 	cmd.Flags().DurationVar(&f.validatorTimeout, "validator-timeout", 60*time.Second, "longest a --validator run may take; past it the version is rejected")
