@@ -3,18 +3,23 @@ package router
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/cumulus-serving/cumulus/shard"
 )
 
-// formats records the format of each lookup request it passes on.
+// formats records the format of each lookup request it passes on; the
+// calls of a request run concurrently.
 type formats struct {
 	shard.Service
+	mu   *sync.Mutex
 	seen map[byte]int
 }
 
 func (f *formats) Lookup(ctx context.Context, req []byte) ([]byte, error) {
+	f.mu.Lock()
 	f.seen[req[1]]++
+	f.mu.Unlock()
 	return f.Service.Lookup(ctx, req)
 }
 
@@ -23,21 +28,23 @@ func (f *formats) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 // order), its values (width each), and the lookup request formats sent
 // (codec: 1 float32 values, 2 records as stored). With older, the shards'
 // offers of stored encodings are withdrawn first, as an older shard
-// makes none, and restored after. For tests outside the package.
+// makes none, and restored after. For tests outside the package; nothing
+// else may use the router meanwhile (the backends' services are swapped
+// for recording ones).
 func FetchRecords(ctx context.Context, r *Router, model string, ids []uint64, older bool) ([]uint64, []float32, map[byte]int, error) {
 	mr := r.tab.Load().models[model]
 	if mr == nil || mr.live == nil {
 		return nil, nil, nil, fmt.Errorf("model %q has no live version", model)
 	}
 	vr := mr.live
-	seen := map[byte]int{}
+	seen, mu := map[byte]int{}, new(sync.Mutex)
 	for _, reps := range vr.replicas {
 		for _, b := range reps {
 			if _, ok := b.svc.(*formats); ok {
 				continue
 			}
 			svc, offered := b.svc, b.stored.Load()
-			b.svc = &formats{Service: svc, seen: seen}
+			b.svc = &formats{Service: svc, mu: mu, seen: seen}
 			if older {
 				b.stored.Store(0)
 			}
