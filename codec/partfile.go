@@ -16,12 +16,12 @@ import (
 	"github.com/x448/float16"
 )
 
-// Partition file, format 2: the image of a shard's lookup table, so a
-// loader verifies it and uses it in place, building nothing.
+// Partition file, formats 2 and 3: the image of a shard's lookup table,
+// so a loader verifies it and uses it in place, building nothing.
 //
 //	offset 0    header, 64 bytes:
 //	              [0:8]   magic "CMLSPRT1"
-//	              [8:12]  uint32 format version (2)
+//	              [8:12]  uint32 format version (2 or 3)
 //	              [12:16] uint32 vector encoding: 0 fp32, 1 fp16, 2 int8
 //	              [16:20] uint32 width: values per key (1 + FM dim)
 //	              [20:24] uint32 partition number
@@ -39,6 +39,9 @@ import (
 //	              fp32:  dim × float32 factors
 //	              fp16:  dim × IEEE half factors
 //	              int8:  float32 scale, dim × int8; factor = q × scale
+//	            format 3 stores the same records split: first every key
+//	            (n × 8 bytes), then every value (n × (R − 8) bytes: the
+//	            record less its key), in the same order
 //	            block checksums: one CRC-32C per B-byte block of everything above
 //	end - 16    trailer: uint64 block count, uint32 CRC-32C of the checksum
 //	              table, magic "CMLE"
@@ -47,10 +50,17 @@ import (
 // position within its bucket, so a lookup's first guess is
 // dir[b] + ⌊low × count / 2^64⌋ — usually the right cache line.
 // nb = ⌈n / 16⌉: the directory costs 0.25 bytes a record.
+//
+// Writers choose format 3 for records wider than a cache line (SplitKeys:
+// FFM, DNN embeddings, FM of dim 16 and more in fp32): a lookup's search
+// then reads keys only, eight to a line, and a found key's value once.
+// Narrow records (LR, small FM) stay in format 2, where the weight shares
+// its key's line. Both formats are read; the file's size is the same.
 const (
 	partMagic       = "CMLSPRT1"
 	trailerMagic    = "CMLE"
-	partFormat      = 2
+	partFormat      = 2 // records whole
+	splitFormat     = 3 // keys apart from values
 	partHeaderSize  = 64
 	partTrailerSize = 16
 	// DefaultBlockSize is the checksum block size writers use.
@@ -105,6 +115,11 @@ func RecordSize(width int, e Encoding) int {
 	}
 	return 12 + 4*dim
 }
+
+// SplitKeys reports whether records of width values in encoding e are
+// written keys apart from values (format 3): those wider than a cache
+// line.
+func SplitKeys(width int, e Encoding) bool { return RecordSize(width, e) > 64 }
 
 // KeyHash is the bijective mixer (splitmix64's finalizer) that orders
 // records; KeyUnhash inverts it.
@@ -177,7 +192,7 @@ func WritePartition(w io.Writer, partition uint32, width int, e Encoding, keys [
 	for i, k := range keys {
 		hs[i] = KeyHash(k)
 	}
-	return writeSorted(w, partition, width, e, hs, func(rec []byte, i int) {
+	return writeSorted(w, partition, width, e, SplitKeys(width, e), hs, func(rec []byte, i int) {
 		EncodeRecord(rec, hs[i], values[i*width:(i+1)*width], e)
 	})
 }
@@ -201,12 +216,13 @@ func WriteRecords(w io.Writer, partition uint32, width int, e Encoding, records 
 	for i := range hs {
 		hs[i] = binary.LittleEndian.Uint64(records[i*rs:])
 	}
-	return writeSorted(w, partition, width, e, hs, func(rec []byte, i int) { copy(rec, records[i*rs:(i+1)*rs]) })
+	return writeSorted(w, partition, width, e, SplitKeys(width, e), hs, func(rec []byte, i int) { copy(rec, records[i*rs:(i+1)*rs]) })
 }
 
 // writeSorted writes a partition file of the records whose key hashes
-// are hs, in file order; record(rec, i) fills record i.
-func writeSorted(w io.Writer, partition uint32, width int, e Encoding, hs []uint64, record func(rec []byte, i int)) (FileSum, error) {
+// are hs, in file order, keys apart from values if split (format 3);
+// record(rec, i) fills record i.
+func writeSorted(w io.Writer, partition uint32, width int, e Encoding, split bool, hs []uint64, record func(rec []byte, i int)) (FileSum, error) {
 	n := len(hs)
 	nb := Buckets(n)
 	// Counting sort by bucket yields the directory; each bucket (16 on
@@ -249,6 +265,9 @@ func writeSorted(w io.Writer, partition uint32, width int, e Encoding, hs []uint
 	var h [partHeaderSize]byte
 	copy(h[0:8], partMagic)
 	binary.LittleEndian.PutUint32(h[8:], partFormat)
+	if split {
+		binary.LittleEndian.PutUint32(h[8:], splitFormat)
+	}
 	binary.LittleEndian.PutUint32(h[12:], uint32(e))
 	binary.LittleEndian.PutUint32(h[16:], uint32(width))
 	binary.LittleEndian.PutUint32(h[20:], partition)
@@ -264,9 +283,20 @@ func writeSorted(w io.Writer, partition uint32, width int, e Encoding, hs []uint
 	}
 	bw.write(d)
 	rec := make([]byte, rs)
+	if !split {
+		for _, i := range order {
+			record(rec, int(i))
+			bw.write(rec)
+		}
+		return bw.finish()
+	}
+	// Keys, then values: each record is made twice rather than held.
+	for _, i := range order {
+		bw.write(binary.LittleEndian.AppendUint64(rec[:0], hs[i]))
+	}
 	for _, i := range order {
 		record(rec, int(i))
-		bw.write(rec)
+		bw.write(rec[8:])
 	}
 	return bw.finish()
 }
@@ -309,47 +339,57 @@ func EncodeRecord(rec []byte, h uint64, vals []float32, e Encoding) {
 // float32s (what a lookup response carries): fp32 records' bytes as they
 // are, others decoded.
 func AppendRecordValues(dst []byte, rec []byte, width int, e Encoding) []byte {
+	return AppendValues(dst, rec[8:], width, e)
+}
+
+// AppendValues is AppendRecordValues on a record's value bytes (the
+// record less its key, as format 3 stores them apart).
+func AppendValues(dst []byte, v []byte, width int, e Encoding) []byte {
 	if e == EncFP32 {
-		return append(dst, rec[8:8+4*width]...)
+		return append(dst, v[:4*width]...)
 	}
-	dst = append(dst, rec[8:12]...) // the weight, always fp32
+	dst = append(dst, v[:4]...) // the weight, always fp32
 	switch e {
 	case EncFP16:
 		for j := range width - 1 {
-			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(float16.Frombits(binary.LittleEndian.Uint16(rec[12+2*j:])).Float32()))
+			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(float16.Frombits(binary.LittleEndian.Uint16(v[4+2*j:])).Float32()))
 		}
 	case EncInt8:
 		if width == 1 {
 			return dst
 		}
-		scale := math.Float32frombits(binary.LittleEndian.Uint32(rec[12:]))
+		scale := math.Float32frombits(binary.LittleEndian.Uint32(v[4:]))
 		for j := range width - 1 {
-			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(float32(int8(rec[16+j]))*scale))
+			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(float32(int8(v[8+j]))*scale))
 		}
 	}
 	return dst
 }
 
 // DecodeRecord writes a record's width values into dst.
-func DecodeRecord(dst []float32, rec []byte, e Encoding) {
-	dst[0] = math.Float32frombits(binary.LittleEndian.Uint32(rec[8:]))
-	v := dst[1:]
+func DecodeRecord(dst []float32, rec []byte, e Encoding) { DecodeValues(dst, rec[8:], e) }
+
+// DecodeValues is DecodeRecord on a record's value bytes (the record
+// less its key).
+func DecodeValues(dst []float32, v []byte, e Encoding) {
+	dst[0] = math.Float32frombits(binary.LittleEndian.Uint32(v))
+	f := dst[1:]
 	switch e {
 	case EncFP32:
-		for j := range v {
-			v[j] = math.Float32frombits(binary.LittleEndian.Uint32(rec[12+4*j:]))
+		for j := range f {
+			f[j] = math.Float32frombits(binary.LittleEndian.Uint32(v[4+4*j:]))
 		}
 	case EncFP16:
-		for j := range v {
-			v[j] = float16.Frombits(binary.LittleEndian.Uint16(rec[12+2*j:])).Float32()
+		for j := range f {
+			f[j] = float16.Frombits(binary.LittleEndian.Uint16(v[4+2*j:])).Float32()
 		}
 	case EncInt8:
-		if len(v) == 0 {
+		if len(f) == 0 {
 			return
 		}
-		scale := math.Float32frombits(binary.LittleEndian.Uint32(rec[12:]))
-		for j := range v {
-			v[j] = float32(int8(rec[16+j])) * scale
+		scale := math.Float32frombits(binary.LittleEndian.Uint32(v[4:]))
+		for j := range f {
+			f[j] = float32(int8(v[8+j])) * scale
 		}
 	}
 }

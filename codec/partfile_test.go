@@ -79,7 +79,8 @@ func TestPartitionRoundTrip(t *testing.T) {
 	for _, c := range []struct {
 		n, width int
 		e        Encoding
-	}{{0, 1, EncFP32}, {1, 1, EncFP32}, {1000, 1, EncFP32}, {70000, 9, EncFP32}, {5000, 9, EncFP16}, {5000, 17, EncInt8}, {300, 1, EncInt8}} {
+	}{{0, 1, EncFP32}, {1, 1, EncFP32}, {1000, 1, EncFP32}, {70000, 9, EncFP32}, {5000, 9, EncFP16}, {5000, 17, EncInt8}, {300, 1, EncInt8},
+		{5000, 17, EncFP32}, {3000, 81, EncFP16}, {3000, 81, EncInt8}, {1, 17, EncFP32}, {0, 81, EncFP32}} {
 		b, keys, values := writeTestPartition(t, c.n, c.width, c.e)
 		p, err := ParsePartition(b)
 		if err != nil {
@@ -87,6 +88,10 @@ func TestPartitionRoundTrip(t *testing.T) {
 		}
 		if p.Count != c.n || p.Width != c.width || p.Number != 3 || p.Encoding != c.e {
 			t.Fatalf("header %+v", p)
+		}
+		// Records wider than a cache line are written keys apart (format 3).
+		if want := 2 + btoi(RecordSize(c.width, c.e) > 64); p.Format != want || int64(len(b)) != PartitionFileSize(c.n, c.width, c.e, DefaultBlockSize) {
+			t.Fatalf("%+v: format %d, want %d; %d bytes", c, p.Format, want, len(b))
 		}
 		want := map[uint64][]float32{}
 		for i, k := range keys {
@@ -115,10 +120,57 @@ func TestPartitionRoundTrip(t *testing.T) {
 	}
 }
 
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestWideFormat2StillRead: a wide record's file in format 2, as earlier
+// builds wrote every file, reads as it did.
+func TestWideFormat2StillRead(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	const n, width = 2000, 33
+	hs, vals := make([]uint64, n), make([]float32, n*width)
+	for i := range hs {
+		hs[i] = KeyHash(uint64(i) * 7)
+	}
+	for i := range vals {
+		vals[i] = float32(rng.NormFloat64())
+	}
+	var buf bytes.Buffer
+	if _, err := writeSorted(&buf, 0, width, EncFP32, false, hs, func(rec []byte, i int) { EncodeRecord(rec, hs[i], vals[i*width:(i+1)*width], EncFP32) }); err != nil {
+		t.Fatal(err)
+	}
+	p, err := ParsePartition(buf.Bytes())
+	if err != nil || p.Format != 2 {
+		t.Fatalf("format %v, %v", p, err)
+	}
+	got := make([]float32, width)
+	for i := range p.Count {
+		j := int(p.Key(i) / 7)
+		p.Values(i, got)
+		if !slices.Equal(got, vals[j*width:(j+1)*width]) {
+			t.Fatalf("record %d (key %d) reads %v", i, p.Key(i), got)
+		}
+	}
+	if _, err := VerifyStream(bytes.NewReader(buf.Bytes()), int64(buf.Len())); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Every single-byte change anywhere in the file, and every truncation, is
-// detected.
+// detected, in both formats.
 func TestPartitionCorruption(t *testing.T) {
-	b, _, _ := writeTestPartition(t, 300, 3, EncFP16)
+	narrow, _, _ := writeTestPartition(t, 300, 3, EncFP16)
+	wide, _, _ := writeTestPartition(t, 100, 17, EncFP32)
+	for _, b := range [][]byte{narrow, wide} {
+		testCorruption(t, b)
+	}
+}
+
+func testCorruption(t *testing.T, b []byte) {
 	for i := 0; i < len(b); i++ {
 		bad := bytes.Clone(b)
 		bad[i] ^= 0x40

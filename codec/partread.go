@@ -27,10 +27,19 @@ type Partition struct {
 	Encoding   Encoding
 	RecordSize int
 	Buckets    int
+	Format     int    // 2: records whole; 3: keys apart from values (SplitKeys)
 	Dir        []byte // (Buckets+1) × uint32
-	Records    []byte // Count × RecordSize
-	// RecordsOffset is where Records starts in the file.
-	RecordsOffset int64
+	// Keys holds record i's key hash at Keys[i×KeyStride:]: the records
+	// themselves in format 2 (KeyStride = RecordSize), the keys alone in
+	// format 3 (KeyStride = 8).
+	Keys      []byte
+	KeyStride int
+	// Vals holds record i's value bytes (the record less its key) at
+	// Vals[i×ValStride:], RecordSize − 8 of them (ValueBytes).
+	Vals      []byte
+	ValStride int
+	// KeysOffset is where Keys starts in the file.
+	KeysOffset int64
 	// Owner keeps the bytes' backing memory alive (a mapping, say); whoever
 	// keeps views of the partition keeps Owner too. Nil for heap bytes.
 	Owner     any
@@ -40,14 +49,25 @@ type Partition struct {
 }
 
 // Hash returns record i's h.
-func (p *Partition) Hash(i int) uint64 { return binary.LittleEndian.Uint64(p.Records[i*p.RecordSize:]) }
+func (p *Partition) Hash(i int) uint64 { return binary.LittleEndian.Uint64(p.Keys[i*p.KeyStride:]) }
+
+// ValueBytes returns record i's value bytes: the record less its key.
+func (p *Partition) ValueBytes(i int) []byte {
+	o := i * p.ValStride
+	return p.Vals[o : o+p.RecordSize-8 : o+p.RecordSize-8]
+}
+
+// AppendRecord appends record i, its key first, as format 2 stores it.
+func (p *Partition) AppendRecord(dst []byte, i int) []byte {
+	return append(binary.LittleEndian.AppendUint64(dst, p.Hash(i)), p.ValueBytes(i)...)
+}
 
 // Key returns record i's feature id.
 func (p *Partition) Key(i int) uint64 { return KeyUnhash(p.Hash(i)) }
 
 // Values decodes record i's Width values into dst.
 func (p *Partition) Values(i int, dst []float32) {
-	DecodeRecord(dst, p.Records[i*p.RecordSize:(i+1)*p.RecordSize], p.Encoding)
+	DecodeValues(dst, p.ValueBytes(i), p.Encoding)
 }
 
 // Value returns value j of record i (convenient, not fast).
@@ -85,10 +105,12 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 	if crc32.Checksum(h[:60], castagnoli) != binary.LittleEndian.Uint32(h[60:]) {
 		return nil, fmt.Errorf("%w: partition file: header checksum mismatch", ErrCorrupt)
 	}
-	if v := binary.LittleEndian.Uint32(h[8:]); v != partFormat {
-		return nil, fmt.Errorf("%w: partition file: format version %d, this build reads %d (re-import or regenerate the model)", ErrCorrupt, v, partFormat)
+	format := binary.LittleEndian.Uint32(h[8:])
+	if format != partFormat && format != splitFormat {
+		return nil, fmt.Errorf("%w: partition file: format version %d, this build reads %d and %d (re-import or regenerate the model)", ErrCorrupt, format, partFormat, splitFormat)
 	}
 	p := &Partition{
+		Format:     int(format),
 		Encoding:   Encoding(binary.LittleEndian.Uint32(h[12:])),
 		Width:      int(binary.LittleEndian.Uint32(h[16:])),
 		Number:     binary.LittleEndian.Uint32(h[20:]),
@@ -126,8 +148,15 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 		return nil, fmt.Errorf("%w: partition file: checksum table corrupt", ErrCorrupt)
 	}
 	p.Dir = b[partHeaderSize : partHeaderSize+4*(p.Buckets+1)]
-	p.Records = b[dirEnd:bodyEnd]
-	p.RecordsOffset = dirEnd
+	p.KeysOffset = dirEnd
+	if p.Format == splitFormat {
+		keysEnd := dirEnd + 8*int64(p.Count)
+		p.Keys, p.KeyStride = b[dirEnd:keysEnd], 8
+		p.Vals, p.ValStride = b[keysEnd:bodyEnd], p.RecordSize-8
+	} else {
+		p.Keys, p.KeyStride = b[dirEnd:bodyEnd], p.RecordSize
+		p.Vals, p.ValStride = b[min(dirEnd+8, bodyEnd):bodyEnd], p.RecordSize
+	}
 	// A lookup trusts the directory to stay inside the records.
 	prev := uint32(0)
 	for i := 0; i <= p.Buckets; i++ {
@@ -147,23 +176,35 @@ var ErrNotFinite = errors.New("a parameter is not finite")
 
 // finiteCheck checks the records of a partition file as VerifyStream
 // reads it, block by block: every value finite, but a tombstone weight.
-// Records may straddle blocks; a partial one waits in part.
+// It reads units of rs bytes: whole records (format 2) or values
+// (format 3, keys apart: keyed false). Units may straddle blocks; a
+// partial one waits in part.
 type finiteCheck struct {
 	enc        Encoding
 	width, rs  int
-	start, end int64 // the records' byte range in the file
-	part       []byte
-	rec        int // records checked
+	keyed      bool  // a unit starts with its key
+	start, end int64 // the units' byte range in the file
+	keys       int64 // format 3: where the keys start in the file
+	// keyOf reads record i's key (format 3, where the key is not beside
+	// its value), to name the feature of a bad value; nil: not named.
+	keyOf func(i int) (uint64, bool)
+	part  []byte
+	rec   int // records checked
 }
 
 func newFiniteCheck(h []byte, count uint64) *finiteCheck {
 	c := &finiteCheck{enc: Encoding(binary.LittleEndian.Uint32(h[12:])), width: int(binary.LittleEndian.Uint32(h[16:])),
-		rs: int(binary.LittleEndian.Uint32(h[36:]))}
+		rs: int(binary.LittleEndian.Uint32(h[36:])), keyed: true}
 	if c.enc > EncInt8 || c.width <= 0 || c.width > 1<<16 || c.rs != RecordSize(c.width, c.enc) {
 		return nil // a bad header: the load refuses it, naming it
 	}
 	c.start = partHeaderSize + dirBytes(int(count))
 	c.end = c.start + int64(count)*int64(c.rs)
+	if binary.LittleEndian.Uint32(h[8:]) == splitFormat {
+		c.keys = c.start
+		c.start += 8 * int64(count) // the values, past the keys
+		c.rs, c.keyed = c.rs-8, false
+	}
 	c.part = make([]byte, 0, c.rs)
 	return c
 }
@@ -199,30 +240,40 @@ func (c *finiteCheck) feed(lo int64, blk []byte) error {
 	return nil
 }
 
-func (c *finiteCheck) record(rec []byte) error {
+func (c *finiteCheck) record(unit []byte) error {
 	defer func() { c.rec++ }()
-	bad := func(what string, v float64) error {
-		return fmt.Errorf("%w: partition file: record %d (feature id %d): %s is %v", ErrNotFinite, c.rec, KeyUnhash(binary.LittleEndian.Uint64(rec)), what, v)
+	rec := unit // the value bytes
+	if c.keyed {
+		rec = unit[8:]
 	}
-	if w := binary.LittleEndian.Uint32(rec[8:]); w != math.Float32bits(Tombstone) && !finite32(w) {
+	bad := func(what string, v float64) error {
+		which := fmt.Sprintf("record %d", c.rec)
+		if c.keyed {
+			which = fmt.Sprintf("record %d (feature id %d)", c.rec, KeyUnhash(binary.LittleEndian.Uint64(unit)))
+		} else if h, ok := c.keyOf(c.rec); ok {
+			which = fmt.Sprintf("record %d (feature id %d)", c.rec, KeyUnhash(h))
+		}
+		return fmt.Errorf("%w: partition file: %s: %s is %v", ErrNotFinite, which, what, v)
+	}
+	if w := binary.LittleEndian.Uint32(rec); w != math.Float32bits(Tombstone) && !finite32(w) {
 		return bad("the weight", float64(math.Float32frombits(w)))
 	}
 	switch c.enc {
 	case EncFP32:
-		for j := 12; j < len(rec); j += 4 {
+		for j := 4; j < len(rec); j += 4 {
 			if v := binary.LittleEndian.Uint32(rec[j:]); !finite32(v) {
-				return bad(fmt.Sprintf("factor %d", (j-12)/4), float64(math.Float32frombits(v)))
+				return bad(fmt.Sprintf("factor %d", (j-4)/4), float64(math.Float32frombits(v)))
 			}
 		}
 	case EncFP16:
-		for j := 12; j < len(rec); j += 2 {
+		for j := 4; j < len(rec); j += 2 {
 			if v := binary.LittleEndian.Uint16(rec[j:]); v&0x7c00 == 0x7c00 {
-				return bad(fmt.Sprintf("factor %d (fp16)", (j-12)/2), float64(float16.Frombits(v).Float32()))
+				return bad(fmt.Sprintf("factor %d (fp16)", (j-4)/2), float64(float16.Frombits(v).Float32()))
 			}
 		}
 	case EncInt8:
 		if c.width > 1 {
-			if v := binary.LittleEndian.Uint32(rec[12:]); !finite32(v) {
+			if v := binary.LittleEndian.Uint32(rec[4:]); !finite32(v) {
 				return bad("the factors' int8 scale", float64(math.Float32frombits(v)))
 			}
 		}
@@ -310,6 +361,13 @@ func VerifyStream(r io.ReaderAt, size int64) (string, error) {
 		return "", fmt.Errorf("%w: partition file: checksum table corrupt", ErrCorrupt)
 	}
 	fin := newFiniteCheck(h[:], count)
+	if fin != nil {
+		fin.keyOf = func(i int) (uint64, bool) {
+			var k [8]byte
+			_, err := r.ReadAt(k[:], fin.keys+8*int64(i))
+			return binary.LittleEndian.Uint64(k[:]), err == nil && fin.keys > 0
+		}
+	}
 	sha := sha256.New()
 	buf := make([]byte, bs)
 	for i := int64(0); i < nblocks; i++ {

@@ -95,15 +95,13 @@ func (r Repo) mergeChain(chain []*codec.Manifest, p uint32) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		rs := pt.RecordSize
 		for j := range pt.Count {
-			rec := pt.Records[j*rs : (j+1)*rs]
-			h := binary.LittleEndian.Uint64(rec)
-			if codec.IsTombstone(math.Float32frombits(binary.LittleEndian.Uint32(rec[8:]))) {
+			h := pt.Hash(j)
+			if codec.IsTombstone(math.Float32frombits(binary.LittleEndian.Uint32(pt.ValueBytes(j)))) {
 				delete(newest, h)
 				continue
 			}
-			newest[h] = slices.Clone(rec)
+			newest[h] = pt.AppendRecord(nil, j)
 		}
 		freePartition(pt)
 	}

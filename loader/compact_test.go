@@ -51,7 +51,7 @@ func TestCompact(t *testing.T) {
 		}
 		records := map[uint64][]byte{}
 		for j := range got.Count {
-			records[got.Key(j)] = got.Records[j*got.RecordSize : (j+1)*got.RecordSize]
+			records[got.Key(j)] = got.AppendRecord(nil, j)
 		}
 		want := 0
 		for k := uint64(0); k < 6000; k++ {
@@ -216,7 +216,7 @@ func resolve(t *testing.T, repo Repo, chain []*codec.Manifest, p uint32, k uint6
 				if codec.IsTombstone(pt.Value(j, 0)) {
 					return nil
 				}
-				return pt.Records[j*pt.RecordSize : (j+1)*pt.RecordSize]
+				return pt.AppendRecord(nil, j)
 			}
 		}
 	}

@@ -21,6 +21,18 @@ type pfGroup struct {
 // find stores in out[j] the record of keys[j] or -1, and, if w is not
 // nil, the record's linear weight or 0 in w[j].
 func (t *Table) find(keys []uint64, out []int32, w []float32) {
+	if t.split && w != nil {
+		// The searches read a weight beside its key: apart, it is read
+		// after (only LR asks for weights, and its records are narrow).
+		t.find(keys, out, nil)
+		for j, r := range out {
+			w[j] = 0
+			if r >= 0 {
+				w[j] = t.weightAt(int(r))
+			}
+		}
+		return
+	}
 	switch {
 	case t.n == 0:
 		for j := range keys {

@@ -90,7 +90,7 @@ var StoredEncodings = []string{"fp16", "int8"}
 // its key, or as float32s.
 func (sc *scratch) appendRecord(t *Table, r int) {
 	if sc.stored {
-		sc.vals = append(sc.vals, t.rec[r*t.rs+8:(r+1)*t.rs]...)
+		sc.vals = append(sc.vals, t.valAt(r)...)
 		return
 	}
 	sc.vals = t.AppendValues(sc.vals, r)

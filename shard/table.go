@@ -14,10 +14,12 @@ import (
 )
 
 // Table is one partition's immutable lookup table, used in place on the
-// partition file's bytes (codec format 2): records sorted by
+// partition file's bytes (codec formats 2 and 3): records sorted by
 // h = codec.KeyHash(key) behind a directory of one uint32 per ~16
 // records. An fp32 LR parameter costs 12.25 bytes: its 8-byte h, its
-// 4-byte weight and a quarter of a directory entry.
+// 4-byte weight and a quarter of a directory entry. Records wider than a
+// cache line are stored keys apart from values (format 3): the search
+// below reads the keys, eight to a line, and a found key's value once.
 //
 // A lookup reads the directory entry of h's bucket and guesses h's place
 // in the bucket by interpolation (h is uniform, so the guess is usually
@@ -29,8 +31,12 @@ import (
 // measurements.
 type Table struct {
 	dir   []byte
-	rec   []byte
+	rec   []byte // the keys the search reads: record i's h at rec[i×rs:]
 	rs    int
+	vals  []byte // record i's value bytes (the record less its key) at vals[i×vs:]
+	vs    int
+	vlen  int  // value bytes a record: RecordSize − 8
+	split bool // keys apart from values (format 3)
 	nb    uint64
 	n     int
 	width int
@@ -73,11 +79,12 @@ func ResidentTable(width int, e codec.Encoding, keys []uint64, vals []float32) (
 
 // NewTable wraps a verified partition. The table keeps p's bytes alive.
 func NewTable(p *codec.Partition) *Table {
-	t := &Table{dir: p.Dir, rec: p.Records, rs: p.RecordSize, nb: uint64(p.Buckets), n: p.Count,
-		width: p.Width, enc: p.Encoding, size: int64(len(p.Dir) + len(p.Records)), owner: p.Owner}
+	t := &Table{dir: p.Dir, rec: p.Keys, rs: p.KeyStride, vals: p.Vals, vs: p.ValStride, vlen: p.RecordSize - 8,
+		split: p.KeyStride != p.RecordSize, nb: uint64(p.Buckets), n: p.Count,
+		width: p.Width, enc: p.Encoding, size: int64(len(p.Dir)) + int64(p.Count)*int64(p.RecordSize), owner: p.Owner}
 	if b, ok := p.Owner.(*tablemem.Buffer); ok && b.Mapped {
 		t.Mapped, t.sample = true, new(sampler)
-		t.file, t.recOff = b.File, p.RecordsOffset
+		t.file, t.recOff = b.File, p.KeysOffset
 		// The directory (0.25 bytes a record) stays resident, so finding
 		// a bucket never waits on the disk.
 		t.dir = slices.Clone(p.Dir)
@@ -88,7 +95,13 @@ func NewTable(p *codec.Partition) *Table {
 func (t *Table) dirAt(b uint64) uint32 { return binary.LittleEndian.Uint32(t.dir[4*b:]) }
 func (t *Table) hAt(i int) uint64      { return binary.LittleEndian.Uint64(t.rec[i*t.rs:]) }
 func (t *Table) weightAt(i int) float32 {
-	return math.Float32frombits(binary.LittleEndian.Uint32(t.rec[i*t.rs+8:]))
+	return math.Float32frombits(binary.LittleEndian.Uint32(t.vals[i*t.vs:]))
+}
+
+// valAt is record i's value bytes: the record less its key.
+func (t *Table) valAt(i int) []byte {
+	o := i * t.vs
+	return t.vals[o : o+t.vlen : o+t.vlen]
 }
 
 // findOne returns the record of h, or -1.
@@ -155,19 +168,17 @@ func (t *Table) FindWeights(keys []uint64, out []int32, w []float32) { t.find(ke
 
 // Decode writes record i's Width values into dst.
 func (t *Table) Decode(i int, dst []float32) {
-	codec.DecodeRecord(dst, t.rec[i*t.rs:(i+1)*t.rs], t.enc)
+	codec.DecodeValues(dst, t.valAt(i), t.enc)
 }
 
 // AppendValues appends record i's Width values to dst as little-endian
-// float32s (codec.AppendRecordValues).
+// float32s (codec.AppendValues).
 func (t *Table) AppendValues(dst []byte, i int) []byte {
-	return codec.AppendRecordValues(dst, t.rec[i*t.rs:(i+1)*t.rs], t.width, t.enc)
+	return codec.AppendValues(dst, t.valAt(i), t.width, t.enc)
 }
 
 // Weight is record i's linear weight.
-func (t *Table) Weight(i int) float32 {
-	return math.Float32frombits(binary.LittleEndian.Uint32(t.rec[i*t.rs+8:]))
-}
+func (t *Table) Weight(i int) float32 { return t.weightAt(i) }
 
 // Len is the number of keys.
 func (t *Table) Len() int { return t.n }

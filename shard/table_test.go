@@ -62,10 +62,17 @@ func TestTableExactMembership(t *testing.T) {
 }
 
 // The table agrees with a Go map on many random keys, present and not,
-// in every encoding.
+// in every encoding, with records whole (width 5) and keys apart from
+// values (width 33: format 3 in fp32 and fp16; int8 stays whole).
 func TestTableMatchesMap(t *testing.T) {
+	for _, width := range []int{5, 33} {
+		tableMatchesMap(t, width)
+	}
+}
+
+func tableMatchesMap(t *testing.T, width int) {
 	rng := rand.New(rand.NewPCG(7, 7))
-	const n, width = 200000, 5
+	const n = 200000
 	keys := make([]uint64, n)
 	vals := make([]float32, n*width)
 	ref := make(map[uint64]int, n)
@@ -83,6 +90,9 @@ func TestTableMatchesMap(t *testing.T) {
 	}
 	for _, e := range []codec.Encoding{codec.EncFP32, codec.EncFP16, codec.EncInt8} {
 		tb := buildTable(t, keys, width, e, vals)
+		if tb.split != codec.SplitKeys(width, e) {
+			t.Fatalf("width %d %v: keys apart %v", width, e, tb.split)
+		}
 		query := make([]uint64, 50000)
 		for j := range query {
 			if j%3 == 0 {
@@ -146,11 +156,20 @@ func TestFindWeights(t *testing.T) {
 }
 
 func TestFindColdMatchesFind(t *testing.T) {
+	for _, shape := range []model.Shape{{Type: model.LR}, {Type: model.FM, Dim: 32}} {
+		findColdMatchesFind(t, shape)
+	}
+}
+
+// findColdMatchesFind: for LR, records whole; for FM of dim 32, keys
+// apart from values (format 3), so cold reads read the keys only.
+func findColdMatchesFind(t *testing.T, shape model.Shape) {
 	repo := loader.Repo{Dir: t.TempDir()}
-	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
+	m := &loader.Sparse{Shape: shape}
 	for k := uint64(0); k < 200000; k++ {
 		m.Keys = append(m.Keys, k*k+k)
 		m.Values = append(m.Values, float32(k))
+		m.Values = append(m.Values, make([]float32, shape.Dim)...)
 	}
 	man, err := repo.Publish("m", m, 1, "")
 	if err != nil {
