@@ -153,7 +153,7 @@ func (s *Shard) maintainHot() {
 	rebuilt := false
 	for _, b := range bases {
 		h := s.hot.heat[b]
-		k := int(share / int64(b.rs+1)) // a record and its share of the directory
+		k := int(share / b.recordBytes())
 		if k <= 0 || h.sinceBuild == 0 {
 			continue // no room, or nothing new to learn from
 		}
@@ -191,5 +191,5 @@ func (h *Heat) Build(base *Table, bytes int64) (*Table, error) {
 	if base.sample == nil {
 		return nil, fmt.Errorf("shard: table is not mapped; it has no hot tier")
 	}
-	return BuildHot(base, hotKeys(h.h.counts, int(bytes/int64(base.rs+1))))
+	return BuildHot(base, hotKeys(h.h.counts, int(bytes/base.recordBytes())))
 }

@@ -49,7 +49,8 @@ type Table struct {
 	sample *sampler // keys looked up, for the hot tier; mapped tables only
 	hotOf  *Table   // for a hot tier: the mapped table it caches
 	file   *os.File // mapped tables: the file, for findCold
-	recOff int64    // where the records start in file
+	recOff int64    // where the keys (in format 2, the records) start in file
+	valOff int64    // split tables: where the values start in file
 	sha    string   // SHA-256 of the partition file, as its manifest records it
 	fv     uint64   // the version whose file it is (0 for a hot tier)
 	// refs counts the stack slots of the current snapshot holding the
@@ -85,6 +86,7 @@ func NewTable(p *codec.Partition) *Table {
 	if b, ok := p.Owner.(*tablemem.Buffer); ok && b.Mapped {
 		t.Mapped, t.sample = true, new(sampler)
 		t.file, t.recOff = b.File, p.KeysOffset
+		t.valOff = p.KeysOffset + int64(len(p.Keys))
 		// The directory (0.25 bytes a record) stays resident, so finding
 		// a bucket never waits on the disk.
 		t.dir = slices.Clone(p.Dir)
@@ -189,6 +191,10 @@ func (t *Table) Width() int { return t.width }
 // Bytes is the table's size: directory and records.
 func (t *Table) Bytes() int64 { return t.size }
 
+// recordBytes is what one record costs in a table of t's format, its
+// share of the directory rounded up: what the hot tier sizes by.
+func (t *Table) recordBytes() int64 { return int64(t.vlen + 8 + 1) }
+
 // coldReaders is how many goroutines read a mapped table at once. A page
 // fault blocks its thread unseen by the scheduler, so faults on a mapping
 // proceed GOMAXPROCS at a time; pread is a system call, during which the
@@ -218,6 +224,7 @@ func (t *Table) findCold(keys []uint64, out []int32) {
 
 func (t *Table) preadFind(keys []uint64, out []int32) {
 	var buf [64 * 16]byte
+	var val []byte // split tables: a found key's value, read to bring it into the page cache
 	for j, k := range keys {
 		h := codec.KeyHash(k)
 		b, _ := bits.Mul64(h, t.nb)
@@ -240,6 +247,16 @@ func (t *Table) preadFind(keys []uint64, out []int32) {
 				out[j] = int32(lo + i)
 				break
 			}
+		}
+		if r := out[j]; r >= 0 && t.split {
+			// Keys apart from values: the bucket read brought in keys
+			// only; the value is read too, so that decoding it through
+			// the mapping does not wait on the disk. (Format 2 records
+			// came in whole with their bucket.)
+			if val == nil {
+				val = make([]byte, t.vlen)
+			}
+			t.file.ReadAt(val, t.valOff+int64(r)*int64(t.vs))
 		}
 	}
 }

@@ -204,4 +204,19 @@ func findColdMatchesFind(t *testing.T, shape model.Shape) {
 	if hits < 9000 {
 		t.Fatalf("only %d hits: the test is not exercising present keys", hits)
 	}
+	// The hot tier learned from these keys keeps within the bytes it is
+	// given, records of either format counted whole.
+	var h Heat
+	for range 4 {
+		tb.Sample(keys)
+		h.Observe(tb)
+	}
+	const budget = 100_000
+	hot, err := h.Build(tb, budget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hot.Bytes() > budget || hot.Len() < budget/(2*int(tb.recordBytes())) {
+		t.Errorf("%s: hot tier of %d records, %d bytes, for a budget of %d", shape, hot.Len(), hot.Bytes(), budget)
+	}
 }
