@@ -12,7 +12,8 @@
 #
 #   scripts/chain.sh WORKDIR
 # CUMULUS names the binary (default: cumulus on PATH); DEV, if set, the
-# one that serves (to compare builds, another than the one that loads).
+# one that serves (to compare builds, another than the one that loads);
+# SETUPS the setups run, default "full chain".
 set -euo pipefail
 work=$1
 C=${CUMULUS:-cumulus}
@@ -45,13 +46,13 @@ run() { # setup
 : > "$work/runs.txt"
 echo "setup qps p50 p99 cpu/request errors"
 for _ in $(seq "$rounds"); do
-  for s in full chain; do run "$s"; done
+  for s in ${SETUPS:-full chain}; do run "$s"; done
 done
 awk "$(cat "$(dirname "$0")/median.awk")"'
 { runs++; setup[runs] = $1; val[runs, "qps"] = $2; val[runs, "p50"] = ms($3); val[runs, "p99"] = ms($4); val[runs, "cpu"] = ms($5) }
 END {
-  printf "\nmedian of %d rounds  qps      p50      p99   cpu/request  x full\n", runs / 2
+  printf "\nmedian of %d rounds  qps      p50      p99   cpu/request  x full\n", '"$rounds"'
   full = median("full", "cpu")
-  split("full chain", names, " ")
-  for (k = 1; k <= 2; k++) printf "%-5s %14.0f %6.2fms %6.2fms %9.3fms %6.3f\n", names[k], median(names[k], "qps"), median(names[k], "p50"), median(names[k], "p99"), median(names[k], "cpu"), median(names[k], "cpu") / full
+  n = split("'"${SETUPS:-full chain}"'", names, " ")
+  for (k = 1; k <= n; k++) printf "%-5s %14.0f %6.2fms %6.2fms %9.3fms %6.3f\n", names[k], median(names[k], "qps"), median(names[k], "p50"), median(names[k], "p99"), median(names[k], "cpu"), median(names[k], "cpu") / full
 }' "$work/runs.txt"
