@@ -6,9 +6,10 @@
 # features (default 1,000) on it, nothing compacted (--compact-after 0).
 # Load comes from a separate `cumulus bench` process: rank200, closed
 # loop at concurrency 4, REQUESTS requests (default 6,000), ROUNDS
-# alternating rounds (default 5). It prints every run, then each setup's
-# median QPS, p50, p99 and server CPU per request (utime+stime of the
-# dev process) and the ratio of the chain's CPU to the full version's.
+# rounds (default 5), the setups' order reversed each round. It prints
+# every run, then each setup's median QPS, p50, p99 and server CPU per
+# request (utime+stime of the dev process) and the ratio of the chain's
+# CPU to the full version's.
 #
 #   scripts/chain.sh WORKDIR
 # CUMULUS names the binary (default: cumulus on PATH); DEV, if set, the
@@ -45,8 +46,12 @@ run() { # setup
 }
 : > "$work/runs.txt"
 echo "setup qps p50 p99 cpu/request errors"
+# The order alternates from round to round: this machine drifts, and
+# whichever setup always ran second would pay for it.
+order=${SETUPS:-full chain}
 for _ in $(seq "$rounds"); do
-  for s in ${SETUPS:-full chain}; do run "$s"; done
+  for s in $order; do run "$s"; done
+  order=$(echo $order | awk '{ for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "") }')
 done
 awk "$(cat "$(dirname "$0")/median.awk")"'
 { runs++; setup[runs] = $1; val[runs, "qps"] = $2; val[runs, "p50"] = ms($3); val[runs, "p99"] = ms($4); val[runs, "cpu"] = ms($5) }
