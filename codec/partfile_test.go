@@ -226,6 +226,8 @@ func FuzzParsePartition(f *testing.F) {
 	}
 	b, _, _ := writeTestPartition(f, 0, 1, EncFP32)
 	f.Add(b)
+	b, _, _ = writeTestPartition(f, 4, 17, EncFP32) // format 3
+	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, err := ParsePartition(b)
 		if err != nil {
@@ -237,6 +239,7 @@ func FuzzParsePartition(f *testing.F) {
 		v := make([]float32, p.Width)
 		for i := range p.Count {
 			p.Values(i, v) // must stay in bounds
+			_ = p.AppendRecord(nil, i)
 		}
 	})
 }
@@ -268,6 +271,8 @@ func TestVerifyStream(t *testing.T) {
 
 func FuzzVerifyStream(f *testing.F) {
 	b, _, _ := writeTestPartition(f, 20, 2, EncFP16)
+	f.Add(b)
+	b, _, _ = writeTestPartition(f, 3, 17, EncFP32) // format 3
 	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		sum, err := VerifyStream(bytes.NewReader(b), int64(len(b))) // must not panic or over-allocate
