@@ -60,7 +60,7 @@ type Options struct {
 	// Why 500: a chain's length no longer costs lookups (a shard reads a
 	// version's deltas through one overlay), so what bounds it is what a
 	// compaction costs, a rewrite of the whole model, paid once per
-	// CompactAfter deltas; the shards' overlay memory (about 40–64 bytes
+	// CompactAfter deltas; the shards' overlay memory (about 50–84 bytes
 	// per delta key, plus the deltas' records); the files a shard reads
 	// to load a version afresh; and room below loader.MaxChain for the
 	// deltas published while a compaction runs (they are copied onto

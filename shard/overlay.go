@@ -62,10 +62,12 @@ type overlay struct {
 // out of cache. A key's slot is found from h's low bits, its filter word
 // from its high bits, the three bits in it from bits 20–37.
 type ovSlots struct {
-	mask   uint64
-	hs     []atomic.Uint64 // key hash; 0: empty
-	heads  []atomic.Uint32 // newest entry + 1; 0: none yet
-	filter []atomic.Uint64 // bit h >> fshift set for every key in hs
+	mask uint64
+	n    int // slots
+	// s holds slot i as s[2i], the key hash (0: empty), and s[2i+1],
+	// the newest entry + 1 (0: none yet): side by side, one line.
+	s      []atomic.Uint64
+	filter []atomic.Uint64 // filterBits(h) set in word h >> fshift for every key held
 	fshift uint
 }
 
@@ -90,9 +92,10 @@ type ovData struct {
 
 // ovEntry is one delta's record of a key.
 type ovEntry struct {
-	layer uint32 // the delta's layer in the overlay
-	rec   uint32 // its record in tables[layer]
-	next  uint32 // the key's entry merged before this one, + 1; 0: none
+	layer uint32  // the delta's layer in the overlay
+	rec   uint32  // its record in tables[layer]
+	next  uint32  // the key's entry merged before this one, + 1; 0: none
+	w     float32 // the record's linear weight: an LR lookup reads no record
 }
 
 const (
@@ -101,7 +104,7 @@ const (
 	// ovEntryBytes and ovSlotBytes are what an entry and a slot cost, for
 	// the memory budget.
 	ovEntryBytes = int64(unsafe.Sizeof(ovEntry{}))
-	ovSlotBytes  = 13 // a key hash, a head, 8 bits of filter
+	ovSlotBytes  = 17 // a key hash, a head, 8 bits of filter
 )
 
 // chunkOf returns the chunk holding entry e (from 0) and e's place in it.
@@ -120,7 +123,7 @@ func newOverlay() *overlay {
 
 // newSlots makes an empty index of n slots, a power of 2 ≥ 64.
 func newSlots(n int) *ovSlots {
-	return &ovSlots{mask: uint64(n - 1), hs: make([]atomic.Uint64, n), heads: make([]atomic.Uint32, n),
+	return &ovSlots{mask: uint64(n - 1), n: n, s: make([]atomic.Uint64, 2*n),
 		filter: make([]atomic.Uint64, n/8), fshift: uint(64 - bits.Len(uint(n/8)-1))}
 }
 
@@ -145,7 +148,7 @@ func (o *overlay) growth(n int) int64 {
 	for i := len(o.data.Load().chunks); i <= c; i++ {
 		b += int64(ovFirstChunk<<i) * ovEntryBytes
 	}
-	if need := 2 * (o.keys + n); need > len(o.slots.Load().hs) {
+	if need := 2 * (o.keys + n); need > o.slots.Load().n {
 		size := ovMinSlots
 		for size < need {
 			size *= 2
@@ -176,12 +179,12 @@ func (o *overlay) merge(t *Table) int {
 		o.bytes += int64(len(ch)) * ovEntryBytes
 	}
 	o.data.Store(d)
-	if sl := o.slots.Load(); 2*(o.keys+t.n) > len(sl.hs) {
+	if sl := o.slots.Load(); 2*(o.keys+t.n) > sl.n {
 		o.rehash(sl, 2*(o.keys+t.n))
 	}
 	sl := o.slots.Load()
 	for i := range t.n {
-		o.insert(sl, d, t.hAt(i), uint32(layer), uint32(i))
+		o.insert(sl, d, t.hAt(i), uint32(layer), uint32(i), t.weightAt(i))
 	}
 	o.layerOf[t] = layer
 	o.counts = append(o.counts, t.n)
@@ -189,11 +192,11 @@ func (o *overlay) merge(t *Table) int {
 }
 
 // insert links a new entry for h in front of its list.
-func (o *overlay) insert(sl *ovSlots, d *ovData, h uint64, layer, rec uint32) {
+func (o *overlay) insert(sl *ovSlots, d *ovData, h uint64, layer, rec uint32, w float32) {
 	e := uint32(o.entries)
 	o.entries++
 	en := d.entry(e)
-	en.layer, en.rec = layer, rec
+	en.layer, en.rec, en.w = layer, rec, w
 	if h == 0 {
 		en.next = o.zero.Load()
 		o.zero.Store(e + 1)
@@ -203,16 +206,16 @@ func (o *overlay) insert(sl *ovSlots, d *ovData, h uint64, layer, rec uint32) {
 		return
 	}
 	for i := h & sl.mask; ; i = (i + 1) & sl.mask {
-		switch sl.hs[i].Load() {
+		switch sl.s[2*i].Load() {
 		case h:
-			en.next = sl.heads[i].Load()
-			sl.heads[i].Store(e + 1)
+			en.next = uint32(sl.s[2*i+1].Load())
+			sl.s[2*i+1].Store(uint64(e + 1))
 			return
 		case 0:
 			en.next = 0
 			sl.addToFilter(h)
-			sl.hs[i].Store(h)
-			sl.heads[i].Store(e + 1)
+			sl.s[2*i].Store(h)
+			sl.s[2*i+1].Store(uint64(e + 1))
 			o.keys++
 			return
 		}
@@ -226,20 +229,20 @@ func (o *overlay) rehash(old *ovSlots, n int) {
 		size *= 2
 	}
 	sl := newSlots(size)
-	for i := range old.hs {
-		h, head := old.hs[i].Load(), old.heads[i].Load()
+	for i := range old.n {
+		h, head := old.s[2*i].Load(), old.s[2*i+1].Load()
 		if h == 0 || head == 0 {
 			continue
 		}
 		j := h & sl.mask
-		for sl.hs[j].Load() != 0 {
+		for sl.s[2*j].Load() != 0 {
 			j = (j + 1) & sl.mask
 		}
 		sl.addToFilter(h)
-		sl.hs[j].Store(h)
-		sl.heads[j].Store(head)
+		sl.s[2*j].Store(h)
+		sl.s[2*j+1].Store(head)
 	}
-	o.bytes += int64(size-len(old.hs)) * ovSlotBytes
+	o.bytes += int64(size-old.n) * ovSlotBytes
 	o.slots.Store(sl)
 }
 
@@ -302,9 +305,9 @@ func (v *view) find(keys []uint64, tbl, rec []int32, w []float32) []*Table {
 			head = v.ov.zero.Load()
 		} else if sl.mayHold(h) {
 			for i := h & sl.mask; ; i = (i + 1) & sl.mask {
-				x := sl.hs[i].Load()
+				x := sl.s[2*i].Load()
 				if x == h {
-					head = sl.heads[i].Load()
+					head = uint32(sl.s[2*i+1].Load())
 					break
 				}
 				if x == 0 {
@@ -321,7 +324,7 @@ func (v *view) find(keys []uint64, tbl, rec []int32, w []float32) []*Table {
 			if v.holds(en.layer) {
 				tbl[j], rec[j] = int32(en.layer), int32(en.rec)
 				if w != nil {
-					w[j] = d.tables[en.layer].weightAt(int(en.rec))
+					w[j] = en.w
 				}
 				break
 			}
