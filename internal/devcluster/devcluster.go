@@ -93,9 +93,13 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	c = &Cluster{ctx: ctx, cancel: cancel, opts: o, loadTurn: make(chan struct{}, 1)}
+	// A failure closes what was started. The cluster is held apart from
+	// the result c, which `return nil, err` has set to nil by the time
+	// this runs.
+	started := c
 	defer func() {
 		if err != nil {
-			c.Close()
+			started.Close()
 		}
 	}()
 	if o.DataDir == "" {

@@ -1,6 +1,7 @@
 package devcluster_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/devcluster/devclustertest"
 	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/model"
 )
 
@@ -53,5 +55,22 @@ func TestShardDataDirs(t *testing.T) {
 	}
 	if total < 4 {
 		t.Fatalf("the shards hold %d of 4 partitions once ready", total)
+	}
+}
+
+// TestStartFailsCleanly: a cluster whose manager refuses its options
+// (here a CompactAfter at the loader's chain cap) returns the refusal,
+// having stopped what it started and removed its temporary directory;
+// it used to panic closing a nil cluster.
+func TestStartFailsCleanly(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	c, err := devcluster.Start(context.Background(), devcluster.Options{Repo: t.TempDir(), Shards: 1,
+		Manager: func(o *manager.Options) { o.CompactAfter = loader.MaxChain }})
+	if c != nil || err == nil || !strings.Contains(err.Error(), "CompactAfter") {
+		t.Fatalf("cluster %v, error %v; want the manager's refusal", c, err)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("left behind in the temporary directory: %v", left)
 	}
 }
