@@ -250,6 +250,18 @@ func idBytes(ids []uint64) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&ids[0])), 8*len(ids))
 }
 
+// CheckGenDeltas checks GenerateDeltas's counts against a model of
+// params features, before anything is written.
+func CheckGenDeltas(n, keys int, params int64) error {
+	switch {
+	case n < 0 || n > MaxChain:
+		return fmt.Errorf("loader: gen: %d deltas; a chain holds 0 to %d", n, MaxChain)
+	case n > 0 && (keys <= 0 || int64(keys) > params):
+		return fmt.Errorf("loader: gen: each delta changes %d features; want 1 to %d (the model's)", keys, params)
+	}
+	return nil
+}
+
 // GenerateDeltas publishes n deltas on a generated model's newest
 // version, each a delta on the one before, of keys upserts: ids of the
 // model drawn uniformly from its ranks (so traffic finds them), new values
@@ -267,8 +279,11 @@ func (r Repo) GenerateDeltas(name string, n, keys int, seed uint64) ([]*codec.Ma
 	if base.Generator == nil {
 		return nil, fmt.Errorf("loader: gen: model %s was not made by 'cumulus model gen'", name)
 	}
-	if keys <= 0 || int64(keys) > base.Params {
-		return nil, fmt.Errorf("loader: gen: %d keys a delta; want 1..%d (the model's features)", keys, base.Params)
+	if err := CheckGenDeltas(n, keys, base.Params); err != nil {
+		return nil, err
+	}
+	if r.Manifests == nil {
+		r.Manifests = NewManifestCache() // each delta reads its chain again
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	var out []*codec.Manifest

@@ -392,8 +392,31 @@ func TestGenerate(t *testing.T) {
 			t.Errorf("delta %d changes %d features, want 50", i, n)
 		}
 	}
-	if _, err := repo.GenerateDeltas("g", 1, 200001, 9); err == nil || !strings.Contains(err.Error(), "keys a delta") {
+	if _, err := repo.GenerateDeltas("g", 1, 200001, 9); err == nil || !strings.Contains(err.Error(), "1 to 200000") {
 		t.Errorf("more keys a delta than features: %v", err)
+	}
+}
+
+// TestChainCap: deltas stack up to MaxChain on a full version; a delta
+// past it is refused when published, not when a reader meets it.
+func TestChainCap(t *testing.T) {
+	chain := []*codec.Manifest{{Name: "c", Version: 1, Kind: codec.KindFull}}
+	for len(chain)-1 < MaxChain {
+		if err := roomOnChain(chain); err != nil {
+			t.Fatalf("a chain of %d deltas refused another: %v", len(chain)-1, err)
+		}
+		v := chain[0].Version + 1
+		chain = append([]*codec.Manifest{{Name: "c", Version: v, Kind: codec.KindDelta, Parent: v - 1}}, chain...)
+	}
+	if err := roomOnChain(chain); err == nil || !strings.Contains(err.Error(), "compact the chain first") {
+		t.Errorf("a delta on %d deltas: %v", MaxChain, err)
+	}
+	repo := Repo{Dir: t.TempDir()}
+	if _, err := repo.Generate(GenSpec{Name: "c", Shape: model.Shape{Type: model.LR}, Params: 10, Partitions: 1, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.GenerateDeltas("c", MaxChain+1, 1, 2); err == nil || !strings.Contains(err.Error(), "a chain holds") {
+		t.Errorf("more deltas than a chain holds: %v", err)
 	}
 }
 

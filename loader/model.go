@@ -123,6 +123,17 @@ func (r Repo) checkParent(name string, v uint64) error {
 	return r.Verify(chain[0])
 }
 
+// roomOnChain refuses a delta on chain (newest first) that would make
+// it longer than a chain may be: refused when published, not when a
+// reader meets it.
+func roomOnChain(chain []*codec.Manifest) error {
+	if len(chain)-1 >= MaxChain {
+		return fmt.Errorf("loader: a delta on %s version %d would stack %d deltas, over the %d a chain may hold: compact the chain first ('cumulus model compact', or the manager's --compact-after)",
+			chain[0].Name, chain[0].Version, len(chain), MaxChain)
+	}
+	return nil
+}
+
 // PublishDelta publishes d as a delta version on top of d.Parent (by
 // default DeltaParent): its partition files hold the upserted records
 // and, for each deleted feature, a record whose weight is
@@ -137,10 +148,14 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 	} else if err := r.checkParent(name, latest); err != nil {
 		return nil, fmt.Errorf("loader: parent %d: %w", latest, err)
 	}
-	parent, err := r.Manifest(name, latest)
+	chain, err := r.Chain(name, latest)
 	if err != nil {
 		return nil, err
 	}
+	if err := roomOnChain(chain); err != nil {
+		return nil, err
+	}
+	parent := chain[0]
 	up := d.Upserts
 	if up == nil {
 		up = &Sparse{Shape: parent.Shape}

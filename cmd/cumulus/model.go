@@ -168,6 +168,9 @@ func modelGenCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := loader.CheckGenDeltas(deltas, deltaKeys, spec.Params); err != nil {
+				return fmt.Errorf("--deltas %d --delta-keys %d: %w", deltas, deltaKeys, err)
+			}
 			spec.Shape, spec.Layers = s.Shape, s.Layers
 			if spec.Width() == 1 {
 				spec.Encoding = "" // no factors to encode
