@@ -32,13 +32,18 @@ func benchRollbackCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rollback",
 		Short: "Measure rollouts and rollbacks under load: time to commit, time until every answer comes from the new version, failed requests, p99 around each",
-		Long: `rollback generates three versions of an LR model of --params features, starts a
-dev cluster (version 3 goes live), drives rank200 load through the router's
-gRPC API throughout, and through the admin API: pins version 1 (a rollout:
-loaded, staged, committed), rolls back to 3 and to 1 --rounds times (both
-on standby: only the map changes), unpins (back to 3) and pins 2 (another
-rollout). For each it prints when the call returned, when every answer came
-from the new version, failed requests and latency around it.`,
+		Long: `rollback generates an LR model of --params features, starts a dev cluster
+(version 1 goes live) and drives rank200 load through the router's gRPC API
+throughout. It publishes version 2 (a rollout: loaded, staged, committed),
+then through the admin API rolls back to 1 and to 2 --rounds times (both on
+standby: only the map changes), unpins, and publishes version 3 (another
+rollout). For each it prints how long after the call (or the publication)
+returned the new version was committed, when every answer came from it,
+failed requests and latency around it. A rollout is timed from its
+publication returning: the manager's repository watch may have begun
+loading it before. (A version published before the live one and never
+live is retired, not a rollback target: the rollouts are of new
+versions.)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -48,15 +53,15 @@ from the new version, failed requests and latency around it.`,
 			}
 			defer os.RemoveAll(dir)
 			repo := loader.Repo{Dir: dir}
-			fmt.Printf("generating 3 versions of lr model \"bench\": %d features each\n", params)
-			var gen *codec.GenInfo
-			for seed := range uint64(3) {
-				m, err := repo.Generate(loader.GenSpec{Name: "bench", Shape: model.Shape{Type: model.LR}, Params: params, Seed: 7 + seed})
-				if err != nil {
-					return err
-				}
-				gen = m.Generator
+			fmt.Printf("generating lr model \"bench\": %d features a version\n", params)
+			publish := func(seed uint64) (*codec.Manifest, error) {
+				return repo.Generate(loader.GenSpec{Name: "bench", Shape: model.Shape{Type: model.LR}, Params: params, Seed: 7 + seed})
 			}
+			first, err := publish(0)
+			if err != nil {
+				return err
+			}
+			gen := first.Generator
 			c, srv, err := benchCluster(ctx, devcluster.Options{Repo: dir, Shards: shards, MemoryBudget: int64(budget), ScanInterval: time.Hour})
 			if err != nil {
 				return err
@@ -105,12 +110,10 @@ from the new version, failed requests and latency around it.`,
 				case <-ctx.Done():
 				}
 			}
-			// do makes one admin call and waits until want is committed.
-			do := func(label, method, path string, body any, want uint64) error {
-				s := step{label: label, start: time.Now(), want: want}
-				if _, err := api.call(method, path, body); err != nil {
-					return fmt.Errorf("%s: %w", label, err)
-				}
+			// await records a step begun at start and waits until want is
+			// committed.
+			await := func(label string, start time.Time, want uint64) error {
+				s := step{label: label, start: start, want: want}
 				for {
 					d, err := live()
 					if err != nil {
@@ -129,23 +132,41 @@ from the new version, failed requests and latency around it.`,
 				pause()
 				return nil
 			}
+			// do makes one admin call and waits until want is committed.
+			do := func(label, method, path string, body any, want uint64) error {
+				start := time.Now()
+				if _, err := api.call(method, path, body); err != nil {
+					return fmt.Errorf("%s: %w", label, err)
+				}
+				return await(label, start, want)
+			}
+			// rollout publishes a new version (the manager is told at once,
+			// as its repository watch would) and waits until it is live.
+			rollout := func(label string, seed uint64) error {
+				if _, err := publish(seed); err != nil {
+					return err
+				}
+				start := time.Now()
+				c.Manager.Rescan()
+				return await(label, start, seed+1)
+			}
 			begin := time.Now()
 			pause()
 			steadyEnd := time.Now()
 			path := "/admin/v1/models/bench"
 			// Each call names the live version it acts on ("from").
-			err = do("rollout to 1 (pin, loads)", http.MethodPut, path+"/pin", map[string]uint64{"version": 1, "from": 3}, 1)
+			err = rollout("rollout to 2 (publish, loads)", 1)
 			for i := 0; err == nil && i < rounds; i++ {
-				err = do("rollback to 3 (standby)", http.MethodPost, path+"/rollback", map[string]uint64{"to": 3, "from": 1}, 3)
+				err = do("rollback to 1 (standby)", http.MethodPost, path+"/rollback", map[string]uint64{"to": 1, "from": 2}, 1)
 				if err == nil {
-					err = do("rollback to 1 (standby)", http.MethodPost, path+"/rollback", map[string]uint64{"to": 1, "from": 3}, 1)
+					err = do("rollback to 2 (standby)", http.MethodPost, path+"/rollback", map[string]uint64{"to": 2, "from": 1}, 2)
 				}
 			}
 			if err == nil {
-				err = do("unpin: back to 3 (standby)", http.MethodDelete, path+"/pin?from=1", nil, 3)
+				err = do("unpin (2 stays)", http.MethodDelete, path+"/pin?from=2", nil, 2)
 			}
 			if err == nil {
-				err = do("rollout to 2 (pin, loads)", http.MethodPut, path+"/pin", map[string]uint64{"version": 2, "from": 3}, 2)
+				err = rollout("rollout to 3 (publish, loads)", 2)
 			}
 			pause()
 			stopLoad()
@@ -153,7 +174,7 @@ from the new version, failed requests and latency around it.`,
 			if err != nil {
 				return err
 			}
-			bench.Summarize(calls, begin, steadyEnd).Print(os.Stdout, "steady (version 3)")
+			bench.Summarize(calls, begin, steadyEnd).Print(os.Stdout, "steady (version 1)")
 			end := time.Now()
 			for i, s := range steps {
 				next := end
@@ -171,14 +192,14 @@ from the new version, failed requests and latency around it.`,
 				w.Print(os.Stdout, "  from the call to 1s after")
 			}
 			last := steps[len(steps)-1]
-			bench.Summarize(calls, last.done.Add(time.Second), end).Print(os.Stdout, "after (version 2)")
+			bench.Summarize(calls, last.done.Add(time.Second), end).Print(os.Stdout, "after (version 3)")
 			return nil
 		},
 	}
 	cmd.Flags().Int64Var(&params, "params", 1_000_000, "features per version")
 	cmd.Flags().IntVar(&shards, "shards", 4, "shard servers")
 	cmd.Flags().IntVar(&concurrency, "concurrency", 4, "requests in flight")
-	cmd.Flags().IntVar(&rounds, "rounds", 3, "rollbacks to 3 and back to 1")
+	cmd.Flags().IntVar(&rounds, "rounds", 3, "rollbacks to 1 and back to 2")
 	cmd.Flags().Var(&budget, "memory-budget", "per shard resident table bytes (default: no bound)")
 	cmd.Flags().DurationVar(&settle, "settle", 2*time.Second, "load between steps")
 	return cmd
