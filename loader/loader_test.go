@@ -781,3 +781,42 @@ func TestDeltaParent(t *testing.T) {
 		t.Errorf("delta on 1, chosen: %+v %v", m, err)
 	}
 }
+
+// TestLookupOnAPartialDelta: a delta that leaves partitions as its parent
+// has them has no file for them; a lookup through its chain reads those
+// partitions from the parent (it used to fail on the missing file, and
+// with it the golden requests of any delta published on such a chain).
+func TestLookupOnAPartialDelta(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	full := &Sparse{Shape: model.Shape{Type: model.LR}}
+	for k := uint64(1); k <= 1000; k++ {
+		full.Keys, full.Values = append(full.Keys, k), append(full.Values, float32(k))
+	}
+	if _, err := repo.Publish("m", full, 4, "test"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := repo.PublishDelta("m", Delta{Upserts: &Sparse{Shape: full.Shape, Keys: []uint64{7}, Values: []float32{-7}}, Deletes: []uint64{8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Files) == 4 {
+		t.Fatal("the delta writes every partition: the test needs one it leaves alone")
+	}
+	chain, err := repo.Chain("m", d.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := repo.Lookup(chain, []uint64{1, 2, 3, 4, 5, 7, 8, 2000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint64]float32{1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 7: -7}
+	if len(got) != len(want) {
+		t.Errorf("%d ids found, want %d: %v", len(got), len(want), got)
+	}
+	for id, w := range want {
+		if v := got[id]; len(v) != 1 || v[0] != w {
+			t.Errorf("id %d: %v, want %v", id, v, w)
+		}
+	}
+}

@@ -33,7 +33,7 @@ func (r Repo) Lookup(chain []*codec.Manifest, ids []uint64) (map[uint64][]float3
 	out := map[uint64][]float32{}
 	for _, p := range slices.Sorted(maps.Keys(byPart)) {
 		want := byPart[p]
-		for _, m := range chain {
+		for _, m := range codec.Layers(chain, p) { // the versions with a file for p
 			if len(want) == 0 {
 				break
 			}
