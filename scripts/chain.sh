@@ -28,29 +28,14 @@ mkdir -p "$work"
 [ -d "$work/full/bench" ] || "$C" model gen --name bench --type lr --params "$params" --repo "$work/full" > /dev/null 2>&1
 [ -d "$work/chain/bench" ] || "$C" model gen --name bench --type lr --params "$params" --repo "$work/chain" \
   --deltas "$deltas" --delta-keys "$keys" > /dev/null 2>&1
-pid=
-trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null' EXIT
-run() { # setup
-  local s=$1
-  "$D" dev --repo "$work/$s" --compact-after 0 --http-addr 127.0.0.1:29030 --grpc-addr 127.0.0.1:29031 \
-    --admin-addr 127.0.0.1:29032 > "$work/dev.out" 2> "$work/dev.err" &
-  pid=$!
-  until grep -q '^ready' "$work/dev.out"; do kill -0 $pid; sleep 0.2; done
-  "$C" bench --addr 127.0.0.1:29031 --repo "$work/$s" --model bench --workload rank200 --log-level warn \
-    --concurrency 4 --requests "$requests" --duration 10m --pid $pid --settle 0 |
-    awk -v name="$s" '
-      /^rank200 .*requests=/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] } }
-      /^rank200 .*cpu of pid/ { for (i = 1; i <= NF; i++) if ($i ~ /ms$/ && $(i+1) == "per") cpu = $i }
-      END { printf "%-5s %s %s %s %s %s\n", name, f["qps"], f["p50"], f["p99"], cpu, f["errors"] }' | tee -a "$work/runs.txt"
-  kill -INT $pid; wait $pid || true; pid=
-}
+. "$(dirname "$0")/devbench.sh"
 : > "$work/runs.txt"
 echo "setup qps p50 p99 cpu/request errors"
 # The order alternates from round to round: this machine drifts, and
 # whichever setup always ran second would pay for it.
 order=${SETUPS:-full chain}
 for _ in $(seq "$rounds"); do
-  for s in $order; do run "$s"; done
+  for s in $order; do devbench "$s" "$work/$s" 29030 --compact-after 0; done
   order=$(echo $order | awk '{ for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "") }')
 done
 awk "$(cat "$(dirname "$0")/median.awk")"'

@@ -38,26 +38,11 @@ for t in $types; do
     "$C" model gen --name bench ${shape[$t]} --encoding "$enc" --params "$params" --repo "$work/$t" > /dev/null 2>&1
   fi
 done
-pid=
-trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null' EXIT
-run() { # type
-  local t=$1
-  "$C" dev --repo "$work/$t" --http-addr 127.0.0.1:29020 --grpc-addr 127.0.0.1:29021 \
-    --admin-addr 127.0.0.1:29022 > "$work/dev.out" 2> "$work/dev.err" &
-  pid=$!
-  until grep -q '^ready' "$work/dev.out"; do kill -0 $pid; sleep 0.2; done
-  "$C" bench --addr 127.0.0.1:29021 --repo "$work/$t" --model bench --workload rank200 --log-level warn \
-    --concurrency 4 --requests "$requests" --duration 10m --pid $pid --settle 0 |
-    awk -v name="$t" '
-      /^rank200 .*requests=/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] } }
-      /^rank200 .*cpu of pid/ { for (i = 1; i <= NF; i++) if ($i ~ /ms$/ && $(i+1) == "per") cpu = $i }
-      END { printf "%-4s %s %s %s %s %s\n", name, f["qps"], f["p50"], f["p99"], cpu, f["errors"] }' | tee -a "$work/runs.txt"
-  kill -INT $pid; wait $pid || true; pid=
-}
+. "$(dirname "$0")/devbench.sh"
 : > "$work/runs.txt"
 echo "type qps p50 p99 cpu/request errors"
 for _ in $(seq "$rounds"); do
-  for t in $types; do run "$t"; done
+  for t in $types; do devbench "$t" "$work/$t" 29020; done
 done
 # Medians per type; durations are printed by Go (µs, ms or s).
 awk -v enc="$enc" "$(cat "$(dirname "$0")/median.awk")"'
