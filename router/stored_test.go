@@ -53,23 +53,15 @@ func TestRecordsAsStored(t *testing.T) {
 		if err := r.WaitRoutable(ctx, e.name, 1); err != nil {
 			t.Fatal(err)
 		}
-		man, err := repo.Manifest(e.name, 1)
+		chain, err := repo.Chain(e.name, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := map[uint64][]float32{}
-		for p := range man.Partitions {
-			pt, err := repo.ReadPartition(man, p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := range pt.Count {
-				v := make([]float32, pt.Width)
-				pt.Values(i, v) // codec.DecodeRecord
-				want[pt.Key(i)] = v
-			}
-		}
 		ids := append(append([]uint64(nil), e.m.Keys...), 1<<62, 1<<62+1) // and two the model lacks
+		want, err := repo.Lookup(chain, ids)                              // codec.DecodeRecord of the files
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, older := range []bool{false, true} {
 			uniq, vals, seen, err := router.FetchRecords(ctx, r, e.name, ids, older)
 			if err != nil {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
-	"github.com/cumulus-serving/cumulus/internal/partition"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/model"
@@ -360,10 +359,14 @@ func TestStoredRecordsOnTheWire(t *testing.T) {
 			if len(r.Values) != found*(codec.RecordSize(dim+1, enc)-8) {
 				t.Errorf("%v version %d: %d value bytes for %d records of %d bytes", enc, v, len(r.Values), found, codec.RecordSize(dim+1, enc))
 			}
+			stored, err := repo.Lookup(chain, ordered) // codec.DecodeRecord of the files
+			if err != nil {
+				t.Fatal(err)
+			}
 			k := 0
-			got, want := make([]float32, dim+1), make([]float32, dim+1)
+			got := make([]float32, dim+1)
 			for i, key := range ordered {
-				ok := storedValue(t, repo, chain, key, want)
+				want, ok := stored[key]
 				if r.Found(i) != ok {
 					t.Fatalf("%v version %d key %d: found %v, want %v", enc, v, key, r.Found(i), ok)
 				}
@@ -386,24 +389,4 @@ func TestStoredRecordsOnTheWire(t *testing.T) {
 		}
 		s.Close()
 	}
-}
-
-// storedValue decodes key's record as chain (newest first) stores it,
-// reading the partition files: false if absent or deleted.
-func storedValue(t *testing.T, repo loader.Repo, chain []*codec.Manifest, key uint64, dst []float32) bool {
-	t.Helper()
-	p := partition.Of(key, chain[0].Partitions)
-	for _, m := range codec.Layers(chain, p) {
-		pt, err := repo.ReadPartition(m, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range pt.Count {
-			if pt.Key(i) == key {
-				pt.Values(i, dst)
-				return !codec.IsTombstone(dst[0])
-			}
-		}
-	}
-	return false
 }
