@@ -390,3 +390,29 @@ func TestStoredRecordsOnTheWire(t *testing.T) {
 		s.Close()
 	}
 }
+
+// TestOverlayInOrder: a chain (newest first) can be merged into an
+// overlay only if the deltas it holds already are the chain's oldest, in
+// order; otherwise the shard starts a new overlay for it.
+func TestOverlayInOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	c := newChainCase(t, rng, 1, codec.EncFP32, 3)
+	d1, d2, d3 := c.deltas[0], c.deltas[1], c.deltas[2]
+	ov := newOverlay()
+	ov.merge(d1)
+	ov.merge(d2)
+	for _, tc := range []struct {
+		chain []*Table
+		want  bool
+	}{
+		{[]*Table{d3, d2, d1}, true},
+		{[]*Table{d2, d1}, true},
+		{[]*Table{d3, d1}, true},
+		{[]*Table{d1, d2}, false}, // d2 merged after d1, but older in this chain
+		{[]*Table{d1, d3}, false}, // d3 would be merged after d1, its child
+	} {
+		if got := ov.inOrder(tc.chain); got != tc.want {
+			t.Errorf("chain %v: in order %v, want %v", tc.chain, got, tc.want)
+		}
+	}
+}

@@ -28,54 +28,63 @@ type overlays struct {
 // growth would not fit the budget.
 func (s *Shard) viewOf(model string, p uint32, layers []*Table) *view {
 	deltas := layers[:len(layers)-1]
-	if len(deltas) == 0 {
+	if len(deltas) == 0 || slices.ContainsFunc(deltas, func(t *Table) bool { return t.Mapped }) {
 		return nil
 	}
 	base := layers[len(layers)-1]
 	k := ovKey{model: model, base: base.fv, p: p, sha: base.sha}
 	ov := s.ovs.byKey[k]
-	n := 0 // records to merge
-	for _, t := range deltas {
-		if t.Mapped {
-			return nil
-		}
-		if ov == nil || !ov.merged(t) {
-			n += t.n
-		}
-	}
-	var need int64
-	if ov != nil {
-		need = ov.growth(n)
-	} else {
-		fresh := newOverlay()
-		need = fresh.bytes + fresh.growth(n)
-	}
-	if !s.fits(need) {
-		return nil
-	}
-	for attempt := 0; ; attempt++ {
-		var before int64 // what is counted of ov already
-		if ov == nil {
-			ov = newOverlay()
-			s.ovs.byKey[k], s.ovs.all[ov] = ov, true
-		} else {
-			before = ov.bytes
-		}
-		ls := make([]int, len(deltas))
-		ordered := true
-		for i := len(deltas) - 1; i >= 0; i-- {
-			ls[i] = ov.merge(deltas[i])
-			ordered = ordered && (i == len(deltas)-1 || ls[i] > ls[i+1])
-		}
-		s.overlayBytes.Add(ov.bytes - before)
-		if ordered || attempt > 0 {
-			return newView(ov, ls, len(deltas))
-		}
+	if ov != nil && !ov.inOrder(deltas) {
 		// A delta was merged before its parent, which only a table loaded
 		// again after its overlay outlived it can cause: a new overlay
 		// for this chain, and the old one for the views that use it.
 		ov = nil
 	}
+	fresh := ov == nil
+	if fresh {
+		ov = newOverlay()
+	}
+	n := 0 // records to merge
+	for _, t := range deltas {
+		if !ov.merged(t) {
+			n += t.n
+		}
+	}
+	var before int64 // what is counted of ov already
+	if !fresh {
+		before = ov.bytes
+	}
+	if !s.fits(ov.bytes - before + ov.growth(n)) {
+		return nil
+	}
+	if fresh {
+		s.ovs.byKey[k], s.ovs.all[ov] = ov, true
+	}
+	ls := make([]int, len(deltas))
+	for i := len(deltas) - 1; i >= 0; i-- { // oldest first
+		ls[i] = ov.merge(deltas[i])
+	}
+	s.overlayBytes.Add(ov.bytes - before)
+	return newView(ov, ls, len(deltas))
+}
+
+// inOrder reports whether merging deltas (newest first) into o keeps
+// each merged after the one before it: those o holds already are the
+// oldest, in order.
+func (o *overlay) inOrder(deltas []*Table) bool {
+	prev, unmerged := -1, false
+	for i := len(deltas) - 1; i >= 0; i-- {
+		l, ok := o.layerOf[deltas[i]]
+		switch {
+		case !ok:
+			unmerged = true
+		case unmerged || l <= prev:
+			return false
+		default:
+			prev = l
+		}
+	}
+	return true
 }
 
 // merged reports whether t is one of o's layers.
