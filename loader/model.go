@@ -100,27 +100,37 @@ type Delta struct {
 // their manifest. A version the manager would reject (damaged, a broken
 // chain) is passed over, and so is its reason returned in skipped.
 func (r Repo) DeltaParent(name string) (v uint64, skipped []error, err error) {
+	chain, skipped, err := r.deltaParent(name)
+	if err != nil {
+		return 0, skipped, err
+	}
+	return chain[0].Version, skipped, nil
+}
+
+// deltaParent is DeltaParent, returning the parent's chain.
+func (r Repo) deltaParent(name string) (chain []*codec.Manifest, skipped []error, err error) {
 	versions, err := r.Versions(name)
 	if err != nil {
-		return 0, nil, err
+		return nil, nil, err
 	}
 	for i := len(versions) - 1; i >= 0; i-- {
-		if err := r.checkParent(name, versions[i]); err != nil {
+		chain, err := r.checkParent(name, versions[i])
+		if err != nil {
 			skipped = append(skipped, fmt.Errorf("version %d: %w", versions[i], err))
 			continue
 		}
-		return versions[i], skipped, nil
+		return chain, skipped, nil
 	}
-	return 0, skipped, fmt.Errorf("%w: model %q has no version a delta can build on (%d skipped)", ErrNotFound, name, len(skipped))
+	return nil, skipped, fmt.Errorf("%w: model %q has no version a delta can build on (%d skipped)", ErrNotFound, name, len(skipped))
 }
 
-// checkParent is DeltaParent's check of one version.
-func (r Repo) checkParent(name string, v uint64) error {
+// checkParent is DeltaParent's check of one version, returning its chain.
+func (r Repo) checkParent(name string, v uint64) ([]*codec.Manifest, error) {
 	chain, err := r.Chain(name, v)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return r.Verify(chain[0])
+	return chain, r.Verify(chain[0])
 }
 
 // roomOnChain refuses a delta on chain (newest first) that would make
@@ -140,17 +150,15 @@ func roomOnChain(chain []*codec.Manifest) error {
 // codec.Tombstone.
 func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 	latest := d.Parent
+	var chain []*codec.Manifest
+	var err error
 	if latest == 0 {
-		var err error
-		if latest, _, err = r.DeltaParent(name); err != nil {
+		if chain, _, err = r.deltaParent(name); err != nil {
 			return nil, err
 		}
-	} else if err := r.checkParent(name, latest); err != nil {
+		latest = chain[0].Version
+	} else if chain, err = r.checkParent(name, latest); err != nil {
 		return nil, fmt.Errorf("loader: parent %d: %w", latest, err)
-	}
-	chain, err := r.Chain(name, latest)
-	if err != nil {
-		return nil, err
 	}
 	if err := roomOnChain(chain); err != nil {
 		return nil, err
