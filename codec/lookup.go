@@ -361,10 +361,7 @@ func (r *LookupResponse) Decode(b []byte, n, w int, e Encoding) error {
 	if got != e {
 		return fmt.Errorf("%w: lookup response: records encoded %v, the version's are %v", ErrCorrupt, got, e)
 	}
-	r.Enc, r.Stride = e, 4*w
-	if e != EncFP32 {
-		r.Stride = RecordSize(w, e) - 8
-	}
+	r.Enc, r.Stride = e, RecordSize(w, e)-8 // fp32: 4w, format 1's float32s
 	nb := (n + 7) / 8
 	if len(d.b) < nb {
 		return d.fail("lookup response: truncated bitmap")
