@@ -140,28 +140,19 @@ func (s *snapshot) keepOnly(keep func(model string, v uint64, p uint32) bool) (*
 	return n, dropped
 }
 
-// restacked returns a copy of s in which fn has rewritten the stacks it
-// changes; versions and models it leaves alone are shared, not copied.
-// fn returns nil to leave a stack as it is.
-func (s *snapshot) restacked(fn func(l []*Table) []*Table) *snapshot {
+// revised returns a copy of s in which fn has revised the versions it
+// changes (returning the new version; nil leaves one as it is): models
+// and versions it leaves alone are shared, not copied.
+func (s *snapshot) revised(fn func(ver *version) *version) *snapshot {
 	n := &snapshot{models: maps.Clone(s.models)}
 	for name, vs := range s.models {
 		var nvs map[uint64]*version
 		for v, ver := range vs {
-			for p, l := range ver.layers {
-				nl := fn(l)
-				if nl == nil {
-					continue
-				}
+			if nv := fn(ver); nv != nil {
 				if nvs == nil {
 					nvs = maps.Clone(vs)
 				}
-				if nvs[v] == ver {
-					nv := *ver
-					nv.layers = slices.Clone(ver.layers)
-					nvs[v] = &nv
-				}
-				nvs[v].layers[p] = nl
+				nvs[v] = nv
 			}
 		}
 		if nvs != nil {
@@ -169,6 +160,26 @@ func (s *snapshot) restacked(fn func(l []*Table) []*Table) *snapshot {
 		}
 	}
 	return n
+}
+
+// restacked returns a copy of s in which fn has rewritten the stacks it
+// changes; versions and models it leaves alone are shared, not copied.
+// fn returns nil to leave a stack as it is.
+func (s *snapshot) restacked(fn func(l []*Table) []*Table) *snapshot {
+	return s.revised(func(ver *version) *version {
+		var nv *version
+		for p, l := range ver.layers {
+			if nl := fn(l); nl != nil {
+				if nv == nil {
+					c := *ver
+					c.layers = slices.Clone(ver.layers)
+					nv = &c
+				}
+				nv.layers[p] = nl
+			}
+		}
+		return nv
+	})
 }
 
 // withHot returns a copy of s in which every stack whose base is base

@@ -191,20 +191,18 @@ func (s *Shard) tidyOverlays() {
 // withViews returns a copy of s in which each view in replace is replaced
 // by its value.
 func (s *snapshot) withViews(replace map[*view]*view) *snapshot {
-	n := &snapshot{models: maps.Clone(s.models)}
-	for name, vs := range s.models {
-		nvs := maps.Clone(vs)
-		for v, ver := range vs {
-			nv := *ver
-			nv.views = slices.Clone(ver.views)
-			for p, x := range nv.views {
-				if y := replace[x]; y != nil {
-					nv.views[p] = y
+	return s.revised(func(ver *version) *version {
+		var nv *version
+		for p, x := range ver.views {
+			if y := replace[x]; y != nil {
+				if nv == nil {
+					c := *ver
+					c.views = slices.Clone(ver.views)
+					nv = &c
 				}
+				nv.views[p] = y
 			}
-			nvs[v] = &nv
 		}
-		n.models[name] = nvs
-	}
-	return n
+		return nv
+	})
 }
