@@ -136,7 +136,7 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	})
 	var tc *tls.Config
 	if opts.TLS != nil {
-		tc = opts.TLS.Server()
+		tc = opts.TLS.Server(tlsconf.RoleOperator)
 	}
 	s, err := adminhttp.Serve(opts.Addr, mux, opts.CommandTimeout+10*time.Second, tc, "manager admin API")
 	if err != nil {

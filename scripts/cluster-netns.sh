@@ -72,20 +72,15 @@ for h in "${hosts[@]}"; do
 done
 
 # Certificates: one CA; each host's certificate names its address and
-# serves as both server and client (etcd's clients too).
+# serves as both server and client (etcd's clients too), with the role
+# of the process on it (deploy/issue-cert.sh): the clients' is an
+# operator's (the admin API takes no other).
 pki=$work/pki
 rm -rf "$pki" && mkdir -p "$pki"
-{
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$pki/ca.key" \
-    -out "$pki/ca.crt" -days 2 -subj /CN=cumulus-netns-ca 2> /dev/null
-  for h in "${hosts[@]}"; do
-    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$pki/$h.key" \
-      -out "$pki/$h.csr" -subj "/CN=$h" 2> /dev/null
-    printf 'subjectAltName=IP:%s\nextendedKeyUsage=serverAuth,clientAuth\n' "${ip[$h]}" > "$pki/$h.ext"
-    openssl x509 -req -in "$pki/$h.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
-      -days 2 -extfile "$pki/$h.ext" -out "$pki/$h.crt" 2> /dev/null
-  done
-}
+declare -A role=([etcd]=none [mgr]=manager [r1]=router [r2]=router [s1]=shard [s2]=shard [s3]=shard [s4]=shard [cli]=operator)
+for h in "${hosts[@]}"; do
+  DAYS=2 bash "$(dirname "$0")/../deploy/issue-cert.sh" "$pki" default "${role[$h]}" "$h" "IP:${ip[$h]}"
+done
 tls() { echo "--tls-cert $pki/$1.crt --tls-key $pki/$1.key --tls-ca $pki/ca.crt"; }
 etcdtls() { echo "--etcd https://${ip[etcd]}:2379 --etcd-cert $pki/$1.crt --etcd-key $pki/$1.key --etcd-ca $pki/ca.crt"; }
 # until_ok SECONDS WHAT COMMAND...: COMMAND until it succeeds, or fail.
@@ -122,7 +117,7 @@ on mgr "$C" manager --repo "$repo" --replicas 2 $(etcdtls mgr) $(tls mgr) --admi
 start_shard() {
   # shellcheck disable=SC2046
   on "$1" "$C" shard --id "$1" --repo "$repo" $(etcdtls "$1") $(tls "$1") --addr "${ip[$1]}:7100" \
-    --http-addr "${ip[$1]}:7101" --data-dir "$work/data/$1" --memory-budget 1GiB \
+    --probe-addr "${ip[$1]}:7101" --data-dir "$work/data/$1" --memory-budget 1GiB \
     --fault 'delay=1ms,fraction=1' >> "$work/logs/$1.log" 2>&1 &
 }
 for s in s1 s2 s3 s4; do start_shard $s; done

@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/cumulus-serving/cumulus/internal/adminhttp"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
 // Ready reports whether the shard holds what the serving map assigns it
@@ -20,6 +21,14 @@ import (
 func (s *Shard) Ready() bool {
 	r, err := s.health.Check(context.Background(), &healthpb.HealthCheckRequest{})
 	return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING
+}
+
+// CheckReady is Ready as a probe's check: nil when ready, else why not.
+func (s *Shard) CheckReady(context.Context) error {
+	if !s.Ready() {
+		return errors.New("does not hold everything the serving map assigns it yet, or draining")
+	}
+	return nil
 }
 
 // FaultBody is the body of GET and PUT /admin/v1/fault.
@@ -36,20 +45,31 @@ type FaultBody struct {
 //	PUT /admin/v1/fault    {"spec": "SPEC"}: inject these ("" clears)
 //
 // The admin calls need "Authorization: Bearer token"; with no token they
-// are refused.
+// are refused. A shard with TLS takes them only over TLS from an
+// operator's certificate (tlsconf.RoleOperator), on a server of
+// tlsconf.Source.ServerAsking: probes and scrapers present none.
 func (s *Shard) HTTPHandler(token string, gatherer prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
-	adminhttp.HandleProbes(mux, func(context.Context) error {
-		if !s.Ready() {
-			return errors.New("does not hold everything the serving map assigns it yet, or draining")
-		}
-		return nil
-	}, gatherer)
+	adminhttp.HandleProbes(mux, s.CheckReady, gatherer)
 	who := "shard " + s.opts.ID
-	mux.HandleFunc("GET /admin/v1/fault", adminhttp.Auth(who, token, func(w http.ResponseWriter, _ *http.Request) {
+	auth := func(h http.HandlerFunc) http.HandlerFunc {
+		h = adminhttp.Auth(who, token, h)
+		if s.opts.TLS == nil {
+			return h
+		}
+		return func(w http.ResponseWriter, r *http.Request) {
+			if err := s.opts.TLS.Allow(r.TLS, tlsconf.RoleOperator); err != nil {
+				slog.Warn(who+": admin call refused", "from", r.RemoteAddr, "path", r.URL.Path, "reason", err.Error())
+				adminhttp.WriteError(w, http.StatusForbidden, "the shard's admin calls take an operator's certificate (TLS, role operator)")
+				return
+			}
+			h(w, r)
+		}
+	}
+	mux.HandleFunc("GET /admin/v1/fault", auth(func(w http.ResponseWriter, _ *http.Request) {
 		adminhttp.WriteJSON(w, http.StatusOK, FaultBody{Spec: s.Faults().String()})
 	}))
-	mux.HandleFunc("PUT /admin/v1/fault", adminhttp.Auth(who, token, func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("PUT /admin/v1/fault", auth(func(w http.ResponseWriter, r *http.Request) {
 		var body FaultBody
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8*maxFaultSpec))
 		dec.DisallowUnknownFields()
@@ -73,7 +93,7 @@ func (s *Shard) HTTPHandler(token string, gatherer prometheus.Gatherer) http.Han
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		p := r.URL.Path
 		if strings.HasPrefix(p, "/admin/") {
-			adminhttp.Auth(who, token, func(w http.ResponseWriter, r *http.Request) {
+			auth(func(w http.ResponseWriter, r *http.Request) {
 				adminhttp.WriteError(w, http.StatusNotFound, fmt.Sprintf("no admin call %s %s", r.Method, p))
 			})(w, r)
 			return

@@ -305,7 +305,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		grpc.InitialWindowSize(StreamWindow), grpc.InitialConnWindowSize(4 * StreamWindow),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true})}
 	if opts.TLS != nil {
-		sopts = append(sopts, grpc.Creds(opts.TLS.GRPC("shard "+opts.ID)))
+		sopts = append(sopts, grpc.Creds(opts.TLS.GRPC("shard "+opts.ID, tlsconf.RoleRouter, tlsconf.RoleManager)))
 	}
 	s.srv = grpc.NewServer(sopts...)
 	RegisterService(s.srv, s)

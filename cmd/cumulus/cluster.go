@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -25,7 +26,7 @@ import (
 )
 
 // probeUsage is --probe-addr's help (router and manager).
-const probeUsage = "plain HTTP address (no token, no client certificate) for Kubernetes' probes and scrapers: GET /healthz (alive), /readyz (ready to serve; the manager: etcd answers it) and /metrics (default: none)"
+const probeUsage = "plain HTTP address (no token, no client certificate) for Kubernetes' probes and scrapers: GET /healthz (alive), /readyz (ready to serve; the manager: etcd answers it; a shard: it holds what the map assigns it) and /metrics (default: none)"
 
 // serveProbes serves adminhttp.Probes on addr (none if empty) and prints
 // its address; stop stops it.
@@ -58,10 +59,10 @@ func shardCommand() *cobra.Command {
 	loadRate := byteSize(defaultLoadRate)
 	var drain drainFlag
 	var adm admitFlags
-	var httpAddr string
+	var httpAddr, probeAddr string
 	var admin adminFlags
 	var fault faultFlag
-	var tlsf tlsFlags
+	var tlsf roleFlags
 	cmd := &cobra.Command{
 		Use:   "shard",
 		Short: "Run a shard server: holds the partitions the manager assigns to it",
@@ -73,7 +74,10 @@ come until a quiet second, lets those under way finish, and exits 0
 
 With --http-addr it serves /metrics, /healthz, /readyz (200 once it holds
 what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
-"" clears; needs the admin token).`,
+"" clears; needs the admin token). With --tls-* that address is HTTPS:
+it asks for a client certificate but answers probes and scrapers
+without one; the fault API needs an operator's. --probe-addr serves
+the probes and /metrics alone, in plain HTTP whatever the TLS flags.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			token, err := admin.resolve()
@@ -91,7 +95,7 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 			if budget > 0 {
 				fmt.Printf("memory budget: %s resident\n", &budget)
 			}
-			tlsSrc, err := tlsf.load(cmd.Context(), true)
+			tlsSrc, err := tlsf.load(cmd.Context(), cluster.c)
 			if err != nil {
 				return err
 			}
@@ -108,13 +112,25 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 				fmt.Printf("injecting faults into lookups: %s\n", fault.f)
 			}
 			if httpAddr != "" {
-				h, err := adminhttp.Serve(httpAddr, s.HTTPHandler(token, prometheus.DefaultGatherer), 30*time.Second, nil, "shard "+id)
+				// With --tls-*, TLS asking for a certificate: probes and
+				// scrapers present none, the fault API needs an operator's.
+				var tc *tls.Config
+				scheme := "http"
+				if tlsSrc != nil {
+					tc, scheme = tlsSrc.ServerAsking(), "https"
+				}
+				h, err := adminhttp.Serve(httpAddr, s.HTTPHandler(token, prometheus.DefaultGatherer), 30*time.Second, tc, "shard "+id)
 				if err != nil {
 					return err
 				}
 				defer h.Close()
-				fmt.Printf("http: http://%s\n", h.Addr())
+				fmt.Printf("http: %s://%s\n", scheme, h.Addr())
 			}
+			stopProbes, err := serveProbes(probeAddr, s.CheckReady, "shard probes")
+			if err != nil {
+				return err
+			}
+			defer stopProbes()
 			ctx, cancel := drain.await(cmd.Context())
 			defer cancel()
 			return s.Drain(ctx)
@@ -133,10 +149,11 @@ what the map assigns it) and GET|PUT /admin/v1/fault ({"spec": "SPEC"},
 	cmd.Flags().Float64Var(&weight, "weight", 0, "this shard's share of the partitions, in GiB of memory budget (default: its --memory-budget in GiB); give it on every shard or none")
 	cmd.Flags().StringVar(&zone, "zone", "", "failure domain (a rack, an availability zone): replicas of a partition go to distinct zones where there are enough")
 	adm.register(cmd, "lookups", "ResourceExhausted: the router asks another replica", 8)
-	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "HTTP address for /metrics, /healthz, /readyz and /admin/v1/fault (default: none)")
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "HTTP address (HTTPS with --tls-*) for /metrics, /healthz, /readyz and /admin/v1/fault (default: none)")
+	cmd.Flags().StringVar(&probeAddr, "probe-addr", "", probeUsage)
 	admin.register(cmd.Flags(), "")
 	cmd.Flags().Var(&fault, "fault", faultUsage)
-	tlsf.register(cmd.Flags(), "the shard (lookups are then mutual TLS: only clients whose certificate --tls-ca signed are answered)")
+	tlsf.register(cmd.Flags(), "the shard (lookups are then mutual TLS: only routers and managers whose certificate --tls-ca signed are answered; --http-addr serves HTTPS)")
 	drain.register(cmd)
 	cmd.MarkFlagRequired("id")
 	cmd.MarkFlagRequired("repo")
@@ -297,7 +314,7 @@ func managerCommand() *cobra.Command {
 	var cluster clusterFlag
 	var etcdTLS tlsconf.Files
 	var admin adminFlags
-	var tlsf tlsFlags
+	var tlsf roleFlags
 	var probeAddr string
 	var raft raftFlags
 	cmd := &cobra.Command{
@@ -317,7 +334,7 @@ func managerCommand() *cobra.Command {
 				return err
 			}
 			defer cli.Close()
-			tlsSrc, err := tlsf.load(cmd.Context(), true)
+			tlsSrc, err := tlsf.load(cmd.Context(), cluster.c)
 			if err != nil {
 				return err
 			}
@@ -364,7 +381,7 @@ func managerCommand() *cobra.Command {
 	cluster.register(cmd)
 	admin.register(cmd.Flags(), "admin-addr")
 	cmd.Flags().StringVar(&probeAddr, "probe-addr", "", probeUsage)
-	tlsf.register(cmd.Flags(), "the manager, on its admin API (which then answers only clients whose certificate --tls-ca signed), to shards (its gate router) and between raft members")
+	tlsf.register(cmd.Flags(), "the manager, on its admin API (which then answers only operators whose certificate --tls-ca signed), to shards (its gate router) and between raft members (managers only)")
 	raft.register(cmd)
 	cmd.MarkFlagRequired("repo")
 	return cmd

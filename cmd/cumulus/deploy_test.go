@@ -2,11 +2,17 @@ package main
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
 // unit is a systemd unit file's settings, by key (a key may repeat).
@@ -97,6 +103,12 @@ func TestSystemdUnits(t *testing.T) {
 				t.Errorf("%s: %s %s: no LoadCredential=%s", name, f, v, id)
 			}
 		}
+		// Its certificate is its role's (deploy/issue-cert.sh).
+		for _, c := range u["LoadCredential"] {
+			if id, file, _ := strings.Cut(c, ":"); id == "tls-cert" && filepath.Base(file) != cmd+".crt" {
+				t.Errorf("%s: LoadCredential=%s: want the %s's certificate, %s.crt", name, c, cmd, cmd)
+			}
+		}
 		if cmd == "shard" && (flags["--data-dir"] == "" || flags["--memory-budget"] == "") {
 			t.Errorf("%s: a shard needs --data-dir (else its copies go to /tmp) and --memory-budget", name)
 		}
@@ -123,5 +135,73 @@ func TestSystemdUnits(t *testing.T) {
 		if err != nil || len(strings.TrimSpace(string(out))) > 0 {
 			t.Errorf("systemd-analyze verify %s: %v\n%s", name, err, out)
 		}
+	}
+}
+
+// TestIssueCert: deploy/issue-cert.sh issues, with openssl, certificates
+// the processes take: each role's SPIFFE ID in the cluster given, the
+// SANs asked for, signed by the CA it made on first use; and refuses a
+// role it does not know.
+func TestIssueCert(t *testing.T) {
+	testenv.Tool(t, "openssl")
+	dir := t.TempDir()
+	issue := func(args ...string) ([]byte, error) {
+		return exec.Command("bash", append([]string{"../../deploy/issue-cert.sh", dir}, args...)...).CombinedOutput()
+	}
+	for _, r := range tlsconf.Roles {
+		if out, err := issue("prod", string(r), "host-"+string(r), "IP:10.0.0.10", "DNS:host-a.example"); err != nil {
+			t.Fatalf("issue-cert %s: %v\n%s", r, err, out)
+		}
+	}
+	if out, err := issue("prod", "none", "etcd", "IP:10.0.0.2"); err != nil {
+		t.Fatalf("issue-cert none: %v\n%s", err, out)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		t.Fatal("ca.crt holds no certificate")
+	}
+	read := func(name string) *x509.Certificate {
+		b, err := os.ReadFile(filepath.Join(dir, name+".crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		blk, _ := pem.Decode(b)
+		if blk == nil {
+			t.Fatalf("%s.crt: no PEM", name)
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			t.Errorf("%s.crt: as a client: %v", name, err)
+		}
+		if _, err := c.Verify(x509.VerifyOptions{Roots: pool, DNSName: "10.0.0.10", KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil && name != "etcd" {
+			t.Errorf("%s.crt: as a server for 10.0.0.10: %v", name, err)
+		}
+		if _, err := tls.LoadX509KeyPair(filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")); err != nil {
+			t.Errorf("%s: certificate and key: %v", name, err)
+		}
+		return c
+	}
+	for _, r := range tlsconf.Roles {
+		c := read("host-" + string(r))
+		id, ok, err := tlsconf.IdentityOf(c)
+		if err != nil || !ok || id != (tlsconf.Identity{Cluster: "prod", Role: r, ID: "host-" + string(r)}) {
+			t.Errorf("host-%s.crt: %v %v %v, want spiffe://prod/%s/host-%s", r, id, ok, err, r, r)
+		}
+		if len(c.DNSNames) != 1 || c.DNSNames[0] != "host-a.example" {
+			t.Errorf("host-%s.crt: DNS names %v", r, c.DNSNames)
+		}
+	}
+	if _, ok, err := tlsconf.IdentityOf(read("etcd")); ok || err != nil {
+		t.Errorf("etcd.crt: a role (%v, %v), want none", ok, err)
+	}
+	if out, err := issue("prod", "admin", "x", "IP:10.0.0.1"); err == nil || !strings.Contains(string(out), "role admin") {
+		t.Errorf("issue-cert with role admin: %v\n%s", err, out)
 	}
 }

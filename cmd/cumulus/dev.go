@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime/pprof"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/buildinfo"
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/model"
@@ -87,16 +87,15 @@ localhost, serves every model in --repo (or a generated demo model when no
 			if err := policy.apply(&manager.Options{}); err != nil {
 				return err
 			}
-			var internal, front *tlsconf.Source
-			var clientFiles, devFiles tlsconf.Files
+			var pki devPKI
 			var etcdTLS *tlsconf.Files
 			if useTLS {
-				if internal, front, devFiles, clientFiles, err = devTLS(ctx); err != nil {
+				if pki, err = devTLS(ctx, cluster.c); err != nil {
 					return err
 				}
-				etcdTLS = &devFiles
-				defer os.RemoveAll(filepath.Dir(clientFiles.CA))
-				ropts.ShardTLS = internal
+				etcdTLS = &pki.etcd
+				defer os.RemoveAll(pki.dir)
+				ropts.ShardTLS = pki.router
 			}
 			reg := prometheus.NewRegistry()
 			// The process's own figures, as the separate processes serve them
@@ -107,10 +106,10 @@ localhost, serves every model in --repo (or a generated demo model when no
 				MemoryBudget: int64(budget), Cluster: cluster.c, ScanInterval: policy.scan, Build: buildinfo.String(), EtcdTLS: etcdTLS,
 				Manager: func(o *manager.Options) {
 					_ = policy.apply(o) // checked above
-					o.ShardTLS = internal
+					o.ShardTLS = pki.manager
 				},
 				Router: ropts, Shard: func(i int, o *shard.Options) {
-					o.LoadRate, o.TLS = int64(loadRate), internal
+					o.LoadRate, o.TLS = int64(loadRate), pki.shard
 					if i == 0 {
 						o.Faults = fault.f
 					}
@@ -120,12 +119,12 @@ localhost, serves every model in --repo (or a generated demo model when no
 			}
 			defer c.Close()
 			srv, err := server.Start(lim.serverOptions(server.Options{Predictor: c.Router, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Registry: reg, Gatherer: reg,
-				TLS: front}))
+				TLS: pki.front}))
 			if err != nil {
 				return err
 			}
 			defer srv.Close()
-			adm, err := c.Manager.ServeAdmin(manager.AdminOptions{Addr: admin.addr, Token: token, Gatherer: reg, TLS: internal})
+			adm, err := c.Manager.ServeAdmin(manager.AdminOptions{Addr: admin.addr, Token: token, Gatherer: reg, TLS: pki.manager})
 			if err != nil {
 				return err
 			}
@@ -140,7 +139,8 @@ localhost, serves every model in --repo (or a generated demo model when no
 			scheme := "http"
 			if useTLS {
 				scheme = "https"
-				fmt.Printf("tls: --tls-ca %s --tls-cert %s --tls-key %s\n", clientFiles.CA, clientFiles.Cert, clientFiles.Key)
+				op := pki.operator
+				fmt.Printf("tls: --tls-ca %s --tls-cert %s --tls-key %s\n", op.CA, op.Cert, op.Key)
 			}
 			fmt.Printf("http: %s://%s\n", scheme, srv.HTTPAddr())
 			fmt.Printf("grpc: %s\n", srv.GRPCAddr())
@@ -170,7 +170,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 		},
 	}
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (default: a generated demo model)")
-	cmd.Flags().BoolVar(&useTLS, "tls", false, "make a throwaway CA and use it: shards, router and manager talk mutual TLS, the admin API and the embedded etcd ask for a client certificate, the front serves TLS without asking one; prints the client's --tls-* flags (for etcd: --etcd-cert, --etcd-key, --etcd-ca with the same files)")
+	cmd.Flags().BoolVar(&useTLS, "tls", false, "make a throwaway CA and use it: shards, router and manager talk mutual TLS with a certificate per role (spiffe://CLUSTER/ROLE: shards answer routers and managers, the admin API operators), the embedded etcd asks for a client certificate, the front serves TLS without asking one; prints an operator's --tls-* flags (their directory holds every role's certificate, ROLE.pem, and etcd.pem for etcd's --etcd-cert, --etcd-key, --etcd-ca)")
 	cmd.Flags().IntVar(&shards, "shards", 4, "number of shard servers")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas per partition")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8000", "HTTP/JSON (KServe v2), health and /metrics address")
@@ -204,32 +204,55 @@ func startCPUProfile(file string) (stop func(), err error) {
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
-// devTLS makes a throwaway CA in a new temporary directory, a
-// certificate (files) for every part of dev (all on loopback: etcd too)
-// and one for its clients, and loads them: internal for mutual TLS
-// between the parts and on the admin API, front for the front (no
-// client certificate asked).
-func devTLS(ctx context.Context) (internal, front *tlsconf.Source, files, client tlsconf.Files, err error) {
-	dir, err := os.MkdirTemp("", "cumulus-dev-tls-")
+// devPKI is what cumulus dev --tls issues and loads, in dir: a
+// certificate for each role (tlsconf.Roles) named ROLE.pem, for loopback
+// and spiffe://CLUSTER/ROLE/dev, and one for etcd (server and clients).
+type devPKI struct {
+	dir string
+	// Loaded: each part's, with its roles checked in cluster; front is
+	// the router's for its front (no client certificate asked).
+	shard, router, manager, front *tlsconf.Source
+	etcd, operator                tlsconf.Files
+}
+
+func devTLS(ctx context.Context, cluster topo.Cluster) (devPKI, error) {
+	p, err := issueDevPKI(ctx, cluster)
 	if err != nil {
-		return nil, nil, files, client, err
+		os.RemoveAll(p.dir)
+		return devPKI{}, fmt.Errorf("dev --tls: %w", err)
+	}
+	return p, nil
+}
+
+func issueDevPKI(ctx context.Context, cluster topo.Cluster) (p devPKI, err error) {
+	if p.dir, err = os.MkdirTemp("", "cumulus-dev-tls-"); err != nil {
+		return p, err
 	}
 	ca, err := tlsconf.NewCA("cumulus dev CA")
-	if err == nil {
-		client, err = ca.WriteIssued(dir, "client", "localhost")
-	}
-	if err == nil {
-		files, err = ca.WriteIssued(dir, "dev", "127.0.0.1", "::1", "localhost")
-	}
-	if err == nil {
-		internal, err = tlsconf.Load(ctx, files)
-	}
-	if err == nil {
-		front, err = tlsconf.Load(ctx, tlsconf.Files{Cert: files.Cert, Key: files.Key})
-	}
 	if err != nil {
-		os.RemoveAll(dir)
-		return nil, nil, files, client, fmt.Errorf("dev --tls: %w", err)
+		return p, err
 	}
-	return internal, front, files, client, nil
+	hosts := []string{"127.0.0.1", "::1", "localhost"}
+	if p.etcd, err = ca.WriteIssued(p.dir, "etcd", hosts...); err != nil {
+		return p, err
+	}
+	files := map[tlsconf.Role]tlsconf.Files{}
+	for _, r := range tlsconf.Roles {
+		id := tlsconf.Identity{Cluster: string(cluster.OrDefault()), Role: r, ID: "dev"}
+		if files[r], err = ca.WriteIssued(p.dir, string(r), append(hosts, id.String())...); err != nil {
+			return p, err
+		}
+	}
+	p.operator = files[tlsconf.RoleOperator]
+	for _, l := range []struct {
+		to    **tlsconf.Source
+		files tlsconf.Files
+	}{{&p.shard, files[tlsconf.RoleShard]}, {&p.router, files[tlsconf.RoleRouter]}, {&p.manager, files[tlsconf.RoleManager]},
+		{&p.front, tlsconf.Files{Cert: files[tlsconf.RoleRouter].Cert, Key: files[tlsconf.RoleRouter].Key}}} {
+		if *l.to, err = tlsconf.Load(ctx, l.files); err != nil {
+			return p, err
+		}
+		(*l.to).SetRoles(string(cluster.OrDefault()), tlsconf.RolesEnforce)
+	}
+	return p, nil
 }

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/url"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -27,6 +29,8 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
+
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
 // kube is deploy/kubernetes rendered by kustomize, each document decoded
@@ -273,7 +277,7 @@ func portOf(addr string) (int, error) {
 // HTTP whatever the TLS flags (kubelet's probes present no certificate),
 // with the paths served there (adminhttp.HandleProbes registers them).
 var plainHTTP = map[string]map[string][]string{
-	"shard":   {"--http-addr": {"/healthz", "/readyz", "/metrics"}},
+	"shard":   {"--probe-addr": {"/healthz", "/readyz", "/metrics"}},
 	"router":  {"--probe-addr": {"/healthz", "/readyz", "/metrics"}},
 	"manager": {"--probe-addr": {"/healthz", "/readyz", "/metrics"}},
 }
@@ -680,6 +684,7 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("%s: its TLS secret %q comes from no Certificate", role, secret)
 			continue
 		}
+		checkCertRole(t, cert, roleFlags[role]["--cluster"], tlsconf.Role(role))
 		leaf := x509.Certificate{DNSNames: cert.Spec.DNSNames}
 		for _, n := range names {
 			if err := leaf.VerifyHostname(n); err != nil {
@@ -691,6 +696,70 @@ func TestKubernetesManifests(t *testing.T) {
 				t.Errorf("Certificate %s: usages %v lack %s", cert.Name, cert.Spec.Usages, u)
 			}
 		}
+	}
+	// The operators' client certificate (deploy/README.md) is an
+	// operator's.
+	if op := k.certificates["cumulus-operator"]; op == nil || op.Spec.SecretName != "cumulus-operator-tls" {
+		t.Error("no Certificate cumulus-operator making cumulus-operator-tls")
+	} else {
+		checkCertRole(t, op, roleFlags["manager"]["--cluster"], tlsconf.RoleOperator)
+	}
+}
+
+// checkCertRole checks that c names role in cluster, as its one SPIFFE
+// ID, in a form tlsconf reads.
+func checkCertRole(t *testing.T, c *cmv1.Certificate, cluster string, role tlsconf.Role) {
+	t.Helper()
+	leaf := &x509.Certificate{}
+	for _, u := range c.Spec.URIs {
+		p, err := url.Parse(u)
+		if err != nil {
+			t.Errorf("Certificate %s: URI SAN %q: %v", c.Name, u, err)
+			return
+		}
+		leaf.URIs = append(leaf.URIs, p)
+	}
+	id, ok, err := tlsconf.IdentityOf(leaf)
+	if err != nil || !ok || id.Role != role || id.Cluster != cluster {
+		t.Errorf("Certificate %s: URIs %v (%+v, %v, %v); want the role %s of cluster %q", c.Name, c.Spec.URIs, id, ok, err, role, cluster)
+	}
+}
+
+// TestCertificateRolesFollowTheCluster: the certificates' SPIFFE IDs
+// take the cluster's name from the ConfigMap, so that changing it in one
+// place changes both.
+func TestCertificateRolesFollowTheCluster(t *testing.T) {
+	dir := t.TempDir()
+	files, err := filepath.Glob("../../deploy/kubernetes/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Base(f) == "kustomization.yaml" {
+			if !strings.Contains(string(b), "- cluster=default\n") {
+				t.Fatal("kustomization.yaml: no cluster=default line to change")
+			}
+			b = []byte(strings.Replace(string(b), "- cluster=default\n", "- cluster=prod-eu\n", 1))
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k := renderKube(t, dir)
+	n := 0
+	for name, c := range k.certificates {
+		if c.Spec.IsCA {
+			continue
+		}
+		n++
+		checkCertRole(t, c, "prod-eu", tlsconf.Role(strings.TrimPrefix(name, "cumulus-")))
+	}
+	if n < 4 {
+		t.Errorf("%d role certificates, want one per role at least (shard, router, manager, operator)", n)
 	}
 }
 

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -12,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
 // TestClusterNetns runs scripts/cluster-netns.sh: etcd, a manager, two
@@ -50,7 +54,8 @@ func TestClusterNetns(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", "../../scripts/cluster-netns.sh", t.TempDir())
+	work := t.TempDir()
+	cmd := exec.CommandContext(ctx, "bash", "../../scripts/cluster-netns.sh", work)
 	// On the deadline, SIGTERM: the script's trap then stops what it
 	// started; SIGKILL only if it has not ended 10 s later.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
@@ -76,5 +81,26 @@ func TestClusterNetns(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^killed shard s2's processes`).Match(out) || !regexp.MustCompile(`(?m)^shard s2 ready again`).Match(out) {
 		t.Error("the shard namespace was not killed and started again")
+	}
+	// Each host's certificate carries the role of the process on it,
+	// which the processes checked all along: shards took only the
+	// routers and the manager, the admin API only the clients' operator.
+	for h, want := range map[string]tlsconf.Role{"mgr": tlsconf.RoleManager, "r1": tlsconf.RoleRouter, "r2": tlsconf.RoleRouter,
+		"s1": tlsconf.RoleShard, "s4": tlsconf.RoleShard, "cli": tlsconf.RoleOperator} {
+		b, err := os.ReadFile(filepath.Join(work, "pki", h+".crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		blk, _ := pem.Decode(b)
+		if blk == nil {
+			t.Fatalf("%s.crt: no PEM", h)
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id, ok, err := tlsconf.IdentityOf(c); err != nil || !ok || id.Role != want || id.Cluster != "default" {
+			t.Errorf("%s.crt: %v %v %v, want the role %s of cluster default", h, id, ok, err, want)
+		}
 	}
 }

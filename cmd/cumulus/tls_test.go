@@ -41,19 +41,20 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	issue := func(ca *tlsconf.CA, name string) tlsconf.Files {
+	issue := func(ca *tlsconf.CA, name string, role tlsconf.Role) tlsconf.Files {
 		d := filepath.Join(dir, name)
 		if err := os.Mkdir(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		f, err := ca.WriteIssued(d, name, "127.0.0.1")
+		f, err := ca.WriteIssued(d, name, "127.0.0.1", tlsconf.Identity{Cluster: "default", Role: role}.String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		return f
 	}
-	shardCert, mgrCert, rtCert, clientCert := issue(ca, "shard"), issue(ca, "manager"), issue(ca, "router"), issue(ca, "client")
-	stranger := issue(other, "stranger")
+	shardCert, mgrCert, rtCert := issue(ca, "shard", tlsconf.RoleShard), issue(ca, "manager", tlsconf.RoleManager), issue(ca, "router", tlsconf.RoleRouter)
+	clientCert := issue(ca, "client", tlsconf.RoleOperator)
+	stranger := issue(other, "stranger", tlsconf.RoleRouter)
 	stranger.CA = clientCert.CA // it trusts the cluster, but the cluster does not trust it
 	flags := func(f tlsconf.Files) []string {
 		var a []string
@@ -129,7 +130,7 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 		}
 	}
 
-	// The shard: only the cluster's certificates get an answer.
+	// The shard: only the cluster's routers and managers get an answer.
 	health := func(creds credentials.TransportCredentials) error {
 		conn, err := grpc.NewClient(shardAddr, grpc.WithTransportCredentials(creds))
 		if err != nil {
@@ -148,11 +149,12 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 		}
 		return credentials.NewTLS(src.Client("127.0.0.1"))
 	}
-	if err := health(clientTLS(clientCert)); err != nil {
-		t.Fatalf("a client of the cluster's CA: %v", err)
+	if err := health(clientTLS(rtCert)); err != nil {
+		t.Fatalf("a router of the cluster's CA: %v", err)
 	}
 	refused := map[string]credentials.TransportCredentials{
 		"plaintext":                insecure.NewCredentials(),
+		"operator's certificate":   clientTLS(clientCert),
 		"no client certificate":    clientTLS(tlsconf.Files{CA: clientCert.CA}),
 		"another CA's certificate": clientTLS(stranger),
 	}
@@ -205,7 +207,7 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 	if out, err := admin(clientCert); err != nil || !strings.Contains(out, "ctr") {
 		t.Fatalf("admin models with the cluster's certificate: %v\n%s", err, out)
 	}
-	for name, f := range map[string]tlsconf.Files{"no client certificate": {CA: clientCert.CA}, "another CA's certificate": stranger} {
+	for name, f := range map[string]tlsconf.Files{"no client certificate": {CA: clientCert.CA}, "another CA's certificate": stranger, "a router's certificate": rtCert} {
 		if out, err := admin(f); err == nil {
 			t.Errorf("admin API: a client with %s was answered: %s", name, out)
 		}
@@ -258,18 +260,19 @@ func TestDevTLS(t *testing.T) {
 		t.Errorf("a plaintext admin call was answered: %s", out)
 	}
 
-	// etcd too: a shard process with the client's files as --etcd-*
-	// joins; a client without a certificate gets nothing.
+	// etcd too: a shard process with dev's files for etcd (etcd.pem) and
+	// for a shard (shard.pem), beside the operator's, joins; a client
+	// without a certificate gets nothing.
 	etcd := dev.out["etcd: "]
 	if !strings.HasPrefix(etcd, "https://") {
 		t.Fatalf("dev --tls serves etcd at %s", etcd)
 	}
-	var etcdArgs []string
-	for i := 0; i+1 < len(tlsArgs); i += 2 {
-		etcdArgs = append(etcdArgs, strings.Replace(tlsArgs[i], "--tls-", "--etcd-", 1), tlsArgs[i+1])
+	pki := filepath.Dir(tlsArgs[1])
+	role := func(prefix, name string) []string {
+		return []string{prefix + "-cert", filepath.Join(pki, name+".pem"), prefix + "-key", filepath.Join(pki, name+"-key.pem"), prefix + "-ca", filepath.Join(pki, "ca.pem")}
 	}
 	startProcess(t, []string{"shard s9 serving on "}, append(append([]string{"shard", "--id", "s9", "--repo", repo, "--addr", "127.0.0.1:0",
-		"--data-dir", filepath.Join(dir, "s9"), "--etcd", etcd, "--log-level", "warn"}, etcdArgs...), tlsArgs...)...)
+		"--data-dir", filepath.Join(dir, "s9"), "--etcd", etcd, "--log-level", "warn"}, role("--etcd", "etcd")...), role("--tls", "shard")...)...)
 	testenv.Eventually(t, 30*time.Second, func() error {
 		out, err := cumulus(append([]string{"admin", "shards", "--addr", admin, "--admin-token", "t"}, tlsArgs...)...).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "s9") {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
+	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
 // tlsFlags are --tls-cert, --tls-key and --tls-ca: a process's
@@ -35,6 +36,46 @@ func (t *tlsFlags) register(fs *pflag.FlagSet, what string) {
 func (t *tlsFlags) registerClient(fs *pflag.FlagSet, what string) {
 	t.register(fs, what)
 	fs.StringVar(&t.serverName, "tls-server-name", "", "the name the server's certificate must carry (default: the host of --addr); for an address that is not the server's own name, such as kubectl port-forward's localhost")
+}
+
+// roleFlags are a server's --tls-cert, --tls-key and --tls-ca with
+// --tls-roles: how its ports check the roles in their peers'
+// certificates (tlsconf.Role).
+type roleFlags struct {
+	tlsFlags
+	mode tlsconf.RoleMode
+}
+
+func (r *roleFlags) register(fs *pflag.FlagSet, what string) {
+	r.tlsFlags.register(fs, what)
+	fs.Var(roleModeFlag{&r.mode}, "tls-roles", "how the role in a peer's certificate (a URI SAN spiffe://CLUSTER/ROLE) is checked: enforce (refuse a certificate without the role a port takes), warn (refuse none for its role, log each enforce would refuse: for certificates that predate roles) or off")
+}
+
+// load loads the files for a server of cluster: mutual TLS, roles
+// checked as --tls-roles says. Nil if no file is named.
+func (r *roleFlags) load(ctx context.Context, cluster topo.Cluster) (*tlsconf.Source, error) {
+	src, err := r.tlsFlags.load(ctx, true)
+	if src != nil {
+		src.SetRoles(string(cluster.OrDefault()), r.mode)
+	}
+	return src, err
+}
+
+type roleModeFlag struct{ m *tlsconf.RoleMode }
+
+func (f roleModeFlag) String() string {
+	if f.m == nil {
+		return tlsconf.RolesEnforce.String()
+	}
+	return f.m.String()
+}
+func (f roleModeFlag) Type() string { return "mode" }
+func (f roleModeFlag) Set(s string) error {
+	m, err := tlsconf.ParseRoleMode(s)
+	if err == nil {
+		*f.m = m
+	}
+	return err
 }
 
 // load loads the files, nil if none is named; mutual needs all three.

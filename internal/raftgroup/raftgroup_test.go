@@ -203,7 +203,9 @@ func TestSnapshotCatchUp(t *testing.T) {
 
 // TestTLS: members of one CA form a group over mutual TLS; a member
 // whose certificate another CA signed is not let in (adding it cannot
-// commit: the group cannot reach it), and gets no entry.
+// commit: the group cannot reach it), and gets no entry; nor does a
+// certificate of the CA without the manager role, even one naming a
+// member's host.
 func TestTLS(t *testing.T) {
 	dir := t.TempDir()
 	ca, err := tlsconf.NewCA("cluster")
@@ -214,14 +216,14 @@ func TestTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	source := func(ca *tlsconf.CA, name string, trust *tlsconf.CA, hosts ...string) *tlsconf.Source {
+	source := func(ca *tlsconf.CA, name string, role tlsconf.Role, trust *tlsconf.CA, hosts ...string) *tlsconf.Source {
 		if err := os.MkdirAll(filepath.Join(dir, name), 0o700); err != nil {
 			t.Fatal(err)
 		}
 		if len(hosts) == 0 {
 			hosts = []string{"127.0.0.1"}
 		}
-		f, err := ca.WriteIssued(filepath.Join(dir, name), name, hosts...)
+		f, err := ca.WriteIssued(filepath.Join(dir, name), name, append(hosts, tlsconf.Identity{Cluster: "test", Role: role}.String())...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,10 +235,11 @@ func TestTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		src.SetRoles("test", tlsconf.RolesEnforce)
 		return src
 	}
-	a := startMember(t, "a", "127.0.0.1:0", filepath.Join(dir, "a", "raft"), []Peer{{ID: "a"}}, source(ca, "a", ca), 0)
-	b := startMember(t, "b", "127.0.0.1:0", filepath.Join(dir, "b", "raft"), nil, source(ca, "b", ca), 0)
+	a := startMember(t, "a", "127.0.0.1:0", filepath.Join(dir, "a", "raft"), []Peer{{ID: "a"}}, source(ca, "a", tlsconf.RoleManager, ca), 0)
+	b := startMember(t, "b", "127.0.0.1:0", filepath.Join(dir, "b", "raft"), nil, source(ca, "b", tlsconf.RoleManager, ca), 0)
 	leaderOf(t, a)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -246,30 +249,40 @@ func TestTLS(t *testing.T) {
 	apply(t, a, "secret")
 	converged(t, []string{"secret"}, a, b)
 
-	// A certificate of the cluster's CA that names no member (a shard's,
-	// an operator's) gets nothing from the transport: a forged
-	// AppendEntries sent to the follower is refused, and not applied.
-	layer, err := listen("127.0.0.1:0", "", source(ca, "shard", ca, "shard.example"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	forger := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: layer, MaxPool: 1, Timeout: 2 * time.Second, Logger: hclogger("forger")})
-	defer forger.Close()
-	var resp raft.AppendEntriesResponse
-	err = forger.AppendEntries(raft.ServerID("b"), raft.ServerAddress(b.Addr()), &raft.AppendEntriesRequest{
-		RPCHeader: raft.RPCHeader{ID: []byte("a"), Addr: []byte(a.Addr())}, Term: a.Term() + 5, PrevLogEntry: b.raft.LastIndex(), PrevLogTerm: a.Term(),
-		Entries: []*raft.Log{{Index: b.raft.LastIndex() + 1, Term: a.Term() + 5, Type: raft.LogCommand, Data: []byte("forged")}}, LeaderCommitIndex: b.raft.LastIndex() + 1}, &resp)
-	t.Logf("a forged AppendEntries from a shard's certificate: %v", err)
-	if err == nil {
-		t.Fatal("the follower took an AppendEntries from a certificate naming no member")
-	}
-	if slices.Contains(b.fsm.Get(), "forged") {
-		t.Fatal("the follower applied the forged entry")
+	// A certificate of the cluster's CA that names no member (a
+	// manager's of elsewhere), or one of another role naming a member's
+	// host (an operator's on the same machine), gets nothing from the
+	// transport: a forged AppendEntries sent to the follower is refused,
+	// and not applied.
+	for _, c := range []struct {
+		what string
+		src  *tlsconf.Source
+	}{
+		{"a manager's certificate naming no member", source(ca, "elsewhere", tlsconf.RoleManager, ca, "manager.example")},
+		{"an operator's certificate naming a member", source(ca, "operator", tlsconf.RoleOperator, ca)},
+	} {
+		layer, err := listen("127.0.0.1:0", "", c.src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		forger := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: layer, MaxPool: 1, Timeout: 2 * time.Second, Logger: hclogger("forger")})
+		var resp raft.AppendEntriesResponse
+		err = forger.AppendEntries(raft.ServerID("b"), raft.ServerAddress(b.Addr()), &raft.AppendEntriesRequest{
+			RPCHeader: raft.RPCHeader{ID: []byte("a"), Addr: []byte(a.Addr())}, Term: a.Term() + 5, PrevLogEntry: b.raft.LastIndex(), PrevLogTerm: a.Term(),
+			Entries: []*raft.Log{{Index: b.raft.LastIndex() + 1, Term: a.Term() + 5, Type: raft.LogCommand, Data: []byte("forged")}}, LeaderCommitIndex: b.raft.LastIndex() + 1}, &resp)
+		forger.Close()
+		t.Logf("a forged AppendEntries from %s: %v", c.what, err)
+		if err == nil {
+			t.Fatalf("the follower took an AppendEntries from %s", c.what)
+		}
+		if slices.Contains(b.fsm.Get(), "forged") {
+			t.Fatalf("the follower applied the entry forged with %s", c.what)
+		}
 	}
 
 	// The stranger trusts the cluster's CA, but the cluster does not
 	// trust its certificate.
-	s := startMember(t, "s", "127.0.0.1:0", filepath.Join(dir, "s", "raft"), nil, source(other, "s", ca), 0)
+	s := startMember(t, "s", "127.0.0.1:0", filepath.Join(dir, "s", "raft"), nil, source(other, "s", tlsconf.RoleManager, ca), 0)
 	sctx, scancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer scancel()
 	err = a.Add(sctx, "s", s.Addr())

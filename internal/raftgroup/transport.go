@@ -111,7 +111,7 @@ func listen(addr, advertise string, src *tlsconf.Source) (*streamLayer, error) {
 	}
 	s := &streamLayer{Listener: lis, advertise: tcpName(adv), tls: src}
 	if src != nil {
-		c := src.Server()
+		c := src.Server(tlsconf.RoleManager)
 		chain := c.VerifyConnection
 		c.VerifyConnection = func(cs tls.ConnectionState) error {
 			if chain != nil {

@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -44,10 +46,11 @@ func NewCA(name string) (*CA, error) {
 	return &CA{cert: cert, key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
 
-// Issue signs a certificate named name for hosts (DNS names or IP
-// addresses), good for servers and clients alike, and returns it and its
-// key in PEM.
-func (ca *CA) Issue(name string, hosts ...string) (certPEM, keyPEM []byte, err error) {
+// Issue signs a certificate named name for sans, good for servers and
+// clients alike, and returns it and its key in PEM. A SAN is a DNS name,
+// an IP address or a URI with a scheme (a SPIFFE ID:
+// Identity.String()).
+func (ca *CA) Issue(name string, sans ...string) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -56,9 +59,15 @@ func (ca *CA) Issue(name string, hosts ...string) (certPEM, keyPEM []byte, err e
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().AddDate(1, 0, 0),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	for _, h := range hosts {
+	for _, h := range sans {
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else if strings.Contains(h, "://") {
+			u, err := url.Parse(h)
+			if err != nil {
+				return nil, nil, fmt.Errorf("tls: SAN %q: %w", h, err)
+			}
+			tmpl.URIs = append(tmpl.URIs, u)
 		} else {
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
@@ -74,11 +83,11 @@ func (ca *CA) Issue(name string, hosts ...string) (certPEM, keyPEM []byte, err e
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), nil
 }
 
-// WriteIssued writes a certificate ca issues for hosts, its key (mode
-// 0600) and the CA's certificate into dir as name.pem, name-key.pem and
-// ca.pem, and returns their names.
-func (ca *CA) WriteIssued(dir, name string, hosts ...string) (Files, error) {
-	cert, key, err := ca.Issue(name, hosts...)
+// WriteIssued writes a certificate ca issues for sans (see Issue), its
+// key (mode 0600) and the CA's certificate into dir as name.pem,
+// name-key.pem and ca.pem, and returns their names.
+func (ca *CA) WriteIssued(dir, name string, sans ...string) (Files, error) {
+	cert, key, err := ca.Issue(name, sans...)
 	if err != nil {
 		return Files{}, err
 	}

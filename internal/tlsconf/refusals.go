@@ -32,10 +32,10 @@ func (s *Source) GRPCClient(addr string) (credentials.TransportCredentials, erro
 	return credentials.NewTLS(s.Client(host)), nil
 }
 
-// GRPC is a gRPC server's credentials over Server, logging refused
-// handshakes as who's.
-func (s *Source) GRPC(who string) credentials.TransportCredentials {
-	return refusingCreds{TransportCredentials: credentials.NewTLS(s.Server()), who: who}
+// GRPC is a gRPC server's credentials over Server(accept...), logging
+// refused handshakes as who's.
+func (s *Source) GRPC(who string, accept ...Role) credentials.TransportCredentials {
+	return refusingCreds{TransportCredentials: credentials.NewTLS(s.Server(accept...)), who: who}
 }
 
 type refusingCreds struct {

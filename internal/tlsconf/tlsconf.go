@@ -45,6 +45,9 @@ func (f Files) Set() bool { return f.Cert != "" || f.Key != "" || f.CA != "" }
 type Source struct {
 	files Files
 	cur   atomic.Pointer[material]
+	// What SetRoles set: the cluster whose roles servers check, and how.
+	cluster string
+	mode    RoleMode
 }
 
 type material struct {
@@ -193,9 +196,45 @@ func (s *Source) watch(ctx context.Context) {
 
 // Server is a server's configuration: it presents the current
 // certificate and, with a CA, requires a client certificate the current
-// CA signed.
-func (s *Source) Server() *tls.Config {
-	c := &tls.Config{
+// CA signed, whose role is one of accept (none: any role; see SetRoles).
+func (s *Source) Server(accept ...Role) *tls.Config {
+	c := s.serving()
+	if s.files.CA != "" {
+		// Asked for, then checked against the CA as loaded now (a pool
+		// in ClientCAs would be the one loaded at start for ever).
+		c.ClientAuth = tls.RequireAnyClientCert
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if err := s.verify(cs.PeerCertificates, "", x509.ExtKeyUsageClientAuth); err != nil {
+				return err
+			}
+			return s.checkRole(cs.PeerCertificates[0], accept)
+		}
+	}
+	return c
+}
+
+// ServerAsking is a server's configuration that asks for a client
+// certificate and answers without one: a certificate presented must be
+// one the current CA signed, and handlers check its role with Allow.
+// Probes and scrapers, which present none, share a port with calls that
+// need a role.
+func (s *Source) ServerAsking() *tls.Config {
+	c := s.serving()
+	if s.files.CA != "" {
+		c.ClientAuth = tls.RequestClientCert
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return nil
+			}
+			return s.verify(cs.PeerCertificates, "", x509.ExtKeyUsageClientAuth)
+		}
+	}
+	return c
+}
+
+// serving is a configuration presenting the current certificate.
+func (s *Source) serving() *tls.Config {
+	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			if c := s.cur.Load().cert; c != nil {
@@ -204,15 +243,6 @@ func (s *Source) Server() *tls.Config {
 			return nil, errors.New("tls: this process has no certificate to serve with")
 		},
 	}
-	if s.files.CA != "" {
-		// Asked for, then checked against the CA as loaded now (a pool
-		// in ClientCAs would be the one loaded at start for ever).
-		c.ClientAuth = tls.RequireAnyClientCert
-		c.VerifyConnection = func(cs tls.ConnectionState) error {
-			return s.verify(cs.PeerCertificates, "", x509.ExtKeyUsageClientAuth)
-		}
-	}
-	return c
 }
 
 // Client is a client's configuration for a server named server (the
@@ -251,7 +281,7 @@ func (s *Source) clientCert(*tls.CertificateRequestInfo) (*tls.Certificate, erro
 // name too.
 func (s *Source) verify(chain []*x509.Certificate, name string, usage x509.ExtKeyUsage) error {
 	if len(chain) == 0 {
-		return errors.New("tls: the peer presented no certificate")
+		return errNoCert
 	}
 	pool := s.cur.Load().pool
 	if pool == nil {

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
+	"github.com/cumulus-serving/cumulus/shard"
+)
+
+// TestRolesInCertificates: with cumulus dev --tls, every endpoint that
+// checks roles against a certificate of every role, one of the CA with
+// no role, none at all, and one of another CA with the right role. Each
+// cell is asserted: the right roles are answered, every other is
+// refused, and the refusals are logged with the role seen and wanted.
+func TestRolesInCertificates(t *testing.T) {
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "repo")
+	if b, err := cumulus("model", "gen", "--name", "ctr", "--repo", repo, "--params", "2000", "--partitions", "4").CombinedOutput(); err != nil {
+		t.Fatalf("model gen: %v\n%s", err, b)
+	}
+	dev := startProcess(t, []string{"tls: ", "etcd: ", "shard: ", "admin: https://", "model: ctr version ", "ready"}, "dev", "--tls", "--repo", repo,
+		"--shards", "2", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--admin-token", "t", "--log-level", "warn")
+	tlsArgs := strings.Fields(dev.out["tls: "])
+	pki := filepath.Dir(tlsArgs[1])
+	files := func(name string) tlsconf.Files {
+		return tlsconf.Files{Cert: filepath.Join(pki, name+".pem"), Key: filepath.Join(pki, name+"-key.pem"), CA: filepath.Join(pki, "ca.pem")}
+	}
+	adminAddr, _, _ := strings.Cut(dev.out["admin: https://"], " ")
+	shardAddr := strings.Fields(dev.out["shard: "])[1]
+	version, err := strconv.ParseUint(strings.Fields(dev.out["model: ctr version "])[0], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A shard process of its own, for its HTTP surface (dev serves
+	// none): the fault API and the probes, on HTTPS.
+	flags := func(prefix string, f tlsconf.Files) []string {
+		return []string{prefix + "-cert", f.Cert, prefix + "-key", f.Key, prefix + "-ca", f.CA}
+	}
+	sh := startProcess(t, []string{"shard s9 serving on ", "http: https://"}, append(append([]string{"shard", "--id", "s9", "--repo", repo,
+		"--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--admin-token", "t", "--data-dir", filepath.Join(dir, "s9"),
+		"--etcd", dev.out["etcd: "], "--log-level", "warn"}, flags("--etcd", files("etcd"))...), flags("--tls", files("shard"))...)...)
+
+	// Another CA, trusting the cluster's, with certificates of the right
+	// roles.
+	other, err := tlsconf.NewCA("another CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	strangers := map[tlsconf.Role]tlsconf.Files{}
+	for _, r := range []tlsconf.Role{tlsconf.RoleRouter, tlsconf.RoleOperator} {
+		d := filepath.Join(dir, "other-"+string(r))
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		f, err := other.WriteIssued(d, string(r), "127.0.0.1", tlsconf.Identity{Cluster: "default", Role: r}.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.CA = files("shard").CA
+		strangers[r] = f
+	}
+	client := func(f tlsconf.Files) *tls.Config {
+		src, err := tlsconf.Load(t.Context(), f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src.Client("127.0.0.1")
+	}
+
+	// The endpoints: each returns nil when answered.
+	lookup := func(cfg *tls.Config) error {
+		conn, err := grpc.NewClient(shardAddr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		// The shard holds some of the 4 partitions: one answer is enough.
+		var errs []string
+		for p := range uint32(4) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := shard.NewClient(conn).Lookup(ctx, codec.AppendLookupRequest(nil, "ctr", version, []codec.Section{{Partition: p, Keys: []uint64{1, 7}}}))
+			cancel()
+			if err == nil {
+				return nil
+			}
+			if status.Code(err) == codes.Unavailable { // the connection refused
+				return err
+			}
+			errs = append(errs, err.Error())
+		}
+		return fmt.Errorf("no partition answered: %v", errs)
+	}
+	get := func(url string) func(*tls.Config) error {
+		return func(cfg *tls.Config) error {
+			req, err := http.NewRequest("GET", url, nil)
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Authorization", "Bearer t")
+			c := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
+			defer c.CloseIdleConnections()
+			resp, err := c.Do(req)
+			if err != nil {
+				return err
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: %s", resp.Status, b)
+			}
+			return nil
+		}
+	}
+	endpoints := []struct {
+		name   string
+		call   func(*tls.Config) error
+		accept []string // the rows answered
+		role   tlsconf.Role
+	}{
+		{"shard lookups (gRPC)", lookup, []string{"router", "manager"}, tlsconf.RoleRouter},
+		{"admin API", get("https://" + adminAddr + "/admin/v1/models"), []string{"operator"}, tlsconf.RoleOperator},
+		{"shard fault API (HTTPS)", get("https://" + sh.out["http: https://"] + "/admin/v1/fault"), []string{"operator"}, tlsconf.RoleOperator},
+		{"shard probe (HTTPS)", get("https://" + sh.out["http: https://"] + "/healthz"),
+			[]string{"shard", "router", "manager", "operator", "trainer", "no role", "no certificate"}, tlsconf.RoleOperator},
+	}
+	rows := []string{"shard", "router", "manager", "operator", "trainer", "no role", "no certificate", "another CA"}
+	for _, e := range endpoints {
+		for _, row := range rows {
+			var cfg *tls.Config
+			switch row {
+			case "no role":
+				cfg = client(files("etcd")) // the CA's, with no SPIFFE ID
+			case "no certificate":
+				cfg = client(tlsconf.Files{CA: files("shard").CA})
+			case "another CA":
+				cfg = client(strangers[e.role])
+			default:
+				cfg = client(files(row))
+			}
+			err := e.call(cfg)
+			t.Logf("%s, %s: %v", e.name, row, err)
+			if want := slices.Contains(e.accept, row); want != (err == nil) {
+				t.Errorf("%s, %s: answered %v (%v), want answered %v", e.name, row, err == nil, err, want)
+			}
+		}
+	}
+
+	// Refusals are logged with the role seen and the role wanted.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, l := range []struct {
+			p    *process
+			want string
+		}{
+			{dev, "has role operator; wanted the role [router manager]"},
+			{dev, "has role router; wanted the role [operator]"},
+			{sh, "has role trainer; wanted the role [operator]"},
+		} {
+			if !strings.Contains(l.p.stderr.String(), l.want) {
+				return fmt.Errorf("not logged: %q", l.want)
+			}
+		}
+		return nil
+	})
+}
