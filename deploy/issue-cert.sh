@@ -13,38 +13,47 @@
 # ("default" unless given). Each SAN is openssl's: IP:10.0.0.10,
 # DNS:host-a.example. The certificate is good for servers and clients.
 #
-#   deploy/issue-cert.sh /etc/cumulus/tls default shard shard "DNS:$(hostname -f)"
+#   deploy/issue-cert.sh pki default shard host-a DNS:host-a   # then copy pki/host-a.* and pki/ca.crt to host-a
+#
+# Keep DIR, with ca.key, off the cluster's hosts.
 set -euo pipefail
 if [ $# -lt 4 ]; then
-  sed -n '2,16s/^# \{0,1\}//p' "$0" >&2
+  sed -n '2,19s/^# \{0,1\}//p' "$0" >&2
   exit 2
 fi
 dir=$1 cluster=$2 role=$3 name=$4
 shift 4
+[[ $cluster =~ ^[A-Za-z0-9-]{1,63}$ ]] || { echo "issue-cert: cluster $cluster: 1 to 63 letters, digits or '-'" >&2; exit 2; }
+cluster=${cluster,,} # a SPIFFE trust domain is lowercase
 case $role in
   shard | router | manager | operator | trainer) sans=("URI:spiffe://$cluster/$role/$name") ;;
   none) sans=() ;;
   *) echo "issue-cert: role $role: use shard, router, manager, operator, trainer or none" >&2; exit 2 ;;
 esac
-[[ $cluster =~ ^[A-Za-z0-9-]{1,63}$ ]] || { echo "issue-cert: cluster $cluster: 1 to 63 letters, digits or '-'" >&2; exit 2; }
-[[ $name =~ ^[A-Za-z0-9._-]+$ ]] || { echo "issue-cert: name $name: letters, digits, '.', '_' or '-'" >&2; exit 2; }
+[[ $name =~ ^[A-Za-z0-9._-]+$ && $name != ca && $name != . && $name != .. ]] ||
+  { echo "issue-cert: name $name: letters, digits, '.', '_' or '-' (not ca: that is the CA's)" >&2; exit 2; }
+for san in "$@"; do
+  [[ $san =~ ^(IP|DNS):[A-Za-z0-9.:*_-]+$ ]] || { echo "issue-cert: SAN $san: use IP:ADDRESS or DNS:NAME" >&2; exit 2; }
+done
 sans+=("$@")
 [ ${#sans[@]} -gt 0 ] || { echo "issue-cert: a certificate without a role needs a SAN (IP:... or DNS:...)" >&2; exit 2; }
 
 mkdir -p "$dir"
 umask 077
-if [ ! -e "$dir/ca.key" ]; then
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$dir/ca.key" \
-    -out "$dir/ca.crt" -days 3650 -subj "/CN=cumulus-$cluster-ca" 2> /dev/null
-  chmod 644 "$dir/ca.crt"
-fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# quiet COMMAND...: openssl, its chatter shown only if it fails.
+quiet() { "$@" 2> "$tmp/err" || { cat "$tmp/err" >&2; exit 1; }; }
+if [ ! -e "$dir/ca.key" ]; then
+  quiet openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$dir/ca.key" \
+    -out "$dir/ca.crt" -days 3650 -subj "/CN=cumulus-$cluster-ca"
+  chmod 644 "$dir/ca.crt"
+fi
 IFS=,
 printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\nkeyUsage=critical,digitalSignature\n' "${sans[*]}" > "$tmp/ext"
 unset IFS
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$dir/$name.key" \
-  -out "$tmp/csr" -subj "/CN=$name" 2> /dev/null
-openssl x509 -req -in "$tmp/csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial \
-  -days "${DAYS:-90}" -extfile "$tmp/ext" -out "$dir/$name.crt" 2> /dev/null
+quiet openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$dir/$name.key" \
+  -out "$tmp/csr" -subj "/CN=$name"
+quiet openssl x509 -req -in "$tmp/csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial \
+  -days "${DAYS:-90}" -extfile "$tmp/ext" -out "$dir/$name.crt"
 chmod 644 "$dir/$name.crt"

@@ -49,7 +49,8 @@ type Options struct {
 	// controllable faults.
 	Dial func(addr string) (shard.Service, io.Closer, error)
 	// ShardTLS, if set, is the router's certificate and the CA it checks
-	// shards against (see tlsconf).
+	// shards against, with their role (tlsconf.RoleShard, in the cluster
+	// its SetRoles names).
 	ShardTLS *tlsconf.Source
 	// Registry receives the router's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
@@ -137,7 +138,7 @@ func (o *Options) Validate() error {
 }
 
 func dialGRPC(addr string, tls *tlsconf.Source) (shard.Service, io.Closer, error) {
-	creds, err := tls.GRPCClient(addr)
+	creds, err := tls.GRPCClient(addr, tlsconf.RoleShard)
 	if err != nil {
 		return nil, nil, fmt.Errorf("router: shard %w", err)
 	}

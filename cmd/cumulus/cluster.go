@@ -228,7 +228,7 @@ func routerCommand() *cobra.Command {
 	var lim limitFlags
 	var drain drainFlag
 	var hedging hedgeFlags
-	var tlsf tlsFlags
+	var tlsf roleFlags
 	var clientCA, probeAddr string
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -245,7 +245,7 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 				return err
 			}
 			var err error
-			if opts.ShardTLS, err = tlsf.load(cmd.Context(), true); err != nil {
+			if opts.ShardTLS, err = tlsf.load(cmd.Context(), cluster.c); err != nil {
 				return err
 			}
 			var front *tlsconf.Source

@@ -201,7 +201,26 @@ func TestIssueCert(t *testing.T) {
 	if _, ok, err := tlsconf.IdentityOf(read("etcd")); ok || err != nil {
 		t.Errorf("etcd.crt: a role (%v, %v), want none", ok, err)
 	}
-	if out, err := issue("prod", "admin", "x", "IP:10.0.0.1"); err == nil || !strings.Contains(string(out), "role admin") {
-		t.Errorf("issue-cert with role admin: %v\n%s", err, out)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"prod", "admin", "x", "IP:10.0.0.1"}, "role admin"},
+		{[]string{"prod", "shard", "ca", "IP:10.0.0.1"}, "not ca"},
+		{[]string{"prod", "none", "x", "IP:10.0.0.1,URI:spiffe://prod/operator"}, "use IP:ADDRESS or DNS:NAME"},
+		{[]string{"prod", "none", "x", "DNS:a\nbasicConstraints=CA:TRUE"}, "use IP:ADDRESS or DNS:NAME"},
+		{[]string{"prod/x", "shard", "x", "IP:10.0.0.1"}, "letters, digits or '-'"},
+	} {
+		if out, err := issue(c.args...); err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("issue-cert %q: %v\n%s; want refused with %q", c.args, err, out, c.want)
+		}
+	}
+	// The trust domain is the cluster's name in lowercase, as the
+	// processes check it.
+	if out, err := issue("Prod", "router", "upper", "IP:10.0.0.10"); err != nil {
+		t.Fatalf("issue-cert Prod: %v\n%s", err, out)
+	}
+	if id, ok, err := tlsconf.IdentityOf(read("upper")); err != nil || !ok || id.Cluster != "prod" {
+		t.Errorf("cluster Prod: %v %v %v, want spiffe://prod/router/upper", id, ok, err)
 	}
 }

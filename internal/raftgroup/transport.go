@@ -181,7 +181,7 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 		if serr != nil {
 			return nil, serr
 		}
-		c, err = (&tls.Dialer{NetDialer: d, Config: s.tls.Client(host)}).Dial("tcp", string(address))
+		c, err = (&tls.Dialer{NetDialer: d, Config: s.tls.Client(host, tlsconf.RoleManager)}).Dial("tcp", string(address))
 	}
 	if err != nil {
 		return nil, err

@@ -20,8 +20,9 @@ func logRefusal(who, from, reason string) {
 }
 
 // GRPCClient is a gRPC client's credentials for addr ("host:port"): TLS
-// checking the server against host, or plaintext from a nil Source.
-func (s *Source) GRPCClient(addr string) (credentials.TransportCredentials, error) {
+// checking the server against host and its role against want (see
+// Client), or plaintext from a nil Source.
+func (s *Source) GRPCClient(addr string, want ...Role) (credentials.TransportCredentials, error) {
 	if s == nil {
 		return insecure.NewCredentials(), nil
 	}
@@ -29,7 +30,7 @@ func (s *Source) GRPCClient(addr string) (credentials.TransportCredentials, erro
 	if err != nil {
 		return nil, fmt.Errorf("tls: address %q: %w", addr, err)
 	}
-	return credentials.NewTLS(s.Client(host)), nil
+	return credentials.NewTLS(s.Client(host, want...)), nil
 }
 
 // GRPC is a gRPC server's credentials over Server(accept...), logging

@@ -17,13 +17,14 @@ import (
 // given, names one holder (a shard's ID, say) and is not checked.
 type Role string
 
-// The roles, and which port takes which (DESIGN.md):
+// The roles, and which port takes which (README.md, TLS):
 //   - a shard's lookups (gRPC): routers and managers (the manager's
 //     gates call shards);
 //   - a shard's fault API (HTTP): operators;
 //   - the manager's admin API: operators;
 //   - the managers' raft transport: managers;
-//   - the push API (online updates): trainers.
+//   - trainers: reserved for the push API of online updates (not built
+//     yet); nothing takes them today.
 //
 // A router's front takes its clients by --client-ca, not by role.
 const (
@@ -90,29 +91,41 @@ func (i Identity) URI() *url.URL {
 func (i Identity) String() string { return i.URI().String() }
 
 // IdentityOf reads c's SPIFFE ID: ok is false when it carries none (a
-// certificate that predates roles). One that carries more than one, or
-// one that is not spiffe://CLUSTER/ROLE[/ID] with a role of Roles, is an
-// error: a certificate names one holder.
+// certificate that predates roles). As the SPIFFE X.509 profile has it,
+// a certificate with a SPIFFE ID has no other URI SAN, its trust domain
+// is lowercase letters, digits, '.', '-' and '_', and its path segments
+// are letters, digits, '.', '-' and '_' (not "." or ".."), written
+// plainly (no percent-encoding). Anything else, or a role not of Roles,
+// or more than ROLE/ID, is an error: a certificate names one holder,
+// one way.
 func IdentityOf(c *x509.Certificate) (id Identity, ok bool, err error) {
 	var found *url.URL
 	for _, u := range c.URIs {
-		if !strings.EqualFold(u.Scheme, "spiffe") {
-			continue
+		if strings.EqualFold(u.Scheme, "spiffe") {
+			found = u
 		}
-		if found != nil {
-			return Identity{}, false, fmt.Errorf("names more than one SPIFFE ID (%s, %s)", found, u)
-		}
-		found = u
 	}
 	if found == nil {
 		return Identity{}, false, nil
 	}
-	if found.User != nil || found.Port() != "" || found.RawQuery != "" || found.Fragment != "" || found.Host == "" || found.Opaque != "" {
+	bad := func() (Identity, bool, error) {
 		return Identity{}, false, fmt.Errorf("SPIFFE ID %s is not spiffe://CLUSTER/ROLE[/ID]", found)
 	}
-	segs := strings.Split(strings.TrimPrefix(found.Path, "/"), "/")
-	if !strings.HasPrefix(found.Path, "/") || len(segs) > 2 || len(segs) == 2 && segs[1] == "" {
-		return Identity{}, false, fmt.Errorf("SPIFFE ID %s is not spiffe://CLUSTER/ROLE[/ID]", found)
+	if len(c.URIs) > 1 {
+		return Identity{}, false, fmt.Errorf("names %d URIs with its SPIFFE ID %s; a certificate with a SPIFFE ID names no other", len(c.URIs), found)
+	}
+	if found.Scheme != "spiffe" || found.User != nil || found.Port() != "" || found.RawQuery != "" || found.Fragment != "" ||
+		found.Opaque != "" || found.RawPath != "" || !spiffeChars(found.Host, false) || !strings.HasPrefix(found.Path, "/") {
+		return bad()
+	}
+	segs := strings.Split(found.Path[1:], "/")
+	if len(segs) > 2 {
+		return bad()
+	}
+	for _, seg := range segs {
+		if seg == "." || seg == ".." || !spiffeChars(seg, true) {
+			return bad()
+		}
 	}
 	r := Role(segs[0])
 	if !slices.Contains(Roles, r) {
@@ -125,9 +138,24 @@ func IdentityOf(c *x509.Certificate) (id Identity, ok bool, err error) {
 	return id, true, nil
 }
 
-// SetRoles says which cluster's roles this process's servers take (the
-// trust domain of the SPIFFE IDs), and how (--tls-roles). Call it before
-// serving with Server, GRPC or Allow and accepted roles.
+// spiffeChars reports whether s is non-empty and of the characters a
+// SPIFFE trust domain (upper false: lowercase only) or path segment
+// (upper true) may hold.
+func spiffeChars(s string, upper bool) bool {
+	for _, c := range []byte(s) {
+		ok := c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_' || upper && c >= 'A' && c <= 'Z'
+		if !ok {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// SetRoles says which cluster's roles this process checks (the trust
+// domain of the SPIFFE IDs: the cluster's name in lowercase, so clusters
+// named alike but for case share one), and how (--tls-roles). Call it
+// before serving with Server, GRPC or Allow, or dialling with Client,
+// with roles.
 func (s *Source) SetRoles(cluster string, mode RoleMode) {
 	s.cluster, s.mode = cluster, mode
 }
@@ -163,7 +191,7 @@ func (s *Source) roleProblem(peer *x509.Certificate, accept []Role) error {
 	case !ok:
 		return fmt.Errorf("tls: the peer's certificate (%q) names no role (a URI SAN spiffe://%s/ROLE); wanted the role %s",
 			peer.Subject.CommonName, strings.ToLower(s.cluster), want)
-	case !strings.EqualFold(id.Cluster, s.cluster):
+	case id.Cluster != strings.ToLower(s.cluster):
 		return fmt.Errorf("tls: the peer's certificate (%q) has role %s of cluster %q, not of %q; wanted the role %s",
 			peer.Subject.CommonName, id.Role, id.Cluster, s.cluster, want)
 	case !slices.Contains(accept, id.Role):

@@ -46,10 +46,16 @@ func TestIdentityOf(t *testing.T) {
 		{[]string{"https://example.com/x"}, ""}, // a URI, but no SPIFFE ID
 		{[]string{"spiffe://prod/shard"}, "spiffe://prod/shard"},
 		{[]string{"spiffe://prod/shard/shard-7"}, "spiffe://prod/shard/shard-7"},
-		{[]string{"SPIFFE://Prod/router"}, "spiffe://prod/router"},
-		{[]string{"spiffe://prod/shard", "spiffe://prod/operator"}, "error: more than one SPIFFE ID"},
+		{[]string{"SPIFFE://prod/router"}, "spiffe://prod/router"}, // a scheme is any case
+		{[]string{"spiffe://Prod/router"}, "error: not spiffe://CLUSTER/ROLE[/ID]"},
+		{[]string{"spiffe://prod/%6Fperator"}, "error: not spiffe://CLUSTER/ROLE[/ID]"},
+		{[]string{"spiffe://prod/shard/.."}, "error: not spiffe://CLUSTER/ROLE[/ID]"},
+		{[]string{"spiffe://prod/shard/a b"}, "error: not spiffe://CLUSTER/ROLE[/ID]"},
+		{[]string{"spiffe://prod/shard/Shard-7.a_b"}, "spiffe://prod/shard/Shard-7.a_b"},
+		{[]string{"spiffe://prod/router", "https://example.com/x"}, "error: no other"},
+		{[]string{"spiffe://prod/shard", "spiffe://prod/operator"}, "error: no other"},
 		{[]string{"spiffe://prod/admin"}, `error: role "admin"`},
-		{[]string{"spiffe://prod/"}, `error: role ""`},
+		{[]string{"spiffe://prod/"}, "error: not spiffe://CLUSTER/ROLE[/ID]"},
 		{[]string{"spiffe://prod/shard/a/b"}, "error: not spiffe://CLUSTER/ROLE[/ID]"},
 		{[]string{"spiffe://prod/shard/"}, "error: not spiffe://CLUSTER/ROLE[/ID]"},
 		{[]string{"spiffe://prod:8443/shard"}, "error: not spiffe://CLUSTER/ROLE[/ID]"},
@@ -275,5 +281,60 @@ func TestIssueURI(t *testing.T) {
 	}
 	if _, _, err := ca.Issue("s", "spiffe://prod/%zz"); err == nil {
 		t.Error("a URI that does not parse was issued")
+	}
+}
+
+// TestClientWantsRole: a client that wants a shard takes a server whose
+// certificate names the host it dialled only if its role is shard.
+func TestClientWantsRole(t *testing.T) {
+	ca := newCA(t, "cluster CA")
+	router := issuedAs(t, ca, "router", spiffe("prod", tlsconf.RoleRouter))
+	router.SetRoles("prod", tlsconf.RolesEnforce)
+	for _, c := range []struct {
+		server string
+		role   tlsconf.Role
+		want   string // "" answered, else in the client's error
+	}{
+		{"shard", tlsconf.RoleShard, ""},
+		{"impostor", tlsconf.RoleTrainer, "has role trainer; wanted the role [shard]"},
+		{"old", "", "names no role"},
+	} {
+		var sans []string
+		if c.role != "" {
+			sans = append(sans, spiffe("prod", c.role))
+		}
+		srv := issuedAs(t, ca, c.server, sans...)
+		addr, outcomes := server(t, srv.Server()) // takes any client of the CA
+		got, err := dial(addr, router.Client("127.0.0.1", tlsconf.RoleShard))
+		<-outcomes
+		switch {
+		case c.want == "" && (err != nil || got != "model weights\n"):
+			t.Errorf("a %s server: %q, %v; want an answer", c.server, got, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("a %s server: %q, %v; want refused with %q", c.server, got, err, c.want)
+		}
+	}
+}
+
+// TestServerRolesWithoutCA: a server told to take roles but given no CA
+// to check certificates with takes no one.
+func TestServerRolesWithoutCA(t *testing.T) {
+	ca := newCA(t, "cluster CA")
+	f, err := ca.WriteIssued(t.TempDir(), "shard", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.CA = ""
+	srv, err := tlsconf.Load(t.Context(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetRoles("prod", tlsconf.RolesEnforce)
+	addr, outcomes := server(t, srv.Server(tlsconf.RoleRouter))
+	if got, err := dial(addr, issuedAs(t, ca, "router", spiffe("prod", tlsconf.RoleRouter)).Client("127.0.0.1")); err == nil {
+		t.Errorf("answered %q", got)
+	}
+	if serr := <-outcomes; serr == nil || !strings.Contains(serr.Error(), "no CA") {
+		t.Errorf("server: %v, want a refusal naming the missing CA", serr)
 	}
 }

@@ -199,6 +199,13 @@ func (s *Source) watch(ctx context.Context) {
 // CA signed, whose role is one of accept (none: any role; see SetRoles).
 func (s *Source) Server(accept ...Role) *tls.Config {
 	c := s.serving()
+	if s.files.CA == "" && len(accept) > 0 {
+		// Roles without a CA to check certificates against: refuse
+		// every handshake rather than take anyone.
+		c.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return nil, fmt.Errorf("tls: roles %v wanted, but no CA (--tls-ca) to check certificates against", accept)
+		}
+	}
 	if s.files.CA != "" {
 		// Asked for, then checked against the CA as loaded now (a pool
 		// in ClientCAs would be the one loaded at start for ever).
@@ -248,8 +255,9 @@ func (s *Source) serving() *tls.Config {
 // Client is a client's configuration for a server named server (the
 // host of the address dialled: a DNS name or an IP address): it checks
 // the server's certificate against the current CA and that name, and
+// that its role is one of want (none: any role; see SetRoles), and
 // presents the current certificate when asked.
-func (s *Source) Client(server string) *tls.Config {
+func (s *Source) Client(server string, want ...Role) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		ServerName: server,
@@ -262,7 +270,10 @@ func (s *Source) Client(server string) *tls.Config {
 			if server == "" {
 				return errors.New("tls: no server name to check the server's certificate against")
 			}
-			return s.verify(cs.PeerCertificates, server, x509.ExtKeyUsageServerAuth)
+			if err := s.verify(cs.PeerCertificates, server, x509.ExtKeyUsageServerAuth); err != nil {
+				return err
+			}
+			return s.checkRole(cs.PeerCertificates[0], want)
 		},
 		GetClientCertificate: s.clientCert,
 	}
