@@ -54,6 +54,7 @@ type work struct {
 	calls    []*call       // this request's calls; calls[:n] in use
 	n        int
 	byShard  []int32 // per backend slot: its call while grouping calls, else -1
+	due      []*call // while hedging: the calls being hedged
 	timer    *time.Timer
 	finished chan *call // calls post here as they end; buffered, see fanOut
 
@@ -100,6 +101,9 @@ type call struct {
 	done  bool      // seen finished by the request
 	won   int       // partitions it merged
 	err   error
+	// hedged: another replica was asked for some of its partitions
+	// because it was slow (not because it failed).
+	hedged bool
 
 	// What run, made once per call, needs: the goroutine running it gets
 	// no closure allocated per request.
@@ -251,7 +255,25 @@ func (r *Router) fanOut(ctx context.Context, vr *versionRoute, w *work) error {
 			return ContextError(ctx, "shards")
 		}
 	}
+	w.settleHedges()
 	return nil
+}
+
+// settleHedges tells each replica whose call was hedged how its hedge
+// fared (hedge.Scale), once every partition is answered: the hedge lost
+// if the call itself answered one of its partitions first, and won if
+// the call was still out or answered none. A call that failed says
+// nothing of straggling.
+func (w *work) settleHedges() {
+	for _, c := range w.calls[:w.n] {
+		switch {
+		case !c.hedged:
+		case !c.done || c.err == nil && c.won == 0:
+			c.b.scale.Won()
+		case c.err == nil:
+			c.b.scale.Lost()
+		}
+	}
 }
 
 // add puts partition p, to be asked of its replica i, into the call
@@ -274,7 +296,7 @@ func (w *work) add(vr *versionRoute, p uint32, i int) {
 		}
 		c := w.calls[w.n]
 		w.n++
-		c.b, c.parts, c.reps, c.done, c.won, c.err = b, c.parts[:0], c.reps[:0], false, 0, nil
+		c.b, c.parts, c.reps, c.done, c.won, c.err, c.hedged = b, c.parts[:0], c.reps[:0], false, 0, nil, false
 	}
 	c := w.calls[ci]
 	c.parts = append(c.parts, p)
@@ -319,7 +341,7 @@ func (r *Router) hedgeDelay(vr *versionRoute, c *call) time.Duration {
 	case r.opts.Hedge.Delay > 0:
 		return r.opts.Hedge.Delay
 	}
-	return hedge.Delay(p95)
+	return c.b.scale.Of(hedge.Delay(p95))
 }
 
 // nextHedge is when the next outstanding call is due to be hedged; zero
@@ -353,8 +375,12 @@ func (r *Router) hedge(ctx context.Context, vr *versionRoute, w *work, now time.
 			continue
 		}
 		c.hedge = time.Time{}
-		w.reask(vr, c, false)
+		if added, _ := w.reask(vr, c, false); added > 0 {
+			w.due = append(w.due, c)
+		}
 	}
+	due := w.due
+	w.due = w.due[:0]
 	if w.n == from {
 		return
 	}
@@ -363,6 +389,9 @@ func (r *Router) hedge(ctx context.Context, vr *versionRoute, w *work, now time.
 		w.ungroup(from)
 		return
 	}
+	for _, c := range due {
+		c.hedged = true
+	}
 	r.hedges.sent.Add(float64(w.n - from))
 	r.send(ctx, vr, w, from, hedged, now)
 }
@@ -370,10 +399,10 @@ func (r *Router) hedge(ctx context.Context, vr *versionRoute, w *work, now time.
 // reask groups c's partitions that are not answered yet for asking of
 // replicas not asked before. If c failed, every such partition is asked
 // again, also one another call is still asking for (that call may be a
-// straggler already hedged); it returns how many partitions no replica
-// is left to answer. If c is slow, only partitions no hedge has been
-// sent for are asked.
-func (w *work) reask(vr *versionRoute, c *call, failed bool) (stranded int) {
+// straggler already hedged); it returns how many partitions it grouped,
+// and how many no replica is left to answer. If c is slow, only
+// partitions no hedge has been sent for are asked.
+func (w *work) reask(vr *versionRoute, c *call, failed bool) (added, stranded int) {
 	for _, p := range c.parts {
 		if w.merged[p].Load() || (!failed && w.asking[p] > 1) {
 			continue
@@ -382,11 +411,12 @@ func (w *work) reask(vr *versionRoute, c *call, failed bool) (stranded int) {
 		i := hedge.Pick(hedge.LeastLoaded, len(reps), int(p), w.tried[p], func(i int) int64 { return reps[i].load(w.now) })
 		if i >= 0 {
 			w.add(vr, p, i)
+			added++
 		} else if failed && w.asking[p] == 0 {
 			stranded++
 		}
 	}
-	return stranded
+	return added, stranded
 }
 
 // ungroup forgets the calls grouped since calls[from:], unsent.
@@ -431,7 +461,7 @@ func (r *Router) finished(ctx context.Context, vr *versionRoute, w *work, c *cal
 		return 0, nil
 	}
 	from := w.n
-	if w.reask(vr, c, true) > 0 {
+	if _, stranded := w.reask(vr, c, true); stranded > 0 {
 		w.ungroup(from)
 		return 0, c.err
 	}

@@ -24,6 +24,7 @@ type backend struct {
 	inflight atomic.Int64 // calls outstanding
 	failedAt atomic.Int64 // when a call last failed (not cancelled), Unix ns
 	latency  hedge.Latency
+	scale    hedge.Scale // its calls' hedge delay, times the base
 	delay    prometheus.Gauge
 	calls    struct{ ok, failed, cancelled prometheus.Observer }
 	// stored: bit e set if the shard sends records of encoding e as

@@ -1,8 +1,15 @@
 package main
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cumulus-serving/cumulus/bench"
+	"github.com/cumulus-serving/cumulus/server/kservepb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 )
 
 // bench runs a workload over each protocol of --protocol, on its own dev
@@ -26,6 +33,42 @@ func TestBenchProtocols(t *testing.T) {
 		out, err := cumulus(append([]string{"bench"}, strings.Fields(tc.args)...)...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), tc.want) {
 			t.Errorf("bench %s: %v, want an error saying %q\n%s", tc.args, err, tc.want, out)
+		}
+	}
+}
+
+// TestBenchRequest: bench request writes a rank200 request another tool
+// can send as it is: a dev cluster scores its 200 rows.
+func TestBenchRequest(t *testing.T) {
+	repo := filepath.Join(t.TempDir(), "repo")
+	if b, err := cumulus("model", "gen", "--name", "ctr", "--repo", repo, "--params", "20000", "--partitions", "4").CombinedOutput(); err != nil {
+		t.Fatalf("model gen: %v\n%s", err, b)
+	}
+	raw, err := cumulus("bench", "request", "--repo", repo, "--model", "ctr").Output()
+	if err != nil {
+		t.Fatalf("bench request: %v", err)
+	}
+	var req kservepb.ModelInferRequest
+	if err := proto.Unmarshal(raw, &req); err != nil {
+		t.Fatalf("bench request wrote %d bytes that are no ModelInferRequest: %v", len(raw), err)
+	}
+	dev := startProcess(t, []string{"grpc: ", "ready"}, "dev", "--repo", repo, "--shards", "2", "--http-addr", "127.0.0.1:0",
+		"--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--admin-token", "t", "--log-level", "warn")
+	conn, err := grpc.NewClient(dev.out["grpc: "], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := kservepb.NewGRPCInferenceServiceClient(conn).ModelInfer(t.Context(), &req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if scores, err := bench.Scores(resp); err != nil || len(scores) != 200 {
+		t.Errorf("%d scores, %v; want 200 (rank200)", len(scores), err)
+	}
+	for _, c := range [][]string{{"--repo", repo}, {"--repo", repo, "--model", "ctr", "--workload", "huge"}, {"--repo", repo, "--model", "nope"}} {
+		if out, err := cumulus(append([]string{"bench", "request"}, c...)...).CombinedOutput(); err == nil {
+			t.Errorf("bench request %v: no error\n%.200s", c, out)
 		}
 	}
 }

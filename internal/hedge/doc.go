@@ -12,6 +12,11 @@
 //     wins. The p95 is of those replicas, not of the slow shard, whose own
 //     straggling would inflate it. It has a floor (Floor): below it, a
 //     second call costs more than the wait it saves.
+//   - That delay is scaled per replica by how its hedges fare (Scale): a
+//     healthy replica's calls past the p95 are about to answer, its
+//     hedges lose, and it is hedged later (up to MaxScale times); a
+//     replica with stragglers has hedges that win, and is hedged at the
+//     p95. So the budget goes to stragglers, not to noise.
 //   - Only a request's stragglers are hedged: while more than half of its
 //     calls are out, it is slow as a whole (a busy machine, a garbage
 //     collection) and hedges would add to the load that slows it.
