@@ -50,6 +50,11 @@ type SlowOptions struct {
 	// StreamsPerConn is how many gRPC streams share one HTTP/2
 	// connection. Default 50.
 	StreamsPerConn int
+	// Burst, over gRPC, is how many bytes of its message a stream sends
+	// at once after the length prefix, as fast as the server's
+	// flow-control windows let it, before trickling the rest (a
+	// half-sent message, stalled). Less than Announce; default 0.
+	Burst int
 }
 
 func (o *SlowOptions) fill() error {
@@ -67,6 +72,9 @@ func (o *SlowOptions) fill() error {
 	}
 	if o.Streams < 1 || o.Announce < 1 || o.Every < 0 || o.StreamsPerConn < 1 {
 		return errors.New("bench: slow senders: streams, the announced length and streams per connection must be positive")
+	}
+	if o.Burst < 0 || o.Burst >= o.Announce || o.Burst > 0 && o.Protocol != "grpc" {
+		return errors.New("bench: slow senders: a burst is gRPC's, and less than the announced length")
 	}
 	return nil
 }
@@ -246,7 +254,8 @@ func slowHTTPRequest(ctx context.Context, o SlowOptions, conn net.Conn, st *Slow
 // the connection again when it ends.
 func slowGRPC(ctx context.Context, o SlowOptions, n int, st *SlowStats) {
 	o.eachConn(ctx, func(conn net.Conn) {
-		c := &h2conn{conn: conn, fr: http2.NewFramer(conn, conn), o: o, st: st, streams: map[uint32]bool{}, next: 1}
+		c := &h2conn{conn: conn, fr: http2.NewFramer(conn, conn), o: o, st: st, streams: map[uint32]bool{}, next: 1,
+			connWin: initialWindow, initWin: initialWindow, win: map[uint32]int64{}, burst: map[uint32]int{}}
 		c.run(ctx, n)
 	})
 }
@@ -262,7 +271,17 @@ type h2conn struct {
 	next    uint32
 	hbuf    bytes.Buffer
 	henc    *hpack.Encoder
+	// Flow control of what the streams send (RFC 9113, 6.9): the
+	// connection's window, the server's initial stream window, and each
+	// stream's; burst is what each stream has left to send at once.
+	connWin, initWin int64
+	win              map[uint32]int64
+	burst            map[uint32]int
 }
+
+// initialWindow is HTTP/2's flow-control window before SETTINGS say
+// otherwise.
+const initialWindow = 65535
 
 func (c *h2conn) run(ctx context.Context, n int) {
 	stop := context.AfterFunc(ctx, func() { c.conn.Close() })
@@ -298,7 +317,12 @@ func (c *h2conn) run(ctx context.Context, n int) {
 		}
 		c.mu.Lock()
 		for id := range c.streams {
+			if _, bursting := c.burst[id]; bursting || c.connWin < 1 || c.win[id] < 1 {
+				continue
+			}
 			if c.fr.WriteData(id, false, []byte{0}) == nil {
+				c.connWin--
+				c.win[id]--
 				c.st.bytes(1)
 			}
 		}
@@ -325,9 +349,35 @@ func (c *h2conn) open() error {
 		return err
 	}
 	c.streams[id] = true
+	c.connWin -= 5
+	c.win[id] = c.initWin - 5
+	c.burst[id] = c.o.Burst
 	c.st.opening()
+	return c.pump()
+}
+
+// pump sends what the streams' bursts have left, as far as the windows
+// allow. Called with c.mu held.
+func (c *h2conn) pump() error {
+	for id, left := range c.burst {
+		for left > 0 && c.connWin > 0 && c.win[id] > 0 {
+			n := int(min(int64(left), c.connWin, c.win[id], 16384))
+			if err := c.fr.WriteData(id, false, zeros[:n]); err != nil {
+				return err
+			}
+			left -= n
+			c.connWin -= int64(n)
+			c.win[id] -= int64(n)
+			c.st.bytes(n)
+		}
+		if c.burst[id] = left; left == 0 {
+			delete(c.burst, id)
+		}
+	}
 	return nil
 }
+
+var zeros [16384]byte
 
 // read answers the server's SETTINGS and PINGs and notes each stream the
 // server ends (its trailers, or RST_STREAM), opening another in its
@@ -343,8 +393,24 @@ func (c *h2conn) read() {
 		switch f := f.(type) {
 		case *http2.SettingsFrame:
 			if !f.IsAck() {
+				if v, ok := f.Value(http2.SettingInitialWindowSize); ok {
+					for id := range c.win {
+						c.win[id] += int64(v) - c.initWin
+					}
+					c.initWin = int64(v)
+				}
 				err = c.fr.WriteSettingsAck()
+				if err == nil {
+					err = c.pump()
+				}
 			}
+		case *http2.WindowUpdateFrame:
+			if f.StreamID == 0 {
+				c.connWin += int64(f.Increment)
+			} else if _, ok := c.win[f.StreamID]; ok {
+				c.win[f.StreamID] += int64(f.Increment)
+			}
+			err = c.pump()
 		case *http2.PingFrame:
 			if !f.IsAck() {
 				err = c.fr.WritePing(true, f.Data)
@@ -377,6 +443,8 @@ func (c *h2conn) read() {
 // end notes a stream's end and opens another. Called with c.mu held.
 func (c *h2conn) end(id uint32, answer string) error {
 	delete(c.streams, id)
+	delete(c.win, id)
+	delete(c.burst, id)
 	c.st.ended(answer, nil)
 	// Closing our side too lets the server forget the stream.
 	c.fr.WriteRSTStream(id, http2.ErrCodeCancel)
@@ -390,6 +458,8 @@ func (c *h2conn) endAll(ctx context.Context) {
 	defer c.mu.Unlock()
 	for id := range c.streams {
 		delete(c.streams, id)
+		delete(c.win, id)
+		delete(c.burst, id)
 		if ctx.Err() != nil {
 			c.st.ended("", nil)
 		} else {

@@ -128,15 +128,16 @@ func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) err
 }
 
 // receiveGRPC receives the request's message within its receive time,
-// counted in reception from the client's address: at grpcReceiveCharge
-// while it arrives, at its size once it has. The reception share is
-// given back with the message (receivedGRPC.release).
+// counted in reception from the client's address: at receiveOverhead,
+// beside its bytes as they arrive (counted by the connection's h2watch),
+// and at its size once it has. The reception share is given back with
+// the message (receivedGRPC.release).
 func (s *Server) receiveGRPC(ctx context.Context, dec func(any) error, t0, deadline time.Time) (receivedGRPC, error) {
 	var addr string
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		addr = p.Addr.String()
 	}
-	x, err := s.recv.begin(addr, grpcReceiveCharge)
+	x, err := s.recv.begin(addr, receiveOverhead)
 	var refused errReceiving
 	if errors.As(err, &refused) {
 		return receivedGRPC{}, s.receiveRefusal("grpc", refused, t0)
@@ -147,8 +148,8 @@ func (s *Server) receiveGRPC(ctx context.Context, dec func(any) error, t0, deadl
 	m, err := receive(rctx, dec)
 	x.arrived()
 	if err == nil {
-		if more := int64(m.size()) - (grpcReceiveCharge - receiveOverhead); more > 0 {
-			if err = x.take(more); errors.As(err, &refused) {
+		if size := int64(m.size()); size > 0 {
+			if err = x.take(size); errors.As(err, &refused) {
 				m.free()
 				err = s.receiveRefusal("grpc", refused, t0)
 			}

@@ -19,23 +19,15 @@ import (
 // and cannot buy more memory than the bytes they actually send.
 //
 // What is counted: an HTTP body by the pooled chunks it has been read
-// into (body.go), and every request a fixed overhead for what it holds
-// besides (a goroutine, a connection's buffers), so that a client address
-// is also bounded in the number of requests it has in reception. gRPC
-// gives a handler no view of a message until it has arrived whole, so a
-// gRPC request in reception is counted at grpcReceiveCharge, an estimate;
-// what one stream can make the transport hold is bounded by the receive
-// limit (grpcRecvLimit) for its receive time, and the streams of one
-// connection by MaxConcurrentStreams.
+// into (body.go), a gRPC message by its DATA frames' bytes as they
+// arrive (h2watch.go) and whole once it has, and every request a fixed
+// overhead for what it holds besides (a goroutine, a connection's
+// buffers), so that a client address is also bounded in the number of
+// requests it has in reception.
 
 // receiveOverhead is what every request in reception is counted at
 // besides its bytes.
 const receiveOverhead = 4 << 10
-
-// grpcReceiveCharge is what a gRPC request in reception is counted at:
-// the overhead and one HTTP/2 flow-control window (64 KiB), the bytes a
-// client may send before the server reads them.
-const grpcReceiveCharge = receiveOverhead + 64<<10
 
 // bodyCharge is the most an HTTP body of n bytes is charged in
 // reception: the overhead and its chunks.
@@ -125,6 +117,23 @@ func (x *receiving) take(n int64) error {
 	r.peers[x.peer] = p + n
 	x.n += n
 	return nil
+}
+
+// give gives back n of what x was charged.
+func (x *receiving) give(n int64) {
+	if n <= 0 {
+		return
+	}
+	r := x.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held -= n
+	x.n -= n
+	if p := r.peers[x.peer] - n; p > 0 {
+		r.peers[x.peer] = p
+	} else {
+		delete(r.peers, x.peer)
+	}
 }
 
 // done gives back everything the request was charged.

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
@@ -84,8 +85,10 @@ type Options struct {
 	MaxQueueTime time.Duration
 	// MaxReceivingBytes bounds what the requests still arriving hold
 	// (reception.go): HTTP bodies by the chunks they have been read into,
-	// every request a few KiB besides, a gRPC request 68 KiB. Past it a
-	// request is refused (ResourceExhausted, HTTP 429). Default half of
+	// gRPC messages by the bytes of their frames arrived, every request a
+	// few KiB besides. Past it a request is refused (ResourceExhausted,
+	// HTTP 429); a gRPC connection whose frames would take it past is
+	// closed. Default half of
 	// MaxInflightBytes, and at least what two bodies of MaxRequestBytes
 	// need.
 	MaxReceivingBytes int64
@@ -202,7 +205,9 @@ func Start(opts Options) (*Server, error) {
 		Help: "What the infer requests still arriving are counted at now (MaxReceivingBytes bounds it)."}, func() float64 { return float64(s.recv.bytes()) })
 	connsRefused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_connections_refused_total",
 		Help: "Connections closed as soon as accepted, their client address holding MaxConnsPerPeer already, by API."}, []string{"api"})
-	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.refusedIn, s.adm.waiting, receiving, connsRefused} {
+	connsCut := prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_grpc_connections_cut_total",
+		Help: "gRPC connections closed because a DATA frame would have taken the messages in reception past MaxReceivingBytes or MaxReceivingPerPeer."})
+	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.refusedIn, s.adm.waiting, receiving, connsRefused, connsCut} {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("server: metrics: %w", err)
 		}
@@ -223,9 +228,12 @@ func Start(opts Options) (*Server, error) {
 		grpc.MaxConcurrentStreams(uint32(max(4*opts.MaxInflight, 100))),
 		grpc.ConnectionTimeout(opts.HeaderTimeout),
 		grpc.ForceServerCodecV2(s.codec)}
+	creds := insecure.NewCredentials()
 	if opts.TLS != nil {
-		gopts = append(gopts, grpc.Creds(opts.TLS.GRPC("router front (gRPC)")))
+		creds = opts.TLS.GRPC("router front (gRPC)")
 	}
+	// Messages are counted as their frames arrive (h2watch.go).
+	gopts = append(gopts, grpc.Creds(watchCreds{TransportCredentials: creds, r: s.recv, closed: connsCut.Inc}))
 	s.grpc = grpc.NewServer(gopts...)
 	s.grpc.RegisterService(s.inferenceService(), &kserveGRPC{s: s})
 	healthpb.RegisterHealthServer(s.grpc, healthService{s: s})

@@ -137,14 +137,15 @@ func TestSlowSendersHoldNoSlot(t *testing.T) {
 	grpcSlow := slowSenders(t, s, bench.SlowOptions{Protocol: "grpc", Streams: 8, Every: 20 * time.Millisecond})
 	httpSlow := slowSenders(t, s, bench.SlowOptions{Protocol: "http", Streams: 8, Every: 20 * time.Millisecond})
 	testenv.Eventually(t, 30*time.Second, func() error {
-		// Each gRPC stream is counted at 68 KiB, each body at 8 KiB.
-		if got, want := metric(t, s, "cumulus_receiving_bytes"), float64(8*(68<<10)+8*(8<<10)); got < want {
+		// Each gRPC stream is counted at 4 KiB and the bytes it sent (5
+		// of length prefix, then one a tick), each body at 8 KiB.
+		if got, want := metric(t, s, "cumulus_receiving_bytes"), float64(8*(4<<10+5)+8*(8<<10)); got < want {
 			return fmt.Errorf("%v bytes in reception, want %v: slow senders not all in reception yet (%d gRPC, %d HTTP open)", got, want, grpcSlow.Open(), httpSlow.Open())
 		}
 		return nil
 	})
 	goodClient(t, s, client, 50)
-	if got := metric(t, s, "cumulus_receiving_bytes"); got < float64(8*(68<<10)+8*(8<<10)) {
+	if got := metric(t, s, "cumulus_receiving_bytes"); got < float64(8*(4<<10+5)+8*(8<<10)) {
 		t.Errorf("after the good client, %v bytes in reception: the slow senders should still be", got)
 	}
 }
@@ -153,14 +154,14 @@ func TestSlowSendersHoldNoSlot(t *testing.T) {
 // to that address's share of reception, the rest refused and counted by
 // the bound, while a client on another address is served.
 func TestOnePeerCannotTakeTheFront(t *testing.T) {
-	// A body of 64 KiB needs 136 KiB of reception: 200 KiB per address
-	// takes two gRPC streams (68 KiB each).
+	// A body of 64 KiB needs 136 KiB of reception; each slow body is
+	// counted at 8 KiB: 200 KiB per address takes 25 of them.
 	s, client := startFront(t, server.Options{MaxRequestBytes: 64 << 10, MaxReceivingPerPeer: 200 << 10,
 		RequestTimeout: time.Hour, ReceiveTimeout: time.Hour}, instant{})
-	slowSenders(t, s, bench.SlowOptions{Protocol: "grpc", Streams: 6, Every: 20 * time.Millisecond})
+	slowSenders(t, s, bench.SlowOptions{Protocol: "http", Streams: 30, Every: 20 * time.Millisecond})
 	testenv.Eventually(t, 30*time.Second, func() error {
-		if got := metric(t, s, `cumulus_admission_refused_total{api="grpc",bound="peer"}`); got == 0 {
-			return fmt.Errorf("no gRPC request refused by the per-address bound yet")
+		if got := metric(t, s, `cumulus_admission_refused_total{api="http",bound="peer"}`); got == 0 {
+			return fmt.Errorf("no HTTP request refused by the per-address bound yet")
 		}
 		return nil
 	})
@@ -168,13 +169,61 @@ func TestOnePeerCannotTakeTheFront(t *testing.T) {
 		t.Errorf("%v bytes in reception from one address, bound 200 KiB", got)
 	}
 	goodClient(t, s, client, 20)
-	// An HTTP body from the same address is refused too once it needs
-	// more than the 64 KiB left (4 KiB for the request, its first 4 KiB
-	// chunk, then 64 KiB), with 429 naming the address's share.
-	resp, msg := rawPost(t, s.HTTPAddr(), "127.0.0.2", 60000, strings.Repeat(" ", 5000))
-	if resp.StatusCode != 429 || !strings.Contains(msg, "client address") {
-		t.Errorf("HTTP from the address at its share: %d %s, want 429 naming the client address", resp.StatusCode, msg)
+	// A gRPC request from the same address is refused too, with
+	// ResourceExhausted naming the address's share.
+	conn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+			return d.DialContext(ctx, "tcp", addr)
+		}))
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer conn.Close()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		_, err := kservepb.NewGRPCInferenceServiceClient(conn).ModelInfer(context.Background(), grpcOneRow())
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "client address") {
+			return fmt.Errorf("gRPC from the address at its share: %v, want ResourceExhausted naming the client address", err)
+		}
+		return nil
+	})
+}
+
+// TestHalfSentMessagesAreCounted: gRPC messages stalled half-sent are
+// counted in reception by the bytes they sent, as their frames arrive
+// (grpc-go holds them though no handler has seen them); a connection
+// whose frames would take its address past its share is closed, and
+// counted, while a client on another address is served.
+func TestHalfSentMessagesAreCounted(t *testing.T) {
+	s, client := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: time.Hour}, instant{})
+	slow := slowSenders(t, s, bench.SlowOptions{Protocol: "grpc", Streams: 3, Announce: 1 << 20, Burst: 60 << 10, Every: time.Hour})
+	// Each stream: 4 KiB, its 5-byte prefix and 60 KiB of message.
+	want := float64(3 * (4<<10 + 5 + 60<<10))
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := metric(t, s, "cumulus_receiving_bytes"); got != want {
+			return fmt.Errorf("%v bytes in reception, want %v (%d streams open)", got, want, slow.Open())
+		}
+		return nil
+	})
+
+	// With a share of 200 KiB an address fits three such streams, not
+	// six: the connection carrying them is closed (and opened again by
+	// the senders, and closed again).
+	s2, client2 := startFront(t, server.Options{MaxRequestBytes: 64 << 10, MaxReceivingPerPeer: 200 << 10, RequestTimeout: time.Hour, ReceiveTimeout: time.Hour}, instant{})
+	slowSenders(t, s2, bench.SlowOptions{Protocol: "grpc", Streams: 6, Announce: 1 << 20, Burst: 60 << 10, Every: time.Hour})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := metric(t, s2, "cumulus_grpc_connections_cut_total"); got < 2 {
+			return fmt.Errorf("%v connections cut, want 2 or more", got)
+		}
+		return nil
+	})
+	for range 20 {
+		if got := metric(t, s2, "cumulus_receiving_bytes"); got > 200<<10 {
+			t.Fatalf("%v bytes in reception from one address, bound 200 KiB", got)
+		}
+	}
+	goodClient(t, s2, client2, 10)
+	goodClient(t, s, client, 10)
 }
 
 // TestAnnouncedLengthCostsNothing: bodies announcing 40 MB and trickling

@@ -53,7 +53,9 @@ With --slow grpc or --slow http it measures slow senders instead:
 loopback address, so that the router can tell them from the good
 client), each announcing --announce bytes (a gRPC message's length
 prefix, an HTTP body's Content-Length) and sending one byte every
---every, opened again whenever one is answered. It runs the good client
+--every, opened again whenever one is answered. With --burst N, a gRPC
+stream first sends N bytes of its message as fast as the router's
+flow-control windows allow (a half-sent message, stalled). It runs the good client
 alone, then beside them, and prints its QPS, p99 and refusals, both
 runs' router RSS, and the targets: QPS at least 90% of alone, p99 at
 most twice, nothing refused, peak RSS at most 64 MiB over alone's.
@@ -146,6 +148,8 @@ client's.`,
 	cmd.Flags().IntVar(&slow.Announce, "announce", 1000, "with --slow: bytes each request announces (gRPC length prefix, HTTP Content-Length)")
 	cmd.Flags().DurationVar(&slow.Every, "every", time.Second, "with --slow: pause between two bytes of a request")
 	cmd.Flags().StringVar(&slow.Source, "slow-from", "127.0.0.2", "with --slow: local address the slow senders send from")
+	cmd.Flags().IntVar(&slow.StreamsPerConn, "streams-per-conn", 50, "with --slow grpc: streams sharing one HTTP/2 connection")
+	cmd.Flags().IntVar(&slow.Burst, "burst", 0, "with --slow grpc: bytes of its message each stream sends at once, as fast as flow control allows, before trickling (a half-sent message, stalled); less than --announce")
 	return cmd
 }
 
