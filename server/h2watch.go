@@ -17,17 +17,25 @@ import (
 // them. The front counts them below grpc-go instead: each gRPC
 // connection, once its TLS handshake (if any) is done, is read through
 // h2watch, which follows the HTTP/2 frames going by without changing a
-// byte. A DATA frame's payload is charged in reception
-// (reception.go), to the connection's client address, as it arrives;
-// the stream's charge is given back when the client ends its message
-// (END_STREAM: grpc-go then hands it to the handler, which counts it
-// whole) or the stream ends (RST_STREAM either way, or the server's
-// trailers: the handler gave up on it, say at its receive time). A frame
-// that would take reception past its bounds closes the connection: its
-// bytes are not read, and grpc-go frees what the connection's streams
-// hold. So a stalled half-sent message holds only what its bytes weigh,
-// within MaxReceivingBytes and MaxReceivingPerPeer, until its receive
-// time ends it.
+// byte. A DATA frame's data (its padding left out: grpc-go keeps none)
+// is charged in reception (reception.go), to the connection's client
+// address, as it arrives; a message's charge is given back once its
+// gRPC length prefix's count of bytes is in (grpc-go then hands it to
+// the handler, which counts it whole), or when its stream ends
+// (END_STREAM, RST_STREAM either way, or the server's trailers: the
+// handler gave up on it, say at its receive time), or the connection
+// closes. So a stalled half-sent message holds only what its bytes
+// weigh, within MaxReceivingBytes and MaxReceivingPerPeer, until its
+// receive time ends it.
+//
+// A frame that would take reception past a bound closes its connection:
+// its bytes are not read, and grpc-go frees what the connection's
+// streams hold. That is the connection whose frame came last, not the
+// one holding most: past the per-address bound, one of that address's
+// own; past MaxReceivingBytes, which several addresses' stalled
+// messages may fill, possibly a good client's (it then fails what it
+// has in flight, Unavailable). Waiting for room instead of closing
+// would spare it; not done yet.
 
 // HTTP/2 frame types and flags followed (RFC 9113, section 6).
 const (
@@ -35,6 +43,7 @@ const (
 	h2Headers      = 0x1
 	h2RSTStream    = 0x3
 	h2FlagEndStrm  = 0x1
+	h2FlagPadded   = 0x8
 	h2FrameHeader  = 9
 	h2ClientPrface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 )
@@ -52,14 +61,18 @@ type h2frames struct {
 	typ     byte   // the current frame's type
 	flags   byte   // and flags
 	stream  uint32 // and stream
+	// A padded DATA frame's pad length, once read (-1 before), and how
+	// many of left are padding.
+	padLen int
 }
 
 // feed walks b: header(typ, flags, stream, length) when a frame's header
-// is whole, payload(stream, n) for each run of a DATA frame's payload,
-// and end(typ, flags, stream) when a frame is over. It stops at the first
-// error one returns.
+// is whole, payload(stream, data) for each run of a DATA frame's data
+// (its padding left out, which grpc-go does not keep), and end(typ,
+// flags, stream) when a frame is over. It stops at the first error one
+// returns.
 func (f *h2frames) feed(b []byte, header func(typ, flags byte, stream uint32, length int) error,
-	payload func(stream uint32, n int) error, end func(typ, flags byte, stream uint32) error) error {
+	payload func(stream uint32, data []byte) error, end func(typ, flags byte, stream uint32) error) error {
 	if f.preface > 0 {
 		k := min(f.preface, len(b))
 		f.preface -= k
@@ -76,19 +89,28 @@ func (f *h2frames) feed(b []byte, header func(typ, flags byte, stream uint32, le
 			f.left = int(f.hdr[0])<<16 | int(f.hdr[1])<<8 | int(f.hdr[2])
 			f.typ, f.flags = f.hdr[3], f.hdr[4]
 			f.stream = binary.BigEndian.Uint32(f.hdr[5:]) & 0x7fffffff
+			f.padLen = 0
+			if f.typ == h2Data && f.flags&h2FlagPadded != 0 {
+				f.padLen = -1
+			}
 			if err := header(f.typ, f.flags, f.stream, f.left); err != nil {
 				return err
 			}
 		}
+		if f.padLen < 0 && f.left > 0 && len(b) > 0 {
+			f.padLen = int(b[0])
+			f.left--
+			b = b[1:]
+		}
 		k := min(f.left, len(b))
-		if k > 0 && f.typ == h2Data {
-			if err := payload(f.stream, k); err != nil {
+		if data := min(k, f.left-max(f.padLen, 0)); data > 0 && f.typ == h2Data {
+			if err := payload(f.stream, b[:data]); err != nil {
 				return err
 			}
 		}
 		f.left -= k
 		b = b[k:]
-		if f.left == 0 {
+		if f.left == 0 && f.padLen >= 0 {
 			f.have = 0
 			if err := end(f.typ, f.flags, f.stream); err != nil {
 				return err
@@ -107,13 +129,25 @@ type h2watch struct {
 	in     h2frames   // read by the reader only
 	out    h2frames   // read by the writer only
 	mu     sync.Mutex
-	open   map[uint32]int64 // streams whose message is arriving: bytes charged
-	err    error            // once over a bound: every read fails
+	open   map[uint32]*h2stream // streams whose message is arriving
+	err    error                // once over a bound: every read fails
+	shut   bool                 // closed: nothing more is charged
+}
+
+// h2stream is a client stream's message in reception: its gRPC length
+// prefix as read (a message is a 5-byte prefix, flag and length, then
+// the bytes), the bytes of the message still to come, and what the
+// stream is charged.
+type h2stream struct {
+	prefix [5]byte
+	have   int
+	left   int64
+	held   int64
 }
 
 func (r *reception) watch(c net.Conn, closed func()) *h2watch {
 	return &h2watch{Conn: c, x: &receiving{r: r, peer: peerHost(c.RemoteAddr().String())}, closed: closed,
-		in: h2frames{preface: len(h2ClientPrface)}, open: map[uint32]int64{}}
+		in: h2frames{preface: len(h2ClientPrface)}, open: map[uint32]*h2stream{}}
 }
 
 func (w *h2watch) Read(p []byte) (int, error) {
@@ -144,8 +178,12 @@ func (w *h2watch) Read(p []byte) (int, error) {
 func (w *h2watch) inHeader(typ, flags byte, stream uint32, _ int) error {
 	switch typ {
 	case h2Headers:
-		if _, ok := w.open[stream]; !ok && flags&h2FlagEndStrm == 0 && stream%2 == 1 {
-			w.open[stream] = 0
+		_, open := w.open[stream]
+		switch {
+		case open && flags&h2FlagEndStrm != 0:
+			w.release(stream) // the client's trailers end its message
+		case !open && flags&h2FlagEndStrm == 0 && stream%2 == 1 && !w.shut:
+			w.open[stream] = &h2stream{}
 		}
 	case h2RSTStream:
 		w.release(stream)
@@ -153,30 +191,52 @@ func (w *h2watch) inHeader(typ, flags byte, stream uint32, _ int) error {
 	return nil
 }
 
-func (w *h2watch) inData(stream uint32, n int) error {
-	held, ok := w.open[stream]
+// inData charges a run of a stream's DATA. A message whole (its length
+// prefix's count of bytes in) is given back: grpc-go hands it to the
+// handler, which counts it whole; the stream's next message, if any (a
+// streaming call), is charged afresh.
+func (w *h2watch) inData(stream uint32, b []byte) error {
+	st, ok := w.open[stream]
 	if !ok {
 		return nil // a stream ended, or never opened: grpc-go drops it
 	}
-	if err := w.x.take(int64(n)); err != nil {
-		return errReceivingConn
+	for len(b) > 0 {
+		var k int
+		if st.have < len(st.prefix) {
+			k = copy(st.prefix[st.have:], b)
+			st.have += k
+			if st.have == len(st.prefix) {
+				st.left = int64(binary.BigEndian.Uint32(st.prefix[1:]))
+			}
+		} else {
+			k = int(min(int64(len(b)), st.left))
+			st.left -= int64(k)
+		}
+		if err := w.x.take(int64(k)); err != nil {
+			return errReceivingConn
+		}
+		st.held += int64(k)
+		b = b[k:]
+		if st.have == len(st.prefix) && st.left == 0 {
+			w.x.give(st.held)
+			*st = h2stream{}
+		}
 	}
-	w.open[stream] = held + int64(n)
 	return nil
 }
 
 func (w *h2watch) inEnd(typ, flags byte, stream uint32) error {
 	if typ == h2Data && flags&h2FlagEndStrm != 0 {
-		w.release(stream) // whole: the handler counts it now
+		w.release(stream) // the client is done sending
 	}
 	return nil
 }
 
 // release gives back what stream's message was charged.
 func (w *h2watch) release(stream uint32) {
-	if held, ok := w.open[stream]; ok {
+	if st, ok := w.open[stream]; ok {
 		delete(w.open, stream)
-		w.x.give(held)
+		w.x.give(st.held)
 	}
 }
 
@@ -189,13 +249,14 @@ func (w *h2watch) Write(p []byte) (int, error) {
 			w.release(stream)
 		}
 		return nil
-	}, func(uint32, int) error { return nil }, func(byte, byte, uint32) error { return nil })
+	}, func(uint32, []byte) error { return nil }, func(byte, byte, uint32) error { return nil })
 	w.mu.Unlock()
 	return w.Conn.Write(p)
 }
 
 func (w *h2watch) Close() error {
 	w.mu.Lock()
+	w.shut = true
 	w.releaseAll()
 	w.mu.Unlock()
 	return w.Conn.Close()
