@@ -38,7 +38,7 @@ func TestBodySections(t *testing.T) {
 // holds what was sent, and is charged in reception by the chunks it
 // fills; a body past the limit, or shorter than announced, is refused.
 func TestReadBody(t *testing.T) {
-	r := &reception{total: 1 << 30, perPeer: 1 << 30, peers: map[string]int64{}}
+	r := newReception(&Options{MaxReceivingBytes: 1 << 30, MaxReceivingPerPeer: 1 << 30})
 	sent := strings.Repeat("0123456789", 10_000) // 100,000 bytes: the first chunk and two more
 	for _, length := range []int64{int64(len(sent)), -1} {
 		req, _ := http.NewRequest("POST", "/", strings.NewReader(sent))
@@ -85,7 +85,7 @@ func TestReadBody(t *testing.T) {
 // before the total one, by the total one across addresses, and what is
 // given back can be taken again.
 func TestReceptionBounds(t *testing.T) {
-	r := &reception{total: 100, perPeer: 60, peers: map[string]int64{}}
+	r := newReception(&Options{MaxReceivingBytes: 100, MaxReceivingPerPeer: 60})
 	a, err := r.begin("10.0.0.1:5", 50)
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/credentials"
 )
@@ -28,14 +30,14 @@ import (
 // weigh, within MaxReceivingBytes and MaxReceivingPerPeer, until its
 // receive time ends it.
 //
-// A frame that would take reception past a bound closes its connection:
-// its bytes are not read, and grpc-go frees what the connection's
-// streams hold. That is the connection whose frame came last, not the
-// one holding most: past the per-address bound, one of that address's
-// own; past MaxReceivingBytes, which several addresses' stalled
-// messages may fill, possibly a good client's (it then fails what it
-// has in flight, Unavailable). Waiting for room instead of closing
-// would spare it; not done yet.
+// A read whose frames take reception past a bound is charged all the
+// same (it is in memory already: at most grpc-go's read buffer, 32 KiB,
+// a connection), and the connection then waits, unread, until reception
+// is back within its bounds: stalled messages elsewhere end at their
+// receive time and give theirs back. Its own sender is held to what TCP
+// buffers, and the front does no work for it meanwhile. A connection
+// still over after the wait (ReceiveTimeout and a second) is closed: its
+// bytes are not read further, and grpc-go frees what its streams hold.
 
 // HTTP/2 frame types and flags followed (RFC 9113, section 6).
 const (
@@ -48,9 +50,9 @@ const (
 	h2ClientPrface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 )
 
-// errReceivingConn closes a connection whose DATA would take reception
-// past a bound.
-var errReceivingConn = errors.New("server: the connection's messages in reception are over the bytes the server allows; closed")
+// errReceivingConn closes a connection whose DATA kept reception past a
+// bound.
+var errReceivingConn = errors.New("server: the connection's messages in reception stayed over the bytes the server allows; closed")
 
 // h2frames follows a stream of HTTP/2 frames fed in pieces of any size.
 type h2frames struct {
@@ -124,14 +126,16 @@ func (f *h2frames) feed(b []byte, header func(typ, flags byte, stream uint32, le
 // message bytes charged in reception.
 type h2watch struct {
 	net.Conn
-	x      *receiving // the connection's share of reception
-	closed func()     // counts a connection closed over a bound
-	in     h2frames   // read by the reader only
-	out    h2frames   // read by the writer only
+	x      *receiving    // the connection's share of reception
+	closed func()        // counts a connection closed over a bound
+	wait   time.Duration // the longest a read waits for room
+	in     h2frames      // read by the reader only
+	out    h2frames      // read by the writer only
 	mu     sync.Mutex
 	open   map[uint32]*h2stream // streams whose message is arriving
 	err    error                // once over a bound: every read fails
-	shut   bool                 // closed: nothing more is charged
+	shut   atomic.Bool          // closed: nothing more is charged
+	over   bool                 // the read being followed went past a bound
 }
 
 // h2stream is a client stream's message in reception: its gRPC length
@@ -145,8 +149,8 @@ type h2stream struct {
 	held   int64
 }
 
-func (r *reception) watch(c net.Conn, closed func()) *h2watch {
-	return &h2watch{Conn: c, x: &receiving{r: r, peer: peerHost(c.RemoteAddr().String())}, closed: closed,
+func (r *reception) watch(c net.Conn, wait time.Duration, closed func()) *h2watch {
+	return &h2watch{Conn: c, x: &receiving{r: r, peer: peerHost(c.RemoteAddr().String())}, closed: closed, wait: wait,
 		in: h2frames{preface: len(h2ClientPrface)}, open: map[uint32]*h2stream{}}
 }
 
@@ -159,17 +163,19 @@ func (w *h2watch) Read(p []byte) (int, error) {
 	}
 	n, rerr := w.Conn.Read(p)
 	w.mu.Lock()
-	err = w.in.feed(p[:n], w.inHeader, w.inData, w.inEnd)
-	if err != nil {
-		w.err = err
-		w.releaseAll()
-	}
+	w.in.feed(p[:n], w.inHeader, w.inData, w.inEnd)
+	over := w.over
+	w.over = false
 	w.mu.Unlock()
-	if err != nil {
+	if over && !w.x.within(time.Now().Add(w.wait), w.shut.Load) {
+		w.mu.Lock()
+		w.err = errReceivingConn
+		w.releaseAll()
+		w.mu.Unlock()
 		w.closed()
-		slog.Warn("server: closed a gRPC connection: its messages in reception are over a bound", "from", w.RemoteAddr().String(), "reason", err.Error())
+		slog.Warn("server: closed a gRPC connection: its messages in reception stayed over a bound", "from", w.RemoteAddr().String(), "waited", w.wait)
 		w.Conn.Close()
-		return 0, err
+		return 0, errReceivingConn
 	}
 	return n, rerr
 }
@@ -182,7 +188,7 @@ func (w *h2watch) inHeader(typ, flags byte, stream uint32, _ int) error {
 		switch {
 		case open && flags&h2FlagEndStrm != 0:
 			w.release(stream) // the client's trailers end its message
-		case !open && flags&h2FlagEndStrm == 0 && stream%2 == 1 && !w.shut:
+		case !open && flags&h2FlagEndStrm == 0 && stream%2 == 1 && !w.shut.Load():
 			w.open[stream] = &h2stream{}
 		}
 	case h2RSTStream:
@@ -213,7 +219,8 @@ func (w *h2watch) inData(stream uint32, b []byte) error {
 			st.left -= int64(k)
 		}
 		if err := w.x.take(int64(k)); err != nil {
-			return errReceivingConn
+			w.x.force(int64(k)) // read already: Read then waits for room
+			w.over = true
 		}
 		st.held += int64(k)
 		b = b[k:]
@@ -255,10 +262,11 @@ func (w *h2watch) Write(p []byte) (int, error) {
 }
 
 func (w *h2watch) Close() error {
+	w.shut.Store(true)
 	w.mu.Lock()
-	w.shut = true
 	w.releaseAll()
 	w.mu.Unlock()
+	w.x.r.wake() // a read waiting for room gives up
 	return w.Conn.Close()
 }
 
@@ -273,6 +281,7 @@ func (w *h2watch) releaseAll() {
 type watchCreds struct {
 	credentials.TransportCredentials
 	r      *reception
+	wait   time.Duration
 	closed func()
 }
 
@@ -281,9 +290,9 @@ func (c watchCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthIn
 	if err != nil {
 		return out, info, err
 	}
-	return c.r.watch(out, c.closed), info, nil
+	return c.r.watch(out, c.wait, c.closed), info, nil
 }
 
 func (c watchCreds) Clone() credentials.TransportCredentials {
-	return watchCreds{TransportCredentials: c.TransportCredentials.Clone(), r: c.r, closed: c.closed}
+	return watchCreds{TransportCredentials: c.TransportCredentials.Clone(), r: c.r, wait: c.wait, closed: c.closed}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http2"
 )
@@ -107,10 +108,10 @@ func grpcMessage(n, sent int) []byte {
 // whole, the server's trailers, a reset, the connection closed; and the
 // connection cut when a frame would pass its address's share.
 func TestH2WatchCharges(t *testing.T) {
-	r := &reception{total: 1 << 20, perPeer: 4000, peers: map[string]int64{}}
+	r := newReception(&Options{MaxReceivingBytes: 1 << 20, MaxReceivingPerPeer: 4000})
 	cuts := 0
 	c := &fakeConn{}
-	w := r.watch(c, func() { cuts++ })
+	w := r.watch(c, 10*time.Second, func() { cuts++ })
 	client := http2.NewFramer(&c.in, nil)
 	server := http2.NewFramer(w, nil) // what the server writes goes through w
 	read := func() {
@@ -163,11 +164,28 @@ func TestH2WatchCharges(t *testing.T) {
 	hdrs(7)
 	client.WriteData(7, false, grpcMessage(5000, 3000))
 	step("3005 of the share's 4000", 3005)
+	// Past the share: the read is charged and waits for room, which
+	// stream 7's end (the server's reset, from the writer's goroutine)
+	// gives.
 	hdrs(9)
 	client.WriteData(9, false, grpcMessage(5000, 1000))
+	go func() {
+		for r.bytes() <= 4000 {
+			time.Sleep(time.Millisecond)
+		}
+		server.WriteRSTStream(7, http2.ErrCodeCancel)
+	}()
+	step("a read past the share, waiting until stream 7 ends", 1005)
+	if cuts != 0 {
+		t.Fatalf("%d cuts, want the read to wait for room", cuts)
+	}
+	// Past it with nothing to give room: cut once the wait is over.
+	w.wait = 10 * time.Millisecond
+	hdrs(11)
+	client.WriteData(11, false, grpcMessage(5000, 3500))
 	buf := make([]byte, 64<<10)
 	if _, err := w.Read(buf); err != errReceivingConn || cuts != 1 {
-		t.Fatalf("a frame past the share: %v, %d cuts; want the connection cut", err, cuts)
+		t.Fatalf("a read past the share, no room coming: %v, %d cuts; want the connection cut", err, cuts)
 	}
 	if got := r.bytes(); got != 0 {
 		t.Errorf("after the cut: %d bytes in reception, want 0", got)
@@ -179,7 +197,7 @@ func TestH2WatchCharges(t *testing.T) {
 	// Closed: what is open is given back, and nothing read after is
 	// charged.
 	c2 := &fakeConn{}
-	w2 := r.watch(c2, func() {})
+	w2 := r.watch(c2, time.Second, func() {})
 	client2 := http2.NewFramer(&c2.in, nil)
 	c2.in.WriteString(h2ClientPrface)
 	client2.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte("h"), EndHeaders: true})

@@ -41,6 +41,7 @@ func bodyCharge(n int64) int64 {
 type reception struct {
 	total, perPeer int64
 	mu             sync.Mutex
+	room           *sync.Cond // on mu: signalled when bytes are given back
 	held           int64
 	peers          map[string]int64
 	// arriving counts the requests in reception: under load they are
@@ -50,7 +51,9 @@ type reception struct {
 }
 
 func newReception(o *Options) *reception {
-	return &reception{total: o.MaxReceivingBytes, perPeer: o.MaxReceivingPerPeer, peers: map[string]int64{}}
+	r := &reception{total: o.MaxReceivingBytes, perPeer: o.MaxReceivingPerPeer, peers: map[string]int64{}}
+	r.room = sync.NewCond(&r.mu)
+	return r
 }
 
 // receiving is one request's share of reception. Not safe for
@@ -119,6 +122,47 @@ func (x *receiving) take(n int64) error {
 	return nil
 }
 
+// force charges n more bytes whatever the bounds: bytes already read
+// (h2watch), which the caller then waits to see reception back within
+// its bounds for (within).
+func (x *receiving) force(n int64) {
+	r := x.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held += n
+	r.peers[x.peer] += n
+	x.n += n
+}
+
+// within waits until reception, all of it and x's address's share, is
+// within its bounds again, and reports whether it was by deadline, and
+// before stop said to give up.
+func (x *receiving) within(deadline time.Time, stop func() bool) bool {
+	r := x.r
+	wake := time.AfterFunc(time.Until(deadline), func() {
+		r.mu.Lock()
+		r.room.Broadcast()
+		r.mu.Unlock()
+	})
+	defer wake.Stop()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for r.held > r.total || r.peers[x.peer] > r.perPeer {
+		if stop() || !time.Now().Before(deadline) {
+			return false
+		}
+		r.room.Wait()
+	}
+	return true
+}
+
+// wake wakes the waiters of within, to look again (at stop).
+func (r *reception) wake() {
+	r.mu.Lock()
+	r.room.Broadcast()
+	r.mu.Unlock()
+}
+
 // give gives back n of what x was charged.
 func (x *receiving) give(n int64) {
 	if n <= 0 {
@@ -127,6 +171,7 @@ func (x *receiving) give(n int64) {
 	r := x.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.room.Broadcast()
 	r.held -= n
 	x.n -= n
 	if p := r.peers[x.peer] - n; p > 0 {
@@ -145,6 +190,7 @@ func (x *receiving) done() {
 	r := x.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.room.Broadcast()
 	r.held -= x.n
 	if p := r.peers[x.peer] - x.n; p > 0 {
 		r.peers[x.peer] = p
