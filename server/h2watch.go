@@ -168,6 +168,9 @@ func (w *h2watch) Read(p []byte) (int, error) {
 	w.over = false
 	w.mu.Unlock()
 	if over && !w.x.within(time.Now().Add(w.wait), w.shut.Load) {
+		if w.shut.Load() {
+			return 0, net.ErrClosed // closed while it waited: no cut
+		}
 		w.mu.Lock()
 		w.err = errReceivingConn
 		w.releaseAll()
