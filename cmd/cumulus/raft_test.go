@@ -223,9 +223,18 @@ func TestRaftManagerFailover(t *testing.T) {
 		}
 	}
 	restart("m3", "--raft-addr", m3, "--raft-dir", filepath.Join(dir, "m3"))
-	if out, err := admin(third, "managers", "add", "m3", m3); err != nil || !strings.Contains(out, "m3") {
-		t.Fatalf("managers add: %v\n%s", err, out)
-	}
+	// m3 says it waits to join (its record in etcd) shortly after it
+	// prints its addresses: until then the add is refused, 409.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		out, err := admin(third, "managers", "add", "m3", m3)
+		switch {
+		case err != nil && strings.Contains(out, "start it first"):
+			return fmt.Errorf("m3 not waiting to join yet: %s", out)
+		case err != nil || !strings.Contains(out, "m3"):
+			t.Fatalf("managers add: %v\n%s", err, out)
+		}
+		return nil
+	})
 	testenv.Eventually(t, 30*time.Second, func() error { return holds("m3", "ghost2") })
 	if out, err := admin(third, "managers", "remove", "m3"); err != nil || strings.Contains(out, "m3 ") {
 		t.Fatalf("managers remove: %v\n%s", err, out)
