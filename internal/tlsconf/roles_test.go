@@ -2,7 +2,6 @@ package tlsconf_test
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -16,20 +15,18 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
-// issuedAs is issued with sans besides 127.0.0.1 (SPIFFE IDs, say).
-func issuedAs(t *testing.T, ca *tlsconf.CA, name string, sans ...string) *tlsconf.Source {
+// certOf parses the certificate of certPEM.
+func certOf(t *testing.T, certPEM []byte) *x509.Certificate {
 	t.Helper()
-	f, err := ca.WriteIssued(t.TempDir(), name, append([]string{"127.0.0.1"}, sans...)...)
+	blk, _ := pem.Decode(certPEM)
+	if blk == nil {
+		t.Fatal("no PEM block")
+	}
+	cert, err := x509.ParseCertificate(blk.Bytes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	s, err := tlsconf.Load(ctx, f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return cert
 }
 
 func spiffe(cluster string, r tlsconf.Role) string {
@@ -67,12 +64,7 @@ func TestIdentityOf(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		blk, _ := pem.Decode(certPEM)
-		cert, err := x509.ParseCertificate(blk.Bytes)
-		if err != nil {
-			t.Fatal(err)
-		}
-		id, ok, err := tlsconf.IdentityOf(cert)
+		id, ok, err := tlsconf.IdentityOf(certOf(t, certPEM))
 		var got string
 		switch {
 		case err != nil:
@@ -133,12 +125,12 @@ func captureLogs(t *testing.T) *logs {
 func TestServerRoles(t *testing.T) {
 	ca, other := newCA(t, "cluster CA"), newCA(t, "another CA")
 	clients := map[string]*tlsconf.Source{
-		"no role":         issuedAs(t, ca, "old"),
-		"another cluster": issuedAs(t, ca, "staging router", spiffe("staging", tlsconf.RoleRouter)),
-		"another CA":      issuedAs(t, other, "stranger", spiffe("prod", tlsconf.RoleRouter)),
+		"no role":         issued(t, ca, "old"),
+		"another cluster": issued(t, ca, "staging router", spiffe("staging", tlsconf.RoleRouter)),
+		"another CA":      issued(t, other, "stranger", spiffe("prod", tlsconf.RoleRouter)),
 	}
 	for _, r := range tlsconf.Roles {
-		clients[string(r)] = issuedAs(t, ca, string(r), spiffe("prod", r))
+		clients[string(r)] = issued(t, ca, string(r), spiffe("prod", r))
 	}
 	accept := []tlsconf.Role{tlsconf.RoleRouter, tlsconf.RoleManager}
 	want := map[tlsconf.RoleMode]map[string]string{ // "" answered, else in the server's error
@@ -154,7 +146,7 @@ func TestServerRoles(t *testing.T) {
 	warned := map[string]string{"shard": "has role shard", "operator": "has role operator", "trainer": "has role trainer",
 		"no role": "names no role", "another cluster": "staging"}
 	for mode, cells := range want {
-		srv := issuedAs(t, ca, "shard", spiffe("prod", tlsconf.RoleShard))
+		srv := issued(t, ca, "shard", spiffe("prod", tlsconf.RoleShard))
 		srv.SetRoles("prod", mode)
 		addr, outcomes := server(t, srv.Server(accept...))
 		l := captureLogs(t)
@@ -180,7 +172,7 @@ func TestServerRoles(t *testing.T) {
 
 	// A server whose process never said its cluster refuses every role,
 	// saying so: roles cannot be checked without one.
-	srv := issuedAs(t, ca, "shard")
+	srv := issued(t, ca, "shard")
 	addr, outcomes := server(t, srv.Server(accept...))
 	if _, err := dial(addr, clients["router"].Client("127.0.0.1")); err == nil {
 		t.Error("a server with no cluster answered")
@@ -195,7 +187,7 @@ func TestServerRoles(t *testing.T) {
 // handlers each connection's role.
 func TestServerAsking(t *testing.T) {
 	ca, other := newCA(t, "cluster CA"), newCA(t, "another CA")
-	srv := issuedAs(t, ca, "shard", spiffe("prod", tlsconf.RoleShard))
+	srv := issued(t, ca, "shard", spiffe("prod", tlsconf.RoleShard))
 	srv.SetRoles("prod", tlsconf.RolesEnforce)
 	lis, err := tls.Listen("tcp", "127.0.0.1:0", srv.ServerAsking())
 	if err != nil {
@@ -224,15 +216,15 @@ func TestServerAsking(t *testing.T) {
 			c.Close()
 		}
 	}()
-	router := issuedAs(t, ca, "router", spiffe("prod", tlsconf.RoleRouter))
+	router := issued(t, ca, "router", spiffe("prod", tlsconf.RoleRouter))
 	for name, c := range map[string]struct {
 		cert *tlsconf.Source // nil: none
 		want string          // "" allowed, else in Allow's error; "handshake: X" in the server's handshake error
 	}{
-		"operator":       {issuedAs(t, ca, "op", spiffe("prod", tlsconf.RoleOperator)), ""},
+		"operator":       {issued(t, ca, "op", spiffe("prod", tlsconf.RoleOperator)), ""},
 		"router":         {router, "has role router; wanted the role [operator]"},
 		"no certificate": {nil, "presented no certificate"},
-		"another CA":     {issuedAs(t, other, "op", spiffe("prod", tlsconf.RoleOperator)), "handshake: not one this process trusts"},
+		"another CA":     {issued(t, other, "op", spiffe("prod", tlsconf.RoleOperator)), "handshake: not one this process trusts"},
 	} {
 		cfg := router.Client("127.0.0.1")
 		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &tls.Certificate{}, nil }
@@ -271,11 +263,7 @@ func TestIssueURI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blk, _ := pem.Decode(certPEM)
-	cert, err := x509.ParseCertificate(blk.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := certOf(t, certPEM)
 	if len(cert.URIs) != 1 || cert.URIs[0].String() != "spiffe://prod/shard/s0" || len(cert.DNSNames) != 1 || len(cert.IPAddresses) != 1 {
 		t.Errorf("SANs: URIs %v, DNS %v, IPs %v", cert.URIs, cert.DNSNames, cert.IPAddresses)
 	}
@@ -288,7 +276,7 @@ func TestIssueURI(t *testing.T) {
 // certificate names the host it dialled only if its role is shard.
 func TestClientWantsRole(t *testing.T) {
 	ca := newCA(t, "cluster CA")
-	router := issuedAs(t, ca, "router", spiffe("prod", tlsconf.RoleRouter))
+	router := issued(t, ca, "router", spiffe("prod", tlsconf.RoleRouter))
 	router.SetRoles("prod", tlsconf.RolesEnforce)
 	for _, c := range []struct {
 		server string
@@ -303,7 +291,7 @@ func TestClientWantsRole(t *testing.T) {
 		if c.role != "" {
 			sans = append(sans, spiffe("prod", c.role))
 		}
-		srv := issuedAs(t, ca, c.server, sans...)
+		srv := issued(t, ca, c.server, sans...)
 		addr, outcomes := server(t, srv.Server()) // takes any client of the CA
 		got, err := dial(addr, router.Client("127.0.0.1", tlsconf.RoleShard))
 		<-outcomes
@@ -331,7 +319,7 @@ func TestServerRolesWithoutCA(t *testing.T) {
 	}
 	srv.SetRoles("prod", tlsconf.RolesEnforce)
 	addr, outcomes := server(t, srv.Server(tlsconf.RoleRouter))
-	if got, err := dial(addr, issuedAs(t, ca, "router", spiffe("prod", tlsconf.RoleRouter)).Client("127.0.0.1")); err == nil {
+	if got, err := dial(addr, issued(t, ca, "router", spiffe("prod", tlsconf.RoleRouter)).Client("127.0.0.1")); err == nil {
 		t.Errorf("answered %q", got)
 	}
 	if serr := <-outcomes; serr == nil || !strings.Contains(serr.Error(), "no CA") {

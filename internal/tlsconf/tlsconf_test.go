@@ -16,11 +16,11 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 )
 
-// issued writes a certificate of ca for 127.0.0.1 into a new directory
-// and loads it.
-func issued(t *testing.T, ca *tlsconf.CA, name string) *tlsconf.Source {
+// issued writes a certificate of ca for 127.0.0.1 and sans (SPIFFE IDs,
+// say) into a new directory and loads it.
+func issued(t *testing.T, ca *tlsconf.CA, name string, sans ...string) *tlsconf.Source {
 	t.Helper()
-	f, err := ca.WriteIssued(t.TempDir(), name, "127.0.0.1")
+	f, err := ca.WriteIssued(t.TempDir(), name, append([]string{"127.0.0.1"}, sans...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
