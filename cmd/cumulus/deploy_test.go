@@ -165,18 +165,7 @@ func TestIssueCert(t *testing.T) {
 		t.Fatal("ca.crt holds no certificate")
 	}
 	read := func(name string) *x509.Certificate {
-		b, err := os.ReadFile(filepath.Join(dir, name+".crt"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		blk, _ := pem.Decode(b)
-		if blk == nil {
-			t.Fatalf("%s.crt: no PEM", name)
-		}
-		c, err := x509.ParseCertificate(blk.Bytes)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := readCert(t, filepath.Join(dir, name+".crt"))
 		if _, err := c.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 			t.Errorf("%s.crt: as a client: %v", name, err)
 		}
@@ -223,4 +212,22 @@ func TestIssueCert(t *testing.T) {
 	if id, ok, err := tlsconf.IdentityOf(read("upper")); err != nil || !ok || id.Cluster != "prod" {
 		t.Errorf("cluster Prod: %v %v %v, want spiffe://prod/router/upper", id, ok, err)
 	}
+}
+
+// readCert reads the first certificate of a PEM file.
+func readCert(t *testing.T, path string) *x509.Certificate {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatalf("%s: no PEM", path)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return c
 }

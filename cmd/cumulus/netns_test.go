@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,19 +85,7 @@ func TestClusterNetns(t *testing.T) {
 	// routers and the manager, the admin API only the clients' operator.
 	for h, want := range map[string]tlsconf.Role{"mgr": tlsconf.RoleManager, "r1": tlsconf.RoleRouter, "r2": tlsconf.RoleRouter,
 		"s1": tlsconf.RoleShard, "s4": tlsconf.RoleShard, "cli": tlsconf.RoleOperator} {
-		b, err := os.ReadFile(filepath.Join(work, "pki", h+".crt"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		blk, _ := pem.Decode(b)
-		if blk == nil {
-			t.Fatalf("%s.crt: no PEM", h)
-		}
-		c, err := x509.ParseCertificate(blk.Bytes)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if id, ok, err := tlsconf.IdentityOf(c); err != nil || !ok || id.Role != want || id.Cluster != "default" {
+		if id, ok, err := tlsconf.IdentityOf(readCert(t, filepath.Join(work, "pki", h+".crt"))); err != nil || !ok || id.Role != want || id.Cluster != "default" {
 			t.Errorf("%s.crt: %v %v %v, want the role %s of cluster default", h, id, ok, err, want)
 		}
 	}
