@@ -109,16 +109,13 @@ func (x *receiving) take(n int64) error {
 	r := x.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p := r.peers[x.peer]
 	switch {
-	case p+n > r.perPeer:
+	case r.peers[x.peer]+n > r.perPeer:
 		return errReceiving{"peer"}
 	case r.held+n > r.total:
 		return errReceiving{"receiving"}
 	}
-	r.held += n
-	r.peers[x.peer] = p + n
-	x.n += n
+	x.charge(n)
 	return nil
 }
 
@@ -126,12 +123,22 @@ func (x *receiving) take(n int64) error {
 // (h2watch), which the caller then waits to see reception back within
 // its bounds for (within).
 func (x *receiving) force(n int64) {
+	x.r.mu.Lock()
+	defer x.r.mu.Unlock()
+	x.charge(n)
+}
+
+// charge adds n (negative: gives back -n) to x's charge, its address's
+// and all reception's. Called with x.r.mu held.
+func (x *receiving) charge(n int64) {
 	r := x.r
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.held += n
-	r.peers[x.peer] += n
 	x.n += n
+	if p := r.peers[x.peer] + n; p > 0 {
+		r.peers[x.peer] = p
+	} else {
+		delete(r.peers, x.peer)
+	}
 }
 
 // within waits until reception, all of it and x's address's share, is
@@ -139,11 +146,7 @@ func (x *receiving) force(n int64) {
 // before stop said to give up.
 func (x *receiving) within(deadline time.Time, stop func() bool) bool {
 	r := x.r
-	wake := time.AfterFunc(time.Until(deadline), func() {
-		r.mu.Lock()
-		r.room.Broadcast()
-		r.mu.Unlock()
-	})
+	wake := time.AfterFunc(time.Until(deadline), r.wake)
 	defer wake.Stop()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -171,33 +174,16 @@ func (x *receiving) give(n int64) {
 	r := x.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	defer r.room.Broadcast()
-	r.held -= n
-	x.n -= n
-	if p := r.peers[x.peer] - n; p > 0 {
-		r.peers[x.peer] = p
-	} else {
-		delete(r.peers, x.peer)
-	}
+	x.charge(-n)
+	r.room.Broadcast()
 }
 
 // done gives back everything the request was charged.
 func (x *receiving) done() {
 	x.arrived()
-	if x == nil || x.n == 0 {
-		return
+	if x != nil {
+		x.give(x.n)
 	}
-	r := x.r
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	defer r.room.Broadcast()
-	r.held -= x.n
-	if p := r.peers[x.peer] - x.n; p > 0 {
-		r.peers[x.peer] = p
-	} else {
-		delete(r.peers, x.peer)
-	}
-	x.n = 0
 }
 
 // bytes is what all requests in reception are charged now.
