@@ -38,6 +38,7 @@ func FetchRecords(ctx context.Context, r *Router, model string, ids []uint64, ol
 	}
 	vr := mr.live
 	seen, mu := map[byte]int{}, new(sync.Mutex)
+	var wrapped []*backend
 	for _, reps := range vr.replicas {
 		for _, b := range reps {
 			if _, ok := b.svc.(*formats); ok {
@@ -45,18 +46,31 @@ func FetchRecords(ctx context.Context, r *Router, model string, ids []uint64, ol
 			}
 			svc, offered := b.svc, b.stored.Load()
 			b.svc = &formats{Service: svc, mu: mu, seen: seen}
-			if older {
-				b.stored.Store(0)
-			}
+			wrapped = append(wrapped, b)
 			defer func() { b.svc = svc; b.stored.Store(offered) }()
 		}
 	}
-	w := getWork()
-	defer w.release()
-	w.dedup(&Request{IDs: ids})
-	w.partition(vr)
-	if err := r.fanOut(ctx, vr, w); err != nil {
-		return nil, nil, nil, err
+	// An older shard's withdrawn offers are restored by any registration
+	// event the router takes in meanwhile (a shard's load report): a
+	// fetch that sent records-as-stored requests anyway is made again.
+	for attempt := 0; ; attempt++ {
+		if older {
+			for _, b := range wrapped {
+				b.stored.Store(0)
+			}
+		}
+		clear(seen)
+		w := getWork()
+		w.dedup(&Request{IDs: ids})
+		w.partition(vr)
+		if err := r.fanOut(ctx, vr, w); err != nil {
+			w.release()
+			return nil, nil, nil, err
+		}
+		uniq, vals := append([]uint64(nil), w.ids.uniq...), append([]float32(nil), w.vals...)
+		w.release()
+		if !older || seen[2] == 0 || attempt == 20 {
+			return uniq, vals, seen, nil
+		}
 	}
-	return append([]uint64(nil), w.ids.uniq...), append([]float32(nil), w.vals...), seen, nil
 }

@@ -49,10 +49,12 @@ func TestRecordsAsStored(t *testing.T) {
 	r := c.Router
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, e := range all {
+	for _, e := range all { // all loaded first: fewer shard reports while fetching
 		if err := r.WaitRoutable(ctx, e.name, 1); err != nil {
 			t.Fatal(err)
 		}
+	}
+	for _, e := range all {
 		chain, err := repo.Chain(e.name, 1)
 		if err != nil {
 			t.Fatal(err)
