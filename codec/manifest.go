@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/cumulus-serving/cumulus/internal/partition"
 	"github.com/cumulus-serving/cumulus/model"
@@ -61,10 +62,14 @@ type Manifest struct {
 	// Extras are the version's other files, one per role. A delta
 	// inherits its parent's dense part unless it lists its own
 	// (ChainExtra); golden requests are its own or none.
-	Extras    []Extra  `json:"extras,omitempty"`
-	Source    string   `json:"source,omitempty"` // free text: importer, generator flags
-	Generator *GenInfo `json:"generator,omitempty"`
-	Created   string   `json:"created,omitempty"`
+	Extras []Extra `json:"extras,omitempty"`
+	Source string  `json:"source,omitempty"` // free text: importer, generator flags
+	// Pushed, on a delta sealed from pushes (manager/push.go), maps each
+	// producer whose batches it holds to the highest sequence it holds:
+	// a manager taking over reads its producers' high-water marks here.
+	Pushed    map[string]PushMark `json:"pushed,omitempty"`
+	Generator *GenInfo            `json:"generator,omitempty"`
+	Created   string              `json:"created,omitempty"`
 }
 
 // GenInfo describes a synthetic model's ids, so load generators can send
@@ -168,7 +173,41 @@ func (m *Manifest) Validate() error {
 	if total != m.Params {
 		return fmt.Errorf("codec: manifest: files hold %d keys, params says %d", total, m.Params)
 	}
+	if err := m.validatePushed(); err != nil {
+		return err
+	}
 	return m.validateExtras()
+}
+
+// PushMark is a producer's highest sealed sequence and when its window
+// was sealed (the sealing leader's clock).
+type PushMark struct {
+	Seq uint64    `json:"seq"`
+	At  time.Time `json:"at"`
+}
+
+// MaxPushProducers bounds the producers a manifest (and a model's state)
+// may name.
+const MaxPushProducers = 4096
+
+var producerPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// ValidProducer reports whether s is usable as a push producer's ID.
+func ValidProducer(s string) bool { return producerPattern.MatchString(s) }
+
+func (m *Manifest) validatePushed() error {
+	if len(m.Pushed) == 0 {
+		return nil
+	}
+	if m.Kind != KindDelta || len(m.Pushed) > MaxPushProducers {
+		return fmt.Errorf("codec: manifest: pushed marks on a %s version, or more than %d (%d)", m.Kind, MaxPushProducers, len(m.Pushed))
+	}
+	for p, mk := range m.Pushed {
+		if !ValidProducer(p) || mk.Seq == 0 {
+			return fmt.Errorf("codec: manifest: pushed mark %q: sequence %d (a producer is 1 to 128 of [A-Za-z0-9._:-], a sequence at least 1)", p, mk.Seq)
+		}
+	}
+	return nil
 }
 
 // validateCover checks that Files and Unchanged name every partition

@@ -89,6 +89,9 @@ type Delta struct {
 	// local checks (DeltaParent).
 	Parent uint64
 	Source string
+	// Pushed, for a delta sealed from pushes, are its producers' marks
+	// (codec.Manifest.Pushed).
+	Pushed map[string]codec.PushMark
 	// Golden, if set, are the delta's golden requests, scored on the new
 	// chain (see Spec.Golden); nil: the delta has none (golden requests
 	// are not inherited: their wants are one version's scores).
@@ -202,7 +205,7 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 		return nil, fmt.Errorf("loader: an %s model takes no dense part", parent.Type)
 	}
 	return r.publish(Spec{Name: name, Shape: parent.Shape, Bias: bias, Partitions: parent.Partitions,
-		Encoding: parent.Encoding, Parent: latest, Source: d.Source, Golden: d.Golden}, keys, values, d.Dense)
+		Encoding: parent.Encoding, Parent: latest, Source: d.Source, Pushed: d.Pushed, Golden: d.Golden}, keys, values, d.Dense)
 }
 
 // publish splits keys by partition and writes them, and dense (if not

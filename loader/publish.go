@@ -25,9 +25,10 @@ type Spec struct {
 	model.Shape
 	Bias       float64 // global bias
 	Partitions uint32
-	Encoding   string // factors: "" or fp32, fp16, int8
-	Parent     uint64 // for a delta: the version it applies to; 0 for a full version
-	Source     string // recorded in the manifest
+	Encoding   string                    // factors: "" or fp32, fp16, int8
+	Parent     uint64                    // for a delta: the version it applies to; 0 for a full version
+	Source     string                    // recorded in the manifest
+	Pushed     map[string]codec.PushMark // recorded in a delta's manifest
 	Generator  *codec.GenInfo
 	// SameAs: the version serves exactly what version SameAs serves (a
 	// compaction of its chain). Commit then also copies every delta
@@ -187,7 +188,7 @@ func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 	slices.SortFunc(w.extras, func(a, b codec.Extra) int { return strings.Compare(a.Role, b.Role) })
 	m := &codec.Manifest{Format: format, Name: w.spec.Name, Kind: kind, Parent: w.spec.Parent, SameAs: w.spec.SameAs, Shape: w.spec.Shape, Encoding: w.spec.Encoding,
 		Bias: w.spec.Bias, Partitions: w.spec.Partitions, Hash: partition.HashName, Params: params, Files: files, Unchanged: unchanged,
-		Source: w.spec.Source, Generator: w.spec.Generator, Created: time.Now().UTC().Format(time.RFC3339), Extras: w.extras}
+		Source: w.spec.Source, Pushed: w.spec.Pushed, Generator: w.spec.Generator, Created: time.Now().UTC().Format(time.RFC3339), Extras: w.extras}
 	if err := w.commit(m); err != nil {
 		w.Abort()
 		return nil, err

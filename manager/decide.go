@@ -59,7 +59,7 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 	var err error
 	switch ev := ev.(type) {
 	case Scanned:
-		acts = n.scanned(ev)
+		acts = n.scanned(ev, p)
 	case Started:
 		if v := n.version(ev.Model, ev.Version); v != nil && v.Phase == PhaseDiscovered {
 			v.Phase = PhaseValidating

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
@@ -30,6 +31,8 @@ type Found struct {
 	Parent  uint64
 	Files   string // fingerprint of its manifest and files
 	Err     string // the manifest could not be read or is invalid
+	// Pushed are the push producers' marks its manifest holds.
+	Pushed map[string]codec.PushMark
 }
 
 // Started says validation of a version began.

@@ -50,7 +50,7 @@ func scanRepo(repo loader.Repo, mode func(model string, v uint64) scanMode) (Sca
 			if m, err := repo.Manifest(name, v); err != nil {
 				f.Err = err.Error()
 			} else {
-				f.Kind, f.Parent = m.Kind, m.Parent
+				f.Kind, f.Parent, f.Pushed = m.Kind, m.Parent, m.Pushed
 			}
 			found = append(found, f)
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/topo"
 )
 
@@ -168,6 +169,10 @@ type ModelState struct {
 	Seq      uint64    `json:"seq,omitempty"`
 	PlaceSeq uint64    `json:"place_seq,omitempty"`
 	Versions []Version `json:"versions"` // ascending
+	// Pushed are the push producers' sealed marks, from the manifests of
+	// the deltas sealed from pushes (push.go), bounded by
+	// Policy.PushProducerTTL and MaxPushProducers.
+	Pushed map[string]codec.PushMark `json:"pushed,omitempty"`
 	// placed is the last placement made, for placement to give again
 	// while its inputs stand (not persisted).
 	placed *placeMemo
@@ -190,6 +195,7 @@ func (m *ModelState) clone() *ModelState {
 	n.Versions = slices.Clone(m.Versions)
 	n.Replicas = slices.Clone(m.Replicas)
 	n.Chained = maps.Clone(m.Chained)
+	n.Pushed = maps.Clone(m.Pushed)
 	if m.Canary != nil {
 		c := *m.Canary
 		n.Canary = &c
@@ -260,6 +266,12 @@ type Policy struct {
 	// MaxMoves bounds the partitions of a model moving onto one shard at
 	// once (0: no bound); see limitMoves.
 	MaxMoves int
+	// PushProducerTTL and MaxPushProducers bound ModelState.Pushed: a
+	// producer whose newest mark is this much older than the model's
+	// newest is forgotten (0: never), and at most this many are kept, the
+	// newest (0: codec.MaxPushProducers).
+	PushProducerTTL  time.Duration
+	MaxPushProducers int
 }
 
 // keepRejected is how many rejected versions a model keeps listed, with

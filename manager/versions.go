@@ -7,13 +7,15 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+
+	"github.com/cumulus-serving/cumulus/codec"
 )
 
 // scanned records what the repository holds now: new versions are queued
 // for validation, rejected ones whose files changed are queued again,
 // and versions that left the repository are forgotten (a live one stays
 // live, marked gone, until another version replaces it).
-func (s *State) scanned(ev Scanned) []Action {
+func (s *State) scanned(ev Scanned, p Policy) []Action {
 	var acts []Action
 	for _, name := range slices.Sorted(maps.Keys(ev.Models)) {
 		if s.Models[name] == nil {
@@ -53,6 +55,7 @@ func (s *State) scanned(ev Scanned) []Action {
 			}
 			if v == nil {
 				m.Versions = append(m.Versions, Version{Version: vn, Kind: f.Kind, Parent: f.Parent, Phase: PhaseDiscovered, Files: f.Files})
+				m.pushed(f.Pushed, p)
 				slices.SortFunc(m.Versions, func(a, b Version) int { return cmp.Compare(a.Version, b.Version) })
 				v = m.version(vn)
 			} else if v.Files == f.Files && !v.Phase.pending() {
@@ -129,4 +132,20 @@ func (s *State) checked(ev Checked) {
 	}
 	info := *ev.Info
 	v.Info, v.Bytes, v.Phase, v.Reason = &info, ev.Bytes, PhaseValidating, ""
+}
+
+// pushed raises the model's push marks to a new version's.
+func (m *ModelState) pushed(marks map[string]codec.PushMark, p Policy) {
+	if len(marks) == 0 {
+		return
+	}
+	if m.Pushed == nil {
+		m.Pushed = map[string]codec.PushMark{}
+	}
+	for name, mk := range marks {
+		if mk.Seq > m.Pushed[name].Seq {
+			m.Pushed[name] = mk
+		}
+	}
+	trimMarks(m.Pushed, p.PushProducerTTL, cmp.Or(p.MaxPushProducers, codec.MaxPushProducers))
 }

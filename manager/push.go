@@ -1,0 +1,357 @@
+// Pushes (Online updates): the window and the producers' sequences, a
+// pure part the push server (pushserver.go) drives with its clock.
+
+package manager
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/codec"
+)
+
+// A trainer pushes the absolute values of the rows it changed, in
+// batches numbered per producer. The leader gathers a model's batches in
+// an open window; every PushLimits.Window (or sooner, when the window
+// grows past PushLimits.WindowBytes) the window is sealed into one delta
+// on the model's newest version, last value winning per id. A batch is
+// answered once the delta holding it is published: the delta's manifest
+// names each producer's highest sequence in it (codec.Manifest.Pushed),
+// so that a leader taking over knows what was sealed from the state and
+// the repository alone. Per producer:
+//
+//	sequence ≤ sealed               a duplicate: answered, not applied again
+//	sealed < sequence ≤ accepted    a duplicate of a batch in a window not yet
+//	                                answered: answered with that window
+//	sequence = accepted + 1         applied to the open window
+//	any other                       refused, naming accepted + 1
+//
+// A window that cannot be published fails, and so does every window
+// after it: each producer starts again from its sealed mark.
+
+// PushBatch is one producer's batch for one model, decoded.
+type PushBatch struct {
+	Model    string
+	Producer string
+	Sequence uint64
+	// IDs are the rows upserted; Values their values, Width per row.
+	IDs     []uint64
+	Values  []float32
+	Deletes []uint64
+}
+
+// Size is what the batch weighs in memory, in bytes: what a window and a
+// producer's in-flight bound count.
+func (b *PushBatch) Size() int64 {
+	return int64(8*len(b.IDs)+4*len(b.Values)+8*len(b.Deletes)+len(b.Producer)) + 64
+}
+
+// Check refuses a batch that cannot be applied to a model of width
+// values per row: a bad producer ID or sequence, values not width per
+// id, a value NaN or infinite (the finite gate would reject the delta),
+// an id both upserted and deleted.
+func (b *PushBatch) Check(width int) error {
+	switch {
+	case !codec.ValidProducer(b.Producer):
+		return fmt.Errorf("%w: producer %q: give 1 to 128 of [A-Za-z0-9._:-]", ErrInvalid, b.Producer)
+	case b.Sequence == 0:
+		return fmt.Errorf("%w: sequence 0: a producer numbers its batches from 1", ErrInvalid)
+	case len(b.Values) != len(b.IDs)*width:
+		return fmt.Errorf("%w: %d values for %d ids: model %s takes %d values per id", ErrInvalid, len(b.Values), len(b.IDs), b.Model, width)
+	}
+	for i, v := range b.Values {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Errorf("%w: id %d has value %v at %d: values must be finite", ErrInvalid, b.IDs[i/width], v, i%width)
+		}
+	}
+	if len(b.Deletes) > 0 {
+		up := make(map[uint64]struct{}, len(b.IDs))
+		for _, id := range b.IDs {
+			up[id] = struct{}{}
+		}
+		for _, id := range b.Deletes {
+			if _, ok := up[id]; ok {
+				return fmt.Errorf("%w: id %d is both upserted and deleted in one batch", ErrInvalid, id)
+			}
+		}
+	}
+	return nil
+}
+
+// PushLimits bound one model's pushes on the leader.
+type PushLimits struct {
+	// Window is how long a window gathers batches before it is sealed.
+	Window time.Duration
+	// WindowBytes: a window that grows past it is sealed at once.
+	WindowBytes int64
+	// InFlight bounds a producer's bytes in windows not yet answered.
+	InFlight int64
+	// ProducerTTL: a producer idle this long is forgotten (its sealed
+	// mark too: it numbers from 1 again).
+	ProducerTTL time.Duration
+	// MaxProducers bounds the producers a model keeps.
+	MaxProducers int
+}
+
+// ErrSequence is a batch's sequence that is neither a duplicate nor the
+// next one.
+var ErrSequence = errors.New("manager: sequence out of order")
+
+// SequenceError is a batch refused for its sequence.
+type SequenceError struct {
+	Producer      string
+	Got, Expected uint64
+}
+
+func (e *SequenceError) Error() string {
+	return fmt.Sprintf("manager: producer %s sent sequence %d; expected %d (send the batches from %d in order)", e.Producer, e.Got, e.Expected, e.Expected)
+}
+
+func (e *SequenceError) Is(target error) bool { return target == ErrSequence }
+
+// ErrBusy is a push refused for a bound: the producer's bytes in flight,
+// the model's producers, a pending delta's bytes.
+var ErrBusy = errors.New("manager: over a push bound")
+
+// pushLog is one model's pushes on the leader: its producers and its
+// open window. Not safe for concurrent use.
+type pushLog struct {
+	lim       PushLimits
+	width     int
+	producers map[string]*pushProducer
+	open      *pushWindow
+}
+
+type pushProducer struct {
+	sealed   uint64      // highest sequence in a published delta
+	accepted uint64      // highest applied to a window (≥ sealed)
+	last     *pushWindow // the window holding accepted, until it is answered
+	inFlight int64       // bytes in windows not yet answered
+	seen     time.Time
+}
+
+// pushWindow is a window of one model's batches, then its answer.
+type pushWindow struct {
+	opened time.Time
+	width  int
+	// rows maps an id to its row in values, or -1 when deleted.
+	rows   map[uint64]int32
+	values []float32
+	bytes  int64
+	// marks are the highest sequence of each producer in the window;
+	// charges what each producer's batches weigh.
+	marks   map[string]uint64
+	charges map[string]int64
+	// done is closed once version or err is set.
+	done    chan struct{}
+	version uint64
+	err     error
+}
+
+func newPushLog(lim PushLimits, width int) *pushLog {
+	return &pushLog{lim: lim, width: width, producers: map[string]*pushProducer{}}
+}
+
+// offer applies b (checked) to the open window, given the producer's
+// sealed mark as the state knows it, and returns the window whose answer
+// is b's; dup says b was already applied (w nil: already sealed).
+func (l *pushLog) offer(b *PushBatch, sealed uint64, now time.Time) (w *pushWindow, dup bool, err error) {
+	p := l.producers[b.Producer]
+	if p == nil {
+		if len(l.producers) >= l.lim.MaxProducers {
+			l.forget(now)
+		}
+		if len(l.producers) >= l.lim.MaxProducers {
+			return nil, false, fmt.Errorf("%w: model %s has %d producers, the most it keeps (--max-push-producers); a producer idle for %s is forgotten", ErrBusy, b.Model, len(l.producers), l.lim.ProducerTTL)
+		}
+		p = &pushProducer{}
+		l.producers[b.Producer] = p
+	}
+	p.seen = now
+	p.sealed = max(p.sealed, sealed)
+	p.accepted = max(p.accepted, p.sealed)
+	switch {
+	case b.Sequence <= p.sealed:
+		return nil, true, nil
+	case b.Sequence <= p.accepted:
+		return p.last, true, nil
+	case b.Sequence != p.accepted+1:
+		return nil, false, &SequenceError{Producer: b.Producer, Got: b.Sequence, Expected: p.accepted + 1}
+	}
+	size := b.Size()
+	if p.inFlight > 0 && p.inFlight+size > l.lim.InFlight {
+		return nil, false, fmt.Errorf("%w: producer %s has %d bytes in windows not yet sealed, and the batch of %d would pass the bound of %d: wait for answers", ErrBusy, b.Producer, p.inFlight, size, l.lim.InFlight)
+	}
+	if l.open == nil {
+		l.open = &pushWindow{opened: now, width: l.width, rows: map[uint64]int32{}, marks: map[string]uint64{}, charges: map[string]int64{}, done: make(chan struct{})}
+	}
+	w = l.open
+	w.apply(b)
+	w.marks[b.Producer] = b.Sequence
+	w.charges[b.Producer] += size
+	p.accepted, p.last, p.inFlight = b.Sequence, w, p.inFlight+size
+	return w, false, nil
+}
+
+// rowBytes is what a row new to a window costs besides its values: the
+// map's entry and its share of the map's overhead.
+const rowBytes = 40
+
+func (w *pushWindow) apply(b *PushBatch) {
+	for i, id := range b.IDs {
+		vals := b.Values[i*w.width : (i+1)*w.width]
+		r, ok := w.rows[id]
+		if ok && r >= 0 {
+			copy(w.values[int(r)*w.width:], vals)
+			continue
+		}
+		if !ok {
+			w.bytes += rowBytes
+		}
+		w.rows[id] = int32(len(w.values) / w.width)
+		w.values = append(w.values, vals...)
+		w.bytes += int64(4 * w.width)
+	}
+	for _, id := range b.Deletes {
+		if _, ok := w.rows[id]; !ok {
+			w.bytes += rowBytes
+		}
+		w.rows[id] = -1
+	}
+}
+
+// due says whether the open window is to be sealed now.
+func (l *pushLog) due(now time.Time) bool {
+	return l.open != nil && (now.Sub(l.open.opened) >= l.lim.Window || l.open.bytes >= l.lim.WindowBytes)
+}
+
+// wait is how long until the open window is due (0: none open).
+func (l *pushLog) wait(now time.Time) time.Duration {
+	if l.open == nil {
+		return 0
+	}
+	return max(l.open.opened.Add(l.lim.Window).Sub(now), 0)
+}
+
+// take closes the open window to batches and returns it for sealing
+// (nil if none is open).
+func (l *pushLog) take() *pushWindow {
+	w := l.open
+	l.open = nil
+	return w
+}
+
+// contents is what w holds: the upserted ids with their values, and the
+// deleted ids.
+func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint64) {
+	ids = make([]uint64, 0, len(w.rows))
+	values = make([]float32, 0, len(w.values))
+	for id, r := range w.rows {
+		if r < 0 {
+			deletes = append(deletes, id)
+			continue
+		}
+		ids = append(ids, id)
+		values = append(values, w.values[int(r)*w.width:(int(r)+1)*w.width]...)
+	}
+	return ids, values, deletes
+}
+
+// pushMarks are w's marks as a manifest records them.
+func (w *pushWindow) pushMarks(at time.Time) map[string]codec.PushMark {
+	out := make(map[string]codec.PushMark, len(w.marks))
+	for p, s := range w.marks {
+		out[p] = codec.PushMark{Seq: s, At: at.UTC()}
+	}
+	return out
+}
+
+// sealed answers w, taken from l: published as version, or failed with
+// err, which fails the open window too (its batches follow w's), every
+// producer starting again from its sealed mark.
+func (l *pushLog) sealed(w *pushWindow, version uint64, err error) {
+	l.release(w)
+	if err == nil {
+		for name, s := range w.marks {
+			if p := l.producers[name]; p != nil {
+				p.sealed = max(p.sealed, s)
+			}
+		}
+		w.finish(version, nil)
+		return
+	}
+	w.finish(0, err)
+	if o := l.take(); o != nil {
+		l.release(o)
+		o.finish(0, fmt.Errorf("an earlier window of the model could not be published (%w): send again from your first unanswered batch", err))
+	}
+	for _, p := range l.producers {
+		p.accepted = p.sealed
+	}
+}
+
+// release returns w's charges to its producers.
+func (l *pushLog) release(w *pushWindow) {
+	for name, c := range w.charges {
+		if p := l.producers[name]; p != nil {
+			p.inFlight -= c
+			if p.last == w {
+				p.last = nil
+			}
+		}
+	}
+}
+
+func (w *pushWindow) finish(version uint64, err error) {
+	w.version, w.err = version, err
+	w.values, w.rows = nil, nil
+	close(w.done)
+}
+
+// fail answers every window not yet answered with err (leadership lost:
+// the log is then dropped).
+func (l *pushLog) fail(err error) {
+	if o := l.take(); o != nil {
+		l.release(o)
+		o.finish(0, err)
+	}
+}
+
+// forget drops the producers idle for ProducerTTL with nothing in flight.
+func (l *pushLog) forget(now time.Time) {
+	for name, p := range l.producers {
+		if p.inFlight == 0 && now.Sub(p.seen) >= l.lim.ProducerTTL {
+			delete(l.producers, name)
+		}
+	}
+}
+
+// trimMarks bounds a model's sealed marks: none idle for ttl before the
+// newest, at most max (the newest kept).
+func trimMarks(marks map[string]codec.PushMark, ttl time.Duration, most int) {
+	var newest time.Time
+	for _, mk := range marks {
+		if mk.At.After(newest) {
+			newest = mk.At
+		}
+	}
+	for p, mk := range marks {
+		if ttl > 0 && newest.Sub(mk.At) >= ttl {
+			delete(marks, p)
+		}
+	}
+	if len(marks) <= most {
+		return
+	}
+	names := slices.SortedFunc(maps.Keys(marks), func(a, b string) int {
+		return cmp.Or(marks[a].At.Compare(marks[b].At), cmp.Compare(a, b))
+	})
+	for _, p := range names[:len(names)-most] {
+		delete(marks, p)
+	}
+}

@@ -1,0 +1,222 @@
+package manager
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/codec"
+)
+
+var pushT0 = time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
+
+func testLimits() PushLimits {
+	return PushLimits{Window: time.Second, WindowBytes: 1 << 20, InFlight: 1 << 16, ProducerTTL: time.Hour, MaxProducers: 3}
+}
+
+func batch(producer string, seq uint64, ids []uint64, values []float32, deletes ...uint64) *PushBatch {
+	return &PushBatch{Model: "m", Producer: producer, Sequence: seq, IDs: ids, Values: values, Deletes: deletes}
+}
+
+// TestPushSequences replays the answers a producer's sequences get: the
+// next one applied, a duplicate of a sealed or of a pending batch
+// answered without applying it, any other refused naming the expected.
+func TestPushSequences(t *testing.T) {
+	l := newPushLog(testLimits(), 1)
+	now := pushT0
+	w1, dup, err := l.offer(batch("a", 1, []uint64{1}, []float32{1}), 0, now)
+	if err != nil || dup || w1 == nil {
+		t.Fatalf("first batch: %v %v %v", w1, dup, err)
+	}
+	w, dup, err := l.offer(batch("a", 1, []uint64{1}, []float32{9}), 0, now)
+	if err != nil || !dup || w != w1 {
+		t.Fatalf("retry of a pending batch: want its window as a duplicate, got %v %v %v", w, dup, err)
+	}
+	_, _, err = l.offer(batch("a", 3, []uint64{1}, []float32{1}), 0, now)
+	var se *SequenceError
+	if !errors.As(err, &se) || se.Expected != 2 || !errors.Is(err, ErrSequence) {
+		t.Fatalf("gap: want a SequenceError expecting 2, got %v", err)
+	}
+	if _, _, err := l.offer(batch("a", 2, []uint64{2}, []float32{2}), 0, now); err != nil {
+		t.Fatal(err)
+	}
+	if l.due(now.Add(999 * time.Millisecond)) {
+		t.Fatal("due before the window is over")
+	}
+	if !l.due(now.Add(time.Second)) {
+		t.Fatal("not due once the window is over")
+	}
+	taken := l.take()
+	ids, values, _ := taken.contents()
+	if len(ids) != 2 || len(values) != 2 {
+		t.Fatalf("window holds %v %v", ids, values)
+	}
+	// While it is sealed, the producer goes on into a new window.
+	w3, _, err := l.offer(batch("a", 3, []uint64{3}, []float32{3}), 0, now)
+	if err != nil || w3 == taken {
+		t.Fatalf("batch during sealing: %v (same window: %v)", err, w3 == taken)
+	}
+	l.sealed(taken, 7, nil)
+	<-taken.done
+	if taken.version != 7 || taken.err != nil {
+		t.Fatalf("answer %d %v", taken.version, taken.err)
+	}
+	if w, dup, err := l.offer(batch("a", 2, nil, nil), 0, now); w != nil || !dup || err != nil {
+		t.Fatalf("retry of a sealed batch: want an immediate duplicate, got %v %v %v", w, dup, err)
+	}
+	// The state's mark counts: a producer new to this leader, sealed by
+	// the one before, resumes after its mark.
+	l2 := newPushLog(testLimits(), 1)
+	if _, dup, err := l2.offer(batch("a", 5, nil, nil), 5, now); !dup || err != nil {
+		t.Fatalf("a new leader took sequence 5 (sealed before) as %v %v", dup, err)
+	}
+	if _, _, err := l2.offer(batch("a", 7, nil, nil), 5, now); !errors.As(err, &se) || se.Expected != 6 {
+		t.Fatalf("a new leader: want 6 expected, got %v", err)
+	}
+}
+
+// TestPushWindowMerges checks last-wins per id across batches and
+// producers, deletions, and what the window counts.
+func TestPushWindowMerges(t *testing.T) {
+	l := newPushLog(testLimits(), 2)
+	for _, b := range []*PushBatch{
+		batch("a", 1, []uint64{1, 2, 3}, []float32{1, 1, 2, 2, 3, 3}),
+		batch("b", 1, []uint64{2}, []float32{20, 20}, 3),
+		batch("a", 2, []uint64{3, 4}, []float32{30, 30, 4, 4}, 1),
+	} {
+		if _, _, err := l.offer(b, 0, pushT0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := l.take()
+	ids, values, deletes := w.contents()
+	got := map[uint64][]float32{}
+	for i, id := range ids {
+		got[id] = values[2*i : 2*i+2]
+	}
+	want := map[uint64][]float32{2: {20, 20}, 3: {30, 30}, 4: {4, 4}}
+	if fmt.Sprint(got) != fmt.Sprint(want) || !slices.Equal(deletes, []uint64{1}) {
+		t.Fatalf("window holds %v, deletes %v; want %v, deletes [1]", got, deletes, want)
+	}
+	if w.marks["a"] != 2 || w.marks["b"] != 1 {
+		t.Fatalf("marks %v", w.marks)
+	}
+	if w.bytes < 5*rowBytes {
+		t.Fatalf("window counts %d bytes for 5 ids", w.bytes)
+	}
+}
+
+// TestPushBounds checks the bounds: a window sealed early past its
+// bytes, a producer's bytes in flight, the producers kept, and idle
+// producers forgotten.
+func TestPushBounds(t *testing.T) {
+	lim := testLimits()
+	lim.WindowBytes = 1000
+	l := newPushLog(lim, 1)
+	ids := make([]uint64, 100)
+	for i := range ids {
+		ids[i] = uint64(i)
+	}
+	if _, _, err := l.offer(batch("a", 1, ids, make([]float32, 100)), 0, pushT0); err != nil {
+		t.Fatal(err)
+	}
+	if !l.due(pushT0) {
+		t.Fatal("a window past its bytes is not due at once")
+	}
+	big := make([]uint64, 6000)
+	if _, _, err := l.offer(batch("a", 2, big, make([]float32, 6000)), 0, pushT0); !errors.Is(err, ErrBusy) {
+		t.Fatalf("over the in-flight bound: %v", err)
+	}
+	// A first batch over the bound alone is taken: nothing else is in
+	// flight (Options bound a batch's size).
+	if _, _, err := l.offer(batch("z", 1, big, make([]float32, 6000)), 0, pushT0); err != nil {
+		t.Fatal(err)
+	}
+	l.sealed(l.take(), 1, nil)
+	if _, _, err := l.offer(batch("b", 1, nil, nil), 0, pushT0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.offer(batch("c", 1, nil, nil), 0, pushT0); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a fourth producer of at most 3: %v", err)
+	}
+	// b's batch is in the open window: b is not forgotten, a and z are.
+	if _, _, err := l.offer(batch("c", 1, nil, nil), 0, pushT0.Add(time.Hour)); err != nil {
+		t.Fatalf("after the TTL: %v", err)
+	}
+	if _, ok := l.producers["b"]; !ok {
+		t.Fatal("a producer with a batch in flight was forgotten")
+	}
+	if _, ok := l.producers["a"]; ok {
+		t.Fatal("an idle producer was kept past the TTL")
+	}
+}
+
+// TestPushSealFails checks that a window that cannot be published fails
+// the open window after it, and that producers resume from their sealed
+// marks.
+func TestPushSealFails(t *testing.T) {
+	l := newPushLog(testLimits(), 1)
+	l.offer(batch("a", 1, []uint64{1}, []float32{1}), 0, pushT0)
+	l.sealed(l.take(), 3, nil)
+	l.offer(batch("a", 2, []uint64{1}, []float32{2}), 0, pushT0)
+	w := l.take()
+	w2, _, _ := l.offer(batch("a", 3, []uint64{1}, []float32{3}), 0, pushT0)
+	l.sealed(w, 0, errors.New("disk full"))
+	<-w2.done
+	if w.err == nil || w2.err == nil {
+		t.Fatalf("answers %v, %v: both should fail", w.err, w2.err)
+	}
+	var se *SequenceError
+	if _, _, err := l.offer(batch("a", 3, nil, nil), 0, pushT0); !errors.As(err, &se) || se.Expected != 2 {
+		t.Fatalf("after a failed seal: want 2 expected, got %v", err)
+	}
+	if p := l.producers["a"]; p.inFlight != 0 {
+		t.Fatalf("%d bytes still counted in flight", p.inFlight)
+	}
+	l.fail(errors.New("deposed"))
+}
+
+func TestPushBatchCheck(t *testing.T) {
+	for _, c := range []struct {
+		b    *PushBatch
+		want string
+	}{
+		{batch("", 1, nil, nil), "producer"},
+		{batch("a/b", 1, nil, nil), "producer"},
+		{batch("a", 0, nil, nil), "sequence 0"},
+		{batch("a", 1, []uint64{1}, []float32{1}), "values per id"},
+		{batch("a", 1, []uint64{1}, []float32{1, float32(math.NaN())}), "finite"},
+		{batch("a", 1, []uint64{1}, []float32{float32(math.Inf(1)), 0}), "finite"},
+		{batch("a", 1, []uint64{1}, []float32{1, 2}, 1), "both upserted and deleted"},
+	} {
+		err := c.b.Check(2)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: got %v, want ErrInvalid naming %q", c.b, err, c.want)
+		}
+	}
+	if err := batch("trainer-0.x:1", 1, []uint64{1}, []float32{1, 2}, 2).Check(2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTrimMarks checks the bound on a model's marks: by age relative to
+// the newest, then by count.
+func TestTrimMarks(t *testing.T) {
+	marks := map[string]codec.PushMark{}
+	for i := range 6 {
+		marks[fmt.Sprint("p", i)] = codec.PushMark{Seq: 1, At: pushT0.Add(time.Duration(i) * time.Hour)}
+	}
+	trimMarks(marks, 4*time.Hour, 3)
+	var kept []string
+	for p := range marks {
+		kept = append(kept, p)
+	}
+	slices.Sort(kept)
+	if fmt.Sprint(kept) != "[p3 p4 p5]" {
+		t.Fatalf("kept %v", kept)
+	}
+}
