@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -19,6 +20,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/raftgroup"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -115,6 +117,10 @@ type Options struct {
 	// LeaderTTL is the lease, in seconds, under which this manager leads:
 	// if it dies, another takes over after at most this long. Default 5.
 	LeaderTTL int
+	// PushProducerTTL and MaxPushProducers bound the push producers'
+	// marks a model's state keeps (see Policy): defaults 24h and 1,024.
+	PushProducerTTL  time.Duration
+	MaxPushProducers int
 	// Raft, if set, makes this manager a member of a raft group of
 	// managers (Control plane III): the state lives in the group's log
 	// and snapshots instead of etcd, the group's leader acts, and the
@@ -210,6 +216,11 @@ func (o *Options) Validate() error {
 	case o.RouterWait < 0:
 		o.RouterWait = 0 // Policy: for ever
 	}
+	o.PushProducerTTL = cmp.Or(o.PushProducerTTL, 24*time.Hour)
+	o.MaxPushProducers = cmp.Or(o.MaxPushProducers, 1024)
+	if o.MaxPushProducers < 0 || o.MaxPushProducers > codec.MaxPushProducers || o.PushProducerTTL < 0 {
+		return fmt.Errorf("manager: MaxPushProducers must be 1 to %d, PushProducerTTL not negative", codec.MaxPushProducers)
+	}
 	if o.LeaderTTL == 0 {
 		o.LeaderTTL = 5
 	}
@@ -235,6 +246,7 @@ type Manager struct {
 	stopped  chan struct{} // closed when the loop returns
 	leading  atomic.Bool   // whether this manager acts (loop goroutine writes)
 	acting   atomic.Bool   // it leads and has scanned the repository since it came to
+	reign    atomic.Uint64 // times acting was set: what the push server's windows belong to
 	results  chan Event    // from the validator, one version at a time
 	gates    chan RunGates // to the gate runner
 	gr       gateRouter    // the gate runner's
@@ -319,7 +331,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{opts: opts, policy: Policy{Replicas: opts.Replicas, KeepVersions: opts.KeepVersions, KeepDeltas: opts.KeepDeltas, RouterWait: opts.RouterWait, StagedGates: stagedGates(opts),
-		Holdout: slices.Sorted(maps.Keys(opts.Holdout)), MaxMoves: opts.MaxMoves},
+		Holdout: slices.Sorted(maps.Keys(opts.Holdout)), MaxMoves: opts.MaxMoves, PushProducerTTL: opts.PushProducerTTL, MaxPushProducers: opts.MaxPushProducers},
 		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
 		pub:      newPublisher(opts.Etcd, opts.Cluster),
 		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event), gates: make(chan RunGates, 64)}
@@ -677,6 +689,7 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 					m.apply(ctx, ShardsChanged{Shards: latest})
 				}
 				m.scan(ctx)
+				m.reign.Add(1)
 				m.acting.Store(true)
 				for _, ms := range m.view.Load().Models {
 					m.maybeCompact(ms) // one a restart interrupted

@@ -31,22 +31,28 @@ const adminTokenEnv = "CUMULUS_ADMIN_TOKEN"
 
 // adminToken resolves the admin token: --admin-token, else
 // --admin-token-file, else $CUMULUS_ADMIN_TOKEN; "" when none is given.
-// Surrounding white space is not part of a token.
 func adminToken(token, file string) (string, error) {
+	return bearerToken(token, file, "--admin-token-file", adminTokenEnv)
+}
+
+// bearerToken resolves a token: token, else the file (named by fileFlag
+// in errors), else $env; "" when none is given. Surrounding white space
+// is not part of a token.
+func bearerToken(token, file, fileFlag, env string) (string, error) {
 	if t := strings.TrimSpace(token); t != "" {
 		return t, nil
 	}
 	if file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {
-			return "", fmt.Errorf("--admin-token-file: %w", err)
+			return "", fmt.Errorf("%s: %w", fileFlag, err)
 		}
 		if t := strings.TrimSpace(string(b)); t != "" {
 			return t, nil
 		}
-		return "", fmt.Errorf("--admin-token-file: %s is empty", file)
+		return "", fmt.Errorf("%s: %s is empty", fileFlag, file)
 	}
-	return strings.TrimSpace(os.Getenv(adminTokenEnv)), nil
+	return strings.TrimSpace(os.Getenv(env)), nil
 }
 
 // adminFlags are the flags every process that serves or calls the admin

@@ -317,6 +317,7 @@ func managerCommand() *cobra.Command {
 	var tlsf roleFlags
 	var probeAddr string
 	var raft raftFlags
+	var push pushServeFlags
 	cmd := &cobra.Command{
 		Use:   "manager",
 		Short: "Run the manager: validates model versions, decides what is served, serves the admin API",
@@ -328,6 +329,10 @@ func managerCommand() *cobra.Command {
 			}
 			if token == "" {
 				return errors.New("the manager's admin API needs a token: give --admin-token, --admin-token-file or $" + adminTokenEnv)
+			}
+			popts, pushing, err := push.options(token, prometheus.DefaultRegisterer)
+			if err != nil {
+				return err
 			}
 			cli, err := etcdClient(cmd.Context(), etcd, etcdTLS)
 			if err != nil {
@@ -343,6 +348,7 @@ func managerCommand() *cobra.Command {
 			if err := policy.apply(&mo); err != nil {
 				return err
 			}
+			push.policy(&mo)
 			if mo.Raft, err = raft.options(cmd, tlsSrc); err != nil {
 				return err
 			}
@@ -361,6 +367,15 @@ func managerCommand() *cobra.Command {
 				scheme = "https"
 			}
 			fmt.Printf("admin: %s://%s\n", scheme, a.Addr())
+			if pushing {
+				popts.TLS = tlsSrc
+				ps, err := m.ServePush(popts)
+				if err != nil {
+					return err
+				}
+				defer ps.Close()
+				fmt.Printf("push: %s://%s\n", scheme, ps.Addr())
+			}
 			if g := m.Group(); g != nil {
 				fmt.Printf("raft: %s at %s\n", g.ID(), g.Addr())
 			}
@@ -383,6 +398,7 @@ func managerCommand() *cobra.Command {
 	cmd.Flags().StringVar(&probeAddr, "probe-addr", "", probeUsage)
 	tlsf.register(cmd.Flags(), "the manager, on its admin API (which then answers only operators whose certificate --tls-ca signed), to shards (its gate router) and between raft members (managers only)")
 	raft.register(cmd)
+	push.register(cmd, "")
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }

@@ -36,6 +36,7 @@ func devCommand() *cobra.Command {
 		loadRate                 = byteSize(defaultLoadRate)
 		cluster                  clusterFlag
 		admin                    adminFlags
+		push                     pushServeFlags
 		drain                    drainFlag
 		hedging                  hedgeFlags
 		fault                    faultFlag
@@ -77,6 +78,9 @@ localhost, serves every model in --repo (or a generated demo model when no
 			if token == "" {
 				token = rand.Text()
 			}
+			if t, _ := push.tok.resolve(); t == "" && push.addr != "" {
+				push.tok.token = rand.Text()
+			}
 			if !cmd.Flags().Changed("memory-budget") {
 				budget = byteSize(defaultBudget(shards))
 			}
@@ -101,11 +105,16 @@ localhost, serves every model in --repo (or a generated demo model when no
 			// The process's own figures, as the separate processes serve them
 			// (prometheus' default registry has both).
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			popts, pushing, err := push.options(token, reg)
+			if err != nil {
+				return err
+			}
 			// The cluster outlives the signal until the front has drained.
 			c, err := devcluster.Start(context.WithoutCancel(ctx), devcluster.Options{Repo: repo, DataDir: dataDir, Shards: shards, Replicas: replicas, Registry: reg,
 				MemoryBudget: int64(budget), Cluster: cluster.c, ScanInterval: policy.scan, Build: buildinfo.String(), EtcdTLS: etcdTLS,
 				Manager: func(o *manager.Options) {
 					_ = policy.apply(o) // checked above
+					push.policy(o)
 					o.ShardTLS = pki.manager
 				},
 				Router: ropts, Shard: func(i int, o *shard.Options) {
@@ -129,6 +138,14 @@ localhost, serves every model in --repo (or a generated demo model when no
 				return err
 			}
 			defer adm.Close()
+			var ps *manager.PushServer
+			if pushing {
+				popts.TLS = pki.manager
+				if ps, err = c.Manager.ServePush(popts); err != nil {
+					return err
+				}
+				defer ps.Close()
+			}
 			fmt.Printf("etcd: %s\n", c.EtcdAddr)
 			if fault.f != nil {
 				fmt.Printf("shard-0 injects faults into its lookups: %s\n", fault.f)
@@ -145,6 +162,9 @@ localhost, serves every model in --repo (or a generated demo model when no
 			fmt.Printf("http: %s://%s\n", scheme, srv.HTTPAddr())
 			fmt.Printf("grpc: %s\n", srv.GRPCAddr())
 			fmt.Printf("admin: %s://%s token %s\n", scheme, adm.Addr(), token)
+			if ps != nil {
+				fmt.Printf("push: %s://%s token %s\n", scheme, ps.Addr(), popts.Token)
+			}
 			if budget > 0 {
 				fmt.Printf("memory budget: %s per shard\n", &budget)
 			}
@@ -184,6 +204,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 	policy.register(cmd, 2*time.Second)
 	cluster.register(cmd)
 	admin.register(cmd.Flags(), "admin-addr")
+	push.register(cmd, "127.0.0.1:8003")
 	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "give up if models are not servable by then")
 	drain.register(cmd)
 	cmd.Flags().StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole process to this file, from start to exit (go tool pprof)")

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -36,7 +37,12 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// cumulus runs the test binary as cumulus with args. A dev cluster gets
+// a push API on a port of its own (its default, 8003, is one for all).
 func cumulus(args ...string) *exec.Cmd {
+	if len(args) > 0 && args[0] == "dev" && !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--push-addr") }) {
+		args = append(slices.Clip(args), "--push-addr", "127.0.0.1:0")
+	}
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "CUMULUS_AS_MAIN=1")
 	return cmd

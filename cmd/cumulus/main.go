@@ -58,7 +58,7 @@ func rootCommand() *cobra.Command {
 	root.Version = buildinfo.String()
 	root.SetVersionTemplate("{{.DisplayName}} {{.Version}}\n")
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	root.AddCommand(devCommand(), shardCommand(), routerCommand(), managerCommand(), adminCommand(), modelCommand(), predictCommand(), benchCommand())
+	root.AddCommand(devCommand(), shardCommand(), routerCommand(), managerCommand(), adminCommand(), modelCommand(), predictCommand(), pushCommand(), benchCommand())
 	return root
 }
 

@@ -26,12 +26,18 @@ import (
 // the caller. It changes nothing, and calls h only when the token is
 // right.
 func Auth(who, token string, h http.HandlerFunc) http.HandlerFunc {
+	return AuthFor(who, "admin", token, h)
+}
+
+// AuthFor is Auth for a token of another kind ("push"): the refusal
+// names it.
+func AuthFor(who, kind, token string, h http.HandlerFunc) http.HandlerFunc {
 	want := []byte("Bearer " + token)
 	return func(w http.ResponseWriter, r *http.Request) {
 		if token == "" || subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			slog.Warn(who+": admin call refused: missing or wrong token", "from", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
-			w.Header().Set("WWW-Authenticate", `Bearer realm="cumulus-admin"`)
-			WriteError(w, http.StatusUnauthorized, "missing or wrong admin token (Authorization: Bearer TOKEN)")
+			slog.Warn(who+": "+kind+" call refused: missing or wrong token", "from", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="cumulus-`+kind+`"`)
+			WriteError(w, http.StatusUnauthorized, "missing or wrong "+kind+" token (Authorization: Bearer TOKEN)")
 			return
 		}
 		h(w, r)

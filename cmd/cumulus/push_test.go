@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/manager"
+	"github.com/cumulus-serving/cumulus/model"
+)
+
+// pushBody is a batch in the HTTP push API's JSON layout.
+func pushBody(producer string, seq uint64, ids []int64, values []float32, deletes []int64) []byte {
+	var in []string
+	if ids != nil {
+		in = append(in, fmt.Sprintf(`{"name":"ids","datatype":"INT64","shape":[%d],"data":%s}`, len(ids), jsonOf(ids)))
+		in = append(in, fmt.Sprintf(`{"name":"values","datatype":"FP32","shape":[%d,%d],"data":%s}`, len(ids), len(values)/max(len(ids), 1), jsonOf(values)))
+	}
+	if deletes != nil {
+		in = append(in, fmt.Sprintf(`{"name":"deletes","datatype":"INT64","shape":[%d],"data":%s}`, len(deletes), jsonOf(deletes)))
+	}
+	return fmt.Appendf(nil, `{"parameters":{"producer":%q,"sequence":%d},"inputs":[%s]}`, producer, seq, strings.Join(in, ","))
+}
+
+// pushBinary is a batch with the binary tensor extension: ids and
+// values as raw little-endian bytes after the JSON header.
+func pushBinary(producer string, seq uint64, ids []uint64, values []float32) (body []byte, headerLen int) {
+	head := fmt.Appendf(nil, `{"parameters":{"producer":%q,"sequence":%d},"inputs":[`+
+		`{"name":"ids","datatype":"UINT64","shape":[%d],"parameters":{"binary_data_size":%d}},`+
+		`{"name":"values","datatype":"FP32","shape":[%d],"parameters":{"binary_data_size":%d}}]}`,
+		producer, seq, len(ids), 8*len(ids), len(values), 4*len(values))
+	body = head
+	for _, id := range ids {
+		body = binary.LittleEndian.AppendUint64(body, id)
+	}
+	for _, v := range values {
+		body = binary.LittleEndian.AppendUint32(body, math.Float32bits(v))
+	}
+	return body, len(head)
+}
+
+// TestPushEndToEnd: `cumulus dev` with its push API. Batches over HTTP
+// (JSON and the binary extension) and over gRPC (`cumulus push`) are
+// answered with the delta holding them, and every router then serves the
+// exact values pushed, deletions included; a duplicate is not applied
+// again; bad input is refused with its reason and the model keeps
+// serving.
+func TestPushEndToEnd(t *testing.T) {
+	repo := t.TempDir()
+	gen, err := loader.Repo{Dir: repo}.Generate(loader.GenSpec{Name: "fm", Shape: model.Shape{Type: model.FM, Dim: 2}, Params: 10_000, Partitions: 16, Seed: 3, Dense: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := startProcess(t, []string{"http: http://", "admin: http://", "push: http://", "ready"}, "dev", "--repo", repo, "--shards", "2",
+		"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--push-addr", "127.0.0.1:0",
+		"--admin-token", "admin-t", "--push-token", "push-t", "--max-push-bytes", "64KiB", "--log-level", "warn")
+	front := dev.out["http: http://"]
+	pushAddr, _, _ := strings.Cut(dev.out["push: http://"], " ")
+	adminAddr, _, _ := strings.Cut(dev.out["admin: http://"], " ")
+	waitRouterReady(t, front)
+
+	post := func(token string, path string, body []byte, hdr int) (int, manager.PushAnswer, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", "http://"+pushAddr+path, bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		if hdr > 0 {
+			req.Header.Set("Inference-Header-Content-Length", fmt.Sprint(hdr))
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var a manager.PushAnswer
+		json.Unmarshal(b, &a)
+		return resp.StatusCode, a, string(b)
+	}
+	// scores are the front's scores of one-feature rows, one per id: an
+	// FM's score of a lone feature is sigmoid(bias + its weight).
+	scores := func(ids ...int64) (version string, s []float32) {
+		t.Helper()
+		splits := make([]int64, len(ids)+1)
+		for i := range splits {
+			splits[i] = int64(i)
+		}
+		body := fmt.Sprintf(`{"inputs":[{"name":"ids","datatype":"INT64","shape":[%d],"data":%s},{"name":"row_splits","datatype":"INT64","shape":[%d],"data":%s}]}`,
+			len(ids), jsonOf(ids), len(splits), jsonOf(splits))
+		resp, err := http.Post("http://"+front+"/v2/models/fm/infer", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Version string `json:"model_version"`
+			Outputs []struct {
+				Data []float32 `json:"data"`
+			} `json:"outputs"`
+		}
+		if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || json.Unmarshal(b, &out) != nil || len(out.Outputs) != 1 {
+			t.Fatalf("predict: %s: %s", resp.Status, b)
+		}
+		return out.Version, out.Outputs[0].Data
+	}
+	sigmoid := func(w float64) float32 { return float32(1 / (1 + math.Exp(-(gen.Bias + w)))) }
+	// served waits until the front serves version v or later with want
+	// (id → weight; NaN: deleted, scored as absent).
+	served := func(v uint64, want map[int64]float64) {
+		t.Helper()
+		var ids []int64
+		for id := range want {
+			ids = append(ids, id)
+		}
+		testenv.Eventually(t, 30*time.Second, func() error {
+			got, s := scores(ids...)
+			var n uint64
+			fmt.Sscan(got, &n)
+			if n < v {
+				return fmt.Errorf("serving version %s, want %d or later", got, v)
+			}
+			for i, id := range ids {
+				w := want[id]
+				if math.IsNaN(w) {
+					w = 0
+				}
+				if math.Abs(float64(s[i]-sigmoid(w))) > 1e-6 {
+					return fmt.Errorf("id %d scores %v, want %v (weight %v)", id, s[i], sigmoid(w), w)
+				}
+			}
+			return nil
+		})
+	}
+
+	// JSON: two rows; then a duplicate, not applied again.
+	code, a, raw := post("push-t", "/push/v1/models/fm", pushBody("t0", 1, []int64{5, 6}, []float32{1.5, 0.1, 0.2, -2, 0, 0}, nil), 0)
+	if code != 200 || a.Version == 0 || a.Duplicate {
+		t.Fatalf("first batch: %d %s", code, raw)
+	}
+	served(a.Version, map[int64]float64{5: 1.5, 6: -2})
+	code, dup, raw := post("push-t", "/push/v1/models/fm", pushBody("t0", 1, []int64{5}, []float32{9, 9, 9}, nil), 0)
+	if code != 200 || !dup.Duplicate {
+		t.Fatalf("a duplicate: %d %s", code, raw)
+	}
+	// Binary: the next batch, beside a deletion in JSON from another
+	// producer, sealed together or not.
+	body, hdr := pushBinary("t0", 2, []uint64{5, 7}, []float32{0.25, 1, 1, 3, 0, 0})
+	code, a2, raw := post("push-t", "/push/v1/models/fm", body, hdr)
+	if code != 200 {
+		t.Fatalf("binary batch: %d %s", code, raw)
+	}
+	code, a3, raw := post("push-t", "/push/v1/models/fm", pushBody("t1", 1, nil, nil, []int64{6}), 0)
+	if code != 200 {
+		t.Fatalf("deletion: %d %s", code, raw)
+	}
+	served(max(a2.Version, a3.Version), map[int64]float64{5: 0.25, 6: math.NaN(), 7: 3})
+
+	// gRPC, through `cumulus push`: a TSV of rows in batches of 2.
+	tsv := filepath.Join(t.TempDir(), "up.tsv")
+	os.WriteFile(tsv, []byte("type fm\ndim 2\n8\t0.5 0 0\n9\t-0.5 0 0\n10\t4 0 0\n"), 0o644)
+	out, err := cumulus("push", "--addr", pushAddr, "--push-token", "push-t", "--model", "fm", "--producer", "cli", "--batch-rows", "2", tsv).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "pushed 3 rows in 2 batches") {
+		t.Fatalf("cumulus push: %v\n%s", err, out)
+	}
+	var cliVersion uint64
+	fmt.Sscanf(string(out[strings.Index(string(out), "version "):]), "version %d", &cliVersion)
+	served(cliVersion, map[int64]float64{8: 0.5, 9: -0.5, 10: 4, 5: 0.25})
+
+	// Bad input: refused with its reason; nothing changes.
+	nan, nanHdr := pushBinary("t0", 3, []uint64{5}, []float32{float32(math.NaN()), 0, 0})
+	big := pushBody("t0", 3, make([]int64, 10000), make([]float32, 30000), nil)
+	for _, c := range []struct {
+		name, token, path string
+		body              []byte
+		hdr, code         int
+		want              string
+	}{
+		{"wrong width", "push-t", "/push/v1/models/fm", pushBody("t0", 3, []int64{5}, []float32{1}, nil), 0, 400, "takes 3 values per id"},
+		{"wrong type", "push-t", "/push/v1/models/fm", []byte(`{"parameters":{"producer":"t0","sequence":3},"inputs":[{"name":"values","datatype":"FP64","shape":[1],"data":[1]}]}`), 0, 400, "not FP32"},
+		{"NaN", "push-t", "/push/v1/models/fm", nan, nanHdr, 400, "finite"},
+		{"unknown model", "push-t", "/push/v1/models/nope", pushBody("t0", 3, []int64{5}, []float32{1, 0, 0}, nil), 0, 404, "nope"},
+		{"over-size batch", "push-t", "/push/v1/models/fm", big, 0, 413, "--max-push-bytes"},
+		{"out of order", "push-t", "/push/v1/models/fm", pushBody("t0", 5, []int64{5}, []float32{1, 0, 0}, nil), 0, 409, "expected 3"},
+		{"admin token", "admin-t", "/push/v1/models/fm", pushBody("t0", 3, []int64{5}, []float32{1, 0, 0}, nil), 0, 401, "push token"},
+		{"not JSON", "push-t", "/push/v1/models/fm", []byte(`{"inputs": [`), 0, 400, "KServe"},
+	} {
+		code, _, raw := post(c.token, c.path, c.body, c.hdr)
+		if code != c.code || !strings.Contains(raw, c.want) {
+			t.Errorf("%s: %d %s; want %d naming %q", c.name, code, raw, c.code, c.want)
+		}
+	}
+	// The push token opens no admin call.
+	req, _ := http.NewRequest("POST", "http://"+adminAddr+"/admin/v1/models/fm/rollback", nil)
+	req.Header.Set("Authorization", "Bearer push-t")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a rollback with the push token: %v %v", resp.Status, err)
+	}
+	served(cliVersion, map[int64]float64{8: 0.5, 5: 0.25, 6: math.NaN()})
+	// t0 resumes at 3.
+	if code, _, raw := post("push-t", "/push/v1/models/fm", pushBody("t0", 3, []int64{5}, []float32{-1, 0, 0}, nil), 0); code != 200 {
+		t.Fatalf("t0's next batch after refusals: %d %s", code, raw)
+	}
+	served(0, map[int64]float64{5: -1})
+}

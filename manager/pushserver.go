@@ -1,0 +1,557 @@
+// The push API: gRPC (cumulus.push.v1.Push) and HTTP on one port, and
+// the sealer that turns each model's windows into deltas.
+
+package manager
+
+import (
+	"cmp"
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/cumulus-serving/cumulus/internal/adminhttp"
+	"github.com/cumulus-serving/cumulus/internal/tlsconf"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/pushpb"
+)
+
+// PushOptions configure the push API. Zero values mean the documented
+// default.
+type PushOptions struct {
+	// Addr is the listen address; required.
+	Addr string
+	// Token is the bearer token every push must carry; required, and
+	// not the admin API's (a trainer cannot roll back; an operator
+	// does not push).
+	Token string
+	// TLS, if set, serves the API over mutual TLS to trainers (role
+	// trainer, see tlsconf).
+	TLS *tlsconf.Source
+	// Window is how long a model's pushes gather before they are sealed
+	// into a delta. Default 1s.
+	Window time.Duration
+	// MaxBatchBytes bounds a batch's encoding. Default 16 MiB.
+	MaxBatchBytes int64
+	// InFlight bounds a producer's bytes in windows not yet answered.
+	// Default 4 × MaxBatchBytes.
+	InFlight int64
+	// WindowBytes: a window past it is sealed at once. Default 256 MiB.
+	WindowBytes int64
+	// Registry receives the push metrics; nil registers nowhere.
+	Registry prometheus.Registerer
+}
+
+// Validate checks required fields and fills defaults.
+func (o *PushOptions) Validate() error {
+	switch {
+	case o.Addr == "":
+		return errors.New("manager: the push API needs an address (--push-addr)")
+	case o.Token == "":
+		return errors.New("manager: the push API needs a token (--push-token, --push-token-file or CUMULUS_PUSH_TOKEN)")
+	case o.Window < 0 || o.MaxBatchBytes < 0 || o.InFlight < 0 || o.WindowBytes < 0:
+		return errors.New("manager: push options must not be negative")
+	}
+	o.Window = cmp.Or(o.Window, time.Second)
+	o.MaxBatchBytes = cmp.Or(o.MaxBatchBytes, 16<<20)
+	o.InFlight = cmp.Or(o.InFlight, 4*o.MaxBatchBytes)
+	o.WindowBytes = cmp.Or(o.WindowBytes, 256<<20)
+	return nil
+}
+
+// limits are a model's push limits: the options', and the manager's
+// bounds on producers.
+func (s *PushServer) limits() PushLimits {
+	o := s.opts
+	return PushLimits{Window: o.Window, WindowBytes: o.WindowBytes, InFlight: o.InFlight, ProducerTTL: s.m.opts.PushProducerTTL, MaxProducers: s.m.opts.MaxPushProducers}
+}
+
+// PushServer serves the push API of a manager: only while it leads; a
+// follower answers 503 (Unavailable) naming the leader.
+type PushServer struct {
+	m    *Manager
+	opts PushOptions
+	srv  *http.Server
+	lis  net.Listener
+	grpc *grpc.Server
+
+	mu    sync.Mutex
+	logs  map[string]*pushLog // by model, this reign's
+	last  map[string]uint64   // by model, the newest delta this reign sealed
+	reign uint64
+	kick  chan struct{}
+
+	cancel  context.CancelFunc
+	done    sync.WaitGroup
+	metrics pushMetrics
+}
+
+type pushMetrics struct {
+	rows    *prometheus.CounterVec
+	batches *prometheus.CounterVec
+	seal    prometheus.Histogram
+}
+
+// ServePush starts the push API of m on opts.Addr:
+//
+//	gRPC cumulus.push.v1.Push/Send     a stream of batches (pushpb)
+//	POST /push/v1/models/{name}        one batch: KServe v2 JSON, or its
+//	                                   binary tensor extension
+//	GET  /healthz                      (no token)
+//
+// Both take "Authorization: Bearer TOKEN".
+func (m *Manager) ServePush(opts PushOptions) (*PushServer, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	s := &PushServer{m: m, opts: opts, logs: map[string]*pushLog{}, last: map[string]uint64{}, kick: make(chan struct{}, 1)}
+	s.metrics = pushMetrics{
+		rows: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_push_rows_total",
+			Help: "Rows (upserts and deletions) pushed and applied to a window, by model."}, []string{"model"}),
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_push_batches_total",
+			Help: "Push batches by model and outcome: applied, duplicate, invalid, sequence, busy, unknown_model (model \"\"), failed (its delta not published), unavailable."}, []string{"model", "outcome"}),
+		seal: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cumulus_push_seal_seconds",
+			Help: "From a window's sealing to its delta published in the repository.", Buckets: prometheus.ExponentialBuckets(0.002, 2, 14)}),
+	}
+	if opts.Registry != nil {
+		for _, c := range []prometheus.Collector{s.metrics.rows, s.metrics.batches, s.metrics.seal} {
+			if err := opts.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("manager: push metrics: %w", err)
+			}
+		}
+	}
+	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(int(opts.MaxBatchBytes)), grpc.StreamInterceptor(s.authStream)}
+	s.grpc = grpc.NewServer(gopts...)
+	pushpb.RegisterPushServer(s.grpc, pushGRPC{s: s})
+	reflection.Register(s.grpc) // grpcurl without the .proto
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("POST /push/v1/models/{name}", adminhttp.AuthFor("manager push API", "push", opts.Token, s.pushHTTP))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such path %s %s (the push API is POST /push/v1/models/NAME, or gRPC cumulus.push.v1.Push)", r.Method, r.URL.Path))
+	})
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			s.grpc.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+	lis, err := net.Listen("tcp", opts.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("manager: push API: %w", err)
+	}
+	s.lis = lis
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetHTTP2(true)
+	protos.SetUnencryptedHTTP2(opts.TLS == nil)
+	s.srv = &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Minute,
+		MaxHeaderBytes: 64 << 10, Protocols: &protos, ErrorLog: tlsconf.HTTPErrorLog("manager push API")}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.done.Add(2)
+	go func() {
+		defer s.done.Done()
+		var err error
+		if opts.TLS != nil {
+			s.srv.TLSConfig = opts.TLS.Server(tlsconf.RoleTrainer)
+			err = s.srv.ServeTLS(lis, "", "")
+		} else {
+			err = s.srv.Serve(lis)
+		}
+		if !errors.Is(err, http.ErrServerClosed) {
+			slog.Error("manager: push API stopped", "err", err)
+		}
+	}()
+	go func() { defer s.done.Done(); s.seal(ctx) }()
+	return s, nil
+}
+
+// Addr is the address the push API listens on.
+func (s *PushServer) Addr() string { return s.lis.Addr().String() }
+
+// Close stops serving: windows not yet sealed are answered Unavailable.
+func (s *PushServer) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.cancel()
+	s.srv.Shutdown(ctx)
+	s.grpc.Stop()
+	s.done.Wait()
+}
+
+// errPushStopped answers what a stopped server or a deposed leader did
+// not seal.
+var errPushStopped = fmt.Errorf("%w: the push API stopped or its manager lost the lead before sealing the batch: send it again (to the leader)", ErrNotLeader)
+
+// pushAnswer is a batch's answer: at once, or once w is answered.
+type pushAnswer struct {
+	model     string
+	producer  string
+	sequence  uint64
+	w         *pushWindow
+	duplicate bool
+	err       error
+}
+
+// offer takes one batch on this manager: refused if it does not lead, or
+// for the batch's own fault; otherwise its answer waits on a window.
+func (s *PushServer) offer(b *PushBatch) pushAnswer {
+	a := pushAnswer{model: b.Model, producer: b.Producer, sequence: b.Sequence}
+	if !s.m.acting.Load() {
+		a.err = s.m.notLeader()
+		s.count(b.Model, "unavailable", 0)
+		return a
+	}
+	st := s.m.State()
+	ms := st.Models[b.Model]
+	width := pushWidth(ms)
+	if width == 0 {
+		a.err = fmt.Errorf("%w: model %q (no version of it is served to push onto)", ErrNotFound, b.Model)
+		s.count("", "unknown_model", 0)
+		return a
+	}
+	if err := b.Check(width); err != nil {
+		a.err = err
+		s.count(b.Model, "invalid", 0)
+		return a
+	}
+	s.mu.Lock()
+	s.checkReign()
+	l := s.logs[b.Model]
+	if l == nil || l.width != width {
+		if l != nil {
+			l.fail(fmt.Errorf("%w: model %s changed width to %d values per id: send again", ErrNotLeader, b.Model, width))
+		}
+		l = newPushLog(s.limits(), width)
+		s.logs[b.Model] = l
+	}
+	opened := l.open == nil
+	a.w, a.duplicate, a.err = l.offer(b, ms.Pushed[b.Producer].Seq, time.Now())
+	due := l.due(time.Now())
+	s.mu.Unlock()
+	switch {
+	case errors.Is(a.err, ErrSequence):
+		s.count(b.Model, "sequence", 0)
+	case errors.Is(a.err, ErrBusy):
+		s.count(b.Model, "busy", 0)
+	case a.duplicate:
+		s.count(b.Model, "duplicate", 0)
+	default:
+		s.count(b.Model, "applied", len(b.IDs)+len(b.Deletes))
+	}
+	if (opened && a.w != nil) || due {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+	return a
+}
+
+func (s *PushServer) count(model, outcome string, rows int) {
+	s.metrics.batches.WithLabelValues(model, outcome).Inc()
+	if rows > 0 {
+		s.metrics.rows.WithLabelValues(model).Add(float64(rows))
+	}
+}
+
+// pushWidth is the values per id of a model's newest validated version
+// (0: none, or no such model).
+func pushWidth(ms *ModelState) int {
+	if ms == nil {
+		return 0
+	}
+	for i := len(ms.Versions) - 1; i >= 0; i-- {
+		if v := &ms.Versions[i]; v.Info != nil && v.Phase != PhaseRejected {
+			return v.Info.Width()
+		}
+	}
+	return 0
+}
+
+// checkReign drops the windows of an earlier reign (the manager lost
+// the lead, and perhaps won it again, since they were opened): the
+// marks they were offered on may be stale. s.mu is held.
+func (s *PushServer) checkReign() {
+	r := s.m.reign.Load()
+	if !s.m.acting.Load() {
+		r = 0
+	}
+	if r == s.reign {
+		return
+	}
+	for _, l := range s.logs {
+		l.fail(errPushStopped)
+	}
+	s.logs, s.last, s.reign = map[string]*pushLog{}, map[string]uint64{}, r
+}
+
+// wait answers a, waiting for its window (or ctx).
+func (a *pushAnswer) wait(ctx context.Context) (version uint64, err error) {
+	if a.err != nil || a.w == nil {
+		return 0, a.err
+	}
+	select {
+	case <-a.w.done:
+		return a.w.version, a.w.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// seal seals each model's window when it is due, one at a time, until
+// ctx ends.
+func (s *PushServer) seal(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		type due struct {
+			name string
+			l    *pushLog
+			w    *pushWindow
+		}
+		var todo []due
+		next := time.Duration(0)
+		s.mu.Lock()
+		s.checkReign()
+		now := time.Now()
+		for name, l := range s.logs {
+			if l.due(now) {
+				todo = append(todo, due{name, l, l.take()})
+			} else if d := l.wait(now); d > 0 && (next == 0 || d < next) {
+				next = d
+			}
+		}
+		reign := s.reign
+		s.mu.Unlock()
+		for _, d := range todo {
+			start := time.Now()
+			version, err := s.publish(d.name, d.w, reign)
+			s.metrics.seal.Observe(time.Since(start).Seconds())
+			s.mu.Lock()
+			if err != nil {
+				slog.Warn("manager: a push window could not be published; its batches are refused", "model", d.name, "err", err)
+				s.count(d.name, "failed", 0)
+			} else {
+				s.last[d.name] = version
+			}
+			d.l.sealed(d.w, version, err)
+			s.mu.Unlock()
+		}
+		if len(todo) > 0 {
+			s.m.Rescan()
+			continue // windows may have come due while these were sealed
+		}
+		if next == 0 {
+			next = time.Hour
+		}
+		timer.Reset(next)
+		select {
+		case <-ctx.Done():
+			s.mu.Lock()
+			for _, l := range s.logs {
+				l.fail(errPushStopped)
+			}
+			s.logs = map[string]*pushLog{}
+			s.mu.Unlock()
+			return
+		case <-s.kick:
+		case <-timer.C:
+		}
+	}
+}
+
+// publish writes w as a delta of model on its newest version: the newest
+// this reign sealed, or the state's newest not rejected, whichever is
+// newer (a full version published meanwhile takes the windows after
+// it).
+func (s *PushServer) publish(model string, w *pushWindow, reign uint64) (uint64, error) {
+	if !s.m.acting.Load() || s.m.reign.Load() != reign {
+		return 0, errPushStopped
+	}
+	s.mu.Lock()
+	parent := s.last[model]
+	s.mu.Unlock()
+	if ms := s.m.State().Models[model]; ms != nil {
+		for i := len(ms.Versions) - 1; i >= 0; i-- {
+			v := &ms.Versions[i]
+			if v.Version == parent && v.Phase == PhaseRejected {
+				parent = 0 // rejected since: build on what serves
+			}
+			if v.Phase != PhaseRejected && !v.Gone && v.Broken == "" && v.Version > parent {
+				parent = v.Version
+				break
+			}
+		}
+	}
+	if parent == 0 {
+		return 0, fmt.Errorf("%w: model %s has no version to seal pushes onto", ErrNotFound, model)
+	}
+	pm, err := s.m.opts.Repo.Manifest(model, parent)
+	if err != nil {
+		return 0, err
+	}
+	ids, values, deletes := w.contents()
+	m, err := s.m.opts.Repo.PublishDelta(model, loader.Delta{Upserts: &loader.Sparse{Shape: pm.Shape, Keys: ids, Values: values},
+		Deletes: deletes, Parent: parent, Source: "push", Pushed: w.pushMarks(time.Now())})
+	if err != nil {
+		return 0, err
+	}
+	return m.Version, nil
+}
+
+// pushHTTP is POST /push/v1/models/{name}: one batch, answered once it
+// is sealed.
+func (s *PushServer) pushHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBatchBytes))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("batch over %d bytes (--max-push-bytes): send smaller batches", s.opts.MaxBatchBytes))
+		return
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "reading the batch: "+err.Error())
+		return
+	}
+	b, err := DecodePushHTTP(body, r.Header.Get(headerLength))
+	if err != nil {
+		s.count("", "invalid", 0)
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	b.Model = r.PathValue("name")
+	a := s.offer(b)
+	version, err := a.wait(r.Context())
+	if err != nil {
+		code, _ := pushCode(err)
+		writeJSON(w, code, pushHTTPAnswer(a, 0, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, pushHTTPAnswer(a, version, nil))
+}
+
+// PushAnswer is the HTTP push API's answer.
+type PushAnswer struct {
+	Model     string `json:"model"`
+	Producer  string `json:"producer"`
+	Sequence  uint64 `json:"sequence"`
+	Version   uint64 `json:"version,omitempty"`
+	Duplicate bool   `json:"duplicate,omitempty"`
+	Expected  uint64 `json:"expected,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+func pushHTTPAnswer(a pushAnswer, version uint64, err error) PushAnswer {
+	out := PushAnswer{Model: a.model, Producer: a.producer, Sequence: a.sequence, Version: version, Duplicate: a.duplicate}
+	if err != nil {
+		out.Error = err.Error()
+		var se *SequenceError
+		if errors.As(err, &se) {
+			out.Expected = se.Expected
+		}
+	}
+	return out
+}
+
+// pushCode maps a push error to its HTTP status and gRPC code.
+func pushCode(err error) (int, codes.Code) {
+	switch {
+	case errors.Is(err, ErrInvalid):
+		return http.StatusBadRequest, codes.InvalidArgument
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound, codes.NotFound
+	case errors.Is(err, ErrSequence):
+		return http.StatusConflict, codes.FailedPrecondition
+	case errors.Is(err, ErrBusy):
+		return http.StatusTooManyRequests, codes.ResourceExhausted
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable, codes.Canceled
+	}
+	return http.StatusServiceUnavailable, codes.Unavailable
+}
+
+// authStream checks a gRPC call's bearer token.
+func (s *PushServer) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	md, _ := metadata.FromIncomingContext(ss.Context())
+	want := []byte("Bearer " + s.opts.Token)
+	if got := md.Get("authorization"); len(got) != 1 || subtle.ConstantTimeCompare([]byte(got[0]), want) != 1 {
+		slog.Warn("manager push API: call refused: missing or wrong token", "method", info.FullMethod)
+		return status.Error(codes.Unauthenticated, "missing or wrong push token (authorization: Bearer TOKEN)")
+	}
+	return h(srv, ss)
+}
+
+type pushGRPC struct {
+	pushpb.UnimplementedPushServer
+	s *PushServer
+}
+
+// maxPendingAnswers bounds a stream's batches awaiting their answers;
+// past it, the stream is read no further until answers go out.
+const maxPendingAnswers = 1024
+
+// Send answers each batch of the stream in order, once its window is
+// sealed.
+func (g pushGRPC) Send(stream pushpb.Push_SendServer) error {
+	ctx := stream.Context()
+	pending := make(chan pushAnswer, maxPendingAnswers)
+	sent := make(chan error, 1)
+	go func() {
+		var err error
+		for a := range pending {
+			if err != nil {
+				continue // the stream failed: drain
+			}
+			version, werr := a.wait(ctx)
+			ack := &pushpb.Ack{Producer: a.producer, Sequence: a.sequence, Version: version, Duplicate: a.duplicate}
+			if werr != nil {
+				_, code := pushCode(werr)
+				ack.Code, ack.Error = int32(code), werr.Error()
+				var se *SequenceError
+				if errors.As(werr, &se) {
+					ack.Expected = se.Expected
+				}
+			}
+			err = stream.Send(ack)
+		}
+		sent <- err
+	}()
+	var rerr error
+	for {
+		in, err := stream.Recv()
+		if err != nil {
+			if err != io.EOF {
+				rerr = err
+			}
+			break
+		}
+		b := &PushBatch{Model: in.GetModel(), Producer: in.GetProducer(), Sequence: in.GetSequence(), IDs: in.GetIds(), Values: in.GetValues(), Deletes: in.GetDeletes()}
+		a := g.s.offer(b)
+		if errors.Is(a.err, ErrNotLeader) {
+			rerr = status.Error(codes.Unavailable, a.err.Error())
+			break
+		}
+		pending <- a
+	}
+	close(pending)
+	if err := <-sent; err != nil && rerr == nil {
+		rerr = err
+	}
+	return rerr
+}
