@@ -224,6 +224,11 @@ func (o *Options) Validate() error {
 	if o.LeaderTTL == 0 {
 		o.LeaderTTL = 5
 	}
+	if o.Repo.Manifests == nil {
+		// Scans, validations and sealed pushes read the kept chains'
+		// manifests again and again: parsed once each.
+		o.Repo.Manifests = loader.NewManifestCache()
+	}
 	if o.Writer == "" {
 		host, _ := os.Hostname()
 		o.Writer = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), rand.Text()[:6])
@@ -241,6 +246,7 @@ type Manager struct {
 	st       store
 	commands chan request
 	rescan   chan struct{}
+	news     chan struct{} // a new version may be in the repository: a quick scan
 	reload   chan struct{} // another manager wrote the state
 	elected  chan bool     // the election's news: true on winning, false on losing
 	stopped  chan struct{} // closed when the loop returns
@@ -334,7 +340,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 		Holdout: slices.Sorted(maps.Keys(opts.Holdout)), MaxMoves: opts.MaxMoves, PushProducerTTL: opts.PushProducerTTL, MaxPushProducers: opts.MaxPushProducers},
 		st:       store{cli: opts.Etcd, cluster: opts.Cluster, writer: opts.Writer},
 		pub:      newPublisher(opts.Etcd, opts.Cluster),
-		commands: make(chan request), rescan: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event), gates: make(chan RunGates, 64)}
+		commands: make(chan request), rescan: make(chan struct{}, 1), news: make(chan struct{}, 1), reload: make(chan struct{}, 1), elected: make(chan bool), stopped: make(chan struct{}), results: make(chan Event), gates: make(chan RunGates, 64)}
 	m.queue.init()
 	m.mismatches, m.damagedNow = map[string]int{}, map[string]int{}
 	m.metrics = metrics{
@@ -460,6 +466,15 @@ func stagedGates(o Options) []string {
 func (m *Manager) Rescan() {
 	select {
 	case m.rescan <- struct{}{}:
+	default:
+	}
+}
+
+// newVersions asks for a quick scan (quickScan): the repository's
+// listing changed, or a push was sealed.
+func (m *Manager) newVersions() {
+	select {
+	case m.news <- struct{}{}:
 	default:
 	}
 }
@@ -727,6 +742,10 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 			if lead {
 				m.scan(ctx)
 			}
+		case <-m.news:
+			if lead {
+				m.quickScan(ctx)
+			}
 		case <-m.reload:
 			m.refresh(ctx)
 		case ev := <-m.results:
@@ -750,8 +769,12 @@ func (m *Manager) loop(ctx context.Context, shards <-chan map[string]topo.ShardI
 				req.reply <- reply{err: m.notLeader()}
 				continue
 			}
-			if req.cmd.Op != OpUnpin {
-				m.scan(ctx) // a version published a moment ago is known to the command
+			switch req.cmd.Op {
+			case OpRescan:
+				m.scan(ctx) // the operator's: every kept version's files looked at again
+			case OpUnpin:
+			default:
+				m.quickScan(ctx) // a version published a moment ago is known to the command
 			}
 			if req.cmd.Op == OpPrune {
 				m.listForPrune(&req.cmd)
@@ -798,17 +821,35 @@ func (m *Manager) refresh(ctx context.Context) bool {
 
 // scan lists the repository and applies what it found. When the
 // repository cannot be read at all, nothing changes.
-func (m *Manager) scan(ctx context.Context) {
+func (m *Manager) scan(ctx context.Context) { m.scanWith(ctx, false) }
+
+// quickScan is a scan that takes the versions the state has validated
+// (or rejected) as they were last scanned, reading nothing of theirs: a
+// scan a new version asked for (a watch event, a sealed push) costs the
+// listing and what is new, not the kept versions' files. The periodic
+// scan still checks them.
+func (m *Manager) quickScan(ctx context.Context) { m.scanWith(ctx, true) }
+
+func (m *Manager) scanWith(ctx context.Context, quick bool) {
 	view := m.view.Load()
-	ev, err := scanRepo(m.opts.Repo, func(model string, v uint64) scanMode {
+	ev, err := scanRepo(m.opts.Repo, func(model string, v uint64) (scanMode, *Found) {
 		ms := view.Models[model]
-		switch {
-		case ms == nil || v > ms.Floor || ms.version(v) != nil:
-			return scanFull
-		case ms.Chained[v] != "":
-			return scanPrint
+		var known *Version
+		if ms != nil {
+			known = ms.version(v)
 		}
-		return scanSkip
+		switch {
+		case quick && known != nil && known.Files != "" && !known.Phase.pending():
+			return scanKnown, &Found{Version: v, Kind: known.Kind, Parent: known.Parent, Files: known.Files}
+		case ms == nil || v > ms.Floor || known != nil:
+			return scanFull, nil
+		case ms.Chained[v] != "":
+			if quick {
+				return scanKnownPrint, &Found{Files: ms.Chained[v]}
+			}
+			return scanPrint, nil
+		}
+		return scanSkip, nil
 	})
 	if err != nil {
 		slog.Error("manager: scanning repository; keeping the current state", "err", err)

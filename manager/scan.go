@@ -19,7 +19,7 @@ import (
 // its version, never skipped. Versions that have left the state (mode
 // says) are only listed, with their fingerprint when a kept chain needs
 // them: a scan costs what is kept, not the repository's history.
-func scanRepo(repo loader.Repo, mode func(model string, v uint64) scanMode) (Scanned, error) {
+func scanRepo(repo loader.Repo, mode func(model string, v uint64) (scanMode, *Found)) (Scanned, error) {
 	names, err := repo.Models()
 	if err != nil {
 		return Scanned{}, err
@@ -37,12 +37,20 @@ func scanRepo(repo loader.Repo, mode func(model string, v uint64) scanMode) (Sca
 		listed := make(map[uint64]string, len(vs))
 		ev.Listed[name] = listed
 		for _, v := range vs {
-			switch mode(name, v) {
+			how, known := mode(name, v)
+			switch how {
 			case scanSkip:
 				listed[v] = ""
 				continue
 			case scanPrint:
 				listed[v] = fingerprint(repo.VersionDir(name, v))
+				continue
+			case scanKnownPrint:
+				listed[v] = known.Files
+				continue
+			case scanKnown:
+				listed[v] = known.Files
+				found = append(found, *known)
 				continue
 			}
 			f := Found{Version: v, Files: fingerprint(repo.VersionDir(name, v))}
@@ -63,9 +71,11 @@ func scanRepo(repo loader.Repo, mode func(model string, v uint64) scanMode) (Sca
 type scanMode int
 
 const (
-	scanFull  scanMode = iota // fingerprint and manifest: a version in the state
-	scanPrint                 // fingerprint: a version gone from the state that a kept chain needs
-	scanSkip                  // its number: a version gone from the state
+	scanFull       scanMode = iota // fingerprint and manifest: a version in the state
+	scanPrint                      // fingerprint: a version gone from the state that a kept chain needs
+	scanSkip                       // its number: a version gone from the state
+	scanKnown                      // as the state has it (a quick scan: nothing read)
+	scanKnownPrint                 // scanPrint, with the fingerprint the state has
 )
 
 // fingerprint identifies a version directory's files by name, size and

@@ -57,7 +57,7 @@ func (m *Manager) watchRepo(ctx context.Context) {
 			if ev.Has(fsnotify.Create) && filepath.Dir(ev.Name) == root {
 				watchModel(ev.Name) // a new model (a file fails harmlessly)
 			}
-			m.Rescan()
+			m.newVersions()
 		case err, ok := <-w.Errors:
 			if !ok {
 				return
