@@ -125,6 +125,10 @@ type pushLog struct {
 	width     int
 	producers map[string]*pushProducer
 	open      *pushWindow
+	// lastRows and lastValues size a new window as the last one ended:
+	// a window of a million rows grown from empty rehashes its map ten
+	// times.
+	lastRows int
 }
 
 type pushProducer struct {
@@ -139,10 +143,15 @@ type pushProducer struct {
 type pushWindow struct {
 	opened time.Time
 	width  int
-	// rows maps an id to its row in values, or -1 when deleted.
-	rows   map[uint64]int32
-	values []float32
-	bytes  int64
+	// ids and values are the rows as they came, in order (values width
+	// per row); a deletion is a row whose deleted bit is set. contents
+	// merges them, last row winning per id: appending is what a batch
+	// costs, and the window pays one sort when sealed (a map of a
+	// million ids cost several times that in inserts).
+	ids     []uint64
+	values  []float32
+	deleted []uint64 // bit i: row i deletes its id
+	bytes   int64
 	// marks are the highest sequence of each producer in the window;
 	// charges what each producer's batches weigh.
 	marks   map[string]uint64
@@ -188,7 +197,8 @@ func (l *pushLog) offer(b *PushBatch, sealed uint64, now time.Time) (w *pushWind
 		return nil, false, fmt.Errorf("%w: producer %s has %d bytes in windows not yet sealed, and the batch of %d would pass the bound of %d: wait for answers", ErrBusy, b.Producer, p.inFlight, size, l.lim.InFlight)
 	}
 	if l.open == nil {
-		l.open = &pushWindow{opened: now, width: l.width, rows: map[uint64]int32{}, marks: map[string]uint64{}, charges: map[string]int64{}, done: make(chan struct{})}
+		l.open = &pushWindow{opened: now, width: l.width, ids: make([]uint64, 0, l.lastRows), values: make([]float32, 0, l.lastRows*l.width),
+			marks: map[string]uint64{}, charges: map[string]int64{}, done: make(chan struct{})}
 	}
 	w = l.open
 	w.apply(b)
@@ -198,31 +208,28 @@ func (l *pushLog) offer(b *PushBatch, sealed uint64, now time.Time) (w *pushWind
 	return w, false, nil
 }
 
-// rowBytes is what a row new to a window costs besides its values: the
-// map's entry and its share of the map's overhead.
-const rowBytes = 40
+// rowBytes is what a row costs a window besides its values: its id,
+// and its share of the sort that merges the window.
+const rowBytes = 8 + 16
 
 func (w *pushWindow) apply(b *PushBatch) {
-	for i, id := range b.IDs {
-		vals := b.Values[i*w.width : (i+1)*w.width]
-		r, ok := w.rows[id]
-		if ok && r >= 0 {
-			copy(w.values[int(r)*w.width:], vals)
-			continue
-		}
-		if !ok {
-			w.bytes += rowBytes
-		}
-		w.rows[id] = int32(len(w.values) / w.width)
-		w.values = append(w.values, vals...)
-		w.bytes += int64(4 * w.width)
-	}
+	w.ids = append(w.ids, b.IDs...)
+	w.values = append(w.values, b.Values...)
+	w.bytes += int64(len(b.IDs)*rowBytes + 4*len(b.Values))
 	for _, id := range b.Deletes {
-		if _, ok := w.rows[id]; !ok {
-			w.bytes += rowBytes
+		i := len(w.ids)
+		w.ids = append(w.ids, id)
+		for len(w.deleted) <= i/64 {
+			w.deleted = append(w.deleted, 0)
 		}
-		w.rows[id] = -1
+		w.deleted[i/64] |= 1 << (i % 64)
+		w.values = append(w.values, make([]float32, w.width)...)
+		w.bytes += int64(rowBytes + 4*w.width)
 	}
+}
+
+func (w *pushWindow) isDeleted(i int) bool {
+	return i/64 < len(w.deleted) && w.deleted[i/64]&(1<<(i%64)) != 0
 }
 
 // due says whether the open window is to be sealed now.
@@ -243,21 +250,36 @@ func (l *pushLog) wait(now time.Time) time.Duration {
 func (l *pushLog) take() *pushWindow {
 	w := l.open
 	l.open = nil
+	if w != nil {
+		l.lastRows = len(w.ids)
+	}
 	return w
 }
 
 // contents is what w holds: the upserted ids with their values, and the
-// deleted ids.
+// deleted ids, the last row of each id winning.
 func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint64) {
-	ids = make([]uint64, 0, len(w.rows))
+	type row struct {
+		id uint64
+		i  int32
+	}
+	rows := make([]row, len(w.ids))
+	for i, id := range w.ids {
+		rows[i] = row{id, int32(i)}
+	}
+	slices.SortFunc(rows, func(a, b row) int { return cmp.Or(cmp.Compare(a.id, b.id), cmp.Compare(a.i, b.i)) })
+	ids = make([]uint64, 0, len(rows))
 	values = make([]float32, 0, len(w.values))
-	for id, r := range w.rows {
-		if r < 0 {
-			deletes = append(deletes, id)
+	for k, r := range rows {
+		if k+1 < len(rows) && rows[k+1].id == r.id {
+			continue // a later row has it
+		}
+		if w.isDeleted(int(r.i)) {
+			deletes = append(deletes, r.id)
 			continue
 		}
-		ids = append(ids, id)
-		values = append(values, w.values[int(r)*w.width:(int(r)+1)*w.width]...)
+		ids = append(ids, r.id)
+		values = append(values, w.values[int(r.i)*w.width:(int(r.i)+1)*w.width]...)
 	}
 	return ids, values, deletes
 }
@@ -309,7 +331,7 @@ func (l *pushLog) release(w *pushWindow) {
 
 func (w *pushWindow) finish(version uint64, err error) {
 	w.version, w.err = version, err
-	w.values, w.rows = nil, nil
+	w.ids, w.values, w.deleted = nil, nil, nil
 	close(w.done)
 }
 

@@ -355,7 +355,7 @@ func (s *PushServer) seal(ctx context.Context) {
 			s.mu.Unlock()
 		}
 		if len(todo) > 0 {
-			s.m.Rescan()
+			s.m.newVersions()
 			continue // windows may have come due while these were sealed
 		}
 		if next == 0 {
