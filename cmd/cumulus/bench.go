@@ -155,7 +155,7 @@ process's CPU time (utime+stime) per request.`,
 			return nil
 		},
 	}
-	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand(), benchHostileCommand(), benchFreshnessCommand(), benchTailCommand(), benchRequestCommand())
+	cmd.AddCommand(benchTableCommand(), benchOverBudgetCommand(), benchOverBudgetChild(), benchRollbackCommand(), benchHostileCommand(), benchFreshnessCommand(), benchTailCommand(), benchRequestCommand(), benchPushCommand())
 	cmd.Flags().StringVar(&workloads, "workload", "all", "rank200, small, or all (comma-separated)")
 	cmd.Flags().StringVar(&addr, "addr", "", "router gRPC address (default: start a dev cluster)")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "router HTTP address, with --addr, for --protocol rest and rest-binary")
