@@ -191,6 +191,8 @@ type pusher struct {
 	tlsf     tlsFlags
 	retryFor time.Duration
 	bar      *progressbar.ProgressBar
+	// acked, if set, is called with each batch answered OK.
+	acked func(*pushpb.Ack)
 }
 
 // maxUnanswered bounds the batches a pusher has sent and not had
@@ -215,7 +217,9 @@ func (p *pusher) push(ctx context.Context, batches []*pushpb.Batch) (newest uint
 		select {
 		case <-ctx.Done():
 			return newest, ctx.Err()
-		case <-time.After(min(200*time.Millisecond*time.Duration(1<<min(try, 4)), 2*time.Second)):
+		case <-time.After(min(100*time.Millisecond*time.Duration(try+1), 500*time.Millisecond)):
+			// Short: a new leader takes over within a second or two, and
+			// the addresses are tried in turn.
 		}
 	}
 	return newest, nil
@@ -272,6 +276,9 @@ func (p *pusher) stream(ctx context.Context, addr string, batches []*pushpb.Batc
 		newest = max(newest, ack.Version)
 		if p.bar != nil {
 			p.bar.Add(1)
+		}
+		if p.acked != nil {
+			p.acked(ack)
 		}
 	}
 	if err := <-sendErr; err != nil && err != io.EOF {

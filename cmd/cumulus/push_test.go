@@ -50,6 +50,34 @@ func pushBinary(producer string, seq uint64, ids []uint64, values []float32) (bo
 	return body, len(head)
 }
 
+// oneFeatureScores are a front's scores of one-feature rows, one per id
+// (an LR's or FM's score of a lone feature is sigmoid(bias + its
+// weight)), and the version that answered.
+func oneFeatureScores(t *testing.T, front, model string, ids []int64) (version string, s []float32) {
+	t.Helper()
+	splits := make([]int64, len(ids)+1)
+	for i := range splits {
+		splits[i] = int64(i)
+	}
+	body := fmt.Sprintf(`{"inputs":[{"name":"ids","datatype":"INT64","shape":[%d],"data":%s},{"name":"row_splits","datatype":"INT64","shape":[%d],"data":%s}]}`,
+		len(ids), jsonOf(ids), len(splits), jsonOf(splits))
+	resp, err := http.Post("http://"+front+"/v2/models/"+model+"/infer", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Version string `json:"model_version"`
+		Outputs []struct {
+			Data []float32 `json:"data"`
+		} `json:"outputs"`
+	}
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || json.Unmarshal(b, &out) != nil || len(out.Outputs) != 1 {
+		t.Fatalf("predict: %s: %s", resp.Status, b)
+	}
+	return out.Version, out.Outputs[0].Data
+}
+
 // TestPushEndToEnd: `cumulus dev` with its push API. Batches over HTTP
 // (JSON and the binary extension) and over gRPC (`cumulus push`) are
 // answered with the delta holding them, and every router then serves the
@@ -87,32 +115,7 @@ func TestPushEndToEnd(t *testing.T) {
 		json.Unmarshal(b, &a)
 		return resp.StatusCode, a, string(b)
 	}
-	// scores are the front's scores of one-feature rows, one per id: an
-	// FM's score of a lone feature is sigmoid(bias + its weight).
-	scores := func(ids ...int64) (version string, s []float32) {
-		t.Helper()
-		splits := make([]int64, len(ids)+1)
-		for i := range splits {
-			splits[i] = int64(i)
-		}
-		body := fmt.Sprintf(`{"inputs":[{"name":"ids","datatype":"INT64","shape":[%d],"data":%s},{"name":"row_splits","datatype":"INT64","shape":[%d],"data":%s}]}`,
-			len(ids), jsonOf(ids), len(splits), jsonOf(splits))
-		resp, err := http.Post("http://"+front+"/v2/models/fm/infer", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out struct {
-			Version string `json:"model_version"`
-			Outputs []struct {
-				Data []float32 `json:"data"`
-			} `json:"outputs"`
-		}
-		if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || json.Unmarshal(b, &out) != nil || len(out.Outputs) != 1 {
-			t.Fatalf("predict: %s: %s", resp.Status, b)
-		}
-		return out.Version, out.Outputs[0].Data
-	}
+	scores := func(ids ...int64) (string, []float32) { return oneFeatureScores(t, front, "fm", ids) }
 	sigmoid := func(w float64) float32 { return float32(1 / (1 + math.Exp(-(gen.Bias + w)))) }
 	// served waits until the front serves version v or later with want
 	// (id → weight; NaN: deleted, scored as absent).
