@@ -172,6 +172,16 @@ type ModelSummary struct {
 	Standby    []uint64 `json:"standby"`
 	Versions   int      `json:"versions"`
 	Rejected   int      `json:"rejected"`
+	// HeldPushes, while a pin or a canary holds the model, is the delta
+	// its pushes are held in (push.go): served once the hold ends.
+	HeldPushes *HeldPushes `json:"held_pushes,omitempty"`
+}
+
+// HeldPushes is the delta a held model's pushes wait in.
+type HeldPushes struct {
+	Version uint64 `json:"version"`
+	Bytes   int64  `json:"bytes,omitempty"` // its files' (0 until validated)
+	Why     string `json:"why"`
 }
 
 // ModelDetail is GET /admin/v1/models/{name}.
@@ -229,6 +239,18 @@ func summary(m *ModelState) ModelSummary {
 	for _, v := range m.Versions {
 		if v.Phase == PhaseRejected {
 			s.Rejected++
+		}
+	}
+	if m.Pin != 0 || m.Canary != nil {
+		for i := len(m.Versions) - 1; i >= 0 && m.Versions[i].Version > m.Live; i-- {
+			if v := m.Versions[i]; v.Pushed && v.Phase != PhaseRejected {
+				why := fmt.Sprintf("pinned to version %d", m.Pin)
+				if m.Canary != nil {
+					why = "a canary is on"
+				}
+				s.HeldPushes = &HeldPushes{Version: v.Version, Bytes: v.Bytes, Why: why + ": pushes are held until it ends"}
+				break
+			}
 		}
 	}
 	if s.Standby == nil {

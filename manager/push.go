@@ -125,10 +125,18 @@ type pushLog struct {
 	width     int
 	producers map[string]*pushProducer
 	open      *pushWindow
-	// lastRows and lastValues size a new window as the last one ended:
-	// a window of a million rows grown from empty rehashes its map ten
-	// times.
+	// lastRows sizes a new window as the last one ended.
 	lastRows int
+	// held is what the windows sealed while a pin or a canary held the
+	// model merged into (nil: none): each such window is published as
+	// one delta on base holding all of them, replacing the last (version).
+	held *heldPushes
+}
+
+// heldPushes are a held model's pushes: one pending delta.
+type heldPushes struct {
+	base, version uint64
+	rows          *pushWindow // merged, as last published
 }
 
 type pushProducer struct {
@@ -282,6 +290,49 @@ func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint6
 		values = append(values, w.values[int(r.i)*w.width:(int(r.i)+1)*w.width]...)
 	}
 	return ids, values, deletes
+}
+
+// heldBytes is what a held model's pushes weigh: the pending delta's
+// rows and the open window's.
+func (l *pushLog) heldBytes() int64 {
+	var n int64
+	if l.held != nil && l.held.rows != nil {
+		n += l.held.rows.bytes
+	}
+	if l.open != nil {
+		n += l.open.bytes
+	}
+	return n
+}
+
+// merged is a window holding a's rows, then b's (so b's win), with both
+// windows' marks; a is not changed. Its done and charges are b's.
+func merged(a, b *pushWindow) *pushWindow {
+	m := &pushWindow{opened: b.opened, width: b.width, marks: maps.Clone(a.marks), charges: b.charges, done: b.done,
+		ids: slices.Concat(a.ids, b.ids), values: slices.Concat(a.values, b.values), bytes: a.bytes + b.bytes}
+	for p, s := range b.marks {
+		m.marks[p] = max(m.marks[p], s)
+	}
+	m.deleted = slices.Clone(a.deleted)
+	for i := range b.ids {
+		if b.isDeleted(i) {
+			j := len(a.ids) + i
+			for len(m.deleted) <= j/64 {
+				m.deleted = append(m.deleted, 0)
+			}
+			m.deleted[j/64] |= 1 << (j % 64)
+		}
+	}
+	return m
+}
+
+// compacted is w's contents as a window of their own (one row per id),
+// with w's marks: what a held window keeps between seals.
+func (w *pushWindow) compacted() *pushWindow {
+	ids, values, deletes := w.contents()
+	c := &pushWindow{width: w.width, marks: w.marks}
+	c.apply(&PushBatch{IDs: ids, Values: values, Deletes: deletes})
+	return c
 }
 
 // pushMarks are w's marks as a manifest records them.

@@ -220,3 +220,31 @@ func TestTrimMarks(t *testing.T) {
 		t.Fatalf("kept %v", kept)
 	}
 }
+
+// TestPushHeldMerge checks what a held model's pending delta holds: the
+// windows merged in order (later rows win, deletions included), the
+// marks of all, and compacted to one row per id between seals.
+func TestPushHeldMerge(t *testing.T) {
+	l := newPushLog(testLimits(), 1)
+	l.offer(batch("a", 1, []uint64{1, 2}, []float32{1, 2}), 0, pushT0)
+	first := l.take().compacted()
+	l.offer(batch("b", 1, []uint64{2, 3}, []float32{20, 30}, 1), 0, pushT0)
+	w := l.take()
+	m := merged(first, w)
+	ids, values, deletes := m.contents()
+	got := map[uint64]float32{}
+	for i, id := range ids {
+		got[id] = values[i]
+	}
+	if fmt.Sprint(got) != "map[2:20 3:30]" || !slices.Equal(deletes, []uint64{1}) || m.marks["a"] != 1 || m.marks["b"] != 1 {
+		t.Fatalf("merged: %v, deletes %v, marks %v", got, deletes, m.marks)
+	}
+	if c := m.compacted(); len(c.ids) != 3 || c.bytes >= m.bytes {
+		t.Fatalf("compacted: %d rows, %d bytes (merged: %d)", len(c.ids), c.bytes, m.bytes)
+	}
+	l.held = &heldPushes{rows: m.compacted()}
+	l.offer(batch("a", 2, []uint64{9}, []float32{9}), 0, pushT0)
+	if l.heldBytes() != l.held.rows.bytes+l.open.bytes {
+		t.Fatal("heldBytes counts neither the pending rows nor the open window")
+	}
+}

@@ -52,6 +52,10 @@ type PushOptions struct {
 	InFlight int64
 	// WindowBytes: a window past it is sealed at once. Default 256 MiB.
 	WindowBytes int64
+	// MaxPendingBytes bounds what a model's pushes weigh while a pin or
+	// a canary holds them (the pending delta and the open window); past
+	// it, pushes are refused (ResourceExhausted, 429). Default 256 MiB.
+	MaxPendingBytes int64
 	// Registry receives the push metrics; nil registers nowhere.
 	Registry prometheus.Registerer
 }
@@ -63,13 +67,17 @@ func (o *PushOptions) Validate() error {
 		return errors.New("manager: the push API needs an address (--push-addr)")
 	case o.Token == "":
 		return errors.New("manager: the push API needs a token (--push-token, --push-token-file or CUMULUS_PUSH_TOKEN)")
-	case o.Window < 0 || o.MaxBatchBytes < 0 || o.InFlight < 0 || o.WindowBytes < 0:
+	case o.Window < 0 || o.MaxBatchBytes < 0 || o.InFlight < 0 || o.WindowBytes < 0 || o.MaxPendingBytes < 0:
 		return errors.New("manager: push options must not be negative")
 	}
 	o.Window = cmp.Or(o.Window, time.Second)
 	o.MaxBatchBytes = cmp.Or(o.MaxBatchBytes, 16<<20)
 	o.InFlight = cmp.Or(o.InFlight, 4*o.MaxBatchBytes)
 	o.WindowBytes = cmp.Or(o.WindowBytes, 256<<20)
+	o.MaxPendingBytes = cmp.Or(o.MaxPendingBytes, 256<<20)
+	if o.WindowBytes > 4<<30 {
+		return errors.New("manager: push windows of at most 4 GiB")
+	}
 	return nil
 }
 
@@ -242,6 +250,16 @@ func (s *PushServer) offer(b *PushBatch) pushAnswer {
 		s.logs[b.Model] = l
 	}
 	opened := l.open == nil
+	if held := ms.Pin != 0 || ms.Canary != nil; held && l.heldBytes()+b.Size() > s.opts.MaxPendingBytes {
+		s.mu.Unlock()
+		what := fmt.Sprintf("pinned to version %d", ms.Pin)
+		if ms.Canary != nil {
+			what = "under a canary"
+		}
+		a.err = fmt.Errorf("%w: model %s is %s: its pushes wait to be served, and %d bytes of them is the most held (--max-pending-push-bytes); they are served once the pin is lifted or the canary ends", ErrBusy, b.Model, what, s.opts.MaxPendingBytes)
+		s.count(b.Model, "busy", 0)
+		return a
+	}
 	a.w, a.duplicate, a.err = l.offer(b, ms.Pushed[b.Producer].Seq, time.Now())
 	due := l.due(time.Now())
 	s.mu.Unlock()
@@ -342,7 +360,7 @@ func (s *PushServer) seal(ctx context.Context) {
 		s.mu.Unlock()
 		for _, d := range todo {
 			start := time.Now()
-			version, err := s.publish(d.name, d.w, reign)
+			version, err := s.publish(d.name, d.l, d.w, reign)
 			s.metrics.seal.Observe(time.Since(start).Seconds())
 			s.mu.Lock()
 			if err != nil {
@@ -380,25 +398,49 @@ func (s *PushServer) seal(ctx context.Context) {
 // publish writes w as a delta of model on its newest version: the newest
 // this reign sealed, or the state's newest not rejected, whichever is
 // newer (a full version published meanwhile takes the windows after
-// it).
-func (s *PushServer) publish(model string, w *pushWindow, reign uint64) (uint64, error) {
+// it). While a pin or a canary holds the model, the windows are held
+// instead: each is published merged with those before it, as one delta
+// on the version that was newest when the hold began, and the delta it
+// replaces is removed (it was never served). When the hold ends, the
+// newest is that delta, served as any other.
+func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint64) (uint64, error) {
 	if !s.m.acting.Load() || s.m.reign.Load() != reign {
 		return 0, errPushStopped
 	}
 	s.mu.Lock()
-	parent := s.last[model]
+	parent, held := s.last[model], l.held
 	s.mu.Unlock()
-	if ms := s.m.State().Models[model]; ms != nil {
+	ms := s.m.State().Models[model]
+	hold := ms != nil && (ms.Pin != 0 || ms.Canary != nil)
+	if !hold {
+		held = nil // the held delta, if any, is the newest: it is built on
+	}
+	newest := uint64(0) // the newest not rejected, the held delta aside
+	if ms != nil {
 		for i := len(ms.Versions) - 1; i >= 0; i-- {
 			v := &ms.Versions[i]
 			if v.Version == parent && v.Phase == PhaseRejected {
 				parent = 0 // rejected since: build on what serves
 			}
-			if v.Phase != PhaseRejected && !v.Gone && v.Broken == "" && v.Version > parent {
-				parent = v.Version
+			if v.Phase != PhaseRejected && !v.Gone && v.Broken == "" && (held == nil || v.Version != held.version) {
+				newest = v.Version
 				break
 			}
 		}
+	}
+	if held != nil && parent == held.version {
+		parent = 0
+	}
+	parent = max(parent, newest)
+	body := w
+	switch {
+	case !hold:
+	case held == nil || parent > max(held.base, held.version):
+		// A hold begins, or a version came meanwhile that the held
+		// pushes are not on (a new full version): hold on it.
+		held = &heldPushes{base: parent}
+	default:
+		parent, body = held.base, merged(held.rows, w)
 	}
 	if parent == 0 {
 		return 0, fmt.Errorf("%w: model %s has no version to seal pushes onto", ErrNotFound, model)
@@ -407,12 +449,23 @@ func (s *PushServer) publish(model string, w *pushWindow, reign uint64) (uint64,
 	if err != nil {
 		return 0, err
 	}
-	ids, values, deletes := w.contents()
+	ids, values, deletes := body.contents()
 	m, err := s.m.opts.Repo.PublishDelta(model, loader.Delta{Upserts: &loader.Sparse{Shape: pm.Shape, Keys: ids, Values: values},
-		Deletes: deletes, Parent: parent, Source: "push", Pushed: w.pushMarks(time.Now())})
+		Deletes: deletes, Parent: parent, Source: "push", Pushed: body.pushMarks(time.Now())})
 	if err != nil {
 		return 0, err
 	}
+	if held != nil {
+		if held.version != 0 && held.version != m.Version {
+			if err := s.m.removeVersion(s.m.opts.Repo.VersionDir(model, held.version)); err != nil {
+				slog.Warn("manager: removing a held push delta, replaced by a newer one", "model", model, "version", held.version, "err", err)
+			}
+		}
+		held = &heldPushes{base: parent, version: m.Version, rows: body.compacted()}
+	}
+	s.mu.Lock()
+	l.held = held
+	s.mu.Unlock()
 	return m.Version, nil
 }
 

@@ -81,6 +81,8 @@ type Version struct {
 	HeldAt time.Time `json:"held_at,omitzero"`
 	// Gates are the validation gates' outcomes, as last run.
 	Gates []GateResult `json:"gates,omitempty"`
+	// Pushed: the version is a delta sealed from pushes (push.go).
+	Pushed bool `json:"pushed,omitempty"`
 	// Golden: the version has golden requests of its own
 	// (golden.jsonl), which the golden gate sends.
 	Golden bool `json:"golden,omitempty"`

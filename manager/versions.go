@@ -54,7 +54,7 @@ func (s *State) scanned(ev Scanned, p Policy) []Action {
 				continue // left the state
 			}
 			if v == nil {
-				m.Versions = append(m.Versions, Version{Version: vn, Kind: f.Kind, Parent: f.Parent, Phase: PhaseDiscovered, Files: f.Files})
+				m.Versions = append(m.Versions, Version{Version: vn, Kind: f.Kind, Parent: f.Parent, Phase: PhaseDiscovered, Files: f.Files, Pushed: len(f.Pushed) > 0})
 				m.pushed(f.Pushed, p)
 				slices.SortFunc(m.Versions, func(a, b Version) int { return cmp.Compare(a.Version, b.Version) })
 				v = m.version(vn)

@@ -519,6 +519,9 @@ func printModel(b []byte) error {
 	if d.Canary != nil {
 		fmt.Printf("canary: %s\n", canaryText(d.Canary))
 	}
+	if h := d.HeldPushes; h != nil {
+		fmt.Printf("pushes: held in delta %d (%s); %s\n", h.Version, humanize.IBytes(uint64(h.Bytes)), h.Why)
+	}
 	if d.Rollout != nil {
 		fmt.Printf("rollout: version %d staged, %d of %d replicas hold it\n", d.Rollout.Version, d.Rollout.Holding, d.Rollout.Replicas)
 	}

@@ -49,6 +49,7 @@ type pushServeFlags struct {
 	ttl      time.Duration
 	maxProd  int
 	maxBytes byteSize
+	pending  byteSize
 }
 
 func (f *pushServeFlags) register(cmd *cobra.Command, defaultAddr string) {
@@ -64,6 +65,8 @@ func (f *pushServeFlags) register(cmd *cobra.Command, defaultAddr string) {
 	fs.IntVar(&f.maxProd, "max-push-producers", 1024, "push producers kept per model")
 	f.maxBytes = 16 << 20
 	fs.Var(&f.maxBytes, "max-push-bytes", "largest push batch (its encoding)")
+	f.pending = 256 << 20
+	fs.Var(&f.pending, "max-pending-push-bytes", "per model: the most its pushes may weigh while a pin or a canary holds them (one pending delta, served once the hold ends); past it, pushes are refused (429)")
 }
 
 // options are the push API's options (ok false: not served). A push
@@ -82,7 +85,7 @@ func (f *pushServeFlags) options(adminToken string, reg prometheus.Registerer) (
 	case token == adminToken:
 		return opts, false, errors.New("the push token is the admin token: give the push API a token of its own (a trainer must not be able to roll back)")
 	}
-	return manager.PushOptions{Addr: f.addr, Token: token, Window: f.window, MaxBatchBytes: int64(f.maxBytes), Registry: reg}, true, nil
+	return manager.PushOptions{Addr: f.addr, Token: token, Window: f.window, MaxBatchBytes: int64(f.maxBytes), MaxPendingBytes: int64(f.pending), Registry: reg}, true, nil
 }
 
 // policy sets the manager's bounds on its push producers' marks.

@@ -92,7 +92,7 @@ func TestPushEndToEnd(t *testing.T) {
 	}
 	dev := startProcess(t, []string{"http: http://", "admin: http://", "push: http://", "ready"}, "dev", "--repo", repo, "--shards", "2",
 		"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--push-addr", "127.0.0.1:0",
-		"--admin-token", "admin-t", "--push-token", "push-t", "--max-push-bytes", "64KiB", "--log-level", "warn")
+		"--admin-token", "admin-t", "--push-token", "push-t", "--max-push-bytes", "64KiB", "--max-pending-push-bytes", "64KiB", "--log-level", "warn")
 	front := dev.out["http: http://"]
 	pushAddr, _, _ := strings.Cut(dev.out["push: http://"], " ")
 	adminAddr, _, _ := strings.Cut(dev.out["admin: http://"], " ")
@@ -210,8 +210,63 @@ func TestPushEndToEnd(t *testing.T) {
 	}
 	served(cliVersion, map[int64]float64{8: 0.5, 5: 0.25, 6: math.NaN()})
 	// t0 resumes at 3.
-	if code, _, raw := post("push-t", "/push/v1/models/fm", pushBody("t0", 3, []int64{5}, []float32{-1, 0, 0}, nil), 0); code != 200 {
+	code, a4, raw := post("push-t", "/push/v1/models/fm", pushBody("t0", 3, []int64{5}, []float32{-1, 0, 0}, nil), 0)
+	if code != 200 {
 		t.Fatalf("t0's next batch after refusals: %d %s", code, raw)
 	}
-	served(0, map[int64]float64{5: -1})
+	served(a4.Version, map[int64]float64{5: -1})
+
+	// Pinned: pushes are held in one pending delta, replaced at each
+	// window, not served; past --max-pending-push-bytes they are
+	// refused; unpinned, the pending delta is served.
+	adminCall := func(method, path, body string) manager.ModelDetail {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+adminAddr+"/admin/v1/models/fm"+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer admin-t")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var d manager.ModelDetail
+		if resp.StatusCode != 200 || json.Unmarshal(b, &d) != nil {
+			t.Fatalf("%s %s: %s %s", method, path, resp.Status, b)
+		}
+		return d
+	}
+	live := adminCall("GET", "", "").Live
+	adminCall("PUT", "/pin", fmt.Sprintf(`{"version": %d, "from": %d}`, live, live))
+	rows := func(seq uint64, w float32) []byte {
+		ids, vals := make([]int64, 1500), make([]float32, 4500)
+		for i := range ids {
+			ids[i], vals[3*i] = int64(1000+i), w
+		}
+		return pushBody("t0", seq, ids, vals, nil)
+	}
+	code, h1, raw := post("push-t", "/push/v1/models/fm", rows(4, 0.5), 0)
+	if code != 200 {
+		t.Fatalf("a push while pinned: %d %s", code, raw)
+	}
+	code, h2, raw := post("push-t", "/push/v1/models/fm", pushBody("t0", 5, []int64{5}, []float32{2, 0, 0}, nil), 0)
+	if code != 200 || h2.Version <= h1.Version {
+		t.Fatalf("a second push while pinned: %d %s (the first: %d)", code, raw, h1.Version)
+	}
+	if _, err := os.Stat(filepath.Join(repo, "fm", fmt.Sprint(h1.Version))); !os.IsNotExist(err) {
+		t.Fatalf("held delta %d, replaced by %d, is still in the repository: %v", h1.Version, h2.Version, err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if h := adminCall("GET", "", "").HeldPushes; h == nil || h.Version != h2.Version {
+			return fmt.Errorf("show says held pushes %+v, want delta %d", h, h2.Version)
+		}
+		return nil
+	})
+	if v, s := scores(5, 1000); v != fmt.Sprint(live) || math.Abs(float64(s[0]-sigmoid(-1))) > 1e-6 {
+		t.Fatalf("while pinned, version %s serves %v for id 5 (want version %d's)", v, s, live)
+	}
+	if code, _, raw := post("push-t", "/push/v1/models/fm", rows(6, 0.75), 0); code != http.StatusTooManyRequests || !strings.Contains(raw, "--max-pending-push-bytes") {
+		t.Fatalf("past the pending bound: %d %s", code, raw)
+	}
+	adminCall("DELETE", fmt.Sprintf("/pin?from=%d", live), "")
+	served(h2.Version, map[int64]float64{5: 2, 1000: 0.5, 2499: 0.5, 8: 0.5})
 }
