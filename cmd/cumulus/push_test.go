@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -269,4 +270,75 @@ func TestPushEndToEnd(t *testing.T) {
 	}
 	adminCall("DELETE", fmt.Sprintf("/pin?from=%d", live), "")
 	served(h2.Version, map[int64]float64{5: 2, 1000: 0.5, 2499: 0.5, 8: 0.5})
+}
+
+// TestPushTrainer: examples/push_trainer.py, a PyTorch FM trainer,
+// pushes the rows each optimizer step changed to `cumulus dev` over HTTP
+// with Python's standard library; once its last push is served, the
+// front scores what the trainer's own forward pass scores, within 1e-5.
+func TestPushTrainer(t *testing.T) {
+	python := requireTorch(t)
+	repo, out := t.TempDir(), t.TempDir()
+	gen, err := loader.Repo{Dir: repo}.Generate(loader.GenSpec{Name: "fm", Shape: model.Shape{Type: model.FM, Dim: 4}, Params: 2000, Partitions: 8, Seed: 5, Dense: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := startProcess(t, []string{"http: http://", "push: http://", "ready"}, "dev", "--repo", repo, "--shards", "2",
+		"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--push-addr", "127.0.0.1:0",
+		"--push-token", "push-t", "--log-level", "warn")
+	front := dev.out["http: http://"]
+	pushAddr, _, _ := strings.Cut(dev.out["push: http://"], " ")
+	waitRouterReady(t, front)
+	cmd := exec.Command(python, "../../examples/push_trainer.py", "--addr", pushAddr, "--model", "fm", "--token", "push-t",
+		"--bias", fmt.Sprint(gen.Bias), "--dim", "4", "--steps", "10", "--out", out)
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("push_trainer.py: %v\n%s", err, b)
+	}
+	var last uint64
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if i := strings.Index(line, "version "); i >= 0 {
+			fmt.Sscan(line[i+len("version "):], &last)
+		}
+	}
+	if last == 0 {
+		t.Fatalf("the trainer's output names no version:\n%s", b)
+	}
+	reqs, err := os.ReadFile(filepath.Join(out, "requests.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(reqs)), "\n")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		for _, line := range lines {
+			var req struct {
+				Inputs json.RawMessage `json:"inputs"`
+				Want   []float64       `json:"want"`
+			}
+			json.Unmarshal([]byte(line), &req)
+			resp, err := http.Post("http://"+front+"/v2/models/fm/infer", "application/json", strings.NewReader(`{"inputs":`+string(req.Inputs)+`}`))
+			if err != nil {
+				return err
+			}
+			var got struct {
+				Version string `json:"model_version"`
+				Outputs []struct {
+					Data []float64 `json:"data"`
+				} `json:"outputs"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&got)
+			resp.Body.Close()
+			var v uint64
+			fmt.Sscan(got.Version, &v)
+			if err != nil || len(got.Outputs) != 1 || v < last {
+				return fmt.Errorf("version %s answered (%v); waiting for %d", got.Version, err, last)
+			}
+			for i, w := range req.Want {
+				if math.Abs(got.Outputs[0].Data[i]-w) > 1e-5 {
+					return fmt.Errorf("row %d scores %v, PyTorch %v", i, got.Outputs[0].Data[i], w)
+				}
+			}
+		}
+		return nil
+	})
 }
