@@ -42,7 +42,7 @@ func readUnit(t *testing.T, path string) unit {
 }
 
 // addrFlags are the flags whose value is a listen or advertised address.
-var addrFlags = map[string]bool{"--addr": true, "--advertise": true, "--grpc-addr": true, "--http-addr": true, "--admin-addr": true, "--probe-addr": true,
+var addrFlags = map[string]bool{"--addr": true, "--advertise": true, "--grpc-addr": true, "--http-addr": true, "--admin-addr": true, "--probe-addr": true, "--push-addr": true,
 	"--raft-addr": true, "--raft-advertise": true}
 
 // advertiseFlags are the address flags that name where peers dial, not

@@ -53,6 +53,7 @@ type kube struct {
 // (nothing in the manifests produces them), with the keys it names.
 var operatorSecrets = map[string][]string{
 	"cumulus-admin-token": {"token"},
+	"cumulus-push-token":  {"token"},
 	"cumulus-etcd-client": {"tls.crt", "tls.key", "ca.crt"},
 }
 
@@ -284,7 +285,7 @@ var plainHTTP = map[string]map[string][]string{
 
 // fileFlags are the flags naming a file or directory in the container.
 var fileFlags = []string{"--repo", "--data-dir", "--tls-cert", "--tls-key", "--tls-ca", "--client-ca",
-	"--etcd-cert", "--etcd-key", "--etcd-ca", "--admin-token-file"}
+	"--etcd-cert", "--etcd-key", "--etcd-ca", "--admin-token-file", "--push-token-file"}
 
 // TestKubernetesManifests renders deploy/kubernetes with kustomize,
 // decodes every document strictly into its Go type (k8s.io/api,

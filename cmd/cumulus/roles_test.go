@@ -35,14 +35,16 @@ func TestRolesInCertificates(t *testing.T) {
 	if b, err := cumulus("model", "gen", "--name", "ctr", "--repo", repo, "--params", "2000", "--partitions", "4").CombinedOutput(); err != nil {
 		t.Fatalf("model gen: %v\n%s", err, b)
 	}
-	dev := startProcess(t, []string{"tls: ", "etcd: ", "shard: ", "admin: https://", "model: ctr version ", "ready"}, "dev", "--tls", "--repo", repo,
-		"--shards", "2", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--admin-token", "t", "--log-level", "warn")
+	dev := startProcess(t, []string{"tls: ", "etcd: ", "shard: ", "admin: https://", "push: https://", "model: ctr version ", "ready"}, "dev", "--tls", "--repo", repo,
+		"--shards", "2", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--admin-token", "t",
+		"--push-addr", "127.0.0.1:0", "--push-token", "pt", "--log-level", "warn")
 	tlsArgs := strings.Fields(dev.out["tls: "])
 	pki := filepath.Dir(tlsArgs[1])
 	files := func(name string) tlsconf.Files {
 		return tlsconf.Files{Cert: filepath.Join(pki, name+".pem"), Key: filepath.Join(pki, name+"-key.pem"), CA: filepath.Join(pki, "ca.pem")}
 	}
 	adminAddr, _, _ := strings.Cut(dev.out["admin: https://"], " ")
+	pushAddr, _, _ := strings.Cut(dev.out["push: https://"], " ")
 	shardAddr := strings.Fields(dev.out["shard: "])[1]
 	version, err := strconv.ParseUint(strings.Fields(dev.out["model: ctr version "])[0], 10, 64)
 	if err != nil {
@@ -65,7 +67,7 @@ func TestRolesInCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	strangers := map[tlsconf.Role]tlsconf.Files{}
-	for _, r := range []tlsconf.Role{tlsconf.RoleRouter, tlsconf.RoleOperator} {
+	for _, r := range []tlsconf.Role{tlsconf.RoleRouter, tlsconf.RoleOperator, tlsconf.RoleTrainer} {
 		d := filepath.Join(dir, "other-"+string(r))
 		if err := os.Mkdir(d, 0o700); err != nil {
 			t.Fatal(err)
@@ -110,13 +112,13 @@ func TestRolesInCertificates(t *testing.T) {
 		}
 		return fmt.Sprintf("no partition answered: %v", errs)
 	}
-	get := func(url string) func(*tls.Config) string {
+	call := func(method, url, token, body string) func(*tls.Config) string {
 		return func(cfg *tls.Config) string {
-			req, err := http.NewRequest("GET", url, nil)
+			req, err := http.NewRequest(method, url, strings.NewReader(body))
 			if err != nil {
 				return err.Error()
 			}
-			req.Header.Set("Authorization", "Bearer t")
+			req.Header.Set("Authorization", "Bearer "+token)
 			c := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
 			defer c.CloseIdleConnections()
 			resp, err := c.Do(req)
@@ -134,6 +136,7 @@ func TestRolesInCertificates(t *testing.T) {
 			return fmt.Sprintf("%s: %s", resp.Status, b)
 		}
 	}
+	get := func(url string) func(*tls.Config) string { return call("GET", url, "t", "") }
 	rows := []string{"shard", "router", "manager", "operator", "trainer", "no role", "no certificate", "another CA"}
 	endpoints := []struct {
 		name string
@@ -143,6 +146,8 @@ func TestRolesInCertificates(t *testing.T) {
 	}{
 		{"shard lookups (gRPC)", lookup, map[string]string{"router": "answered", "manager": "answered"}, tlsconf.RoleRouter},
 		{"admin API", get("https://" + adminAddr + "/admin/v1/models"), map[string]string{"operator": "answered"}, tlsconf.RoleOperator},
+		{"push API", call("POST", "https://"+pushAddr+"/push/v1/models/ctr", "pt", `{"parameters":{"producer":"roles","sequence":1}}`),
+			map[string]string{"trainer": "answered"}, tlsconf.RoleTrainer},
 		// A certificate of the CA gets in; the call checks the role.
 		{"shard fault API (HTTPS)", get("https://" + sh.out["http: https://"] + "/admin/v1/fault"), map[string]string{"operator": "answered",
 			"shard": "403", "router": "403", "manager": "403", "trainer": "403", "no role": "403", "no certificate": "403"}, tlsconf.RoleOperator},
@@ -171,6 +176,21 @@ func TestRolesInCertificates(t *testing.T) {
 			if kind, _, _ := strings.Cut(got, ":"); kind != want {
 				t.Errorf("%s, %s: %s; want %s", e.name, row, got, want)
 			}
+		}
+	}
+
+	// cumulus push, gRPC over mutual TLS: a trainer's certificate
+	// pushes, an operator's does not.
+	tsv := filepath.Join(dir, "rows.tsv")
+	os.WriteFile(tsv, []byte("type lr\n3\t0.5\n"), 0o644)
+	for _, c := range []struct {
+		role string
+		ok   bool
+	}{{"trainer", true}, {"operator", false}} {
+		args := append([]string{"push", "--addr", pushAddr, "--push-token", "pt", "--model", "ctr", "--retry-for", "0s", tsv}, flags("--tls", files(c.role))...)
+		out, err := cumulus(args...).CombinedOutput()
+		if (err == nil) != c.ok {
+			t.Errorf("cumulus push with the %s's certificate: %v\n%s", c.role, err, out)
 		}
 	}
 
