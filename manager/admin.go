@@ -243,7 +243,7 @@ func summary(m *ModelState) ModelSummary {
 	}
 	if m.Pin != 0 || m.Canary != nil {
 		for i := len(m.Versions) - 1; i >= 0 && m.Versions[i].Version > m.Live; i-- {
-			if v := m.Versions[i]; v.Pushed && v.Phase != PhaseRejected {
+			if v := m.Versions[i]; !v.PushedAt.IsZero() && v.Phase != PhaseRejected {
 				why := fmt.Sprintf("pinned to version %d", m.Pin)
 				if m.Canary != nil {
 					why = "a canary is on"

@@ -328,6 +328,9 @@ type metrics struct {
 	conflicts   prometheus.Counter
 	commits     prometheus.Counter
 	mismatches  prometheus.Gauge
+	// pushLive is, for each pushed delta that went live, the time from
+	// its sealing to the commit that made it live.
+	pushLive prometheus.Histogram
 }
 
 // Start reads the persisted state and begins managing. It returns once
@@ -358,9 +361,12 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 			Help: "Versions made live (rollouts and rollbacks)."}),
 		mismatches: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cumulus_manager_identity_mismatches",
 			Help: "Shard × model version pairs whose reported content differs from what the manager validated."}),
+		pushLive: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cumulus_push_sealed_to_live_seconds",
+			Help:    "From a push window's sealing to the commit that made its delta live: validated, loaded by every assigned shard, and in the serving map routers follow.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12)}),
 	}
 	if opts.Registry != nil {
-		for _, c := range []prometheus.Collector{m.metrics.damaged, m.metrics.damagedNow, m.metrics.compactions, m.metrics.compared, m.metrics.conflicts, m.metrics.commits, m.metrics.mismatches} {
+		for _, c := range []prometheus.Collector{m.metrics.damaged, m.metrics.damagedNow, m.metrics.compactions, m.metrics.compared, m.metrics.conflicts, m.metrics.commits, m.metrics.mismatches, m.metrics.pushLive, servedPushAge{m}} {
 			if err := opts.Registry.Register(c); err != nil {
 				return nil, fmt.Errorf("manager: metrics: %w", err)
 			}
@@ -1107,6 +1113,9 @@ func (m *Manager) after(cur, next *State, acts []Action) {
 		}
 		if om != nil && om.Live != nm.Live && nm.Live != 0 {
 			m.metrics.commits.Inc()
+			if v := nm.version(nm.Live); v != nil && !v.PushedAt.IsZero() && nm.Live > om.Live && m.leading.Load() { // not a rollback
+				m.metrics.pushLive.Observe(time.Since(v.PushedAt).Seconds())
+			}
 		}
 		was := cur.Mismatches(name)
 		n := 0

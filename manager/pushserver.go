@@ -223,7 +223,7 @@ func (s *PushServer) offer(b *PushBatch) pushAnswer {
 	a := pushAnswer{model: b.Model, producer: b.Producer, sequence: b.Sequence}
 	if !s.m.acting.Load() {
 		a.err = s.m.notLeader()
-		s.count(b.Model, "unavailable", 0)
+		s.count("", "unavailable", 0) // no model label: a follower does not check the name
 		return a
 	}
 	st := s.m.State()
@@ -607,4 +607,22 @@ func (g pushGRPC) Send(stream pushpb.Push_SendServer) error {
 		rerr = err
 	}
 	return rerr
+}
+
+// servedPushAge is cumulus_push_served_age_seconds: per model whose live
+// version is a delta sealed from pushes, how long ago it was sealed.
+type servedPushAge struct{ m *Manager }
+
+var servedPushAgeDesc = prometheus.NewDesc("cumulus_push_served_age_seconds",
+	"Per model whose live version is a delta sealed from pushes: the time since it was sealed (how old the newest pushed values served are).", []string{"model"}, nil)
+
+func (c servedPushAge) Describe(ch chan<- *prometheus.Desc) { ch <- servedPushAgeDesc }
+
+func (c servedPushAge) Collect(ch chan<- prometheus.Metric) {
+	st := c.m.State()
+	for name, ms := range st.Models {
+		if v := ms.version(ms.Live); v != nil && !v.PushedAt.IsZero() {
+			ch <- prometheus.MustNewConstMetric(servedPushAgeDesc, prometheus.GaugeValue, time.Since(v.PushedAt).Seconds(), name)
+		}
+	}
 }

@@ -81,8 +81,9 @@ type Version struct {
 	HeldAt time.Time `json:"held_at,omitzero"`
 	// Gates are the validation gates' outcomes, as last run.
 	Gates []GateResult `json:"gates,omitempty"`
-	// Pushed: the version is a delta sealed from pushes (push.go).
-	Pushed bool `json:"pushed,omitempty"`
+	// PushedAt, on a delta sealed from pushes (push.go), is when it was
+	// sealed (its newest mark's time; zero: not a push).
+	PushedAt time.Time `json:"pushed_at,omitzero"`
 	// Golden: the version has golden requests of its own
 	// (golden.jsonl), which the golden gate sends.
 	Golden bool `json:"golden,omitempty"`

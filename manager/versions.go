@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
 )
@@ -54,7 +55,7 @@ func (s *State) scanned(ev Scanned, p Policy) []Action {
 				continue // left the state
 			}
 			if v == nil {
-				m.Versions = append(m.Versions, Version{Version: vn, Kind: f.Kind, Parent: f.Parent, Phase: PhaseDiscovered, Files: f.Files, Pushed: len(f.Pushed) > 0})
+				m.Versions = append(m.Versions, Version{Version: vn, Kind: f.Kind, Parent: f.Parent, Phase: PhaseDiscovered, Files: f.Files, PushedAt: sealedAt(f.Pushed)})
 				m.pushed(f.Pushed, p)
 				slices.SortFunc(m.Versions, func(a, b Version) int { return cmp.Compare(a.Version, b.Version) })
 				v = m.version(vn)
@@ -148,4 +149,16 @@ func (m *ModelState) pushed(marks map[string]codec.PushMark, p Policy) {
 		}
 	}
 	trimMarks(m.Pushed, p.PushProducerTTL, cmp.Or(p.MaxPushProducers, codec.MaxPushProducers))
+}
+
+// sealedAt is when a delta with these marks was sealed: its newest
+// mark's time (zero for none).
+func sealedAt(marks map[string]codec.PushMark) time.Time {
+	var at time.Time
+	for _, mk := range marks {
+		if mk.At.After(at) {
+			at = mk.At
+		}
+	}
+	return at
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -270,6 +271,22 @@ func TestPushEndToEnd(t *testing.T) {
 	}
 	adminCall("DELETE", fmt.Sprintf("/pin?from=%d", live), "")
 	served(h2.Version, map[int64]float64{5: 2, 1000: 0.5, 2499: 0.5, 8: 0.5})
+
+	// The metrics: batches by outcome, rows, seal latency, sealed to live,
+	// and the served pushes' age.
+	resp, err := http.Get("http://" + adminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`cumulus_push_batches_total{model="fm",outcome="applied"} 8`, `cumulus_push_batches_total{model="fm",outcome="duplicate"} 1`,
+		`cumulus_push_batches_total{model="fm",outcome="sequence"} 1`, `cumulus_push_batches_total{model="fm",outcome="busy"} 1`,
+		`cumulus_push_rows_total{model="fm"} 1510`, "cumulus_push_seal_seconds_count", "cumulus_push_sealed_to_live_seconds_count", `cumulus_push_served_age_seconds{model="fm"}`} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics has no %s:\n%s", want, regexp.MustCompile(`(?m)^cumulus_push_(batches|rows).*$`).FindAllString(string(metrics), -1))
+		}
+	}
 }
 
 // TestPushTrainer: examples/push_trainer.py, a PyTorch FM trainer,
