@@ -55,7 +55,7 @@ func (r Repo) Compact(name string, v uint64) (*codec.Manifest, error) {
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for p := range top.Partitions {
 		g.Go(func() error {
-			records, err := r.mergeChain(chain, p)
+			records, err := r.mergeChain(chain, p, false)
 			if err != nil {
 				return err
 			}
@@ -85,9 +85,9 @@ func (r Repo) Compact(name string, v uint64) (*codec.Manifest, error) {
 }
 
 // mergeChain is partition p of chain (newest first) as one set of
-// encoded records: the newest record of each key, none for a key whose
-// newest record deletes it.
-func (r Repo) mergeChain(chain []*codec.Manifest, p uint32) ([]byte, error) {
+// encoded records: the newest record of each key; for a key whose newest
+// record deletes it, that record with tombstones, else none.
+func (r Repo) mergeChain(chain []*codec.Manifest, p uint32, tombstones bool) ([]byte, error) {
 	newest := map[uint64][]byte{}
 	layers := codec.Layers(chain, p)
 	for i := len(layers) - 1; i >= 0; i-- {
@@ -97,7 +97,7 @@ func (r Repo) mergeChain(chain []*codec.Manifest, p uint32) ([]byte, error) {
 		}
 		for j := range pt.Count {
 			h := pt.Hash(j)
-			if codec.IsTombstone(math.Float32frombits(binary.LittleEndian.Uint32(pt.ValueBytes(j)))) {
+			if !tombstones && codec.IsTombstone(math.Float32frombits(binary.LittleEndian.Uint32(pt.ValueBytes(j)))) {
 				delete(newest, h)
 				continue
 			}
@@ -110,6 +110,72 @@ func (r Repo) mergeChain(chain []*codec.Manifest, p uint32) ([]byte, error) {
 		out = append(out, newest[h]...)
 	}
 	return out, nil
+}
+
+// CompactDeltas writes the deltas of version v's chain as one delta on
+// the chain's full version (a new number, the same as v: SameAs, with
+// deltas published on v's line meanwhile copied onto it, as Compact
+// does), and returns its manifest. It reads and writes the partitions
+// the deltas touch, each the newest record of every key the deltas hold,
+// deletions kept (the full version may hold the key): it costs what the
+// deltas hold, not the model. This is what a stream of pushes compacts
+// with (manager.Options.CompactAfter): a delta a second would otherwise
+// rewrite the whole model every few minutes.
+func (r Repo) CompactDeltas(name string, v uint64) (*codec.Manifest, error) {
+	chain, err := r.Chain(name, v)
+	if err != nil {
+		return nil, err
+	}
+	top, base := chain[0], chain[len(chain)-1]
+	if len(chain) < 3 {
+		return nil, fmt.Errorf("loader: %s version %d has %d delta(s) on version %d: nothing to merge", name, v, len(chain)-1, base.Version)
+	}
+	if r2 := r.replacement(name, v); r2 != v {
+		return nil, fmt.Errorf("%w: version %d is already replaced by version %d", ErrSuperseded, v, r2)
+	}
+	deltas := chain[:len(chain)-1]
+	touched := map[uint32]bool{}
+	for _, m := range deltas {
+		for _, p := range m.Touched() {
+			touched[p] = true
+		}
+	}
+	w, err := r.NewVersion(Spec{Name: name, Shape: top.Shape, Bias: top.Bias, Partitions: top.Partitions, Encoding: top.Encoding, Parent: base.Version,
+		Source: fmt.Sprintf("cumulus model compact --deltas: version %d (%d deltas on version %d)", v, len(deltas), base.Version), SameAs: v})
+	if err != nil {
+		return nil, err
+	}
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for p := range touched {
+		g.Go(func() error {
+			records, err := r.mergeChain(deltas, p, true)
+			if err != nil {
+				return err
+			}
+			return w.WriteRecords(p, records)
+		})
+	}
+	if err := g.Wait(); err != nil {
+		w.Abort()
+		return nil, err
+	}
+	// The deltas' extra files it still needs: a dense part one of them
+	// replaced, and v's own golden requests.
+	for _, m := range deltas {
+		for _, e := range m.Extras {
+			if e.Role == codec.RoleGolden && m != top {
+				continue
+			}
+			if from, _, _ := codec.ChainExtra(chain, e.Role); from == m {
+				if err := w.copyExtra(m, e); err != nil {
+					w.Abort()
+					return nil, err
+				}
+			}
+		}
+	}
+	return w.Commit()
 }
 
 // replacement is the version that serves what v serves and later deltas

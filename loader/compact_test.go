@@ -88,7 +88,7 @@ func TestCompact(t *testing.T) {
 		t.Fatal(err)
 	}
 	for p := range uint32(3) {
-		records, err := repo.mergeChain(chain1, p)
+		records, err := repo.mergeChain(chain1, p, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -221,4 +221,77 @@ func resolve(t *testing.T, repo Repo, chain []*codec.Manifest, p uint32, k uint6
 		}
 	}
 	return nil
+}
+
+// TestCompactDeltas: a chain of small FM deltas (upserts and deletes,
+// each touching a few of 16 partitions) merged into one delta on the
+// full version resolves every key to the bytes the chain did, deletions
+// included; it writes only the partitions the deltas touched; a delta
+// published afterwards on the compacted version lands on the merge.
+func TestCompactDeltas(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	shape := model.Shape{Type: model.FM, Dim: 4}
+	base, err := repo.Generate(GenSpec{Name: "m", Shape: shape, Params: 5000, Partitions: 16, Seed: 3, Dense: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	var top *codec.Manifest
+	for i := range 6 {
+		up := &Sparse{Shape: shape}
+		keys := []uint64{uint64(rng.IntN(6000)), uint64(rng.IntN(6000)), 42} // key 42 in every delta: newest wins
+		for _, k := range keys {
+			up.Keys = append(up.Keys, k)
+			up.Values = append(up.Values, float32(i), 1, 2, 3, float32(k))
+		}
+		var dels []uint64
+		if i%2 == 1 {
+			dels = []uint64{uint64(i)} // base keys 1, 3, 5 deleted
+		}
+		if top, err = repo.PublishDelta("m", Delta{Upserts: up, Deletes: dels}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := repo.CompactDeltas("m", base.Version); err == nil {
+		t.Fatal("merging the deltas of a full version succeeded")
+	}
+	merged, err := repo.CompactDeltas("m", top.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if merged.Kind != codec.KindDelta || merged.Parent != base.Version || merged.SameAs != top.Version || len(merged.Files) >= 16 {
+		t.Fatalf("merged: kind %s parent %d same_as %d, %d files", merged.Kind, merged.Parent, merged.SameAs, len(merged.Files))
+	}
+	old, err := repo.Chain("m", top.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := repo.Chain("m", merged.Version)
+	if err != nil || len(now) != 2 {
+		t.Fatalf("the merge's chain: %d versions, %v", len(now), err)
+	}
+	for p := range uint32(16) {
+		for k := uint64(0); k < 6000; k++ {
+			if partition.Of(k, 16) != p {
+				continue
+			}
+			if a, b := resolveLayers(t, repo, old, p, k), resolveLayers(t, repo, now, p, k); !bytes.Equal(a, b) {
+				t.Fatalf("key %d: % x in the chain, % x after the merge", k, a, b)
+			}
+		}
+	}
+	if resolveLayers(t, repo, now, partition.Of(3, 16), 3) != nil {
+		t.Fatal("key 3, deleted by a delta, is back after the merge")
+	}
+	later, err := repo.PublishDelta("m", Delta{Upserts: &Sparse{Shape: shape, Keys: []uint64{7}, Values: []float32{1, 1, 1, 1, 1}}, Parent: top.Version})
+	if err != nil || later.Parent != merged.Version {
+		t.Fatalf("a delta on the compacted version: parent %d, %v; want the merge, %d", later.Parent, err, merged.Version)
+	}
+}
+
+// resolveLayers is key k's record in partition p of chain, read through
+// the layers that hold the partition (nil: deleted or absent).
+func resolveLayers(t *testing.T, repo Repo, chain []*codec.Manifest, p uint32, k uint64) []byte {
+	t.Helper()
+	return resolve(t, repo, codec.Layers(chain, p), p, k)
 }

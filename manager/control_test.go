@@ -445,9 +445,10 @@ func TestWatchFindsVersions(t *testing.T) {
 // TestManyDeltas: 200 deltas published one after another to a
 // 64-partition model, with auto-prune and auto-compaction on, each going
 // live: what etcd holds for the model — its state and its serving map
-// record — stays under 256 KiB, compaction writes full versions that go
-// live, prune removes directories but never one a kept version needs,
-// and rollback still works.
+// record — stays under 256 KiB, compaction writes versions that go live
+// (full versions here: the deltas' files outweigh this small model's),
+// prune removes directories but never one a kept version needs, and
+// rollback still works.
 func TestManyDeltas(t *testing.T) {
 	const bound = 256 << 10
 	cli := testenv.Etcd(t)
@@ -657,4 +658,62 @@ func TestReadyFollowsEtcd(t *testing.T) {
 	if err := ready(); err == nil || !strings.Contains(err.Error(), "etcd does not answer") {
 		t.Fatalf("with etcd gone: %v", err)
 	}
+}
+
+// TestStreamCompaction: deltas small beside their model (a stream of
+// pushes) are compacted into one delta on the full version, not a
+// rewrite of the model; it goes live, its chain two long, and it serves
+// what the chain did.
+func TestStreamCompaction(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	big := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
+	for k := uint64(1); k <= 50_000; k++ {
+		big.Keys, big.Values = append(big.Keys, k), append(big.Values, float32(k))
+	}
+	if _, err := repo.Publish("m", big, 8, ""); err != nil {
+		t.Fatal(err)
+	}
+	fakeShards(t, cli, "s0")
+	m, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: cli, ScanInterval: time.Hour, CompactAfter: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	var last uint64
+	for i := 1; i <= 5; i++ {
+		d, err := repo.PublishDelta("m", loader.Delta{Upserts: &loader.Sparse{Shape: model.Shape{Type: model.LR}, Keys: []uint64{uint64(i), 1 << 40}, Values: []float32{-1, float32(i)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = d.Version
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		s := m.State().Models["m"]
+		if s.Live <= last || m.Compacting("m") {
+			return fmt.Errorf("live %d; waiting for a compaction of %d", s.Live, last)
+		}
+		return nil
+	})
+	live := m.State().Models["m"].Live
+	mf, err := repo.Manifest("m", live)
+	if err != nil || mf.Kind != codec.KindDelta || mf.Parent != 1 || mf.SameAs != last {
+		t.Fatalf("live %d: %+v, %v; want a delta on version 1 the same as %d", live, mf, err, last)
+	}
+	got, err := repo.Lookup([]*codec.Manifest{mf, mustManifest(t, repo, 1)}, []uint64{1, 5, 6, 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[1][0] != -1 || got[5][0] != -1 || got[6][0] != 6 || got[1<<40][0] != 5 {
+		t.Fatalf("the merged chain looks up %v", got)
+	}
+}
+
+func mustManifest(t *testing.T, repo loader.Repo, v uint64) *codec.Manifest {
+	t.Helper()
+	m, err := repo.Manifest("m", v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

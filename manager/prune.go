@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/loader"
 )
 
@@ -152,9 +153,33 @@ func removeLeftovers(repo string) {
 	}
 }
 
+// deltasSmall says whether a chain's deltas are small beside its full
+// version: at most a quarter of its bytes. Why a quarter: a merged
+// delta is read with its full version by every shard that loads a
+// partition afresh, and held in the shards' overlays; past a quarter of
+// the model, rewriting the model once is the cheaper.
+func deltasSmall(chain []*codec.Manifest) bool {
+	var deltas, full int64
+	for _, m := range chain {
+		var n int64
+		for _, f := range m.Files {
+			n += f.Size
+		}
+		if m.Kind == codec.KindFull {
+			full += n
+		} else {
+			deltas += n
+		}
+	}
+	return 4*deltas <= full
+}
+
 // maybeCompact compacts model m's live chain in the background once it
-// has CompactAfter deltas (loader.Repo.Compact: deltas published on it
-// meanwhile are copied onto the compaction).
+// has CompactAfter deltas (deltas published on it meanwhile are copied
+// onto the compaction): into one delta on the chain's full version while
+// the deltas are small beside it (deltasSmall; loader.Repo.CompactDeltas:
+// under a stream of pushes, a delta a second, a compaction costs what
+// the stream changed), else into a full version (loader.Repo.Compact).
 func (m *Manager) maybeCompact(ms *ModelState) {
 	lv := ms.version(ms.Live)
 	if m.opts.CompactAfter <= 0 || lv == nil || lv.Info == nil || len(lv.Info.Chain)-1 < m.opts.CompactAfter {
@@ -176,7 +201,11 @@ func (m *Manager) maybeCompact(ms *ModelState) {
 		defer m.done.Done()
 		defer m.compacting.Delete(ms.Name)
 		start := time.Now()
-		out, err := m.opts.Repo.Compact(ms.Name, ms.Live)
+		compact, how := m.opts.Repo.Compact, "full"
+		if chain, err := m.opts.Repo.Chain(ms.Name, ms.Live); err == nil && len(chain) > 2 && deltasSmall(chain) {
+			compact, how = m.opts.Repo.CompactDeltas, "deltas"
+		}
+		out, err := compact(ms.Name, ms.Live)
 		switch {
 		case errors.Is(err, loader.ErrSuperseded):
 			m.metrics.compactions.WithLabelValues("superseded").Inc()
@@ -188,7 +217,7 @@ func (m *Manager) maybeCompact(ms *ModelState) {
 			return
 		}
 		m.metrics.compactions.WithLabelValues("ok").Inc()
-		slog.Info("manager: compacted", "model", ms.Name, "chain", fmt.Sprintf("%d deltas", len(lv.Info.Chain)-1), "into", out.Version, "took", time.Since(start).Round(time.Millisecond))
+		slog.Info("manager: compacted", "model", ms.Name, "chain", fmt.Sprintf("%d deltas", len(lv.Info.Chain)-1), "into", out.Version, "as", how, "took", time.Since(start).Round(time.Millisecond))
 		m.Rescan()
 	}()
 }

@@ -270,6 +270,7 @@ func modelInspectCommand() *cobra.Command {
 func modelCompactCommand() *cobra.Command {
 	var repo string
 	var version uint64
+	var deltas bool
 	cmd := &cobra.Command{
 		Use:   "compact NAME",
 		Short: "Write the newest chain of deltas as one new full version, with identical scores",
@@ -279,21 +280,36 @@ Records are copied as they are encoded (never quantized again) and deleted
 features dropped, so every score is bit-identical. By default it compacts
 the newest version that passes the local checks; it refuses if another
 version is published while it runs (the compacted version would hide it).
-The manager does this by itself when a chain reaches --compact-after deltas.`,
+With --deltas it merges only the deltas, into one delta on the full version
+(deletions kept): it costs what the deltas hold, not the model.
+The manager does this by itself when a chain reaches --compact-after deltas
+(merging the deltas while they weigh at most a quarter of the model).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			start := time.Now()
-			m, err := loader.Repo{Dir: repo}.Compact(args[0], version)
+			r := loader.Repo{Dir: repo}
+			compact := r.Compact
+			if deltas {
+				if version == 0 {
+					var err error
+					if version, _, err = r.DeltaParent(args[0]); err != nil {
+						return err
+					}
+				}
+				compact = r.CompactDeltas
+			}
+			m, err := compact(args[0], version)
 			if err != nil {
 				return err
 			}
-			fmt.Printf("%s: version %d (full, %d keys in %d partitions) written in %s: %s\n", m.Name, m.Version, m.Params, m.Partitions,
+			fmt.Printf("%s: version %d (%s, %d keys in %d partitions written) in %s: %s\n", m.Name, m.Version, m.Kind, m.Params, len(m.Files),
 				time.Since(start).Round(time.Millisecond), m.Source)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
 	cmd.Flags().Uint64Var(&version, "version", 0, "the version whose chain to compact (default: the newest that passes the local checks)")
+	cmd.Flags().BoolVar(&deltas, "deltas", false, "merge the chain's deltas into one delta on its full version, instead of writing a full version")
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }
