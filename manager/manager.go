@@ -845,7 +845,7 @@ func (m *Manager) scanWith(ctx context.Context, quick bool) {
 			known = ms.version(v)
 		}
 		switch {
-		case quick && known != nil && known.Files != "" && !known.Phase.pending():
+		case quick && known != nil && known.Files != "" && !known.Phase.pending() && !known.Gone && !known.Damaged:
 			return scanKnown, &Found{Version: v, Kind: known.Kind, Parent: known.Parent, Files: known.Files}
 		case ms == nil || v > ms.Floor || known != nil:
 			return scanFull, nil

@@ -45,10 +45,13 @@ type PushBatch struct {
 	Deletes []uint64
 }
 
-// Size is what the batch weighs in memory, in bytes: what a window and a
-// producer's in-flight bound count.
-func (b *PushBatch) Size() int64 {
-	return int64(8*len(b.IDs)+4*len(b.Values)+8*len(b.Deletes)+len(b.Producer)) + 64
+// Size is what the batch weighs in a window of width values per row,
+// in bytes (each row's id and values, and a deletion's row too): what a
+// window and a producer's in-flight bound count. It can be far more than
+// the batch's encoding: a deletion of a small id is a byte or two of
+// protobuf.
+func (b *PushBatch) Size(width int) int64 {
+	return int64(len(b.IDs)+len(b.Deletes))*int64(rowBytes+4*width) + int64(len(b.Producer)) + 64
 }
 
 // Check refuses a batch that cannot be applied to a model of width
@@ -135,6 +138,7 @@ type pushLog struct {
 
 // heldPushes are a held model's pushes: one pending delta.
 type heldPushes struct {
+	hold          string // what holds the model ("pin 7", "canary 9")
 	base, version uint64
 	rows          *pushWindow // merged, as last published
 }
@@ -186,8 +190,7 @@ func (l *pushLog) offer(b *PushBatch, sealed uint64, now time.Time) (w *pushWind
 		if len(l.producers) >= l.lim.MaxProducers {
 			return nil, false, fmt.Errorf("%w: model %s has %d producers, the most it keeps (--max-push-producers); a producer idle for %s is forgotten", ErrBusy, b.Model, len(l.producers), l.lim.ProducerTTL)
 		}
-		p = &pushProducer{}
-		l.producers[b.Producer] = p
+		p = &pushProducer{} // kept once a batch of it is applied: refusals hold no place
 	}
 	p.seen = now
 	p.sealed = max(p.sealed, sealed)
@@ -200,15 +203,19 @@ func (l *pushLog) offer(b *PushBatch, sealed uint64, now time.Time) (w *pushWind
 	case b.Sequence != p.accepted+1:
 		return nil, false, &SequenceError{Producer: b.Producer, Got: b.Sequence, Expected: p.accepted + 1}
 	}
-	size := b.Size()
-	if p.inFlight > 0 && p.inFlight+size > l.lim.InFlight {
-		return nil, false, fmt.Errorf("%w: producer %s has %d bytes in windows not yet sealed, and the batch of %d would pass the bound of %d: wait for answers", ErrBusy, b.Producer, p.inFlight, size, l.lim.InFlight)
+	size := b.Size(l.width)
+	if p.inFlight+size > l.lim.InFlight {
+		return nil, false, fmt.Errorf("%w: producer %s has %d bytes in windows not yet answered, and the batch's %d would pass the bound of %d: wait for answers, or send smaller batches", ErrBusy, b.Producer, p.inFlight, size, l.lim.InFlight)
+	}
+	if l.open != nil && l.open.bytes+size > 2*l.lim.WindowBytes {
+		return nil, false, fmt.Errorf("%w: model %s's open window holds %d bytes, twice what is sealed at once: wait for answers", ErrBusy, b.Model, l.open.bytes)
 	}
 	if l.open == nil {
 		l.open = &pushWindow{opened: now, width: l.width, ids: make([]uint64, 0, l.lastRows), values: make([]float32, 0, l.lastRows*l.width),
 			marks: map[string]uint64{}, charges: map[string]int64{}, done: make(chan struct{})}
 	}
 	w = l.open
+	l.producers[b.Producer] = p
 	w.apply(b)
 	w.marks[b.Producer] = b.Sequence
 	w.charges[b.Producer] += size
@@ -223,7 +230,6 @@ const rowBytes = 8 + 16
 func (w *pushWindow) apply(b *PushBatch) {
 	w.ids = append(w.ids, b.IDs...)
 	w.values = append(w.values, b.Values...)
-	w.bytes += int64(len(b.IDs)*rowBytes + 4*len(b.Values))
 	for _, id := range b.Deletes {
 		i := len(w.ids)
 		w.ids = append(w.ids, id)
@@ -232,8 +238,8 @@ func (w *pushWindow) apply(b *PushBatch) {
 		}
 		w.deleted[i/64] |= 1 << (i % 64)
 		w.values = append(w.values, make([]float32, w.width)...)
-		w.bytes += int64(rowBytes + 4*w.width)
 	}
+	w.bytes += int64(len(b.IDs)+len(b.Deletes)) * int64(rowBytes+4*w.width)
 }
 
 func (w *pushWindow) isDeleted(i int) bool {
@@ -269,11 +275,11 @@ func (l *pushLog) take() *pushWindow {
 func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint64) {
 	type row struct {
 		id uint64
-		i  int32
+		i  int
 	}
 	rows := make([]row, len(w.ids))
 	for i, id := range w.ids {
-		rows[i] = row{id, int32(i)}
+		rows[i] = row{id, i}
 	}
 	slices.SortFunc(rows, func(a, b row) int { return cmp.Or(cmp.Compare(a.id, b.id), cmp.Compare(a.i, b.i)) })
 	ids = make([]uint64, 0, len(rows))
@@ -282,12 +288,12 @@ func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint6
 		if k+1 < len(rows) && rows[k+1].id == r.id {
 			continue // a later row has it
 		}
-		if w.isDeleted(int(r.i)) {
+		if w.isDeleted(r.i) {
 			deletes = append(deletes, r.id)
 			continue
 		}
 		ids = append(ids, r.id)
-		values = append(values, w.values[int(r.i)*w.width:(int(r.i)+1)*w.width]...)
+		values = append(values, w.values[r.i*w.width:(r.i+1)*w.width]...)
 	}
 	return ids, values, deletes
 }

@@ -131,19 +131,32 @@ func TestPushBounds(t *testing.T) {
 	if _, _, err := l.offer(batch("a", 2, big, make([]float32, 6000)), 0, pushT0); !errors.Is(err, ErrBusy) {
 		t.Fatalf("over the in-flight bound: %v", err)
 	}
-	// A first batch over the bound alone is taken: nothing else is in
-	// flight (Options bound a batch's size).
-	if _, _, err := l.offer(batch("z", 1, big, make([]float32, 6000)), 0, pushT0); err != nil {
-		t.Fatal(err)
+	// A batch over the bound alone is refused too: what counts is what
+	// it weighs in the window, deletions' rows included, not its
+	// encoding (a deletion of a small id is two bytes of protobuf).
+	if _, _, err := l.offer(batch("z", 1, nil, nil, big...), 0, pushT0); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a first batch of 6,000 deletions, over the bound: %v", err)
+	}
+	// The open window is bounded too: twice what seals it at once (a's
+	// 100 rows are past it already).
+	if _, _, err := l.offer(batch("w", 1, []uint64{1}, []float32{1}), 0, pushT0); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "open window") {
+		t.Fatalf("into a window of %d bytes (sealed at %d): %v", l.open.bytes, lim.WindowBytes, err)
+	}
+	delete(l.producers, "w")
+	if len(l.producers) != 1 {
+		t.Fatalf("producers %v: refused batches hold a place", l.producers)
 	}
 	l.sealed(l.take(), 1, nil)
-	if _, _, err := l.offer(batch("b", 1, nil, nil), 0, pushT0); err != nil {
-		t.Fatal(err)
+	for _, p := range []string{"y", "b"} {
+		if _, _, err := l.offer(batch(p, 1, nil, nil), 0, pushT0); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, _, err := l.offer(batch("c", 1, nil, nil), 0, pushT0); !errors.Is(err, ErrBusy) {
 		t.Fatalf("a fourth producer of at most 3: %v", err)
 	}
-	// b's batch is in the open window: b is not forgotten, a and z are.
+	// y's and b's batches are in the open window: they are not
+	// forgotten, a is.
 	if _, _, err := l.offer(batch("c", 1, nil, nil), 0, pushT0.Add(time.Hour)); err != nil {
 		t.Fatalf("after the TTL: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/adminhttp"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/loader"
@@ -75,8 +77,8 @@ func (o *PushOptions) Validate() error {
 	o.InFlight = cmp.Or(o.InFlight, 4*o.MaxBatchBytes)
 	o.WindowBytes = cmp.Or(o.WindowBytes, 256<<20)
 	o.MaxPendingBytes = cmp.Or(o.MaxPendingBytes, 256<<20)
-	if o.WindowBytes > 4<<30 {
-		return errors.New("manager: push windows of at most 4 GiB")
+	if o.WindowBytes > 4<<30 || o.MaxPendingBytes > 4<<30 {
+		return errors.New("manager: push windows and pending pushes of at most 4 GiB")
 	}
 	return nil
 }
@@ -102,6 +104,8 @@ type PushServer struct {
 	last  map[string]uint64   // by model, the newest delta this reign sealed
 	reign uint64
 	kick  chan struct{}
+	// closed: the sealer has stopped; nothing more is taken.
+	closed bool
 
 	cancel  context.CancelFunc
 	done    sync.WaitGroup
@@ -221,6 +225,10 @@ type pushAnswer struct {
 // for the batch's own fault; otherwise its answer waits on a window.
 func (s *PushServer) offer(b *PushBatch) pushAnswer {
 	a := pushAnswer{model: b.Model, producer: b.Producer, sequence: b.Sequence}
+	// The reign first, then the state: a state read in an earlier reign
+	// (the lead lost and won again meanwhile) could hold sealed marks
+	// older than another leader's, and apply a batch twice.
+	reign := s.m.reign.Load()
 	if !s.m.acting.Load() {
 		a.err = s.m.notLeader()
 		s.count("", "unavailable", 0) // no model label: a follower does not check the name
@@ -241,6 +249,12 @@ func (s *PushServer) offer(b *PushBatch) pushAnswer {
 	}
 	s.mu.Lock()
 	s.checkReign()
+	if s.closed || s.reign != reign {
+		s.mu.Unlock()
+		a.err = errPushStopped
+		s.count("", "unavailable", 0)
+		return a
+	}
 	l := s.logs[b.Model]
 	if l == nil || l.width != width {
 		if l != nil {
@@ -250,7 +264,7 @@ func (s *PushServer) offer(b *PushBatch) pushAnswer {
 		s.logs[b.Model] = l
 	}
 	opened := l.open == nil
-	if held := ms.Pin != 0 || ms.Canary != nil; held && l.heldBytes()+b.Size() > s.opts.MaxPendingBytes {
+	if holdOf(ms) != "" && l.heldBytes()+b.Size(width) > s.opts.MaxPendingBytes {
 		s.mu.Unlock()
 		what := fmt.Sprintf("pinned to version %d", ms.Pin)
 		if ms.Canary != nil {
@@ -386,7 +400,7 @@ func (s *PushServer) seal(ctx context.Context) {
 			for _, l := range s.logs {
 				l.fail(errPushStopped)
 			}
-			s.logs = map[string]*pushLog{}
+			s.logs, s.closed = map[string]*pushLog{}, true
 			s.mu.Unlock()
 			return
 		case <-s.kick:
@@ -398,11 +412,17 @@ func (s *PushServer) seal(ctx context.Context) {
 // publish writes w as a delta of model on its newest version: the newest
 // this reign sealed, or the state's newest not rejected, whichever is
 // newer (a full version published meanwhile takes the windows after
-// it). While a pin or a canary holds the model, the windows are held
-// instead: each is published merged with those before it, as one delta
-// on the version that was newest when the hold began, and the delta it
-// replaces is removed (it was never served). When the hold ends, the
-// newest is that delta, served as any other.
+// it).
+//
+// While a pin or a canary holds the model, the windows are held instead:
+// each is published merged with those before it, as one delta on the
+// version that was newest when the hold began, and the delta it
+// replaces is removed (never served, and nothing built on it). When the
+// hold ends (or another begins), the held delta is a version like any
+// other: the newest, served and built on. A version that comes while
+// the model is held takes the held pushes onto it if it does not hold
+// them already, unless it is a new full version (a batch job's): that
+// one replaces what came before it, held pushes included.
 func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint64) (uint64, error) {
 	if !s.m.acting.Load() || s.m.reign.Load() != reign {
 		return 0, errPushStopped
@@ -411,9 +431,9 @@ func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint
 	parent, held := s.last[model], l.held
 	s.mu.Unlock()
 	ms := s.m.State().Models[model]
-	hold := ms != nil && (ms.Pin != 0 || ms.Canary != nil)
-	if !hold {
-		held = nil // the held delta, if any, is the newest: it is built on
+	hold := holdOf(ms)
+	if held != nil && held.hold != hold {
+		held = nil // the hold ended, or changed: the held delta is a version like any other
 	}
 	newest := uint64(0) // the newest not rejected, the held delta aside
 	if ms != nil {
@@ -432,15 +452,28 @@ func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint
 		parent = 0
 	}
 	parent = max(parent, newest)
-	body := w
+	body, replaced := w, uint64(0)
 	switch {
-	case !hold:
-	case held == nil || parent > max(held.base, held.version):
-		// A hold begins, or a version came meanwhile that the held
-		// pushes are not on (a new full version): hold on it.
-		held = &heldPushes{base: parent}
+	case hold == "":
+	case held == nil:
+		held = &heldPushes{hold: hold, base: parent}
+	case parent <= max(held.base, held.version):
+		parent, body, replaced = held.base, merged(held.rows, w), held.version
 	default:
-		parent, body = held.base, merged(held.rows, w)
+		// A version came meanwhile.
+		chain, err := s.m.opts.Repo.Chain(model, parent)
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case slices.Contains(codec.ChainVersions(chain), held.version):
+			// Built on the held delta: it holds those pushes.
+		case chain[0].Kind == codec.KindFull && chain[0].SameAs == 0:
+			// A new full version: it replaces them (the README says so).
+		default:
+			body, replaced = merged(held.rows, w), held.version
+		}
+		held = &heldPushes{hold: hold, base: parent}
 	}
 	if parent == 0 {
 		return 0, fmt.Errorf("%w: model %s has no version to seal pushes onto", ErrNotFound, model)
@@ -456,12 +489,12 @@ func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint
 		return 0, err
 	}
 	if held != nil {
-		if held.version != 0 && held.version != m.Version {
-			if err := s.m.removeVersion(s.m.opts.Repo.VersionDir(model, held.version)); err != nil {
-				slog.Warn("manager: removing a held push delta, replaced by a newer one", "model", model, "version", held.version, "err", err)
+		if replaced != 0 && replaced != m.Version && unserved(s.m.State().Models[model], replaced) {
+			if err := s.m.removeVersion(s.m.opts.Repo.VersionDir(model, replaced)); err != nil {
+				slog.Warn("manager: removing a held push delta, replaced by a newer one", "model", model, "version", replaced, "err", err)
 			}
 		}
-		held = &heldPushes{base: parent, version: m.Version, rows: body.compacted()}
+		held = &heldPushes{hold: hold, base: parent, version: m.Version, rows: body.compacted()}
 	}
 	s.mu.Lock()
 	l.held = held
@@ -469,9 +502,44 @@ func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint
 	return m.Version, nil
 }
 
+// holdOf names what holds a model's pushes: its pin (a rollback is one)
+// or its canary; "" when nothing does.
+func holdOf(ms *ModelState) string {
+	switch {
+	case ms == nil:
+		return ""
+	case ms.Pin != 0:
+		return fmt.Sprintf("pin %d", ms.Pin)
+	case ms.Canary != nil:
+		return fmt.Sprintf("canary %d", ms.Canary.Version)
+	}
+	return ""
+}
+
+// unserved says whether version v of a model may be removed as a
+// replaced held delta: never live, not staged, pinned or the canary, and
+// nothing in the state built on it.
+func unserved(ms *ModelState, v uint64) bool {
+	if ms == nil {
+		return true
+	}
+	if ms.Live == v || ms.Staged == v || ms.Pin == v || ms.Canary != nil && ms.Canary.Version == v {
+		return false
+	}
+	for _, x := range ms.Versions {
+		if x.Version == v && x.LiveSeq != 0 || x.Parent == v {
+			return false
+		}
+	}
+	return true
+}
+
 // pushHTTP is POST /push/v1/models/{name}: one batch, answered once it
 // is sealed.
 func (s *PushServer) pushHTTP(w http.ResponseWriter, r *http.Request) {
+	// The server sets no ReadTimeout (it would cut gRPC streams, which
+	// live long): a batch's body gets one of its own.
+	http.NewResponseController(w).SetReadDeadline(time.Now().Add(pushBodyTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBatchBytes))
 	var tooLarge *http.MaxBytesError
 	switch {
@@ -498,6 +566,10 @@ func (s *PushServer) pushHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, pushHTTPAnswer(a, version, nil))
 }
+
+// pushBodyTimeout bounds how long an HTTP batch's body may take to
+// arrive.
+const pushBodyTimeout = 30 * time.Second
 
 // PushAnswer is the HTTP push API's answer.
 type PushAnswer struct {

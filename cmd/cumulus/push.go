@@ -210,8 +210,8 @@ func (p *pusher) push(ctx context.Context, batches []*pushpb.Batch) (newest uint
 		done, v, err := p.stream(ctx, addr, batches[next:])
 		next += done
 		newest = max(newest, v)
-		if err == nil {
-			continue
+		if err == nil || next == len(batches) {
+			continue // all answered (an error closing the stream after the last answer changes nothing)
 		}
 		if c := status.Code(err); c != codes.Unavailable && c != codes.Canceled || time.Now().After(deadline) || ctx.Err() != nil {
 			return newest, fmt.Errorf("%s: %w", addr, tlsHint(err, p.tlsf))

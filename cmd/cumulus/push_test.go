@@ -271,6 +271,27 @@ func TestPushEndToEnd(t *testing.T) {
 	}
 	adminCall("DELETE", fmt.Sprintf("/pin?from=%d", live), "")
 	served(h2.Version, map[int64]float64{5: 2, 1000: 0.5, 2499: 0.5, 8: 0.5})
+	// Pinned again at once, on the held delta now live: the next push is
+	// held on it, and it stays (it is served).
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if d := adminCall("GET", "", ""); d.Live != h2.Version {
+			return fmt.Errorf("live %d, want %d", d.Live, h2.Version)
+		}
+		return nil
+	})
+	adminCall("PUT", "/pin", fmt.Sprintf(`{"version": %d, "from": %d}`, h2.Version, h2.Version))
+	code, h3, raw := post("push-t", "/push/v1/models/fm", pushBody("t0", 6, []int64{5}, []float32{3, 0, 0}, nil), 0)
+	if code != 200 {
+		t.Fatalf("a push pinned again: %d %s", code, raw)
+	}
+	if _, err := os.Stat(filepath.Join(repo, "fm", fmt.Sprint(h2.Version))); err != nil {
+		t.Fatalf("the live version %d, once a held delta, was removed: %v", h2.Version, err)
+	}
+	if v, s := scores(5); v != fmt.Sprint(h2.Version) || math.Abs(float64(s[0]-sigmoid(2))) > 1e-6 {
+		t.Fatalf("pinned to %d, version %s serves %v for id 5", h2.Version, v, s)
+	}
+	adminCall("DELETE", fmt.Sprintf("/pin?from=%d", h2.Version), "")
+	served(h3.Version, map[int64]float64{5: 3, 1000: 0.5})
 
 	// The metrics: batches by outcome, rows, seal latency, sealed to live,
 	// and the served pushes' age.
@@ -280,9 +301,9 @@ func TestPushEndToEnd(t *testing.T) {
 	}
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`cumulus_push_batches_total{model="fm",outcome="applied"} 8`, `cumulus_push_batches_total{model="fm",outcome="duplicate"} 1`,
+	for _, want := range []string{`cumulus_push_batches_total{model="fm",outcome="applied"} 9`, `cumulus_push_batches_total{model="fm",outcome="duplicate"} 1`,
 		`cumulus_push_batches_total{model="fm",outcome="sequence"} 1`, `cumulus_push_batches_total{model="fm",outcome="busy"} 1`,
-		`cumulus_push_rows_total{model="fm"} 1510`, "cumulus_push_seal_seconds_count", "cumulus_push_sealed_to_live_seconds_count", `cumulus_push_served_age_seconds{model="fm"}`} {
+		`cumulus_push_rows_total{model="fm"} 1511`, "cumulus_push_seal_seconds_count", "cumulus_push_sealed_to_live_seconds_count", `cumulus_push_served_age_seconds{model="fm"}`} {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("/metrics has no %s:\n%s", want, regexp.MustCompile(`(?m)^cumulus_push_(batches|rows).*$`).FindAllString(string(metrics), -1))
 		}
