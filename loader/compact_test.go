@@ -295,3 +295,28 @@ func resolveLayers(t *testing.T, repo Repo, chain []*codec.Manifest, p uint32, k
 	t.Helper()
 	return resolve(t, repo, codec.Layers(chain, p), p, k)
 }
+
+// TestPublishFence: a delta whose fence refuses, asked under the lock
+// just before the rename, publishes nothing and leaves nothing behind.
+func TestPublishFence(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	shape := model.Shape{Type: model.LR}
+	if _, err := repo.Publish("m", &Sparse{Shape: shape, Keys: []uint64{1}, Values: []float32{1}}, 2, ""); err != nil {
+		t.Fatal(err)
+	}
+	deposed := errors.New("not the leader")
+	_, err := repo.PublishDelta("m", Delta{Upserts: &Sparse{Shape: shape, Keys: []uint64{2}, Values: []float32{2}}, Fence: func() error { return deposed }})
+	if !errors.Is(err, deposed) {
+		t.Fatalf("fenced publish: %v", err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(repo.Dir, "m"))
+	var names []string
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), ".lock") && !strings.HasPrefix(e.Name(), ".high") {
+			names = append(names, e.Name())
+		}
+	}
+	if strings.Join(names, " ") != "1" {
+		t.Fatalf("after a fenced publish the model's directory holds %v", names)
+	}
+}

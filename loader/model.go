@@ -100,6 +100,8 @@ type Delta struct {
 	// Pushed, for a delta sealed from pushes, are its producers' marks
 	// (codec.Manifest.Pushed).
 	Pushed map[string]codec.PushMark
+	// Fence: see Spec.Fence.
+	Fence func() error
 	// Golden, if set, are the delta's golden requests, scored on the new
 	// chain (see Spec.Golden); nil: the delta has none (golden requests
 	// are not inherited: their wants are one version's scores).
@@ -218,7 +220,7 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 		return nil, fmt.Errorf("loader: an %s model takes no dense part", parent.Type)
 	}
 	return r.publish(Spec{Name: name, Shape: parent.Shape, Bias: bias, Partitions: parent.Partitions,
-		Encoding: parent.Encoding, Parent: latest, Source: d.Source, Pushed: d.Pushed, Golden: d.Golden}, keys, values, d.Dense)
+		Encoding: parent.Encoding, Parent: latest, Source: d.Source, Pushed: d.Pushed, Fence: d.Fence, Golden: d.Golden}, keys, values, d.Dense)
 }
 
 // publish splits keys by partition and writes them, and dense (if not

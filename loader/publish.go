@@ -29,6 +29,11 @@ type Spec struct {
 	Parent     uint64                    // for a delta: the version it applies to; 0 for a full version
 	Source     string                    // recorded in the manifest
 	Pushed     map[string]codec.PushMark // recorded in a delta's manifest
+	// Fence, if set, is asked under the model's lock just before the
+	// version becomes visible: an error publishes nothing. (A manager
+	// sealing pushes checks it still leads: a deposed one must not
+	// publish after its successor.)
+	Fence func() error
 	Generator  *codec.GenInfo
 	// SameAs: the version serves exactly what version SameAs serves (a
 	// compaction of its chain). Commit then also copies every delta
@@ -251,6 +256,11 @@ func (w *VersionWriter) commit(m *codec.Manifest) error {
 // commitLocked numbers m, writes it into w.tmp and renames that into
 // place. The caller holds the model's lock.
 func (w *VersionWriter) commitLocked(m *codec.Manifest) error {
+	if w.spec.Fence != nil {
+		if err := w.spec.Fence(); err != nil {
+			return err
+		}
+	}
 	next, err := w.repo.nextVersion(w.spec.Name)
 	if err != nil {
 		return err

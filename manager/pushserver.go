@@ -484,7 +484,16 @@ func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint
 	}
 	ids, values, deletes := body.contents()
 	m, err := s.m.opts.Repo.PublishDelta(model, loader.Delta{Upserts: &loader.Sparse{Shape: pm.Shape, Keys: ids, Values: values},
-		Deletes: deletes, Parent: parent, Source: "push", Pushed: body.pushMarks(time.Now())})
+		Deletes: deletes, Parent: parent, Source: "push", Pushed: body.pushMarks(time.Now()), Fence: func() error {
+			// Still leading, in the same reign, as the version becomes
+			// visible: a successor seals its first window only after
+			// it has scanned the repository and a window has passed,
+			// far longer than a deposed leader takes to learn it.
+			if !s.m.acting.Load() || s.m.reign.Load() != reign {
+				return errPushStopped
+			}
+			return nil
+		}})
 	if err != nil {
 		return 0, err
 	}
