@@ -476,7 +476,11 @@ func TestManyDeltas(t *testing.T) {
 		// As a trainer publishing every few minutes would, the next delta
 		// comes after a compaction begun by this one's commit is done.
 		testenv.Eventually(t, 20*time.Second, func() error {
-			if live := m.State().Models["m"].Live; live < d.Version || m.Compacting("m") {
+			ms := m.State().Models["m"]
+			if ms == nil {
+				return errors.New("model m not scanned yet")
+			}
+			if live := ms.Live; live < d.Version || m.Compacting("m") {
 				return fmt.Errorf("live %d, want %d or a compaction after it", live, d.Version)
 			}
 			return nil
@@ -690,7 +694,10 @@ func TestStreamCompaction(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, func() error {
 		s := m.State().Models["m"]
-		if s.Live <= last || m.Compacting("m") {
+		if s == nil || s.Live <= last || m.Compacting("m") {
+			if s == nil {
+				return errors.New("model m not scanned yet")
+			}
 			return fmt.Errorf("live %d; waiting for a compaction of %d", s.Live, last)
 		}
 		return nil
