@@ -51,35 +51,15 @@ func (r Repo) Compact(name string, v uint64) (*codec.Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	var g errgroup.Group
-	g.SetLimit(runtime.GOMAXPROCS(0))
-	for p := range top.Partitions {
-		g.Go(func() error {
-			records, err := r.mergeChain(chain, p, false)
-			if err != nil {
-				return err
-			}
-			return w.WriteRecords(p, records)
-		})
-	}
-	if err := g.Wait(); err != nil {
-		w.Abort()
-		return nil, err
+	parts := make([]uint32, top.Partitions)
+	for p := range parts {
+		parts[p] = uint32(p)
 	}
 	// The compaction is a full version: it holds the extra files the
 	// chain uses (golden requests: only v's own, as they score v).
-	for _, m := range chain {
-		for _, e := range m.Extras {
-			if e.Role == codec.RoleGolden && m != top {
-				continue
-			}
-			if from, _, _ := codec.ChainExtra(chain, e.Role); from == m {
-				if err := w.copyExtra(m, e); err != nil {
-					w.Abort()
-					return nil, err
-				}
-			}
-		}
+	if err := r.writeMerged(w, chain, chain, parts, false); err != nil {
+		w.Abort()
+		return nil, err
 	}
 	return w.Commit()
 }
@@ -145,11 +125,25 @@ func (r Repo) CompactDeltas(name string, v uint64) (*codec.Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
+	// It holds the deltas' extra files the chain still needs: a dense
+	// part one of them replaced, and v's own golden requests.
+	if err := r.writeMerged(w, chain, deltas, slices.Collect(maps.Keys(touched)), true); err != nil {
+		w.Abort()
+		return nil, err
+	}
+	return w.Commit()
+}
+
+// writeMerged writes into w each of parts merged from the layers
+// (mergeChain; tombstones kept or not), in parallel, and the extra files
+// of layers that chain takes from them (golden requests: chain[0]'s
+// only, as they score it).
+func (r Repo) writeMerged(w *VersionWriter, chain, layers []*codec.Manifest, parts []uint32, tombstones bool) error {
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
-	for p := range touched {
+	for _, p := range parts {
 		g.Go(func() error {
-			records, err := r.mergeChain(deltas, p, true)
+			records, err := r.mergeChain(layers, p, tombstones)
 			if err != nil {
 				return err
 			}
@@ -157,25 +151,21 @@ func (r Repo) CompactDeltas(name string, v uint64) (*codec.Manifest, error) {
 		})
 	}
 	if err := g.Wait(); err != nil {
-		w.Abort()
-		return nil, err
+		return err
 	}
-	// The deltas' extra files it still needs: a dense part one of them
-	// replaced, and v's own golden requests.
-	for _, m := range deltas {
+	for _, m := range layers {
 		for _, e := range m.Extras {
-			if e.Role == codec.RoleGolden && m != top {
+			if e.Role == codec.RoleGolden && m != chain[0] {
 				continue
 			}
 			if from, _, _ := codec.ChainExtra(chain, e.Role); from == m {
 				if err := w.copyExtra(m, e); err != nil {
-					w.Abort()
-					return nil, err
+					return err
 				}
 			}
 		}
 	}
-	return w.Commit()
+	return nil
 }
 
 // replacement is the version that serves what v serves and later deltas
