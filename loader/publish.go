@@ -33,8 +33,8 @@ type Spec struct {
 	// version becomes visible: an error publishes nothing. (A manager
 	// sealing pushes checks it still leads: a deposed one must not
 	// publish after its successor.)
-	Fence func() error
-	Generator  *codec.GenInfo
+	Fence     func() error
+	Generator *codec.GenInfo
 	// SameAs: the version serves exactly what version SameAs serves (a
 	// compaction of its chain). Commit then also copies every delta
 	// published on SameAs's line since onto it, so that nothing newer is
