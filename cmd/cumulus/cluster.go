@@ -318,11 +318,19 @@ func managerCommand() *cobra.Command {
 	var probeAddr string
 	var raft raftFlags
 	var push pushServeFlags
+	var cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "manager",
 		Short: "Run the manager: validates model versions, decides what is served, serves the admin API",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cpuProfile != "" {
+				stop, err := startCPUProfile(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			token, err := admin.resolve()
 			if err != nil {
 				return err
@@ -399,6 +407,8 @@ func managerCommand() *cobra.Command {
 	tlsf.register(cmd.Flags(), "the manager, on its admin API (which then answers only operators whose certificate --tls-ca signed), to shards (its gate router) and between raft members (managers only)")
 	raft.register(cmd)
 	push.register(cmd, "")
+	cmd.Flags().StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the process to this file, from start to exit (go tool pprof)")
+	cmd.Flags().MarkHidden("cpu-profile")
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }

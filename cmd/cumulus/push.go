@@ -220,7 +220,7 @@ func (p *pusher) push(ctx context.Context, batches []*pushpb.Batch) (newest uint
 		select {
 		case <-ctx.Done():
 			return newest, ctx.Err()
-		case <-time.After(min(100*time.Millisecond*time.Duration(try+1), 500*time.Millisecond)):
+		case <-time.After(min(100*time.Millisecond*time.Duration(try+1), 250*time.Millisecond)):
 			// Short: a new leader takes over within a second or two, and
 			// the addresses are tried in turn.
 		}
