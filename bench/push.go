@@ -51,8 +51,8 @@ type PushResult struct {
 	Versions int // distinct deltas answered
 }
 
-// pushProbeBase is the first probe id: each batch carries one probe
-// feature of its own, pushProbeBase + its index, whose score tells when a
+// pushProbeBase is where probe ids start: each batch carries one probe
+// feature of its own (a run's base above it, plus its index), whose score tells when a
 // router serves the batch (outside any generated model's ids).
 const pushProbeBase = 1 << 62
 
@@ -98,6 +98,9 @@ func Push(ctx context.Context, o PushOptions, progress io.Writer) (PushResult, e
 	versions := map[uint64]bool{}
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+o.Token)
 	run := crand.Text()[:8] // producers of their own: a run numbers from 1
+	// Probe ids of its own too: a repository pushed to before holds the
+	// last run's probes, with the same weights.
+	probes0 := pushProbeBase + (uint64(time.Now().UnixNano())%(1<<20))<<24
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, o.Producers)
@@ -139,7 +142,7 @@ func Push(ctx context.Context, o PushOptions, progress io.Writer) (PushResult, e
 				idx := p*perProducer + i
 				b := &pushpb.Batch{Model: o.Model, Producer: fmt.Sprintf("bench-%s-%d", run, p), Sequence: uint64(i + 1),
 					Ids: make([]uint64, o.Keys), Values: make([]float32, o.Keys)}
-				pr := probe{id: pushProbeBase + uint64(idx), w: float32(idx%4096+1) / 64, idx: idx}
+				pr := probe{id: probes0 + uint64(idx), w: float32(idx%4096+1) / 64, idx: idx}
 				b.Ids[0], b.Values[0] = pr.id, pr.w
 				for k := 1; k < o.Keys; k++ {
 					b.Ids[k], b.Values[k] = rng.Uint64N(o.KeySpace), float32(rng.NormFloat64()*0.01)
