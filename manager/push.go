@@ -61,7 +61,7 @@ func (b *PushBatch) Size(width int) int64 {
 func (b *PushBatch) Check(width int) error {
 	switch {
 	case !codec.ValidProducer(b.Producer):
-		return fmt.Errorf("%w: producer %q: give 1 to 128 of [A-Za-z0-9._:-]", ErrInvalid, b.Producer)
+		return fmt.Errorf("%w: producer %.40q (%d bytes): give 1 to 128 of [A-Za-z0-9._:-]", ErrInvalid, b.Producer, len(b.Producer))
 	case b.Sequence == 0:
 		return fmt.Errorf("%w: sequence 0: a producer numbers its batches from 1", ErrInvalid)
 	case len(b.Values) != len(b.IDs)*width:
@@ -183,14 +183,9 @@ func newPushLog(lim PushLimits, width int) *pushLog {
 // is b's; dup says b was already applied (w nil: already sealed).
 func (l *pushLog) offer(b *PushBatch, sealed uint64, now time.Time) (w *pushWindow, dup bool, err error) {
 	p := l.producers[b.Producer]
-	if p == nil {
-		if len(l.producers) >= l.lim.MaxProducers {
-			l.forget(now)
-		}
-		if len(l.producers) >= l.lim.MaxProducers {
-			return nil, false, fmt.Errorf("%w: model %s has %d producers, the most it keeps (--max-push-producers); a producer idle for %s is forgotten", ErrBusy, b.Model, len(l.producers), l.lim.ProducerTTL)
-		}
-		p = &pushProducer{} // kept once a batch of it is applied: refusals hold no place
+	known := p != nil
+	if !known {
+		p = &pushProducer{} // kept once a batch of it is applied: refusals and duplicates hold no place
 	}
 	p.seen = now
 	p.sealed = max(p.sealed, sealed)
@@ -202,6 +197,12 @@ func (l *pushLog) offer(b *PushBatch, sealed uint64, now time.Time) (w *pushWind
 		return p.last, true, nil
 	case b.Sequence != p.accepted+1:
 		return nil, false, &SequenceError{Producer: b.Producer, Got: b.Sequence, Expected: p.accepted + 1}
+	}
+	if !known && len(l.producers) >= l.lim.MaxProducers {
+		l.forget(now)
+		if len(l.producers) >= l.lim.MaxProducers {
+			return nil, false, fmt.Errorf("%w: model %s has %d producers with batches in flight, the most it keeps (--max-push-producers): wait for answers", ErrBusy, b.Model, len(l.producers))
+		}
 	}
 	size := b.Size(l.width)
 	if p.inFlight+size > l.lim.InFlight {
@@ -401,12 +402,25 @@ func (l *pushLog) fail(err error) {
 	}
 }
 
-// forget drops the producers idle for ProducerTTL with nothing in flight.
+// forget drops the producers idle for ProducerTTL with nothing in
+// flight, and if the log is still full, the one idle the longest: a log
+// full of producers that came once (a CLI run each) must not lock new
+// ones out for a day. A producer dropped here still has its sealed mark
+// in the model's state (bounded alike, by trimMarks), which it resumes
+// from.
 func (l *pushLog) forget(now time.Time) {
+	var oldest string
 	for name, p := range l.producers {
-		if p.inFlight == 0 && now.Sub(p.seen) >= l.lim.ProducerTTL {
+		switch {
+		case p.inFlight != 0:
+		case now.Sub(p.seen) >= l.lim.ProducerTTL:
 			delete(l.producers, name)
+		case oldest == "" || p.seen.Before(l.producers[oldest].seen):
+			oldest = name
 		}
+	}
+	if len(l.producers) >= l.lim.MaxProducers && oldest != "" {
+		delete(l.producers, oldest)
 	}
 }
 

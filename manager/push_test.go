@@ -152,19 +152,24 @@ func TestPushBounds(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := l.offer(batch("c", 1, nil, nil), 0, pushT0); !errors.Is(err, ErrBusy) {
-		t.Fatalf("a fourth producer of at most 3: %v", err)
+	// Full (at most 3): a fourth takes the place of the one idle the
+	// longest (a, sealed; y's and b's batches are in the open window),
+	// and a fifth finds every one with a batch in flight.
+	if _, _, err := l.offer(batch("c", 1, nil, nil), 0, pushT0.Add(time.Minute)); err != nil {
+		t.Fatalf("a fourth producer, one of three idle: %v", err)
 	}
-	// y's and b's batches are in the open window: they are not
-	// forgotten, a is.
-	if _, _, err := l.offer(batch("c", 1, nil, nil), 0, pushT0.Add(time.Hour)); err != nil {
-		t.Fatalf("after the TTL: %v", err)
+	if _, ok := l.producers["a"]; ok {
+		t.Fatal("the producer idle the longest kept its place")
 	}
 	if _, ok := l.producers["b"]; !ok {
 		t.Fatal("a producer with a batch in flight was forgotten")
 	}
-	if _, ok := l.producers["a"]; ok {
-		t.Fatal("an idle producer was kept past the TTL")
+	if _, _, err := l.offer(batch("d", 1, nil, nil), 0, pushT0.Add(time.Minute)); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a fifth producer, every place in flight: %v", err)
+	}
+	// a resumes from its sealed mark in the state.
+	if w, dup, err := l.offer(batch("a", 1, nil, nil), 1, pushT0.Add(time.Minute)); err != nil || !dup || w != nil {
+		t.Fatalf("a, forgotten by the log, resending its sealed batch: %v %v %v; want a duplicate answered at once", w, dup, err)
 	}
 }
 

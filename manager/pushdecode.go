@@ -80,6 +80,8 @@ func DecodePushHTTP(body []byte, hdr string) (*PushBatch, error) {
 		}
 		var src []byte
 		switch {
+		case t.Parameters.BinaryDataSize != nil && len(t.Data) > 0:
+			return nil, fmt.Errorf("%w: input %q has both data and parameters.binary_data_size: give one", ErrInvalid, t.Name)
 		case t.Parameters.BinaryDataSize != nil && hdr == "":
 			return nil, fmt.Errorf("%w: input %q has parameters.binary_data_size, but the request has no %s header", ErrInvalid, t.Name, headerLength)
 		case t.Parameters.BinaryDataSize != nil:

@@ -38,10 +38,11 @@ func TestDecodePushHTTP(t *testing.T) {
 		{`{"inputs":[{"name":"ids","datatype":"INT64","shape":[1],"parameters":{"binary_data_size":8}}]}`, "", "no Inference-Header-Content-Length"},
 		{`{"inputs":[{"name":"ids","datatype":"INT64","shape":[1],"parameters":{"binary_data_size":8}}]}`, "600", "is not a length"},
 		{`{"inputs":[]}xx`, "13", "2 bytes after"},
+		{`{"inputs":[{"name":"ids","datatype":"INT64","shape":[1],"data":[1],"parameters":{"binary_data_size":8}}]}12345678`, "-8", "both data and"},
 		{`{"inputs":[{"name":"ids","datatype":"INT64","shape":[1],"parameters":{"binary_data_size":8}}]}1234`, "-4", "binary_data_size 8"},
 	} {
-		if c.hdr == "-4" { // the JSON is all but the last 4 bytes
-			c.hdr = strconv.Itoa(len(c.body) - 4)
+		if n, err := strconv.Atoi(c.hdr); err == nil && n < 0 { // the JSON is all but the last -n bytes
+			c.hdr = strconv.Itoa(len(c.body) + n)
 		}
 		_, err := DecodePushHTTP([]byte(c.body), c.hdr)
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {

@@ -13,12 +13,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -52,6 +54,10 @@ type PushOptions struct {
 	// InFlight bounds a producer's bytes in windows not yet answered.
 	// Default 4 × MaxBatchBytes.
 	InFlight int64
+	// MaxReceiving bounds the bytes of batches being received and
+	// decoded at once, over every connection: past it, an HTTP batch is
+	// refused (429) and a gRPC stream waits. Default 4 × MaxBatchBytes.
+	MaxReceiving int64
 	// WindowBytes: a window past it is sealed at once. Default 256 MiB.
 	WindowBytes int64
 	// MaxPendingBytes bounds what a model's pushes weigh while a pin or
@@ -69,12 +75,13 @@ func (o *PushOptions) Validate() error {
 		return errors.New("manager: the push API needs an address (--push-addr)")
 	case o.Token == "":
 		return errors.New("manager: the push API needs a token (--push-token, --push-token-file or CUMULUS_PUSH_TOKEN)")
-	case o.Window < 0 || o.MaxBatchBytes < 0 || o.InFlight < 0 || o.WindowBytes < 0 || o.MaxPendingBytes < 0:
+	case o.Window < 0 || o.MaxBatchBytes < 0 || o.InFlight < 0 || o.WindowBytes < 0 || o.MaxPendingBytes < 0 || o.MaxReceiving < 0:
 		return errors.New("manager: push options must not be negative")
 	}
 	o.Window = cmp.Or(o.Window, time.Second)
 	o.MaxBatchBytes = cmp.Or(o.MaxBatchBytes, 16<<20)
 	o.InFlight = cmp.Or(o.InFlight, 4*o.MaxBatchBytes)
+	o.MaxReceiving = max(cmp.Or(o.MaxReceiving, 4*o.MaxBatchBytes), o.MaxBatchBytes)
 	o.WindowBytes = cmp.Or(o.WindowBytes, 256<<20)
 	o.MaxPendingBytes = cmp.Or(o.MaxPendingBytes, 256<<20)
 	if o.WindowBytes > 4<<30 || o.MaxPendingBytes > 4<<30 {
@@ -107,6 +114,10 @@ type PushServer struct {
 	// closed: the sealer has stopped; nothing more is taken.
 	closed bool
 
+	// receiving counts the bytes of batches being received and decoded
+	// (MaxReceiving).
+	receiving *semaphore.Weighted
+
 	cancel  context.CancelFunc
 	done    sync.WaitGroup
 	metrics pushMetrics
@@ -130,7 +141,7 @@ func (m *Manager) ServePush(opts PushOptions) (*PushServer, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	s := &PushServer{m: m, opts: opts, logs: map[string]*pushLog{}, last: map[string]uint64{}, kick: make(chan struct{}, 1)}
+	s := &PushServer{m: m, opts: opts, logs: map[string]*pushLog{}, last: map[string]uint64{}, kick: make(chan struct{}, 1), receiving: semaphore.NewWeighted(opts.MaxReceiving)}
 	s.metrics = pushMetrics{
 		rows: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_push_rows_total",
 			Help: "Rows (upserts and deletions) pushed and applied to a window, by model."}, []string{"model"}),
@@ -173,7 +184,8 @@ func (m *Manager) ServePush(opts PushOptions) (*PushServer, error) {
 	protos.SetHTTP2(true)
 	protos.SetUnencryptedHTTP2(opts.TLS == nil)
 	s.srv = &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Minute,
-		MaxHeaderBytes: 64 << 10, Protocols: &protos, ErrorLog: tlsconf.HTTPErrorLog("manager push API")}
+		MaxHeaderBytes: 64 << 10, Protocols: &protos, ErrorLog: tlsconf.HTTPErrorLog("manager push API"),
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: maxPushStreams}}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	s.done.Add(2)
@@ -549,11 +561,24 @@ func (s *PushServer) pushHTTP(w http.ResponseWriter, r *http.Request) {
 	// The server sets no ReadTimeout (it would cut gRPC streams, which
 	// live long): a batch's body gets one of its own.
 	http.NewResponseController(w).SetReadDeadline(time.Now().Add(pushBodyTimeout))
+	need := s.opts.MaxBatchBytes // a body of unknown length may be that long
+	if r.ContentLength >= 0 && r.ContentLength < need {
+		need = r.ContentLength
+	}
+	if !s.receiving.TryAcquire(need) {
+		s.count("", "busy", 0)
+		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("the push API is receiving its most bytes at once (--max-push-receiving-bytes %d): send again shortly", s.opts.MaxReceiving))
+		return
+	}
+	defer s.receiving.Release(need)
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBatchBytes))
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("batch over %d bytes (--max-push-bytes): send smaller batches", s.opts.MaxBatchBytes))
+		return
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		writeError(w, http.StatusRequestTimeout, fmt.Sprintf("the batch's body did not arrive within %s", pushBodyTimeout))
 		return
 	case err != nil:
 		writeError(w, http.StatusBadRequest, "reading the batch: "+err.Error())
@@ -575,6 +600,10 @@ func (s *PushServer) pushHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, pushHTTPAnswer(a, version, nil))
 }
+
+// maxPushStreams bounds the HTTP/2 streams (gRPC calls) of one
+// connection.
+const maxPushStreams = 64
 
 // pushBodyTimeout bounds how long an HTTP batch's body may take to
 // arrive.
@@ -675,8 +704,17 @@ func (g pushGRPC) Send(stream pushpb.Push_SendServer) error {
 			}
 			break
 		}
+		// Counted while it is decoded and offered: past the bound, this
+		// stream reads no more until others are done.
+		size := int64(8*len(in.GetIds()) + 4*len(in.GetValues()) + 8*len(in.GetDeletes()))
+		size = min(max(size, 1), g.s.opts.MaxReceiving)
+		if err := g.s.receiving.Acquire(ctx, size); err != nil {
+			rerr = err
+			break
+		}
 		b := &PushBatch{Model: in.GetModel(), Producer: in.GetProducer(), Sequence: in.GetSequence(), IDs: in.GetIds(), Values: in.GetValues(), Deletes: in.GetDeletes()}
 		a := g.s.offer(b)
+		g.s.receiving.Release(size)
 		if errors.Is(a.err, ErrNotLeader) {
 			rerr = status.Error(codes.Unavailable, a.err.Error())
 			break

@@ -50,6 +50,7 @@ type pushServeFlags struct {
 	maxProd  int
 	maxBytes byteSize
 	pending  byteSize
+	recv     byteSize
 }
 
 func (f *pushServeFlags) register(cmd *cobra.Command, defaultAddr string) {
@@ -65,6 +66,7 @@ func (f *pushServeFlags) register(cmd *cobra.Command, defaultAddr string) {
 	fs.IntVar(&f.maxProd, "max-push-producers", 1024, "push producers kept per model")
 	f.maxBytes = 16 << 20
 	fs.Var(&f.maxBytes, "max-push-bytes", "largest push batch (its encoding)")
+	fs.Var(&f.recv, "max-push-receiving-bytes", "bytes of push batches received and decoded at once, over every connection: past it an HTTP batch gets 429 and a gRPC stream waits (default 4 × --max-push-bytes)")
 	f.pending = 256 << 20
 	fs.Var(&f.pending, "max-pending-push-bytes", "per model: the most its pushes may weigh while a pin or a canary holds them (one pending delta, served once the hold ends); past it, pushes are refused (429)")
 }
@@ -85,7 +87,7 @@ func (f *pushServeFlags) options(adminToken string, reg prometheus.Registerer) (
 	case token == adminToken:
 		return opts, false, errors.New("the push token is the admin token: give the push API a token of its own (a trainer must not be able to roll back)")
 	}
-	return manager.PushOptions{Addr: f.addr, Token: token, Window: f.window, MaxBatchBytes: int64(f.maxBytes), MaxPendingBytes: int64(f.pending), Registry: reg}, true, nil
+	return manager.PushOptions{Addr: f.addr, Token: token, Window: f.window, MaxBatchBytes: int64(f.maxBytes), MaxPendingBytes: int64(f.pending), MaxReceiving: int64(f.recv), Registry: reg}, true, nil
 }
 
 // policy sets the manager's bounds on its push producers' marks.
@@ -148,6 +150,9 @@ The token comes from --push-token, --push-token-file or $` + pushTokenEnv + `.`,
 			if err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
+			if s.HasBias {
+				return fmt.Errorf("%s names a bias: pushes carry rows only; publish a new bias with 'cumulus model delta --bias'", args[0])
+			}
 			w := s.Width()
 			var batches []*pushpb.Batch
 			for i := 0; i < len(s.Keys); i += rows {
@@ -168,8 +173,14 @@ The token comes from --push-token, --push-token-file or $` + pushTokenEnv + `.`,
 			if err != nil {
 				return err
 			}
-			fmt.Printf("pushed %d rows in %d batches to %s as producer %s (sequences %d to %d); newest delta: version %d\n",
-				len(s.Keys), len(batches), model, producer, first, first+uint64(len(batches))-1, version)
+			fmt.Printf("pushed %d rows in %d batches to %s as producer %s (sequences %d to %d)", len(s.Keys), len(batches), model, producer, first, first+uint64(len(batches))-1)
+			if p.duplicates > 0 {
+				fmt.Printf("; %d of them were sealed before (duplicates: not applied again)", p.duplicates)
+			}
+			if version != 0 {
+				fmt.Printf("; newest delta: version %d (published; served once it is live: cumulus admin show %s)", version, model)
+			}
+			fmt.Println()
 			return nil
 		},
 	}
@@ -196,6 +207,8 @@ type pusher struct {
 	bar      *progressbar.ProgressBar
 	// acked, if set, is called with each batch answered OK.
 	acked func(*pushpb.Ack)
+	// duplicates counts the batches answered as sealed before.
+	duplicates int
 }
 
 // maxUnanswered bounds the batches a pusher has sent and not had
@@ -277,6 +290,9 @@ func (p *pusher) stream(ctx context.Context, addr string, batches []*pushpb.Batc
 		}
 		answered++
 		newest = max(newest, ack.Version)
+		if ack.Duplicate {
+			p.duplicates++
+		}
 		if p.bar != nil {
 			p.bar.Add(1)
 		}
