@@ -29,6 +29,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/adminhttp"
+	"github.com/cumulus-serving/cumulus/internal/peerlimit"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/pushpb"
@@ -58,6 +59,10 @@ type PushOptions struct {
 	// decoded at once, over every connection: past it, an HTTP batch is
 	// refused (429) and a gRPC stream waits. Default 4 × MaxBatchBytes.
 	MaxReceiving int64
+	// MaxConnsPerPeer bounds the connections one client address holds;
+	// one past it is held unread for 2s, then closed (peerlimit).
+	// Default 64.
+	MaxConnsPerPeer int
 	// WindowBytes: a window past it is sealed at once. Default 256 MiB.
 	WindowBytes int64
 	// MaxPendingBytes bounds what a model's pushes weigh while a pin or
@@ -75,13 +80,14 @@ func (o *PushOptions) Validate() error {
 		return errors.New("manager: the push API needs an address (--push-addr)")
 	case o.Token == "":
 		return errors.New("manager: the push API needs a token (--push-token, --push-token-file or CUMULUS_PUSH_TOKEN)")
-	case o.Window < 0 || o.MaxBatchBytes < 0 || o.InFlight < 0 || o.WindowBytes < 0 || o.MaxPendingBytes < 0 || o.MaxReceiving < 0:
+	case o.Window < 0 || o.MaxBatchBytes < 0 || o.InFlight < 0 || o.WindowBytes < 0 || o.MaxPendingBytes < 0 || o.MaxReceiving < 0 || o.MaxConnsPerPeer < 0:
 		return errors.New("manager: push options must not be negative")
 	}
 	o.Window = cmp.Or(o.Window, time.Second)
 	o.MaxBatchBytes = cmp.Or(o.MaxBatchBytes, 16<<20)
 	o.InFlight = cmp.Or(o.InFlight, 4*o.MaxBatchBytes)
 	o.MaxReceiving = max(cmp.Or(o.MaxReceiving, 4*o.MaxBatchBytes), o.MaxBatchBytes)
+	o.MaxConnsPerPeer = cmp.Or(o.MaxConnsPerPeer, 64)
 	o.WindowBytes = cmp.Or(o.WindowBytes, 256<<20)
 	o.MaxPendingBytes = cmp.Or(o.MaxPendingBytes, 256<<20)
 	if o.WindowBytes > 4<<30 || o.MaxPendingBytes > 4<<30 {
@@ -146,7 +152,7 @@ func (m *Manager) ServePush(opts PushOptions) (*PushServer, error) {
 		rows: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_push_rows_total",
 			Help: "Rows (upserts and deletions) pushed and applied to a window, by model."}, []string{"model"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_push_batches_total",
-			Help: "Push batches by model and outcome: applied, duplicate, invalid, sequence, busy, unknown_model (model \"\"), failed (its delta not published), unavailable."}, []string{"model", "outcome"}),
+			Help: "Push batches by model and outcome: applied, duplicate, invalid, sequence, busy, unknown_model (model \"\"), failed (its delta not published), unavailable; and conn_refused: connections past --max-conns-per-peer."}, []string{"model", "outcome"}),
 		seal: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cumulus_push_seal_seconds",
 			Help: "From a window's sealing to its delta published in the repository.", Buckets: prometheus.ExponentialBuckets(0.002, 2, 14)}),
 	}
@@ -179,6 +185,7 @@ func (m *Manager) ServePush(opts PushOptions) (*PushServer, error) {
 		return nil, fmt.Errorf("manager: push API: %w", err)
 	}
 	s.lis = lis
+	lis = peerlimit.Limit(lis, opts.MaxConnsPerPeer, 2*time.Second, func() { s.count("", "conn_refused", 0) })
 	var protos http.Protocols
 	protos.SetHTTP1(true)
 	protos.SetHTTP2(true)

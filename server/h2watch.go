@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cumulus-serving/cumulus/internal/peerlimit"
 	"google.golang.org/grpc/credentials"
 )
 
@@ -150,7 +151,7 @@ type h2stream struct {
 }
 
 func (r *reception) watch(c net.Conn, wait time.Duration, closed func()) *h2watch {
-	return &h2watch{Conn: c, x: &receiving{r: r, peer: peerHost(c.RemoteAddr().String())}, closed: closed, wait: wait,
+	return &h2watch{Conn: c, x: &receiving{r: r, peer: peerlimit.Host(c.RemoteAddr().String())}, closed: closed, wait: wait,
 		in: h2frames{preface: len(h2ClientPrface)}, open: map[uint32]*h2stream{}}
 }
 

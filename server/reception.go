@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cumulus-serving/cumulus/internal/peerlimit"
 	"github.com/cumulus-serving/cumulus/router"
 )
 
@@ -68,7 +69,7 @@ type receiving struct {
 // begin starts a request's reception from addr (a "host:port" remote
 // address), charging it overhead.
 func (r *reception) begin(addr string, overhead int64) (*receiving, error) {
-	x := &receiving{r: r, peer: peerHost(addr)}
+	x := &receiving{r: r, peer: peerlimit.Host(addr)}
 	if err := x.take(overhead); err != nil {
 		return x, err
 	}

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/internal/admit"
+	"github.com/cumulus-serving/cumulus/internal/peerlimit"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/router"
 	"github.com/cumulus-serving/cumulus/server/kservepb"
@@ -105,7 +106,7 @@ type Options struct {
 	ReceiveTimeout time.Duration
 	// MaxConnsPerPeer bounds the connections one client address holds
 	// open on each front; one past it is held unread for HeaderTimeout,
-	// then closed (conns.go). Default 64.
+	// then closed (internal/peerlimit). Default 64.
 	MaxConnsPerPeer int
 	// HeaderTimeout bounds how long a connection may take to send its
 	// request headers (HTTP) or to establish itself (gRPC: TLS and the
@@ -220,8 +221,8 @@ func Start(opts Options) (*Server, error) {
 		s.grpcLis.Close()
 		return nil, fmt.Errorf("server: HTTP: %w", err)
 	}
-	s.grpcLis = limitPeers(s.grpcLis, opts.MaxConnsPerPeer, opts.HeaderTimeout, connsRefused.WithLabelValues("grpc").Inc)
-	s.httpLis = limitPeers(s.httpLis, opts.MaxConnsPerPeer, opts.HeaderTimeout, connsRefused.WithLabelValues("http").Inc)
+	s.grpcLis = peerlimit.Limit(s.grpcLis, opts.MaxConnsPerPeer, opts.HeaderTimeout, connsRefused.WithLabelValues("grpc").Inc)
+	s.httpLis = peerlimit.Limit(s.httpLis, opts.MaxConnsPerPeer, opts.HeaderTimeout, connsRefused.WithLabelValues("http").Inc)
 	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(grpcRecvLimit(opts)), grpc.ChainUnaryInterceptor(s.counting, s.timing),
 		// Streams past admission are refused at once, not queued in the
 		// transport; this only bounds what one connection can pile up.

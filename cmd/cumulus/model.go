@@ -349,19 +349,9 @@ delta; --golden FILE publishes FILE's instead (as model import does).`,
 				}
 			}
 			if deletes != "" {
-				b, err := os.ReadFile(deletes)
-				if err != nil {
+				var err error
+				if d.Deletes, err = readIDs(deletes); err != nil {
 					return err
-				}
-				for i, line := range strings.Split(string(b), "\n") {
-					if line = strings.TrimSpace(line); line == "" || line[0] == '#' {
-						continue
-					}
-					id, err := strconv.ParseUint(line, 10, 64)
-					if err != nil {
-						return fmt.Errorf("%s: line %d: %w", deletes, i+1, err)
-					}
-					d.Deletes = append(d.Deletes, id)
 				}
 			}
 			if cmd.Flags().Changed("bias") {
@@ -419,4 +409,25 @@ delta; --golden FILE publishes FILE's instead (as model import does).`,
 	cmd.MarkFlagRequired("name")
 	cmd.MarkFlagRequired("repo")
 	return cmd
+}
+
+// readIDs reads a file of feature ids, one per line ('#' starts a
+// comment line).
+func readIDs(path string) ([]uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var ids []uint64
+	for i, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line == "" || line[0] == '#' {
+			continue
+		}
+		id, err := strconv.ParseUint(line, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: line %d: %w", path, i+1, err)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
 }

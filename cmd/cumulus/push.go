@@ -98,6 +98,7 @@ func (f *pushServeFlags) policy(o *manager.Options) {
 func pushCommand() *cobra.Command {
 	var (
 		addrs, model, producer string
+		deletes                string
 		first                  uint64
 		rows                   int
 		retryFor               time.Duration
@@ -105,18 +106,24 @@ func pushCommand() *cobra.Command {
 		tlsf                   tlsFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "push --addr ADDR --model NAME FILE|-",
+		Use:   "push --addr ADDR --model NAME [--deletes IDS] [FILE|-]",
 		Short: "Push rows to a model through the managers' push API, in batches",
 		Long: `push reads FILE (or standard input) as a TSV model, as 'cumulus model delta
 --upserts' does (docs/model-format.md), and pushes its rows to the leading
 manager's push API in batches of --batch-rows, as producer --producer
-numbering its batches from --first-sequence. Each batch is answered once
+numbering its batches from --first-sequence; --deletes IDS, a file of
+feature ids one per line, removes them in batches after the rows (FILE
+may then be left out).
+Each batch is answered once
 the delta holding it is published; a batch the leader could not seal, or
 sent to a manager that does not lead, is sent again (to the next --addr)
 for up to --retry-for: the leader's sequences make it count once.
 The token comes from --push-token, --push-token-file or $` + pushTokenEnv + `.`,
-		Args: cobra.ExactArgs(1),
+		Args: cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 && deletes == "" {
+				return errors.New("give a FILE of rows (or - for standard input), --deletes, or both")
+			}
 			token, err := tok.resolve()
 			if err != nil {
 				return err
@@ -137,28 +144,46 @@ The token comes from --push-token, --push-token-file or $` + pushTokenEnv + `.`,
 			if rows < 1 || first < 1 {
 				return errors.New("--batch-rows and --first-sequence must be at least 1")
 			}
-			in := io.Reader(os.Stdin)
-			if args[0] != "-" {
-				f, err := os.Open(args[0])
-				if err != nil {
+			s := &loader.Sparse{}
+			if len(args) == 1 {
+				in := io.Reader(os.Stdin)
+				if args[0] != "-" {
+					f, err := os.Open(args[0])
+					if err != nil {
+						return err
+					}
+					defer f.Close()
+					in = f
+				}
+				if s, err = loader.ParseTSV(in); err != nil {
+					return fmt.Errorf("%s: %w", args[0], err)
+				}
+			}
+			var dels []uint64
+			if deletes != "" {
+				if dels, err = readIDs(deletes); err != nil {
 					return err
 				}
-				defer f.Close()
-				in = f
-			}
-			s, err := loader.ParseTSV(in)
-			if err != nil {
-				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			if s.HasBias {
 				return fmt.Errorf("%s names a bias: pushes carry rows only; publish a new bias with 'cumulus model delta --bias'", args[0])
 			}
-			w := s.Width()
+			w := 1 // no rows: no width
+			if len(s.Keys) > 0 {
+				w = s.Width()
+			}
 			var batches []*pushpb.Batch
 			for i := 0; i < len(s.Keys); i += rows {
 				j := min(i+rows, len(s.Keys))
 				batches = append(batches, &pushpb.Batch{Model: model, Producer: producer, Sequence: first + uint64(len(batches)),
 					Ids: s.Keys[i:j], Values: s.Values[i*w : j*w]})
+			}
+			for i := 0; i < len(dels); i += rows {
+				batches = append(batches, &pushpb.Batch{Model: model, Producer: producer, Sequence: first + uint64(len(batches)),
+					Deletes: dels[i:min(i+rows, len(dels))]})
+			}
+			if len(batches) == 0 {
+				return errors.New("nothing to push: no rows, no deletions")
 			}
 			p := &pusher{addrs: strings.Split(addrs, ","), token: token, tlsf: tlsf, retryFor: retryFor}
 			if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
@@ -173,7 +198,7 @@ The token comes from --push-token, --push-token-file or $` + pushTokenEnv + `.`,
 			if err != nil {
 				return err
 			}
-			fmt.Printf("pushed %d rows in %d batches to %s as producer %s (sequences %d to %d)", len(s.Keys), len(batches), model, producer, first, first+uint64(len(batches))-1)
+			fmt.Printf("pushed %d rows and %d deletions in %d batches to %s as producer %s (sequences %d to %d)", len(s.Keys), len(dels), len(batches), model, producer, first, first+uint64(len(batches))-1)
 			if p.duplicates > 0 {
 				fmt.Printf("; %d of them were sealed before (duplicates: not applied again)", p.duplicates)
 			}
@@ -186,6 +211,7 @@ The token comes from --push-token, --push-token-file or $` + pushTokenEnv + `.`,
 	}
 	cmd.Flags().StringVar(&addrs, "addr", "127.0.0.1:8003", "push API address of the managers (comma-separated: tried in turn until one leads)")
 	cmd.Flags().StringVar(&model, "model", "", "the model to push to (required)")
+	cmd.Flags().StringVar(&deletes, "deletes", "", "file of feature ids to delete, one per line")
 	cmd.Flags().StringVar(&producer, "producer", "", "this producer's ID (default: push-HOST-PID-RANDOM); give the same one to resume its sequence")
 	cmd.Flags().Uint64Var(&first, "first-sequence", 1, "sequence of the first batch")
 	cmd.Flags().IntVar(&rows, "batch-rows", 10_000, "rows per batch")

@@ -174,12 +174,30 @@ func TestPushEndToEnd(t *testing.T) {
 	tsv := filepath.Join(t.TempDir(), "up.tsv")
 	os.WriteFile(tsv, []byte("type fm\ndim 2\n8\t0.5 0 0\n9\t-0.5 0 0\n10\t4 0 0\n"), 0o644)
 	out, err := cumulus("push", "--addr", pushAddr, "--push-token", "push-t", "--model", "fm", "--producer", "cli", "--batch-rows", "2", tsv).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "pushed 3 rows in 2 batches") {
+	if err != nil || !strings.Contains(string(out), "pushed 3 rows and 0 deletions in 2 batches") {
 		t.Fatalf("cumulus push: %v\n%s", err, out)
 	}
 	var cliVersion uint64
 	fmt.Sscanf(string(out[strings.Index(string(out), "version "):]), "version %d", &cliVersion)
 	served(cliVersion, map[int64]float64{8: 0.5, 9: -0.5, 10: 4, 5: 0.25})
+	// Deletions only, from a file of ids; the same run again is all
+	// duplicates.
+	ids := filepath.Join(t.TempDir(), "gone.txt")
+	os.WriteFile(ids, []byte("# gone\n9\n"), 0o644)
+	del := func() string {
+		out, err := cumulus("push", "--addr", pushAddr, "--push-token", "push-t", "--model", "fm", "--producer", "cli-del", "--deletes", ids).CombinedOutput()
+		if err != nil {
+			t.Fatalf("cumulus push --deletes: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	if out := del(); strings.Contains(out, "duplicates") {
+		t.Fatalf("a first push of deletions: %s", out)
+	}
+	if out := del(); !strings.Contains(out, "1 of them were sealed before (duplicates") {
+		t.Fatalf("the same deletions again: %s", out)
+	}
+	served(cliVersion, map[int64]float64{8: 0.5, 9: math.NaN(), 10: 4})
 
 	// Bad input: refused with its reason; nothing changes.
 	nan, nanHdr := pushBinary("t0", 3, []uint64{5}, []float32{float32(math.NaN()), 0, 0})
@@ -301,9 +319,9 @@ func TestPushEndToEnd(t *testing.T) {
 	}
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`cumulus_push_batches_total{model="fm",outcome="applied"} 9`, `cumulus_push_batches_total{model="fm",outcome="duplicate"} 1`,
+	for _, want := range []string{`cumulus_push_batches_total{model="fm",outcome="applied"} 10`, `cumulus_push_batches_total{model="fm",outcome="duplicate"} 2`,
 		`cumulus_push_batches_total{model="fm",outcome="sequence"} 1`, `cumulus_push_batches_total{model="fm",outcome="busy"} 1`,
-		`cumulus_push_rows_total{model="fm"} 1511`, "cumulus_push_seal_seconds_count", "cumulus_push_sealed_to_live_seconds_count", `cumulus_push_served_age_seconds{model="fm"}`} {
+		`cumulus_push_rows_total{model="fm"} 1512`, "cumulus_push_seal_seconds_count", "cumulus_push_sealed_to_live_seconds_count", `cumulus_push_served_age_seconds{model="fm"}`} {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("/metrics has no %s:\n%s", want, regexp.MustCompile(`(?m)^cumulus_push_(batches|rows).*$`).FindAllString(string(metrics), -1))
 		}

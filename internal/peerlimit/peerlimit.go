@@ -1,4 +1,6 @@
-package server
+// Package peerlimit bounds the connections each client address holds
+// on a listener: the fronts' --max-conns-per-peer, and the push API's.
+package peerlimit
 
 import (
 	"net"
@@ -6,10 +8,10 @@ import (
 	"time"
 )
 
-// A client address holds at most Options.MaxConnsPerPeer connections
-// on each front. Past it, a new connection is held unread for
-// HeaderTimeout, then closed, and counted
-// (cumulus_connections_refused_total). Whatever else bounds a client (its
+// A client address holds at most max connections on a listener (the
+// fronts' Options.MaxConnsPerPeer). Past it, a new connection is held unread for
+// hold (the fronts' HeaderTimeout), then closed, and counted (refused;
+// the fronts' cumulus_connections_refused_total). Whatever else bounds a client (its
 // bytes arriving, its requests admitted), each connection served costs
 // the front a goroutine and buffers from the start: connections opened
 // and left idle, or trickling their headers, were bounded only by the
@@ -35,7 +37,10 @@ type peerListener struct {
 	held    map[net.Conn]bool
 }
 
-func limitPeers(l net.Listener, max int, hold time.Duration, refused func()) net.Listener {
+// Limit is l, with each client address holding at most max connections;
+// one over the bound is held unread for hold, then closed, and refused
+// is called.
+func Limit(l net.Listener, max int, hold time.Duration, refused func()) net.Listener {
 	return &peerListener{Listener: l, max: max, hold: hold, refused: refused, open: map[string]int{}, held: map[net.Conn]bool{}}
 }
 
@@ -46,7 +51,7 @@ func (l *peerListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		peer := peerHost(c.RemoteAddr().String())
+		peer := Host(c.RemoteAddr().String())
 		l.mu.Lock()
 		ok := l.open[peer] < l.max
 		if ok {
@@ -94,8 +99,8 @@ func (l *peerListener) closed(peer string) {
 	}
 }
 
-// peerHost is a client's address without its port.
-func peerHost(addr string) string {
+// Host is a client's address without its port.
+func Host(addr string) string {
 	if host, _, err := net.SplitHostPort(addr); err == nil {
 		return host
 	}
