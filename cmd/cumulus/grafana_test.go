@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/cumulus-serving/cumulus/internal/devcluster"
+	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/server"
 )
 
@@ -60,6 +61,11 @@ func servedMetrics(t *testing.T) map[string][]string {
 		t.Fatal(err)
 	}
 	defer srv.Close()
+	push, err := c.Manager.ServePush(manager.PushOptions{Addr: "127.0.0.1:0", Token: "t", Registry: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer push.Close()
 	metrics := map[string][]string{}
 	for _, col := range rec.collectors {
 		ch := make(chan *prometheus.Desc, 64)
