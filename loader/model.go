@@ -102,6 +102,10 @@ type Delta struct {
 	Pushed map[string]codec.PushMark
 	// Fence: see Spec.Fence.
 	Fence func() error
+	// ParentChecked: the caller has validated Parent's files itself (a
+	// manager sealing pushes onto a version it validates), so they are
+	// not read again; its chain's manifests still are.
+	ParentChecked bool
 	// Golden, if set, are the delta's golden requests, scored on the new
 	// chain (see Spec.Golden); nil: the delta has none (golden requests
 	// are not inherited: their wants are one version's scores).
@@ -170,6 +174,10 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 			return nil, err
 		}
 		latest = chain[0].Version
+	} else if d.ParentChecked {
+		if chain, err = r.Chain(name, latest); err != nil {
+			return nil, fmt.Errorf("loader: parent %d: %w", latest, err)
+		}
 	} else if chain, err = r.checkParent(name, latest); err != nil {
 		return nil, fmt.Errorf("loader: parent %d: %w", latest, err)
 	}
