@@ -84,14 +84,11 @@ Target (issue 13): every delta of 1,000,000 keys served within 1s.`,
 			if err != nil {
 				return err
 			}
-			for _, a := range strings.Split(addrs, ",") {
-				conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
-				if err != nil {
-					return err
-				}
-				defer conn.Close()
-				o.Routers = append(o.Routers, kserveClient(conn))
+			var closeRouters func()
+			if o.Routers, closeRouters, err = routerClients(addrs); err != nil {
+				return err
 			}
+			defer closeRouters()
 			o.Repo, o.Model, o.KeySpace = loader.Repo{Dir: repo}, modelName, uint64(m.Params)
 			var loaded chan bench.Result
 			if load.Concurrency > 0 {
@@ -185,4 +182,26 @@ func printGates(m *manager.ModelState, fs []bench.Fresh) {
 		}
 		fmt.Printf("; ran %s (median), %s (slowest)\n", d[len(d)/2].Round(time.Millisecond/10), d[len(d)-1].Round(time.Millisecond/10))
 	}
+}
+
+// routerClients are KServe clients of each router gRPC address in addrs
+// (comma-separated, plaintext), and what closes their connections.
+func routerClients(addrs string) ([]bench.Inferer, func(), error) {
+	var out []bench.Inferer
+	var conns []*grpc.ClientConn
+	closeAll := func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	for _, a := range strings.Split(addrs, ",") {
+		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		conns = append(conns, conn)
+		out = append(out, kserveClient(conn))
+	}
+	return out, closeAll, nil
 }

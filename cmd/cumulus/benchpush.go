@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -46,14 +45,11 @@ the answer's p99 ≤ 2s.`,
 			}
 			defer conn.Close()
 			o.Client, o.Token = pushpb.NewPushClient(conn), token
-			for _, a := range strings.Split(routers, ",") {
-				rc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
-				if err != nil {
-					return err
-				}
-				defer rc.Close()
-				o.Routers = append(o.Routers, kserveClient(rc))
+			var closeRouters func()
+			if o.Routers, closeRouters, err = routerClients(routers); err != nil {
+				return err
 			}
+			defer closeRouters()
 			fmt.Printf("pushing %d producer(s) × %.0f batches/s × %d keys to %s for %s; %d router(s)\n", max(o.Producers, 1), o.Rate, o.Keys, o.Model, o.Duration, len(o.Routers))
 			r, err := bench.Push(cmd.Context(), o, os.Stdout)
 			s := r.Summarize()
