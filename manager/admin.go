@@ -67,6 +67,8 @@ const maxAdminBody = 64 << 10
 
 // ServeAdmin starts the admin API of m on opts.Addr:
 //
+//	GET    /console/                          the operator console (console.go; its files need no token)
+//	GET    /admin/v1/console[?model=NAME]     what the console shows, in one answer
 //	GET    /admin/v1/models
 //	GET    /admin/v1/models/{name}
 //	POST   /admin/v1/models/{name}/rollback   {"to": V} optional
@@ -94,12 +96,14 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	a := &admin{m: m, opts: opts}
+	a := &admin{m: m, opts: opts, traffic: newTrafficReader(trafficTLS(m.opts.ShardTLS))}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	if opts.Gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
 	}
+	handleConsole(mux)
+	mux.HandleFunc("GET /admin/v1/console", a.auth(a.console))
 	mux.HandleFunc("GET /admin/v1/models", a.auth(a.models))
 	mux.HandleFunc("GET /admin/v1/models/{name}", a.auth(a.model))
 	mux.HandleFunc("POST /admin/v1/models/{name}/rollback", a.auth(a.rollback))
@@ -132,7 +136,7 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no admin call %s %s", r.Method, r.URL.Path))
 	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no such path %s (the admin API is under /admin/v1/)", r.URL.Path))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such path %s (the admin API is under /admin/v1/, the console at /console/)", r.URL.Path))
 	})
 	var tc *tls.Config
 	if opts.TLS != nil {
@@ -142,12 +146,19 @@ func (m *Manager) ServeAdmin(opts AdminOptions) (*AdminServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("manager: admin API: %w", err)
 	}
+	raftAddr := ""
+	if m.group != nil {
+		raftAddr = m.group.Addr()
+	}
+	u := adminURL(s.Addr(), tc != nil, raftAddr)
+	m.adminURL.Store(&u)
 	return s, nil
 }
 
 type admin struct {
-	m    *Manager
-	opts AdminOptions
+	m       *Manager
+	opts    AdminOptions
+	traffic *trafficReader
 }
 
 // auth refuses a call without the right bearer token; it changes
@@ -208,6 +219,12 @@ type VersionDetail struct {
 	Bytes   int64  `json:"bytes,omitempty"`
 	// Gates are the validation gates' outcomes.
 	Gates []GateResult `json:"gates,omitempty"`
+	// Accepted: an operator accepted it despite failed gates.
+	Accepted *Acceptance `json:"accepted,omitempty"`
+	// Created is its publication time (its manifest's word), LiveAt when
+	// it last went live.
+	Created time.Time `json:"created,omitzero"`
+	LiveAt  time.Time `json:"live_at,omitzero"`
 }
 
 // Rollout is how far the staged version has loaded.
@@ -274,7 +291,8 @@ func (a *admin) models(w http.ResponseWriter, _ *http.Request) {
 func detail(st *State, m *ModelState) ModelDetail {
 	d := ModelDetail{ModelSummary: summary(m), Versions: []VersionDetail{}, Shards: []ShardDetail{}}
 	for _, v := range m.Versions {
-		d.Versions = append(d.Versions, VersionDetail{Version: v.Version, Kind: v.Kind, Parent: v.Parent, Phase: v.Phase, Reason: v.Reason, Bytes: v.Bytes, Gates: v.Gates})
+		d.Versions = append(d.Versions, VersionDetail{Version: v.Version, Kind: v.Kind, Parent: v.Parent, Phase: v.Phase, Reason: v.Reason, Bytes: v.Bytes, Gates: v.Gates,
+			Accepted: v.Accepted, Created: v.Created, LiveAt: v.LiveAt})
 	}
 	if m.Staged != 0 {
 		d.Rollout = &Rollout{Version: m.Staged}
@@ -598,11 +616,16 @@ type ShardSummary struct {
 	Budget   int64 `json:"budget,omitempty"`
 	// Held is the partitions it reports loaded, every model and version.
 	Held int `json:"held"`
+	// Errors are the loads it reports failing ("model/version/part:
+	// why"); Mismatched the versions ("model@version") it reports content
+	// of other than validated (it is assigned none of those models).
+	Errors     []string `json:"errors,omitempty"`
+	Mismatched []string `json:"mismatched,omitempty"`
 }
 
 // shardList lists the registered and the cordoned shards of st, each in
 // the state state gives.
-func shardList(st *State, state func(id string) string) any {
+func shardList(st *State, state func(id string) string) shardsAnswer {
 	ids := slices.Sorted(maps.Keys(st.Shards))
 	for _, id := range st.Cordoned {
 		if _, ok := st.Shards[id]; !ok {
@@ -611,11 +634,19 @@ func shardList(st *State, state func(id string) string) any {
 	}
 	slices.Sort(ids)
 	replicas, bytes := st.assigned()
+	mismatched := map[string][]string{}
+	for _, name := range slices.Sorted(maps.Keys(st.Models)) {
+		for id, vs := range st.Mismatches(name) {
+			for _, v := range vs {
+				mismatched[id] = append(mismatched[id], fmt.Sprintf("%s@%d", name, v))
+			}
+		}
+	}
 	out := []ShardSummary{}
 	for _, id := range ids {
 		si := st.Shards[id]
 		s := ShardSummary{ID: id, Addr: si.Addr, Zone: si.Zone, Weight: cmp.Or(si.Weight, 1), State: state(id), Budget: si.Budget,
-			Assigned: replicas[id], Bytes: bytes[id]}
+			Assigned: replicas[id], Bytes: bytes[id], Errors: si.Errors, Mismatched: mismatched[id]}
 		for _, m := range st.Models {
 			for _, v := range m.kept() {
 				s.Held += heldCount(si, m, m.version(v))
@@ -623,9 +654,12 @@ func shardList(st *State, state func(id string) string) any {
 		}
 		out = append(out, s)
 	}
-	return struct {
-		Shards []ShardSummary `json:"shards"`
-	}{out}
+	return shardsAnswer{out}
+}
+
+// shardsAnswer is GET /admin/v1/shards.
+type shardsAnswer struct {
+	Shards []ShardSummary `json:"shards"`
 }
 
 func (a *admin) shards(w http.ResponseWriter, _ *http.Request) {

@@ -84,6 +84,9 @@ func Decide(s *State, ev Event, p Policy) (*State, []Action, error) {
 		if m := n.Models[name]; m != nil {
 			n.settle(m, p)
 			m.count(s.Models[name])
+			if was := s.Models[name]; (was == nil || was.Live != m.Live) && m.Live != 0 && !p.Now.IsZero() {
+				m.version(m.Live).LiveAt = p.Now
+			}
 		}
 	}
 	acts = append(acts, n.pending...)

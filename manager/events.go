@@ -51,6 +51,7 @@ type Checked struct {
 	Bytes   int64
 	Gates   []GateResult // the gates that ran
 	Golden  bool         // the version has golden requests
+	Created time.Time    // its manifest's publication time (zero: none)
 }
 
 // ShardsChanged carries the shards' latest registrations.

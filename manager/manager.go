@@ -246,16 +246,17 @@ type Manager struct {
 	st       store
 	commands chan request
 	rescan   chan struct{}
-	news     chan struct{} // a new version may be in the repository: a quick scan
-	reload   chan struct{} // another manager wrote the state
-	elected  chan bool     // the election's news: true on winning, false on losing
-	stopped  chan struct{} // closed when the loop returns
-	leading  atomic.Bool   // whether this manager acts (loop goroutine writes)
-	acting   atomic.Bool   // it leads and has scanned the repository since it came to
-	reign    atomic.Uint64 // times acting was set: what the push server's windows belong to
-	results  chan Event    // from the validator, one version at a time
-	gates    chan RunGates // to the gate runner
-	gr       gateRouter    // the gate runner's
+	news     chan struct{}          // a new version may be in the repository: a quick scan
+	reload   chan struct{}          // another manager wrote the state
+	elected  chan bool              // the election's news: true on winning, false on losing
+	stopped  chan struct{}          // closed when the loop returns
+	leading  atomic.Bool            // whether this manager acts (loop goroutine writes)
+	adminURL atomic.Pointer[string] // its console's URL, once ServeAdmin serves it
+	acting   atomic.Bool            // it leads and has scanned the repository since it came to
+	reign    atomic.Uint64          // times acting was set: what the push server's windows belong to
+	results  chan Event             // from the validator, one version at a time
+	gates    chan RunGates          // to the gate runner
+	gr       gateRouter             // the gate runner's
 	queue    validateQueue
 	cancel   context.CancelFunc
 	done     sync.WaitGroup

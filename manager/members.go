@@ -31,6 +31,10 @@ type MemberRecord struct {
 	// 1). The leader writes patches (schema 2) once every member of the
 	// group reads them.
 	Entries int `json:"entries,omitempty"`
+	// Admin is the URL of its console (its admin API's /console/), so
+	// that a follower's console links to the leader's. (Added without
+	// raising the schema: older readers ignore it.)
+	Admin string `json:"admin,omitempty"`
 }
 
 // memberRecordSchema is MemberRecord's schema (topo.Schema's rule).
@@ -41,6 +45,9 @@ func (m *Manager) membersPrefix() string { return m.opts.Cluster.ManagerPrefix()
 // self is this member's record now.
 func (m *Manager) self() MemberRecord {
 	r := MemberRecord{Schema: memberRecordSchema, ID: m.group.ID(), Raft: m.group.Addr(), Entries: raftEntrySchema}
+	if u := m.adminURL.Load(); u != nil {
+		r.Admin = *u
+	}
 	if ms, err := m.group.Members(); err == nil {
 		for _, s := range ms {
 			if s.Self {
@@ -122,6 +129,8 @@ type Member struct {
 	Term     uint64 `json:"term,omitempty"`
 	Applied  uint64 `json:"applied,omitempty"`
 	Reported bool   `json:"reported"`
+	// Admin is its console's URL, as its record says.
+	Admin string `json:"admin,omitempty"`
 }
 
 // MemberChange is the body of POST /admin/v1/managers.
@@ -205,7 +214,7 @@ func (m *Manager) members(ctx context.Context) ([]Member, error) {
 		// account for the term and applied index.
 		mb := Member{ID: s.ID, Raft: s.Addr, Voter: s.Voter, Role: s.Role}
 		if r, ok := records[s.ID]; ok {
-			mb.Term, mb.Applied, mb.Reported = r.Term, r.Applied, true
+			mb.Term, mb.Applied, mb.Reported, mb.Admin = r.Term, r.Applied, true, r.Admin
 			if s.Self {
 				mb.Role = r.Role
 			}

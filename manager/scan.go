@@ -127,5 +127,10 @@ func validate(repo loader.Repo, v Validate) Checked {
 		out.Bytes += f.Size
 	}
 	_, out.Golden = m.Extra(codec.RoleGolden)
+	// When it was published, as its publisher says (shown, not trusted:
+	// a time that does not parse, or from the future, is left out).
+	if t, err := time.Parse(time.RFC3339, m.Created); err == nil && !t.After(time.Now().Add(time.Minute)) {
+		out.Created = t.UTC()
+	}
 	return out
 }

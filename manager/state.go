@@ -84,6 +84,10 @@ type Version struct {
 	// PushedAt, on a delta sealed from pushes (push.go), is when it was
 	// sealed (its newest mark's time; zero: not a push).
 	PushedAt time.Time `json:"pushed_at,omitzero"`
+	// Created is when it was published, as its manifest says (shown by
+	// the console; zero: unknown). LiveAt is when it last went live.
+	Created time.Time `json:"created,omitzero"`
+	LiveAt  time.Time `json:"live_at,omitzero"`
 	// Golden: the version has golden requests of its own
 	// (golden.jsonl), which the golden gate sends.
 	Golden bool `json:"golden,omitempty"`

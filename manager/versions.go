@@ -117,7 +117,7 @@ func (s *State) checked(ev Checked) {
 	if !v.Phase.pending() {
 		return
 	}
-	v.Checked, v.Gates, v.Golden = ev.Files, ev.Gates, ev.Golden
+	v.Checked, v.Gates, v.Golden, v.Created = ev.Files, ev.Gates, ev.Golden, ev.Created
 	if ev.Err != "" {
 		v.Phase, v.Reason, v.Info = PhaseRejected, ev.Err, nil
 		return

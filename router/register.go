@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
+	"net/url"
 	"os"
 	"slices"
 	"sync/atomic"
@@ -80,11 +82,61 @@ func (r *Router) setRegistration(v string) {
 	}
 }
 
+// SetMetrics says, in the router's registration, where its Prometheus
+// metrics are served (a URL, "http://HOST:PORT/metrics"): the managers
+// read them for the console. A host of 0.0.0.0 or [::] is replaced by
+// this machine's first address that is not a loopback one.
+func (r *Router) SetMetrics(u string) {
+	u = ReachableURL(u)
+	r.metrics.Store(&u)
+	r.regMu.Lock()
+	defer r.regMu.Unlock()
+	var info topo.RouterInfo
+	if err := json.Unmarshal([]byte(r.regValue), &info); err != nil {
+		return // not ours: cannot happen
+	}
+	info.Metrics = u
+	b, _ := json.Marshal(info)
+	r.regValue = string(b)
+	if r.reg != nil {
+		r.reg.Set(r.regValue)
+	}
+}
+
+// ReachableURL replaces an unspecified host (0.0.0.0, [::]) in URL u
+// by this machine's first address that is not a loopback one, so that
+// other machines can reach it; u is returned as it is otherwise.
+func ReachableURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return u
+	}
+	host, port, err := net.SplitHostPort(p.Host)
+	if err != nil {
+		return u
+	}
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return u
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() {
+			p.Host = net.JoinHostPort(n.IP.String(), port)
+			return p.String()
+		}
+	}
+	p.Host = net.JoinHostPort("127.0.0.1", port)
+	return p.String()
+}
+
 // registration is what the router says of itself given the serving map
 // and the dense parts it holds.
 func (r *Router) registration(assigns map[string]topo.Assignment, dense *denseCache) string {
 	info := topo.RouterInfo{Schema: topo.RouterInfoSchema, ID: r.opts.ID, Addr: r.opts.Advertise, Build: r.opts.Build,
 		Scores: map[string][]uint64{}, Seen: map[string]uint64{}}
+	if u := r.metrics.Load(); u != nil {
+		info.Metrics = *u
+	}
 	held := dense.held()
 	for _, name := range slices.Sorted(maps.Keys(assigns)) {
 		a := assigns[name]

@@ -172,9 +172,10 @@ type Router struct {
 	retries  *prometheus.CounterVec
 	hedges   struct{ sent, won, overBudget prometheus.Counter }
 	regMu    sync.Mutex
-	reg      *topo.Registration // nil until registered
-	regValue string             // what to register: the latest registration
-	tracks   *tracks            // the watch goroutine's
+	reg      *topo.Registration     // nil until registered
+	regValue string                 // what to register: the latest registration
+	metrics  atomic.Pointer[string] // the URL of its metrics (SetMetrics)
+	tracks   *tracks                // the watch goroutine's
 }
 
 // Start begins watching etcd. It returns at once; Ready reports when

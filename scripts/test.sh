@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests use
 # (LIBLINEAR, Redis, PyTorch and, for the network-namespace cluster, etcd,
-# iproute2, curl and openssl from Debian; grpcurl and staticcheck from the
+# iproute2, curl and openssl from Debian; chromium for the console's
+# browser test; grpcurl and staticcheck from the
 # Go module proxy), checks formatting and lints, then runs every Go test.
 # CUMULUS_REQUIRE_TOOLS=1 makes tests that need those tools fail, rather
 # than skip, when a tool is missing.
@@ -16,6 +17,7 @@ command -v etcd >/dev/null || need_apt+=(etcd-server)
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v openssl >/dev/null || need_apt+=(openssl)
+command -v chromium >/dev/null || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (Debian)"
   export DEBIAN_FRONTEND=noninteractive

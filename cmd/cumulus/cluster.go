@@ -29,17 +29,18 @@ import (
 const probeUsage = "plain HTTP address (no token, no client certificate) for Kubernetes' probes and scrapers: GET /healthz (alive), /readyz (ready to serve; the manager: etcd answers it; a shard: it holds what the map assigns it) and /metrics (default: none)"
 
 // serveProbes serves adminhttp.Probes on addr (none if empty) and prints
-// its address; stop stops it.
-func serveProbes(addr string, ready func(context.Context) error, who string) (stop func(), err error) {
+// its address; stop stops it. served is the address it listens on ("":
+// none).
+func serveProbes(addr string, ready func(context.Context) error, who string) (stop func(), served string, err error) {
 	if addr == "" {
-		return func() {}, nil
+		return func() {}, "", nil
 	}
 	p, err := adminhttp.Serve(addr, adminhttp.Probes(ready, prometheus.DefaultGatherer), 30*time.Second, nil, who)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	fmt.Printf("probes: http://%s\n", p.Addr())
-	return p.Close, nil
+	return p.Close, p.Addr(), nil
 }
 
 // defaultLoadRate is --load-rate's default (see shard.Options.LoadRate):
@@ -126,7 +127,7 @@ the probes and /metrics alone, in plain HTTP whatever the TLS flags.`,
 				defer h.Close()
 				fmt.Printf("http: %s://%s\n", scheme, h.Addr())
 			}
-			stopProbes, err := serveProbes(probeAddr, s.CheckReady, "shard probes")
+			stopProbes, _, err := serveProbes(probeAddr, s.CheckReady, "shard probes")
 			if err != nil {
 				return err
 			}
@@ -282,11 +283,18 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 				scheme = "https"
 			}
 			fmt.Printf("http: %s://%s\ngrpc: %s\n", scheme, srv.HTTPAddr(), srv.GRPCAddr())
-			stopProbes, err := serveProbes(probeAddr, srv.Ready, "router probes")
+			stopProbes, probes, err := serveProbes(probeAddr, srv.Ready, "router probes")
 			if err != nil {
 				return err
 			}
 			defer stopProbes()
+			// Where the managers read its metrics (the console's traffic):
+			// the probes' plain HTTP if served, else the front's /metrics.
+			if probes != "" {
+				r.SetMetrics("http://" + probes + "/metrics")
+			} else {
+				r.SetMetrics(scheme + "://" + srv.HTTPAddr() + "/metrics")
+			}
 			ctx, cancel := drain.await(cmd.Context())
 			defer cancel()
 			return srv.Drain(ctx)
@@ -387,7 +395,7 @@ func managerCommand() *cobra.Command {
 			if g := m.Group(); g != nil {
 				fmt.Printf("raft: %s at %s\n", g.ID(), g.Addr())
 			}
-			stopProbes, err := serveProbes(probeAddr, m.Ready, "manager probes")
+			stopProbes, _, err := serveProbes(probeAddr, m.Ready, "manager probes")
 			if err != nil {
 				return err
 			}

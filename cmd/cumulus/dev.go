@@ -159,7 +159,9 @@ localhost, serves every model in --repo (or a generated demo model when no
 				op := pki.operator
 				fmt.Printf("tls: --tls-ca %s --tls-cert %s --tls-key %s\n", op.CA, op.Cert, op.Key)
 			}
+			c.Router.SetMetrics(scheme + "://" + srv.HTTPAddr() + "/metrics")
 			fmt.Printf("http: %s://%s\n", scheme, srv.HTTPAddr())
+			fmt.Printf("console: %s://%s/console/ (the admin token below)\n", scheme, adm.Addr())
 			fmt.Printf("grpc: %s\n", srv.GRPCAddr())
 			fmt.Printf("admin: %s://%s token %s\n", scheme, adm.Addr(), token)
 			if ps != nil {

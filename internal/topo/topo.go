@@ -131,6 +131,10 @@ type RouterInfo struct {
 	Cannot []Unscorable `json:"cannot,omitempty"`
 	// Seen is, per model, the Seq of the serving map record it has read.
 	Seen map[string]uint64 `json:"seen,omitempty"`
+	// Metrics is the URL of its Prometheus metrics (GET), which the
+	// managers read for the console's traffic figures; "" if it serves
+	// none. (Added without raising the schema: older readers ignore it.)
+	Metrics string `json:"metrics,omitempty"`
 }
 
 // Unscorable is a version a router cannot score, and why.
