@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
@@ -28,7 +32,7 @@ const hostile = `<img src=x onerror="window.__pwned=1"><script>window.__pwned=2<
 // test if chromium is missing and CUMULUS_REQUIRE_TOOLS is set, and
 // skips it otherwise. problems collects the page's exceptions and the
 // console errors it logs (CSP violations among them).
-func browser(t *testing.T) (ctx context.Context, problems func() []string) {
+func browser(t testing.TB) (ctx context.Context, problems func() []string) {
 	t.Helper()
 	path, err := exec.LookPath("chromium")
 	if err != nil {
@@ -72,7 +76,7 @@ func browser(t *testing.T) (ctx context.Context, problems func() []string) {
 }
 
 // step runs actions with a deadline, failing the test with what.
-func step(t *testing.T, ctx context.Context, what string, actions ...chromedp.Action[chromedp.Void]) {
+func step(t testing.TB, ctx context.Context, what string, actions ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
 	c, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
@@ -165,7 +169,34 @@ func TestConsole(t *testing.T) {
 	gen("2")
 	step(t, ctx, "version 2 live", until(text(live)+` === "2"`))
 	step(t, ctx, "open the model", chromedp.Click(chromedp.CSS(`[data-key="model:demo"]`)), until(text(`[data-field="detail-live"]`)+` === "2"`))
+
+	// Traffic: predict calls through the router show as its rate and
+	// p99, which the manager reads from the router's metrics.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		body := `{"inputs": [{"name": "ids", "datatype": "INT64", "shape": [5], "data": [1, 2, 3, 10, 20]},
+			{"name": "row_splits", "datatype": "INT64", "shape": [3], "data": [0, 3, 5]}]}`
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			resp, err := http.Post("http://"+dev.out["http: http://"]+"/v2/models/demo/infer", "application/json", strings.NewReader(body))
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+	}()
+	step(t, ctx, "traffic shown", until(text(`tr[data-model="demo"] [data-field="traffic-stable"]`)+`.includes("p99 ") && !`+
+		text(`tr[data-model="demo"] [data-field="traffic-stable"]`)+`.startsWith("0/s")`))
 	shot("console-model")
+	close(stop)
+	wg.Wait()
 
 	// A version the validator refuses: its reason, markup, is shown as
 	// text, and no element is made from it.
@@ -242,5 +273,79 @@ func TestConsole(t *testing.T) {
 
 	if p := problems(); len(p) > 0 {
 		t.Errorf("the page logged errors (a CSP violation, an exception):\n%s", strings.Join(p, "\n"))
+	}
+}
+
+// BenchmarkConsoleAtScale measures the console against a dev cluster
+// serving 50 models, one of them in 4,096 partitions, as the browser
+// measures it: the first render after a load (the token kept), the
+// longest render of a poll and the longest task (anything that held the
+// page's main thread over 50 ms) while the big model's view updates
+// for 5 seconds.
+//
+//	go test -run '^$' -bench ConsoleAtScale -benchtime 1x ./cmd/cumulus
+func BenchmarkConsoleAtScale(b *testing.B) {
+	ctx, problems := browser(b)
+	dir := b.TempDir()
+	repo := filepath.Join(dir, "repo")
+	gen := func(name string, params, partitions int) {
+		out, err := cumulus("model", "gen", "--repo", repo, "--name", name, "--params", fmt.Sprint(params), "--partitions", fmt.Sprint(partitions), "--log-level", "warn").CombinedOutput()
+		if err != nil {
+			b.Fatalf("model gen: %v\n%s", err, out)
+		}
+	}
+	gen("big", 200_000, 4096)
+	for i := range 49 {
+		gen(fmt.Sprintf("m%02d", i), 2000, 8)
+	}
+	dev := startProcess(b, []string{"admin: http://", "console: ", "ready"}, "dev", "--repo", repo, "--shards", "8",
+		"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--admin-token", "t", "--log-level", "warn")
+	consoleURL, _, _ := strings.Cut(dev.out["console: "], " ")
+	// Long tasks are observed from the document's start (a script the
+	// browser adds, outside the page's CSP).
+	if _, err := chromedp.Call(ctx, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: `
+		window.__long = [];
+		new PerformanceObserver((l) => { for (const e of l.getEntries()) window.__long.push(e.duration); }).observe({ type: "longtask", buffered: true });`}); err != nil {
+		b.Fatal(err)
+	}
+	big := `tr[data-model="big"] [data-field="live"]`
+	step(b, ctx, "sign in", chromedp.Navigate(consoleURL), chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.SendKeys(chromedp.ID("token"), "t"), chromedp.Click(chromedp.ID("login-button")), until(text(big)+` === "1"`))
+	var first, longest, render []float64
+	for i := 0; i < b.N; i++ {
+		step(b, ctx, "reload", chromedp.Reload(), until(text(big)+` === "1"`),
+			chromedp.Click(chromedp.CSS(`[data-key="model:big"]`)), until(`document.querySelector('canvas.map') !== null`))
+		f, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`performance.getEntriesByName("cumulus-console-rendered")[0].startTime`))
+		if err != nil {
+			b.Fatal(err)
+		}
+		step(b, ctx, "updates", chromedp.Poll[chromedp.Void](`performance.getEntriesByName("cumulus-render").length >= 8`, chromedp.WithPollingTimeout(30*time.Second)))
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`[Math.max(0, ...window.__long), Math.max(...performance.getEntriesByName("cumulus-render").map((e) => e.duration)), document.querySelectorAll("#models tbody tr").length, document.querySelector("canvas.map").width]`))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got[2] != 50 || got[3] != 128*6 {
+			b.Fatalf("%v model rows, a map %v pixels wide; want 50, and 4,096 partitions in 128 columns of 6 pixels", got[2], got[3])
+		}
+		first, longest, render = append(first, f), append(longest, got[0]), append(render, got[1])
+		if dir := os.Getenv("CUMULUS_CONSOLE_SCREENSHOTS"); dir != "" {
+			png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, "console-4096.png"), png, 0o644)
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(slices.Max(first), "first-render-ms")
+	b.ReportMetric(slices.Max(render), "max-render-ms")
+	b.ReportMetric(slices.Max(longest), "max-long-task-ms")
+	if os.Getenv("CUMULUS_CHECK_LONGTASK") == "1" {
+		lt, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`new Promise((ok) => { setTimeout(() => { const t = performance.now(); while (performance.now() - t < 150) {} setTimeout(() => ok(Math.max(0, ...window.__long)), 100); }, 0); })`, chromedp.EvalAwaitPromise))
+		b.Logf("a 150 ms busy loop observed as a long task of %v ms (%v)", lt, err)
+	}
+	if p := problems(); len(p) > 0 {
+		b.Errorf("the page logged errors:\n%s", strings.Join(p, "\n"))
 	}
 }

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/manager"
 )
 
 // freeAddrs picks n loopback addresses no one listens on now (for a raft
@@ -106,6 +109,47 @@ func TestRaftManagerFailover(t *testing.T) {
 	waitRouterReady(t, rt.out["http: http://"])
 	load := startCheckedLoad(t, rt.out["grpc: "], 4)
 	load.await(t, 100)
+
+	// The console: a follower's names the leader and links to its
+	// console; the leader's shows the router's traffic, read from the
+	// metrics address the router registered.
+	consoleView := func(id string) manager.ConsoleView {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "http://"+admins[id]+"/admin/v1/console", nil)
+		req.Header.Set("Authorization", "Bearer t")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v manager.ConsoleView
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for id := range managers {
+		if id == l {
+			continue
+		}
+		testenv.Eventually(t, 10*time.Second, func() error {
+			v := consoleView(id)
+			if v.Manager.Leading || v.Manager.Leader != l || v.Manager.LeaderAdmin != "http://"+admins[l]+"/console/" || len(v.Members) != 3 {
+				return fmt.Errorf("follower %s's console: %+v, %d members; want leader %s at http://%s/console/", id, v.Manager, len(v.Members), l, admins[l])
+			}
+			return nil
+		})
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		v := consoleView(l)
+		if len(v.Routers) != 1 || v.Routers[0].Metrics != "http://"+rt.out["http: http://"]+"/metrics" {
+			return fmt.Errorf("routers %+v", v.Routers)
+		}
+		if len(v.Traffic) == 0 || v.Traffic[0].Model != "ctr" || v.Traffic[0].QPS <= 0 || v.Traffic[0].P99 <= 0 {
+			return fmt.Errorf("traffic %+v", v.Traffic)
+		}
+		return nil
+	})
 
 	// An acknowledged change, then a rollout under way.
 	if out, err := admin(l, "cordon", "ghost"); err != nil {

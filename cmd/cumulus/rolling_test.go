@@ -258,7 +258,7 @@ type process struct {
 // startProcess runs cumulus with args and waits until it has printed a
 // line starting with each of prefixes. It is killed when the test ends,
 // if it is still running.
-func startProcess(t *testing.T, prefixes []string, args ...string) *process {
+func startProcess(t testing.TB, prefixes []string, args ...string) *process {
 	t.Helper()
 	p := &process{cmd: cumulus(args...), out: map[string]string{}, stderr: &syncBuffer{}, exited: make(chan error, 1)}
 	stdout, _ := p.cmd.StdoutPipe()

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,6 +22,7 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/lograte"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
+	"github.com/cumulus-serving/cumulus/manager"
 )
 
 // TestMutualTLSEndToEnd runs a shard, a manager and a router as separate
@@ -258,6 +261,47 @@ func TestDevTLS(t *testing.T) {
 	}
 	if out, err := cumulus("admin", "models", "--addr", admin, "--admin-token", "t").CombinedOutput(); err == nil {
 		t.Errorf("a plaintext admin call was answered: %s", out)
+	}
+
+	// The console is served under the admin API's mutual TLS: to a client
+	// presenting an operator's certificate (as a browser does, once the
+	// certificate is installed), not to one presenting none. Its traffic
+	// figures come from the router's metrics, read over TLS.
+	op, err := tlsconf.Load(t.Context(), tlsconf.Files{CA: tlsArgs[1], Cert: tlsArgs[3], Key: tlsArgs[5]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _, _ := net.SplitHostPort(admin)
+	withCert := &http.Client{Transport: &http.Transport{TLSClientConfig: op.Client(host)}}
+	resp, err := withCert.Get("https://" + admin + "/console/")
+	if err != nil || resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Security-Policy"), "script-src 'self'") {
+		t.Fatalf("the console to an operator's certificate: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		req, _ := http.NewRequest(http.MethodGet, "https://"+admin+"/admin/v1/console", nil)
+		req.Header.Set("Authorization", "Bearer t")
+		resp, err := withCert.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var v manager.ConsoleView
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+			return err
+		}
+		if len(v.Routers) != 1 || !strings.HasPrefix(v.Routers[0].Metrics, "https://") || v.Routers[0].MetricsError != "" || len(v.Traffic) == 0 {
+			return fmt.Errorf("routers %+v, traffic %+v", v.Routers, v.Traffic)
+		}
+		return nil
+	})
+	noCert, err := tlsconf.Load(t.Context(), tlsconf.Files{CA: tlsArgs[1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: noCert.Client(host)}}).Get("https://" + admin + "/console/"); err == nil {
+		resp.Body.Close()
+		t.Errorf("the console answered a client without a certificate: %s", resp.Status)
 	}
 
 	// etcd too: a shard process with dev's files for etcd (etcd.pem) and

@@ -113,6 +113,7 @@ function draw(id, key, build) {
 function render() {
   const d = state.data;
   if (!d) return;
+  const start = performance.now();
   const leading = d.manager.leading;
   const leader = $('leader');
   if (leading) {
@@ -135,6 +136,8 @@ function render() {
   if (view === 'managers') renderManagers(d);
   if (view === 'plan') renderPlan(d);
   if (view === 'audit') renderAudit();
+  // For whoever measures the console (the browser test and benchmark).
+  performance.measure('cumulus-render', { start });
   if (state.firstRender) {
     state.firstRender = false;
     performance.mark('cumulus-console-rendered');
@@ -153,9 +156,9 @@ function traffic(d, model, track) {
   return (d.traffic || []).find((t) => t.model === model && t.track === track);
 }
 
-function trafficCell(t) {
-  if (!t) return el('td', { class: 'muted' }, '—');
-  return el('td', { class: 'num' }, rate(t.qps) + '/s · p99 ' + (ms(t.p99) || '—') + (t.errors > 0 ? ' · ' : ''),
+function trafficCell(t, field) {
+  if (!t) return el('td', { class: 'muted', 'data-field': field }, '—');
+  return el('td', { class: 'num', 'data-field': field }, rate(t.qps) + '/s · p99 ' + (ms(t.p99) || '—') + (t.errors > 0 ? ' · ' : ''),
     t.errors > 0 ? el('span', { class: 'error' }, rate(t.errors) + ' err/s') : null);
 }
 
@@ -174,13 +177,14 @@ function renderModels(d) {
     td(m.pin || '—'),
     num(m.versions), num(m.rejected || 0, { class: m.rejected ? 'num error' : 'num' }),
     td(age(m.live_created)), td(age(m.live_created, m.live_at)),
-    trafficCell(traffic(d, m.name, 'stable')), trafficCell(traffic(d, m.name, 'canary')),
+    trafficCell(traffic(d, m.name, 'stable'), 'traffic-stable'), trafficCell(traffic(d, m.name, 'canary'), 'traffic-canary'),
   )), { label: 'Models', empty: 'No models: publish one (cumulus model gen|import) to the repository.' }));
 }
 
 function selectModel(name) {
   state.model = name;
   state.rendered = {};
+  state.showDetail = true;
   refresh();
 }
 
@@ -281,7 +285,7 @@ function renderModel(d) {
     const audit = m.audit.slice(0, 20).map((e) => el('tr', null, td(stamp(e.time)), td(e.op), td(e.version || ''), td(e.from || ''),
       el('td', { class: 'wrap' }, e.reason ? e.reason + ' — ' : '', e.result)));
     return el('div', { 'data-detail': m.name },
-      el('h2', null, 'Model ', m.name),
+      el('h2', { 'data-key': 'detail-heading', tabindex: -1 }, 'Model ', m.name),
       el('p', null, 'Live ', el('strong', { 'data-field': 'detail-live' }, m.live || 'none'),
         m.pin ? ' · pinned to ' + m.pin : '', m.staged ? ' · staged ' + m.staged : '',
         m.canary ? ' · canary ' + m.canary.version + ' at ' + Math.round(m.canary.fraction * 100) + '%' : '',
@@ -308,6 +312,13 @@ function renderModel(d) {
   // Widths from data are set as style properties (the CSP forbids
   // inline style attributes).
   for (const f of $('model').querySelectorAll('.fill[data-width]')) f.style.width = f.getAttribute('data-width') + '%';
+  if (state.showDetail) {
+    // The model just chosen: bring its view to the eye and the focus.
+    state.showDetail = false;
+    const h = $('model').querySelector('h2');
+    h.scrollIntoView({ block: 'start' });
+    h.focus({ preventScroll: true });
+  }
 }
 
 function pct(a, b) { return b ? Math.round((100 * a) / b) : 0; }
@@ -359,12 +370,12 @@ function renderShards(d) {
   const key = JSON.stringify([d.shards, d.manager.leading]);
   draw('shards', key, () => {
     const t = table([{ title: 'Shard' }, { title: 'Address' }, { title: 'Zone' }, { title: 'Weight', num: true }, { title: 'State' },
-      { title: 'Memory (assigned / budget)' }, { title: 'Held / assigned', num: true }, { title: 'Problems' }, { title: 'Actions' }],
+      { title: 'Memory (assigned / budget)' }, { title: 'Held (kept versions) / assigned', num: true }, { title: 'Problems' }, { title: 'Actions' }],
     d.shards.map((s) => {
       const over = s.budget && s.bytes > s.budget;
       const cordoned = s.state !== 'active';
       return el('tr', { 'data-shard': s.id },
-        td(s.id), td(s.addr || 'not registered'), td(s.zone || ''), num(s.weight),
+        td(s.id), td(s.addr || 'not registered'), td(s.zone || ''), num(Number(s.weight.toFixed(2))),
         td(el('span', { class: 'state state-' + s.state, 'data-field': 'state' }, s.state)),
         el('td', null, s.budget ? el('span', { class: over ? 'bar over' : 'bar', role: 'img', 'aria-label': pct(s.bytes, s.budget) + '% of budget' },
           el('span', { class: 'fill', 'data-width': Math.min(100, pct(s.bytes, s.budget)) })) : null,
