@@ -383,6 +383,7 @@ func managerCommand() *cobra.Command {
 				scheme = "https"
 			}
 			fmt.Printf("admin: %s://%s\n", scheme, a.Addr())
+			fmt.Printf("console: %s://%s/console/\n", scheme, a.Addr())
 			if pushing {
 				popts.TLS = tlsSrc
 				ps, err := m.ServePush(popts)
