@@ -101,14 +101,7 @@ func TestConsole(t *testing.T) {
 	ctx, problems := browser(t)
 	dir := t.TempDir()
 	repo := filepath.Join(dir, "repo")
-	cli := func(args ...string) string {
-		t.Helper()
-		out, err := cumulus(args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("cumulus %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
+	cli := func(args ...string) string { t.Helper(); return mustRun(t, args...) }
 	gen := func(seed string) {
 		cli("model", "gen", "--repo", repo, "--name", "demo", "--params", "5000", "--partitions", "8", "--seed", seed, "--log-level", "warn")
 	}
@@ -289,10 +282,7 @@ func BenchmarkConsoleAtScale(b *testing.B) {
 	dir := b.TempDir()
 	repo := filepath.Join(dir, "repo")
 	gen := func(name string, params, partitions int) {
-		out, err := cumulus("model", "gen", "--repo", repo, "--name", name, "--params", fmt.Sprint(params), "--partitions", fmt.Sprint(partitions), "--log-level", "warn").CombinedOutput()
-		if err != nil {
-			b.Fatalf("model gen: %v\n%s", err, out)
-		}
+		mustRun(b, "model", "gen", "--repo", repo, "--name", name, "--params", fmt.Sprint(params), "--partitions", fmt.Sprint(partitions), "--log-level", "warn")
 	}
 	gen("big", 200_000, 4096)
 	for i := range 49 {

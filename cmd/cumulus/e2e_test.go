@@ -48,6 +48,17 @@ func cumulus(args ...string) *exec.Cmd {
 	return cmd
 }
 
+// mustRun runs cumulus with args to its end and returns its output,
+// failing the test if it fails.
+func mustRun(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := cumulus(args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("cumulus %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
 // devProcess is a running `cumulus dev`.
 type devProcess struct {
 	http, grpc, etcd string

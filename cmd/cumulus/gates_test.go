@@ -101,14 +101,7 @@ func TestGatesEndToEnd(t *testing.T) {
 		return l
 	}))
 	v1File, goldenFile := write("v1.tsv", fmTSV(v1)), write("golden.jsonl", lines(reqs, noneOf, noneOf))
-	cli := func(args ...string) string {
-		t.Helper()
-		out, err := cumulus(args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("cumulus %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
+	cli := func(args ...string) string { t.Helper(); return mustRun(t, args...) }
 	cli("model", "import", "--format", "tsv", "--name", "fm", "--repo", repo, "--partitions", "4", "--golden", goldenFile, v1File)
 	validator := write("validate", []byte("#!/bin/sh\nif grep -q refuse-me \"$1/manifest.json\"; then echo \"AUC 0.50 on last week\" >&2; exit 1; fi\n"))
 	os.Chmod(validator, 0o755)
