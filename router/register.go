@@ -76,10 +76,26 @@ func (r *Router) register(ctx context.Context) {
 func (r *Router) setRegistration(v string) {
 	r.regMu.Lock()
 	defer r.regMu.Unlock()
-	r.regValue = v
+	r.regValue = r.withMetrics(v)
 	if r.reg != nil {
-		r.reg.Set(v)
+		r.reg.Set(r.regValue)
 	}
+}
+
+// withMetrics is registration v saying where the router's metrics are
+// (SetMetrics), however long ago v was made.
+func (r *Router) withMetrics(v string) string {
+	u := r.metrics.Load()
+	if u == nil {
+		return v
+	}
+	var info topo.RouterInfo
+	if err := json.Unmarshal([]byte(v), &info); err != nil || info.Metrics == *u {
+		return v
+	}
+	info.Metrics = *u
+	b, _ := json.Marshal(info)
+	return string(b)
 }
 
 // SetMetrics says, in the router's registration, where its Prometheus
@@ -88,16 +104,12 @@ func (r *Router) setRegistration(v string) {
 // this machine's first address that is not a loopback one.
 func (r *Router) SetMetrics(u string) {
 	u = ReachableURL(u)
+	// Stored first: a registration made before, and set after, gets it
+	// too (setRegistration).
 	r.metrics.Store(&u)
 	r.regMu.Lock()
 	defer r.regMu.Unlock()
-	var info topo.RouterInfo
-	if err := json.Unmarshal([]byte(r.regValue), &info); err != nil {
-		return // not ours: cannot happen
-	}
-	info.Metrics = u
-	b, _ := json.Marshal(info)
-	r.regValue = string(b)
+	r.regValue = r.withMetrics(r.regValue)
 	if r.reg != nil {
 		r.reg.Set(r.regValue)
 	}
@@ -134,9 +146,6 @@ func ReachableURL(u string) string {
 func (r *Router) registration(assigns map[string]topo.Assignment, dense *denseCache) string {
 	info := topo.RouterInfo{Schema: topo.RouterInfoSchema, ID: r.opts.ID, Addr: r.opts.Advertise, Build: r.opts.Build,
 		Scores: map[string][]uint64{}, Seen: map[string]uint64{}}
-	if u := r.metrics.Load(); u != nil {
-		info.Metrics = *u
-	}
 	held := dense.held()
 	for _, name := range slices.Sorted(maps.Keys(assigns)) {
 		a := assigns[name]
