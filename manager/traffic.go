@@ -9,6 +9,8 @@ package manager
 // are a peer's report like any other.
 
 import (
+	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/tls"
@@ -33,8 +35,12 @@ import (
 )
 
 const (
-	// maxMetricsBytes bounds one router's metrics page.
+	// maxMetricsBytes bounds one router's metrics page, maxMetricsLine
+	// one line of it.
 	maxMetricsBytes = 8 << 20
+	maxMetricsLine  = 64 << 10
+	// maxMetricsReads bounds the routers read at once.
+	maxMetricsReads = 8
 	// maxTrafficSeries bounds the (model, track) pairs kept per router.
 	maxTrafficSeries = 4096
 	// trafficWindow is the span rates and quantiles are taken over.
@@ -78,12 +84,28 @@ type routerSample struct {
 // parseRouterMetrics reads the router families of a Prometheus text
 // page: cumulus_router_requests_total and cumulus_router_request_seconds.
 func parseRouterMetrics(r io.Reader) (map[trackKey]trackCounts, error) {
+	// Only the two families' lines reach the parser, which holds all it
+	// parses: a page's other families cost a read, not memory.
 	lr := &io.LimitedReader{R: r, N: maxMetricsBytes + 1}
-	parser := expfmt.NewTextParser(pmodel.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(lr)
+	sc := bufio.NewScanner(lr)
+	sc.Buffer(make([]byte, 0, 4096), maxMetricsLine)
+	var kept bytes.Buffer
+	for sc.Scan() {
+		line := sc.Bytes()
+		name := bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("# TYPE ")), []byte("# HELP "))
+		if bytes.HasPrefix(name, []byte("cumulus_router_requests_total")) || bytes.HasPrefix(name, []byte("cumulus_router_request_seconds")) {
+			kept.Write(line)
+			kept.WriteByte('\n')
+		}
+	}
 	if lr.N <= 0 {
 		return nil, fmt.Errorf("metrics page over %d bytes", maxMetricsBytes)
 	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("metrics page: %w", err)
+	}
+	parser := expfmt.NewTextParser(pmodel.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(&kept)
 	if err != nil {
 		return nil, fmt.Errorf("metrics page: %w", err)
 	}
@@ -353,6 +375,11 @@ func (t *trafficReader) sample(ctx context.Context, routers map[string]topo.Rout
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	out, errs := map[string]routerSample{}, map[string]string{}
+	// All of them within about a read's time: those not read by then
+	// wait for the next.
+	ctx, cancel := context.WithTimeout(ctx, metricsTimeout+500*time.Millisecond)
+	defer cancel()
+	sem := make(chan struct{}, maxMetricsReads)
 	for id, r := range routers {
 		if r.Metrics == "" {
 			continue
@@ -360,6 +387,15 @@ func (t *trafficReader) sample(ctx context.Context, routers map[string]topo.Rout
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+			case <-ctx.Done():
+				mu.Lock()
+				errs[id] = "not read: the other routers' reads took the time"
+				mu.Unlock()
+				return
+			}
 			tracks, err := t.get(ctx, r.Metrics)
 			mu.Lock()
 			defer mu.Unlock()

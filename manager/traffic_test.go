@@ -126,6 +126,7 @@ func TestRouterMetricsRefused(t *testing.T) {
 	for name, in := range map[string]string{
 		"garbage":   "cumulus_router_requests_total{model=\"m\" 1\n",
 		"oversized": "# " + strings.Repeat("x", maxMetricsBytes) + "\n",
+		"long line": "other_total{a=\"" + strings.Repeat("x", maxMetricsLine) + "\"} 1\n",
 	} {
 		if _, err := parseRouterMetrics(strings.NewReader(in)); err == nil {
 			t.Errorf("%s: accepted", name)
