@@ -181,8 +181,11 @@ type ModelSummary struct {
 	Pin        uint64   `json:"pin,omitempty"`
 	Canary     *Canary  `json:"canary,omitempty"`
 	Standby    []uint64 `json:"standby"`
-	Versions   int      `json:"versions"`
-	Rejected   int      `json:"rejected"`
+	// RollbackTo is the version a rollback naming none goes to (absent:
+	// none can).
+	RollbackTo uint64 `json:"rollback_to,omitempty"`
+	Versions   int    `json:"versions"`
+	Rejected   int    `json:"rejected"`
 	// HeldPushes, while a pin or a canary holds the model, is the delta
 	// its pushes are held in (push.go): served once the hold ends.
 	HeldPushes *HeldPushes `json:"held_pushes,omitempty"`
@@ -252,7 +255,7 @@ type ShardDetail struct {
 
 func summary(m *ModelState) ModelSummary {
 	s := ModelSummary{Name: m.Name, Partitions: m.Partitions, Live: m.Live, Staged: m.Staged, Pin: m.Pin,
-		Standby: m.Standby(), Versions: len(m.Versions), Canary: m.Canary}
+		Standby: m.Standby(), RollbackTo: m.RollbackTarget(), Versions: len(m.Versions), Canary: m.Canary}
 	for _, v := range m.Versions {
 		if v.Phase == PhaseRejected {
 			s.Rejected++

@@ -121,11 +121,9 @@ func (s *State) command(c Command) ([]Action, error) {
 		kept := m.Standby()
 		to := c.Version
 		if to == 0 {
-			loadable := slices.DeleteFunc(slices.Clone(kept), func(v uint64) bool { x := m.version(v); return x.Gone || x.Broken != "" })
-			if len(loadable) == 0 {
+			if to = m.RollbackTarget(); to == 0 {
 				return nil, fmt.Errorf("%w: model %s has no standby version to roll back to (live %d; standby that cannot be loaded: %s)", ErrConflict, m.Name, m.Live, list(kept))
 			}
-			to = loadable[0]
 		} else if !slices.Contains(kept, to) {
 			why := "it is not kept for rollback"
 			switch v := m.version(to); {

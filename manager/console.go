@@ -208,7 +208,7 @@ func (a *admin) console(w http.ResponseWriter, r *http.Request) {
 	v.Shards = shardList(st, a.m.ShardState).Shards
 	rs := a.m.Routers()
 	var errs map[string]string
-	v.Traffic, errs = a.traffic.read(r.Context(), rs, now)
+	v.Traffic, errs = a.traffic.read(r.Context(), rs, now, func(model string) bool { return st.Models[model] != nil })
 	for _, id := range slices.Sorted(maps.Keys(rs)) {
 		v.Routers = append(v.Routers, RouterView{RouterInfo: rs[id], MetricsError: errs[id]})
 	}

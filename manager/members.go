@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -214,7 +216,7 @@ func (m *Manager) members(ctx context.Context) ([]Member, error) {
 		// account for the term and applied index.
 		mb := Member{ID: s.ID, Raft: s.Addr, Voter: s.Voter, Role: s.Role}
 		if r, ok := records[s.ID]; ok {
-			mb.Term, mb.Applied, mb.Reported, mb.Admin = r.Term, r.Applied, true, r.Admin
+			mb.Term, mb.Applied, mb.Reported, mb.Admin = r.Term, r.Applied, true, consoleOf(r.Admin, s.Addr)
 			if s.Self {
 				mb.Role = r.Role
 			}
@@ -312,4 +314,20 @@ func (a *admin) changeMembers(w http.ResponseWriter, r *http.Request, add bool) 
 	}
 	slog.Info("manager: admin call applied", "op", op, "id", c.ID, "addr", c.Addr, "from", r.RemoteAddr)
 	a.managers(w, r)
+}
+
+// consoleOf is a member's console URL as its record says, if it is an
+// http(s) URL of /console/ on the host of the member's raft address
+// (from the group's configuration): a record forged in etcd cannot make
+// a console link elsewhere. "" otherwise.
+func consoleOf(u, raftAddr string) string {
+	p, err := url.Parse(u)
+	if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Path != "/console/" || p.RawQuery != "" || p.User != nil || p.Fragment != "" {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(raftAddr)
+	if err != nil || p.Hostname() != host {
+		return ""
+	}
+	return u
 }

@@ -226,6 +226,17 @@ func (m *ModelState) Standby() []uint64 {
 	return out
 }
 
+// RollbackTarget is the version a rollback that names none goes to: the
+// most recently live standby version that can be loaded (0: none).
+func (m *ModelState) RollbackTarget() uint64 {
+	for _, v := range m.Standby() {
+		if x := m.version(v); !x.Gone && x.Broken == "" {
+			return v
+		}
+	}
+	return 0
+}
+
 // State is the manager's whole state: the models (persisted) and the
 // shards' latest reports (not persisted: they come back from etcd; nil
 // until they have, and nothing is placed or committed meanwhile).

@@ -37,12 +37,16 @@ import (
 const (
 	// maxMetricsBytes bounds one router's metrics page, maxMetricsLine
 	// one line of it.
-	maxMetricsBytes = 8 << 20
+	maxMetricsBytes = 2 << 20
 	maxMetricsLine  = 64 << 10
 	// maxMetricsReads bounds the routers read at once.
 	maxMetricsReads = 8
-	// maxTrafficSeries bounds the (model, track) pairs kept per router.
-	maxTrafficSeries = 4096
+	// maxTrafficSeries bounds the (model, track) pairs kept per router
+	// (besides: only known models' stable and canary tracks are kept).
+	maxTrafficSeries = 1024
+	// maxBuckets bounds a latency histogram's buckets (the router's have
+	// 17).
+	maxBuckets = 32
 	// trafficWindow is the span rates and quantiles are taken over.
 	trafficWindow = 10 * time.Second
 	// metricsTimeout bounds one read of a router's metrics.
@@ -83,7 +87,7 @@ type routerSample struct {
 
 // parseRouterMetrics reads the router families of a Prometheus text
 // page: cumulus_router_requests_total and cumulus_router_request_seconds.
-func parseRouterMetrics(r io.Reader) (map[trackKey]trackCounts, error) {
+func parseRouterMetrics(r io.Reader, known func(model string) bool) (map[trackKey]trackCounts, error) {
 	// Only the two families' lines reach the parser, which holds all it
 	// parses: a page's other families cost a read, not memory.
 	lr := &io.LimitedReader{R: r, N: maxMetricsBytes + 1}
@@ -121,7 +125,7 @@ func parseRouterMetrics(r io.Reader) (map[trackKey]trackCounts, error) {
 			}
 		}
 		_, seen := out[k]
-		return k, k.model != "" && k.track != "" && (seen || len(out) < maxTrafficSeries)
+		return k, (k.track == "stable" || k.track == "canary") && k.model != "" && known(k.model) && (seen || len(out) < maxTrafficSeries)
 	}
 	if f := fams["cumulus_router_requests_total"]; f != nil {
 		for _, m := range f.GetMetric() {
@@ -131,6 +135,9 @@ func parseRouterMetrics(r io.Reader) (map[trackKey]trackCounts, error) {
 			}
 			c := out[k]
 			v := m.GetCounter().GetValue()
+			if m.GetCounter() == nil {
+				v = m.GetUntyped().GetValue() // a page without its TYPE line
+			}
 			if !validCount(v) {
 				continue
 			}
@@ -150,7 +157,7 @@ func parseRouterMetrics(r io.Reader) (map[trackKey]trackCounts, error) {
 		for _, m := range f.GetMetric() {
 			k, ok := key(m)
 			h := m.GetHistogram()
-			if !ok || h == nil || len(h.GetBucket()) > 64 {
+			if !ok || h == nil || len(h.GetBucket()) > maxBuckets {
 				continue
 			}
 			c := out[k]
@@ -278,15 +285,16 @@ func bucketQuantile(q float64, bounds, cum []float64) float64 {
 	return lo + (bounds[i]-lo)*(rank-below)/in
 }
 
-// metricsURL checks a router's metrics address: an http(s) URL with a
-// host, and nothing else (no user, no fragment).
+// metricsURL checks a router's metrics address: http(s)://HOST/metrics,
+// and nothing else (no user, query or fragment; no other path: a forged
+// registration cannot point the manager at another API).
 func metricsURL(s string) (*url.URL, error) {
 	u, err := url.Parse(s)
 	if err != nil {
 		return nil, err
 	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.Fragment != "" || len(s) > 512 {
-		return nil, errors.New("not an http(s) URL with a host")
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.Fragment != "" || u.RawQuery != "" || u.Path != "/metrics" || len(s) > 512 {
+		return nil, errors.New("not an http(s) URL of a host's /metrics")
 	}
 	return u, nil
 }
@@ -323,15 +331,22 @@ func newTrafficReader(tlsFor func(host string) *tls.Config) *trafficReader {
 
 // read returns the traffic over the last window, reading the routers'
 // metrics first if the last read is over a second old.
-func (t *trafficReader) read(ctx context.Context, routers map[string]topo.RouterInfo, now time.Time) ([]Traffic, map[string]string) {
+// Only the tracks of models known says it knows are kept.
+func (t *trafficReader) read(ctx context.Context, routers map[string]topo.RouterInfo, now time.Time, known func(model string) bool) ([]Traffic, map[string]string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if now.Sub(t.last) >= time.Second {
 		t.last = now
-		cur, errs := t.sample(ctx, routers, now)
+		cur, errs := t.sample(ctx, routers, now, known)
 		t.errs = errs
-		t.history = append(t.history, cur)
-		for len(t.history) > 1 && now.Sub(oldest(t.history[1])) > 2*trafficWindow {
+		// The newest read replaces the one before it unless that one is
+		// 2 s older than the one before: about 7 reads are kept.
+		if n := len(t.history); n >= 2 && oldest(t.history[n-1]).Sub(oldest(t.history[n-2])) < 2*time.Second {
+			t.history[n-1] = cur
+		} else {
+			t.history = append(t.history, cur)
+		}
+		for len(t.history) > 1 && now.Sub(oldest(t.history[1])) > trafficWindow+2*time.Second {
 			t.history = t.history[1:]
 		}
 	}
@@ -371,7 +386,7 @@ func oldest(h map[string]routerSample) time.Time {
 }
 
 // sample reads every router's metrics at once, as of now.
-func (t *trafficReader) sample(ctx context.Context, routers map[string]topo.RouterInfo, now time.Time) (map[string]routerSample, map[string]string) {
+func (t *trafficReader) sample(ctx context.Context, routers map[string]topo.RouterInfo, now time.Time, known func(string) bool) (map[string]routerSample, map[string]string) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	out, errs := map[string]routerSample{}, map[string]string{}
@@ -396,7 +411,7 @@ func (t *trafficReader) sample(ctx context.Context, routers map[string]topo.Rout
 				mu.Unlock()
 				return
 			}
-			tracks, err := t.get(ctx, r.Metrics)
+			tracks, err := t.get(ctx, r.Metrics, known)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -410,7 +425,7 @@ func (t *trafficReader) sample(ctx context.Context, routers map[string]topo.Rout
 	return out, errs
 }
 
-func (t *trafficReader) get(ctx context.Context, raw string) (map[trackKey]trackCounts, error) {
+func (t *trafficReader) get(ctx context.Context, raw string, known func(string) bool) (map[trackKey]trackCounts, error) {
 	u, err := metricsURL(raw)
 	if err != nil {
 		return nil, fmt.Errorf("metrics address %q: %w", raw, err)
@@ -430,5 +445,5 @@ func (t *trafficReader) get(ctx context.Context, raw string) (map[trackKey]track
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s: %s", u.Redacted(), resp.Status)
 	}
-	return parseRouterMetrics(resp.Body)
+	return parseRouterMetrics(resp.Body, known)
 }

@@ -27,6 +27,11 @@ func routerMetrics() (*prometheus.Registry, *prometheus.CounterVec, *prometheus.
 	return reg, req, lat
 }
 
+// anyModel knows every model; onlyM knows m.
+func anyModel(string) bool { return true }
+
+func onlyM(model string) bool { return model == "m" }
+
 func page(t *testing.T, g prometheus.Gatherer) []byte {
 	t.Helper()
 	fams, err := g.Gather()
@@ -45,7 +50,7 @@ func page(t *testing.T, g prometheus.Gatherer) []byte {
 
 func TestTrafficFromRouterMetrics(t *testing.T) {
 	reg, req, lat := routerMetrics()
-	before, err := parseRouterMetrics(bytes.NewReader(page(t, reg)))
+	before, err := parseRouterMetrics(bytes.NewReader(page(t, reg)), onlyM)
 	if err != nil || len(before) != 0 {
 		t.Fatalf("an empty page: %v, %v", before, err)
 	}
@@ -68,7 +73,9 @@ func TestTrafficFromRouterMetrics(t *testing.T) {
 		req.WithLabelValues("m", "canary", "ok").Inc()
 		lat.WithLabelValues("m", "canary").Observe(0.002)
 	}
-	after, err := parseRouterMetrics(bytes.NewReader(page(t, reg)))
+	// A model the manager does not know is left out.
+	req.WithLabelValues("zz", "stable", "ok").Add(1e6)
+	after, err := parseRouterMetrics(bytes.NewReader(page(t, reg)), onlyM)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,19 +135,22 @@ func TestRouterMetricsRefused(t *testing.T) {
 		"oversized": "# " + strings.Repeat("x", maxMetricsBytes) + "\n",
 		"long line": "other_total{a=\"" + strings.Repeat("x", maxMetricsLine) + "\"} 1\n",
 	} {
-		if _, err := parseRouterMetrics(strings.NewReader(in)); err == nil {
+		if _, err := parseRouterMetrics(strings.NewReader(in), anyModel); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	// Negative or NaN counts, and series without a model, are left out.
+	// Negative or NaN counts, series without a model or of another
+	// track, are left out.
 	got, err := parseRouterMetrics(strings.NewReader(`cumulus_router_requests_total{model="m",track="stable",outcome="ok"} -5
 cumulus_router_requests_total{model="n",track="stable",outcome="ok"} NaN
 cumulus_router_requests_total{track="stable",outcome="ok"} 7
-`))
-	if err != nil || got[trackKey{"m", "stable"}].ok != 0 || got[trackKey{"n", "stable"}].ok != 0 || len(got) > 2 {
+cumulus_router_requests_total{model="m",track="other",outcome="ok"} 7
+cumulus_router_requests_total{model="m",track="canary",outcome="ok"} 4
+`), anyModel)
+	if err != nil || len(got) != 1 || got[trackKey{"m", "canary"}].ok != 4 {
 		t.Fatalf("%+v, %v", got, err)
 	}
-	for _, u := range []string{"file:///etc/passwd", "http://", "http://u:p@h/metrics", "gopher://h/", "h:80"} {
+	for _, u := range []string{"file:///etc/passwd", "http://", "http://u:p@h/metrics", "gopher://h/", "h:80", "http://h/admin/v1/console", "http://h/metrics?x=1", "http://h/"} {
 		if _, err := metricsURL(u); err == nil {
 			t.Errorf("metrics address %q accepted", u)
 		}
@@ -158,15 +168,15 @@ func TestTrafficReader(t *testing.T) {
 	routers := map[string]topo.RouterInfo{"r1": {ID: "r1", Metrics: srv.URL + "/metrics"}, "r2": {ID: "r2", Metrics: bad.URL + "/metrics"}, "r3": {ID: "r3"}}
 	tr := newTrafficReader(nil)
 	t0 := time.Now()
-	if got, _ := tr.read(context.Background(), routers, t0); len(got) != 0 {
+	if got, _ := tr.read(context.Background(), routers, t0, anyModel); len(got) != 0 {
 		t.Fatalf("one read: %+v; want nothing yet", got)
 	}
 	req.WithLabelValues("m", "stable", "ok").Add(30)
 	// Within a second: no new read.
-	if got, _ := tr.read(context.Background(), routers, t0.Add(500*time.Millisecond)); len(got) != 0 {
+	if got, _ := tr.read(context.Background(), routers, t0.Add(500*time.Millisecond), anyModel); len(got) != 0 {
 		t.Fatalf("a read within the second: %+v", got)
 	}
-	got, errs := tr.read(context.Background(), routers, t0.Add(3*time.Second))
+	got, errs := tr.read(context.Background(), routers, t0.Add(3*time.Second), anyModel)
 	if len(got) != 1 || got[0].QPS != 10 {
 		t.Fatalf("traffic %+v; want m at 10/s", got)
 	}
@@ -188,7 +198,7 @@ func FuzzParseRouterMetrics(f *testing.F) {
 	f.Add(b.Bytes())
 	f.Add([]byte("cumulus_router_request_seconds_bucket{model=\"m\",track=\"t\",le=\"NaN\"} 1\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		got, err := parseRouterMetrics(bytes.NewReader(in))
+		got, err := parseRouterMetrics(bytes.NewReader(in), anyModel)
 		if err != nil {
 			return
 		}
@@ -204,4 +214,19 @@ func FuzzParseRouterMetrics(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestConsoleOf(t *testing.T) {
+	for u, want := range map[string]bool{
+		"http://10.0.0.1:8002/console/":        true,
+		"https://m0.example:8002/console/":     false, // another host than the raft address's
+		"http://10.0.0.1:8002/console/?x=1":    false,
+		"javascript:alert(1)//10.0.0.1/":       false,
+		"http://10.0.0.1:8002/admin/v1/models": false,
+		"http://u@10.0.0.1:8002/console/":      false,
+	} {
+		if got := consoleOf(u, "10.0.0.1:7400"); (got == u) != want || (!want && got != "") {
+			t.Errorf("consoleOf(%q) = %q; want it kept: %v", u, got, want)
+		}
+	}
 }

@@ -242,7 +242,9 @@ func TestConsole(t *testing.T) {
 	// Roll back through the page: the confirmation says what changes;
 	// the model and its audit entries follow.
 	step(t, ctx, "roll back", chromedp.Click(chromedp.CSS(`[data-key="model-rollback"]`)), until(`document.getElementById("confirm").open`),
-		until(text("#confirm-body")+`.includes("live 3 → 2")`), chromedp.Click(chromedp.ID("confirm-ok")),
+		until(text("#confirm-body")+`.includes("live 3 → 2")`),
+		until(`document.activeElement.id === "confirm-cancel"`), // Enter does not confirm by default
+		chromedp.Click(chromedp.ID("confirm-ok")),
 		until(`!document.getElementById("confirm").open`), until(text(live)+` === "2"`),
 		until(text(`[data-field="detail-live"]`)+` === "2"`), until(text(`[data-detail="demo"]`)+`.includes("rollback")`))
 	step(t, ctx, "the audit view", chromedp.Click(chromedp.ID("tab-audit")), until(`document.querySelector('#audit tr[data-op="rollback"]') !== null`))
@@ -254,7 +256,8 @@ func TestConsole(t *testing.T) {
 	step(t, ctx, "cordon", chromedp.Click(chromedp.CSS(`[data-key="cordon:shard-0"]`)), until(`document.getElementById("confirm").open`),
 		until(text("#confirm-body")+`.includes("shard-0: active → cordoned")`), chromedp.Click(chromedp.ID("confirm-ok")),
 		until(text(`tr[data-shard="shard-0"] [data-field="state"]`)+` === "empty"`),
-		until(text(`tr[data-shard="shard-0"] [data-field="held"]`)+` === "0 / 0"`))
+		until(text(`tr[data-shard="shard-0"] [data-field="held"]`)+` === "0 / 0"`),
+		until(`document.activeElement?.getAttribute("data-key") === "cordon:shard-0"`)) // focus back on its button
 
 	// A stale precondition: rolling back from a live version someone else
 	// has changed is refused, and the page says what is live now.
@@ -263,6 +266,11 @@ func TestConsole(t *testing.T) {
 	cli("admin", "rollback", "demo", "--to", "1", "--from", "2", "--addr", adminAddr, "--admin-token", "console-token")
 	step(t, ctx, "the refusal", chromedp.Click(chromedp.ID("confirm-ok")),
 		until(text("#confirm-error")+`.includes("the live version is now 1")`), chromedp.Click(chromedp.ID("confirm-cancel")))
+
+	// Signing out leaves nothing read with the token in the page, nor
+	// the token.
+	step(t, ctx, "sign out", chromedp.Click(chromedp.ID("signout")), until(`getComputedStyle(document.getElementById("tabs")).display === "none"`),
+		until(`document.querySelectorAll("main tr, main canvas").length === 0 && sessionStorage.length === 0`))
 
 	if p := problems(); len(p) > 0 {
 		t.Errorf("the page logged errors (a CSP violation, an exception):\n%s", strings.Join(p, "\n"))

@@ -114,11 +114,15 @@ function render() {
   const d = state.data;
   if (!d) return;
   const start = performance.now();
-  const leading = d.manager.leading;
   const leader = $('leader');
-  if (leading) {
+  const leaderKey = JSON.stringify([d.manager.leading, d.manager.leader, d.manager.leader_admin]);
+  if (leader.getAttribute('data-for') === leaderKey) {
+    // unchanged: not redrawn (it is a live region)
+  } else if (d.manager.leading) {
+    leader.setAttribute('data-for', leaderKey);
     leader.hidden = true;
   } else {
+    leader.setAttribute('data-for', leaderKey);
     leader.hidden = false;
     const parts = ['This manager follows: it shows what it reads, and acts on nothing. '];
     if (d.manager.leader) {
@@ -166,7 +170,7 @@ function renderModels(d) {
   const key = JSON.stringify([d.models, d.traffic, state.model, d.manager.leading]);
   draw('models', key, () => table([
     { title: 'Model' }, { title: 'Type' }, { title: 'Live' }, { title: 'Canary' }, { title: 'Staged' }, { title: 'Pin' },
-    { title: 'Versions', num: true }, { title: 'Rejected', num: true }, { title: 'Live age' }, { title: 'Published → live' },
+    { title: 'Versions', num: true }, { title: 'Rejected', num: true }, { title: 'Age (since published)' }, { title: 'Live for' }, { title: 'Published → live' },
     { title: 'Stable traffic' }, { title: 'Canary traffic' },
   ], d.models.map((m) => el('tr', { 'data-model': m.name, class: m.name === state.model ? 'selected' : null },
     el('td', null, el('button', { type: 'button', class: 'link', 'data-key': 'model:' + m.name, 'aria-label': 'Show model ' + m.name, onclick: () => selectModel(m.name) }, m.name)),
@@ -176,7 +180,7 @@ function renderModels(d) {
     td(m.staged ? m.staged + (m.rollout ? ' (' + m.rollout.holding + '/' + m.rollout.replicas + ' loaded)' : '') : '—', { 'data-field': 'staged' }),
     td(m.pin || '—'),
     num(m.versions), num(m.rejected || 0, { class: m.rejected ? 'num error' : 'num' }),
-    td(age(m.live_created)), td(age(m.live_created, m.live_at)),
+    td(age(m.live_created)), td(age(m.live_at)), td(age(m.live_created, m.live_at)),
     trafficCell(traffic(d, m.name, 'stable'), 'traffic-stable'), trafficCell(traffic(d, m.name, 'canary'), 'traffic-canary'),
   )), { label: 'Models', empty: 'No models: publish one (cumulus model gen|import) to the repository.' }));
 }
@@ -201,18 +205,19 @@ function versionActions(m, v, leading) {
       'POST', path(m.name, 'rollback'), { to: v.version, from }), true));
   }
   if (['standby', 'ready', 'live'].includes(v.phase) && m.pin !== v.version) {
-    out.push(btn('Pin', 'pin', () => confirmAction('Pin ' + m.name,
-      [m.name + ': pin ' + (m.pin || 'none') + ' → ' + v.version + ' (live now ' + (from || 'none') + ')', 'New versions are validated but not served until unpinned.'],
+    out.push(btn('Pin', 'pin', () => confirmAction('Pin ' + m.name + ' to ' + v.version,
+      [m.name + ': pin ' + (m.pin || 'none') + ' → ' + v.version, 'live: ' + (from || 'none') + ' → ' + v.version + (from === v.version ? ' (unchanged)' : ''),
+        'New versions are validated but not served until unpinned.', 'Refused if the live version is no longer ' + (from || 'none') + '.'],
       'PUT', path(m.name, 'pin'), { version: v.version, from })));
   }
   if (v.phase === 'ready' && !m.canary) {
     out.push(btn('Canary', 'canary', () => confirmAction('Start a canary of ' + m.name,
-      [m.name + ': canary ' + v.version + ' beside live ' + (from || 'none')],
-      'PUT', path(m.name, 'canary'), { version: v.version, from }, [{ name: 'fraction', label: 'Share of traffic (0 to 0.5)', value: '0.05', type: 'number' }])));
+      [m.name + ': canary none → ' + v.version + ', beside live ' + (from || 'none'), 'It is staged and gated first, then served the share below; the live version is kept.'],
+      'PUT', path(m.name, 'canary'), { version: v.version, from }, [{ name: 'fraction', label: 'Share of traffic, in percent (above 0, at most 50)', value: '5', type: 'number', scale: 0.01 }])));
   }
   if (v.phase === 'rejected') {
     out.push(btn('Accept', 'accept', () => confirmAction('Accept version ' + v.version + ' of ' + m.name,
-      [m.name + ' ' + v.version + ': failed gates are recorded but no longer reject it', 'Why (audited): '],
+      [m.name + ' ' + v.version + ': rejected → accepted: its failed gates are recorded but no longer reject it, and it is served as any valid version'],
       'POST', path(m.name, 'accept'), { version: v.version }, [{ name: 'reason', label: 'Reason (audited)', value: '', type: 'text', required: true }])));
   }
   return out;
@@ -225,15 +230,15 @@ function modelActions(m, leading) {
   const from = m.live;
   const out = [];
   const btn = (label, key, fn) => el('button', { type: 'button', disabled: dis, 'data-key': key, onclick: fn }, label);
-  if (m.live && m.standby && m.standby.length) {
-    const to = Math.max(...m.standby.filter((v) => v < m.live).concat([0])) || m.standby[m.standby.length - 1];
+  if (m.live && m.rollback_to) {
+    const to = m.rollback_to; // the most recently live standby version, as the manager picks it
     out.push(btn('Roll back', 'model-rollback', () => confirmAction('Roll back ' + m.name,
       [m.name + ': live ' + from + ' → ' + to, 'Routers switch at once; the model is pinned to ' + to + '.'],
       'POST', path(m.name, 'rollback'), { to, from })));
   }
   if (m.pin) {
     out.push(btn('Unpin', 'model-unpin', () => confirmAction('Unpin ' + m.name,
-      [m.name + ': pin ' + m.pin + ' → none', 'It then follows the newest valid version again.'],
+      [m.name + ': pin ' + m.pin + ' → none', m.canary ? 'It follows the newest valid version again once its canary ends.' : 'It then follows the newest valid version again.'],
       'DELETE', path(m.name, 'pin') + '?from=' + from)));
   }
   if (m.canary) {
@@ -243,7 +248,7 @@ function modelActions(m, leading) {
         'POST', path(m.name, 'promote'), { from })));
     }
     out.push(btn('Canary off', 'model-canary-off', () => confirmAction('Turn the canary of ' + m.name + ' off',
-      [m.name + ': canary ' + m.canary.version + ' → none; all traffic on live ' + from],
+      [m.name + ': canary ' + m.canary.version + ' → none; all traffic on live ' + from, 'pin: ' + (m.pin || 'none') + ' → ' + from + ' (unpin to follow new versions again)'],
       'DELETE', path(m.name, 'canary') + '?from=' + from)));
   }
   out.push(btn('Prune…', 'model-prune', () => confirmAction('Prune ' + m.name,
@@ -307,7 +312,7 @@ function renderModel(d) {
       el('h3', null, 'Shards'),
       table([{ title: 'Shard' }, { title: 'Assigned', num: true }, { title: 'Loaded (version: partitions)' }, { title: 'Problems' }], shardRows, { label: 'Shards of ' + m.name }),
       el('h3', null, 'Recent changes'),
-      table([{ title: 'Time' }, { title: 'Operation' }, { title: 'Version' }, { title: 'From' }, { title: 'Result' }], audit, { label: 'Audit of ' + m.name, empty: 'No admin calls on this model yet.' }));
+      table([{ title: 'Time' }, { title: 'Operation' }, { title: 'Version' }, { title: 'Caller' }, { title: 'Result' }], audit, { label: 'Audit of ' + m.name, empty: 'No admin calls on this model yet.' }));
   });
   // Widths from data are set as style properties (the CSP forbids
   // inline style attributes).
@@ -436,7 +441,7 @@ function renderAudit() {
     (!q || [e.op, e.model, e.shard, e.from, e.reason, e.result, String(e.version || '')].some((f) => f && f.toLowerCase().includes(q))));
   draw('audit', JSON.stringify([state.audit, q, op]), () => el('div', null,
     el('p', null, shown.length + ' of the newest ' + state.audit.length + ' entries'),
-    table([{ title: 'Time' }, { title: 'Operation' }, { title: 'Model' }, { title: 'Version' }, { title: 'Shard' }, { title: 'From' }, { title: 'Reason' }, { title: 'Result' }],
+    table([{ title: 'Time' }, { title: 'Operation' }, { title: 'Model' }, { title: 'Version' }, { title: 'Shard' }, { title: 'Caller' }, { title: 'Reason' }, { title: 'Result' }],
       shown.slice(0, MAX_ROWS).map((e) => el('tr', { 'data-op': e.op }, td(stamp(e.time)), td(e.op), td(e.model || ''), td(e.version || ''), td(e.shard || ''), td(e.from || ''),
         el('td', { class: 'wrap' }, e.reason || ''), el('td', { class: 'wrap' }, e.result))), { label: 'Audit log', empty: 'No entries match.' })));
 }
@@ -456,10 +461,14 @@ function confirmAction(title, lines, method, url, body, fields) {
     el('input', { id: 'field-' + f.name, name: f.name, type: f.type, value: f.value, required: f.required, step: f.type === 'number' ? 'any' : null, autocomplete: 'off' }))));
   $('confirm-error').textContent = '';
   pending = { method, url, body, fields: fields || [] };
+  // Focus goes back to the button that opened the dialog (found again by
+  // its data-key: the table may have been redrawn meanwhile).
+  state.opener = document.activeElement ? document.activeElement.getAttribute('data-key') : null;
   $('confirm-ok').disabled = false;
   dlg.showModal();
+  // The first field, or Cancel: Enter twice must not change anything.
   const first = dlg.querySelector('input');
-  (first || $('confirm-ok')).focus();
+  (first || $('confirm-cancel')).focus();
 }
 
 async function confirmed() {
@@ -471,7 +480,7 @@ async function confirmed() {
     if (f.type === 'number') {
       const x = Number(v);
       if (v === '' || !Number.isFinite(x)) { $('confirm-error').textContent = f.label + ': a number is needed'; return; }
-      body[f.name] = x;
+      body[f.name] = x * (f.scale || 1);
     } else {
       if (f.required && !v.trim()) { $('confirm-error').textContent = f.label + ' is required'; return; }
       body[f.name] = v;
@@ -517,7 +526,7 @@ async function refresh() {
       state.lastOK = Date.now();
       if (state.view === 'audit') {
         const a = await api('GET', '/admin/v1/audit?limit=1000');
-        if (a.status === 200) state.audit = a.body.entries || [];
+        if (a.status === 200) state.audit = (a.body.entries || []).slice().reverse(); // newest first
       }
       showApp();
       $('failure').hidden = true;
@@ -549,7 +558,11 @@ function signedOut(msg) {
   sessionStorage.removeItem(TOKEN_KEY);
   clearTimeout(state.timer);
   state.data = null;
+  state.audit = [];
   state.rendered = {};
+  // Nothing read with the token stays in the page.
+  for (const id of ['models', 'model', 'shards', 'routers', 'managers', 'plan', 'audit']) $(id).replaceChildren();
+  $('leader').removeAttribute('data-for');
   $('tabs').hidden = true;
   $('signout').hidden = true;
   $('leader').hidden = true;
@@ -602,6 +615,11 @@ function init() {
   $('audit-op').addEventListener('change', renderAudit);
   $('confirm-ok').addEventListener('click', confirmed);
   $('confirm-cancel').addEventListener('click', () => { pending = null; $('confirm').close(); });
+  $('confirm').addEventListener('close', () => {
+    pending = null;
+    const again = state.opener && document.querySelector('[data-key="' + CSS.escape(state.opener) + '"]');
+    if (again) again.focus();
+  });
   $('confirm').addEventListener('keydown', (e) => { if (e.key === 'Enter' && e.target.tagName === 'INPUT') { e.preventDefault(); confirmed(); } });
   if (token()) refresh(); else signedOut('');
 }
