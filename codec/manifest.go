@@ -32,7 +32,9 @@ const (
 type Manifest struct {
 	// Format is 1, or 2 for a delta that lists Unchanged partitions
 	// (readers of format 1 refuse it whole rather than take the missing
-	// files for empty ones).
+	// files for empty ones), or 3 for a delta whose partitions are
+	// sections of one file (File.Offset; readers of 2 refuse it whole
+	// rather than take a section for a file).
 	Format  int    `json:"format"`
 	Name    string `json:"name"`
 	Version uint64 `json:"version"`
@@ -84,10 +86,18 @@ type GenInfo struct {
 type File struct {
 	Partition uint32 `json:"partition"`
 	Path      string `json:"path"` // relative to the version directory
-	Keys      int64  `json:"keys"`
-	Size      int64  `json:"size"`
-	SHA256    string `json:"sha256"`
+	// Offset, in format 3, is where the partition's bytes start in Path,
+	// a file several partitions share as sections; 0 otherwise. Size and
+	// SHA256 are the section's.
+	Offset int64  `json:"offset,omitempty"`
+	Keys   int64  `json:"keys"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
 }
+
+// PackedFormat is the manifest format of a delta whose partitions are
+// sections of one file.
+const PackedFormat = 3
 
 // Extra is a file of a version besides its partitions.
 type Extra struct {
@@ -168,7 +178,13 @@ func (m *Manifest) Validate() error {
 		if f.Keys < 0 || f.Keys > 1<<32-1 || f.Size != PartitionFileSize(int(f.Keys), m.Width(), m.Enc(), DefaultBlockSize) {
 			return fmt.Errorf("codec: manifest: file %s size %d does not match %d keys of width %d", f.Path, f.Size, f.Keys, m.Width())
 		}
+		if f.Offset < 0 || (f.Offset != 0 && m.Format != PackedFormat) || f.Offset > math.MaxInt64-f.Size {
+			return fmt.Errorf("codec: manifest: partition %d's offset %d in %s (only format %d has offsets, each ≥ 0)", f.Partition, f.Offset, f.Path, PackedFormat)
+		}
 		total += f.Keys
+	}
+	if err := m.validateSections(); err != nil {
+		return err
 	}
 	if total != m.Params {
 		return fmt.Errorf("codec: manifest: files hold %d keys, params says %d", total, m.Params)
@@ -210,13 +226,50 @@ func (m *Manifest) validatePushed() error {
 	return nil
 }
 
+// validateSections checks that no two partitions share bytes of a file:
+// before format 3 each has a file of its own; in format 3 partitions in
+// one file are sections that do not overlap.
+func (m *Manifest) validateSections() error {
+	byPath := map[string][]File{}
+	for _, f := range m.Files {
+		byPath[f.Path] = append(byPath[f.Path], f)
+	}
+	for path, fs := range byPath {
+		if len(fs) == 1 {
+			continue
+		}
+		if m.Format != PackedFormat {
+			return fmt.Errorf("codec: manifest: partitions %d and %d share file %s (only format %d packs partitions in one file)", fs[0].Partition, fs[1].Partition, path, PackedFormat)
+		}
+		slices.SortFunc(fs, func(a, b File) int { return cmp.Compare(a.Offset, b.Offset) })
+		for i := 1; i < len(fs); i++ {
+			if fs[i].Offset < fs[i-1].Offset+fs[i-1].Size {
+				return fmt.Errorf("codec: manifest: partitions %d and %d overlap in %s", fs[i-1].Partition, fs[i].Partition, path)
+			}
+		}
+	}
+	return nil
+}
+
+// PackSize is the size file path must have in m: the end of its last
+// section (its size, if it holds one partition).
+func (m *Manifest) PackSize(path string) int64 {
+	var end int64
+	for _, f := range m.Files {
+		if f.Path == path {
+			end = max(end, f.Offset+f.Size)
+		}
+	}
+	return end
+}
+
 // validateCover checks that Files and Unchanged name every partition
 // exactly once: in format 1 (and for a full version) every partition has
 // its file, in order; in format 2 a delta's files and unchanged ranges,
 // each ascending, together cover 0..Partitions-1 without overlap.
 func (m *Manifest) validateCover() error {
-	if m.Format == 2 && m.Kind == KindFull {
-		return fmt.Errorf("codec: manifest: format 2 is for a delta that leaves partitions unchanged; a full version is format 1")
+	if m.Format >= 2 && m.Kind == KindFull {
+		return fmt.Errorf("codec: manifest: format %d is for a delta; a full version is format 1", m.Format)
 	}
 	if m.Format == 1 {
 		if len(m.Unchanged) > 0 {
@@ -232,7 +285,7 @@ func (m *Manifest) validateCover() error {
 		}
 		return nil
 	}
-	if len(m.Unchanged) == 0 {
+	if m.Format == 2 && len(m.Unchanged) == 0 {
 		return fmt.Errorf("codec: manifest: a format 2 delta lists its unchanged partitions (none: write format 1)")
 	}
 	for i := 1; i < len(m.Files); i++ {
@@ -355,8 +408,8 @@ func localPath(p string) bool {
 // writer knows before it has written any partition.
 func (m *Manifest) ValidateHeader() error {
 	switch {
-	case m.Format != 1 && m.Format != 2:
-		return fmt.Errorf("codec: manifest: unsupported format %d (this build reads 1 and 2)", m.Format)
+	case m.Format < 1 || m.Format > PackedFormat:
+		return fmt.Errorf("codec: manifest: unsupported format %d (this build reads 1 to %d)", m.Format, PackedFormat)
 	case !ValidName(m.Name):
 		return fmt.Errorf("codec: manifest: invalid model name %q", m.Name)
 	case m.Version == 0:

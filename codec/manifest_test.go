@@ -50,7 +50,10 @@ func TestManifestValidate(t *testing.T) {
 		mutate func(m *Manifest)
 		says   string
 	}{
-		"format":        {func(m *Manifest) { m.Format = 3 }, "unsupported format 3"},
+		"format":        {func(m *Manifest) { m.Format = 4 }, "unsupported format 4"},
+		"format 3 full": {func(m *Manifest) { m.Format = 3 }, "a full version is format 1"},
+		"offset":        {func(m *Manifest) { m.Files[1].Offset = 8 }, "only format 3 has offsets"},
+		"shared file":   {func(m *Manifest) { m.Files[1].Path = m.Files[0].Path }, "share file part-00000.bin"},
 		"format 2 full": {func(m *Manifest) { m.Format = 2 }, "a full version is format 1"},
 		"name":          {func(m *Manifest) { m.Name = "../etc" }, `invalid model name "../etc"`},
 		"version":       {func(m *Manifest) { m.Version = 0 }, "version must be ≥ 1"},
@@ -101,6 +104,34 @@ func sparseDelta() Manifest {
 
 // TestManifestUnchanged: a format 2 delta names each partition once,
 // with a file or as unchanged; anything else is refused, saying why.
+// TestPackedManifest: a format 3 delta's partitions are sections of one
+// file, which must not overlap.
+func TestPackedManifest(t *testing.T) {
+	m := validManifest()
+	m.Format, m.Kind, m.Parent = PackedFormat, KindDelta, 2
+	size := m.Files[0].Size
+	m.Files[0].Path, m.Files[1].Path, m.Files[1].Offset = "pack.bin", "pack.bin", size
+	if err := m.Validate(); err != nil {
+		t.Fatalf("two sections: %v", err)
+	}
+	if got := m.PackSize("pack.bin"); got != 2*size {
+		t.Fatalf("pack size %d; want %d", got, 2*size)
+	}
+	m.Files[1].Offset = size - 1
+	if err := m.Validate(); err == nil || !strings.Contains(err.Error(), "overlap") {
+		t.Fatalf("overlapping sections: %v", err)
+	}
+	m.Files[1].Offset = -size
+	if err := m.Validate(); err == nil || !strings.Contains(err.Error(), "offset") {
+		t.Fatalf("a negative offset: %v", err)
+	}
+	// A format 3 delta may list no unchanged partitions, and leave some.
+	m.Files[1].Offset, m.Partitions, m.Unchanged = size, 3, [][2]uint32{{2, 2}}
+	if err := m.Validate(); err != nil {
+		t.Fatalf("with an unchanged partition: %v", err)
+	}
+}
+
 func TestManifestUnchanged(t *testing.T) {
 	m := sparseDelta()
 	if err := m.Validate(); err != nil {

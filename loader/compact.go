@@ -235,7 +235,7 @@ func (r Repo) stageCopy(x *codec.Manifest) (*stagedCopy, error) {
 	w := &VersionWriter{repo: r, spec: Spec{Name: x.Name}, tmp: tmp}
 	paths := map[string]int64{}
 	for _, f := range x.Files {
-		paths[f.Path] = f.Size
+		paths[f.Path] = x.PackSize(f.Path) // a packed delta's file once, whole
 	}
 	for _, e := range x.Extras {
 		paths[e.Path] = e.Size

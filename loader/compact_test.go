@@ -3,6 +3,7 @@ package loader
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -229,6 +230,14 @@ func resolve(t *testing.T, repo Repo, chain []*codec.Manifest, p uint32, k uint6
 // included; it writes only the partitions the deltas touched; a delta
 // published afterwards on the compacted version lands on the merge.
 func TestCompactDeltas(t *testing.T) {
+	for _, pack := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pack=%v", pack), func(t *testing.T) { compactDeltas(t, pack) })
+	}
+}
+
+// compactDeltas is TestCompactDeltas over deltas packed (their
+// partitions sections of one file, format 3) or not.
+func compactDeltas(t *testing.T, pack bool) {
 	repo := Repo{Dir: t.TempDir()}
 	shape := model.Shape{Type: model.FM, Dim: 4}
 	base, err := repo.Generate(GenSpec{Name: "m", Shape: shape, Params: 5000, Partitions: 16, Seed: 3, Dense: true})
@@ -248,7 +257,13 @@ func TestCompactDeltas(t *testing.T) {
 		if i%2 == 1 {
 			dels = []uint64{uint64(i)} // base keys 1, 3, 5 deleted
 		}
-		if top, err = repo.PublishDelta("m", Delta{Upserts: up, Deletes: dels}); err != nil {
+		if top, err = repo.PublishDelta("m", Delta{Upserts: up, Deletes: dels, Pack: pack}); err != nil {
+			t.Fatal(err)
+		}
+		if got := top.Format == codec.PackedFormat; got != pack || (pack && top.Files[len(top.Files)-1].Offset == 0) {
+			t.Fatalf("delta %d: format %d, files %+v", top.Version, top.Format, top.Files)
+		}
+		if err := repo.Verify(top); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -286,6 +301,32 @@ func TestCompactDeltas(t *testing.T) {
 	later, err := repo.PublishDelta("m", Delta{Upserts: &Sparse{Shape: shape, Keys: []uint64{7}, Values: []float32{1, 1, 1, 1, 1}}, Parent: top.Version})
 	if err != nil || later.Parent != merged.Version {
 		t.Fatalf("a delta on the compacted version: parent %d, %v; want the merge, %d", later.Parent, err, merged.Version)
+	}
+	if !pack {
+		return
+	}
+	// A packed partition maps as a file of its own does.
+	last := top.Files[len(top.Files)-1]
+	pt, err := repo.MapPartitionCopy(top, last.Partition, t.TempDir())
+	if err != nil || int64(pt.Count) != last.Keys {
+		t.Fatalf("mapping packed partition %d: %v", last.Partition, err)
+	}
+	// A damaged section is found, and named by its partition.
+	path := filepath.Join(repo.VersionDir("m", top.Version), last.Path)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[last.Offset+last.Size-1] ^= 1
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	repo.Manifests = nil
+	if err := repo.Verify(top); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("partition %d at byte %d", last.Partition, last.Offset)) {
+		t.Fatalf("a damaged section: %v", err)
+	}
+	if _, err := repo.ReadPartition(top, last.Partition); err == nil {
+		t.Fatal("a damaged section was read")
 	}
 }
 

@@ -40,7 +40,7 @@ func (r Repo) MapPartitionCopy(m *codec.Manifest, part uint32, dir string) (*cod
 	if err != nil {
 		return nil, err
 	}
-	copyFile, err := copyVerified(p, f, dir, r.Throttle, fmt.Sprintf("%s-%d-%d-*%s", m.Name, m.Version, part, copySuffix))
+	copyFile, err := copyVerified(p, f, m.PackSize(f.Path), dir, r.Throttle, fmt.Sprintf("%s-%d-%d-*%s", m.Name, m.Version, part, copySuffix))
 	if err != nil {
 		return nil, err
 	}
@@ -78,15 +78,13 @@ func (r Repo) MapPartitionCopy(m *codec.Manifest, part uint32, dir string) (*cod
 // in another process sharing dir leaves it alone. (One that runs between
 // the create and the flock removes it; the Map that follows then fails,
 // and the load with it.)
-func copyVerified(src string, f codec.File, dir string, throttle *Throttle, pattern string) (_ *os.File, err error) {
-	in, st, err := OpenRegular(src)
+func copyVerified(src string, f codec.File, whole int64, dir string, throttle *Throttle, pattern string) (_ *os.File, err error) {
+	fh, err := openSection(src, whole)
 	if err != nil {
 		return nil, err
 	}
-	defer in.Close()
-	if st.Size() != f.Size {
-		return nil, fmt.Errorf("loader: %s: %w: size %d, manifest says %d", src, codec.ErrCorrupt, st.Size(), f.Size)
-	}
+	defer fh.Close()
+	in := io.NewSectionReader(fh, f.Offset, f.Size)
 	out, err := os.CreateTemp(dir, pattern)
 	if err != nil {
 		return nil, fmt.Errorf("loader: copying %s: %w", src, err)

@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,7 +47,15 @@ type Spec struct {
 	// version's golden file, each request's want scored by its reference
 	// scorer.
 	Golden Goldens
+	// Pack, for a delta, writes its partitions as sections of one file
+	// (manifest format 3) rather than a file each: a delta a second over
+	// a thousand partitions creates, syncs and opens one file, not
+	// hundreds. The partitions are held in memory until Commit.
+	Pack bool
 }
+
+// packName is a packed delta's file of partitions.
+const packName = "partitions.pack"
 
 // ErrSuperseded is returned by the Commit of a compaction when a version
 // other than deltas on the compacted one was published meanwhile: the
@@ -65,6 +74,8 @@ type VersionWriter struct {
 	files  []codec.File
 	done   []bool
 	extras []codec.Extra
+	// packed holds, with Spec.Pack, each partition's bytes until Commit.
+	packed [][]byte
 }
 
 // NewVersion starts writing a new version of spec.Name.
@@ -86,7 +97,43 @@ func (r Repo) NewVersion(spec Spec) (*VersionWriter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loader: %w", err)
 	}
-	return &VersionWriter{repo: r, spec: spec, tmp: tmp, files: make([]codec.File, spec.Partitions), done: make([]bool, spec.Partitions)}, nil
+	w := &VersionWriter{repo: r, spec: spec, tmp: tmp, files: make([]codec.File, spec.Partitions), done: make([]bool, spec.Partitions)}
+	if spec.Pack && spec.Parent != 0 {
+		w.packed = make([][]byte, spec.Partitions)
+	}
+	return w, nil
+}
+
+// writePart writes partition p's file with write, or, packing, keeps
+// its bytes for Commit.
+func (w *VersionWriter) writePart(p uint32, write func(io.Writer) error) (path string, err error) {
+	if w.packed != nil {
+		var b bytes.Buffer
+		if err := write(&b); err != nil {
+			return "", err
+		}
+		w.packed[p] = b.Bytes()
+		return packName, nil
+	}
+	name := partFileName(p)
+	return name, writeUnsynced(filepath.Join(w.tmp, name), write)
+}
+
+// writePack writes the kept partitions as sections of one file, in
+// partition order, and gives each file its offset.
+func (w *VersionWriter) writePack(files []codec.File) error {
+	var off int64
+	return writeUnsynced(filepath.Join(w.tmp, packName), func(f io.Writer) error {
+		for i := range files {
+			b := w.packed[files[i].Partition]
+			if _, err := f.Write(b); err != nil {
+				return err
+			}
+			files[i].Offset = off
+			off += int64(len(b))
+		}
+		return nil
+	})
 }
 
 func partFileName(p uint32) string { return fmt.Sprintf("part-%05d.bin", p) }
@@ -113,9 +160,8 @@ func (w *VersionWriter) WritePartition(p uint32, keys []uint64, values []float32
 	if p >= w.spec.Partitions {
 		return fmt.Errorf("loader: partition %d of %d", p, w.spec.Partitions)
 	}
-	name := partFileName(p)
 	var sum codec.FileSum
-	err := writeUnsynced(filepath.Join(w.tmp, name), func(f io.Writer) (err error) {
+	name, err := w.writePart(p, func(f io.Writer) (err error) {
 		sum, err = codec.WritePartition(f, p, w.spec.Width(), codec.Encodings[w.spec.Encoding], keys, values)
 		return err
 	})
@@ -134,10 +180,9 @@ func (w *VersionWriter) WriteRecords(p uint32, records []byte) error {
 	if p >= w.spec.Partitions {
 		return fmt.Errorf("loader: partition %d of %d", p, w.spec.Partitions)
 	}
-	name := partFileName(p)
 	var sum codec.FileSum
 	enc := codec.Encodings[w.spec.Encoding]
-	err := writeUnsynced(filepath.Join(w.tmp, name), func(f io.Writer) (err error) {
+	name, err := w.writePart(p, func(f io.Writer) (err error) {
 		sum, err = codec.WriteRecords(f, p, w.spec.Width(), enc, records)
 		return err
 	})
@@ -182,13 +227,20 @@ func (w *VersionWriter) Commit() (*codec.Manifest, error) {
 			unchanged = append(unchanged, [2]uint32{uint32(p), uint32(p)})
 		}
 	}
-	if err := w.syncPartitions(files); err != nil {
-		w.Abort()
-		return nil, err
-	}
 	format := 1
 	if len(unchanged) > 0 {
 		format = 2 // a delta as big as what it changes; format 1 readers refuse it whole
+	}
+	if w.packed != nil && len(files) > 0 {
+		if err := w.writePack(files); err != nil {
+			w.Abort()
+			return nil, err
+		}
+		format = codec.PackedFormat
+	}
+	if err := w.syncPartitions(files); err != nil {
+		w.Abort()
+		return nil, err
 	}
 	slices.SortFunc(w.extras, func(a, b codec.Extra) int { return strings.Compare(a.Role, b.Role) })
 	m := &codec.Manifest{Format: format, Name: w.spec.Name, Kind: kind, Parent: w.spec.Parent, SameAs: w.spec.SameAs, Shape: w.spec.Shape, Encoding: w.spec.Encoding,
@@ -373,7 +425,12 @@ func (w *VersionWriter) Abort() { os.RemoveAll(w.tmp) }
 func (w *VersionWriter) syncPartitions(files []codec.File) error {
 	var g errgroup.Group
 	g.SetLimit(syncParallel)
+	synced := map[string]bool{} // a packed delta's file once
 	for _, f := range files {
+		if synced[f.Path] {
+			continue
+		}
+		synced[f.Path] = true
 		g.Go(func() error {
 			path := filepath.Join(w.tmp, f.Path)
 			if err := syncPath(path); err != nil {

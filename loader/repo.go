@@ -188,7 +188,7 @@ func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, e
 		return nil, err
 	}
 	h := sha256.New()
-	mem, err := readWhole(p, f.Size, h, r.Throttle)
+	mem, err := readSection(p, m.PackSize(f.Path), f.Offset, f.Size, h, r.Throttle)
 	if err != nil {
 		return nil, err
 	}
@@ -221,20 +221,19 @@ func freePartition(pt *codec.Partition) {
 	}
 }
 
-// readWhole reads a file of the expected size into memory that will
-// serve lookups in place (huge pages where possible), writing what it
-// reads to sum as it goes (while it is in the cache), at throttle's pace.
-func readWhole(path string, size int64, sum io.Writer, throttle *Throttle) (*tablemem.Buffer, error) {
-	f, st, err := OpenRegular(path)
+// readSection reads size bytes at off of a file of size whole (a
+// partition's file, or its section of a packed delta's) into memory that
+// will serve lookups in place (huge pages where possible), writing what
+// it reads to sum as it goes (while it is in the cache), at throttle's
+// pace.
+func readSection(path string, whole, off, size int64, sum io.Writer, throttle *Throttle) (*tablemem.Buffer, error) {
+	f, err := openSection(path, whole)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	if st.Size() != size {
-		return nil, fmt.Errorf("loader: %s: %w: size %d, manifest says %d", path, codec.ErrCorrupt, st.Size(), size)
-	}
 	mem := tablemem.Alloc(int(size))
-	if _, err := io.ReadFull(io.TeeReader(throttle.reader(f), sum), mem.Bytes); err != nil {
+	if _, err := io.ReadFull(io.TeeReader(throttle.reader(io.NewSectionReader(f, off, size)), sum), mem.Bytes); err != nil {
 		mem.Free()
 		return nil, fmt.Errorf("loader: reading %s: %w", path, err)
 	}
@@ -248,7 +247,7 @@ func (r Repo) Verify(m *codec.Manifest) error {
 	var errs damaged
 	for _, f := range m.Files {
 		p := filepath.Join(r.VersionDir(m.Name, m.Version), f.Path)
-		if err := verifyFile(p, f); err != nil {
+		if err := verifyFile(p, f, m.PackSize(f.Path)); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -279,23 +278,45 @@ func (d damaged) Error() string {
 
 func (d damaged) Unwrap() []error { return d }
 
-func verifyFile(p string, f codec.File) error {
-	fh, st, err := OpenRegular(p)
+// verifyFile checks partition f, in file p of size whole, against the
+// manifest (its block checksums and SHA-256).
+func verifyFile(p string, f codec.File, whole int64) error {
+	fh, err := openSection(p, whole)
 	if err != nil {
 		return err
 	}
 	defer fh.Close()
-	if st.Size() != f.Size {
-		return fmt.Errorf("loader: %s: %w: size %d, manifest says %d", p, codec.ErrCorrupt, st.Size(), f.Size)
-	}
-	sum, err := codec.VerifyStream(fh, f.Size)
+	sum, err := codec.VerifyStream(io.NewSectionReader(fh, f.Offset, f.Size), f.Size)
 	if err != nil {
-		return fmt.Errorf("loader: %s: %w", p, err)
+		return fmt.Errorf("loader: %s%s: %w", p, section(f), err)
 	}
 	if sum != f.SHA256 {
-		return fmt.Errorf("loader: %s: %w: SHA-256 does not match the manifest", p, codec.ErrCorrupt)
+		return fmt.Errorf("loader: %s%s: %w: SHA-256 does not match the manifest", p, section(f), codec.ErrCorrupt)
 	}
 	return nil
+}
+
+// openSection opens a partition file, or a packed delta's file of
+// partitions, and checks it has the size the manifest gives it.
+func openSection(p string, whole int64) (*os.File, error) {
+	fh, st, err := OpenRegular(p)
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() != whole {
+		fh.Close()
+		return nil, fmt.Errorf("loader: %s: %w: size %d, manifest says %d", p, codec.ErrCorrupt, st.Size(), whole)
+	}
+	return fh, nil
+}
+
+// section names partition f's place in a packed file ("" in a file of
+// its own), for errors.
+func section(f codec.File) string {
+	if f.Offset == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (partition %d at byte %d)", f.Partition, f.Offset)
 }
 
 // MaxChain bounds how many deltas may stack on a full version: a chain

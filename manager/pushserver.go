@@ -505,7 +505,9 @@ func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint
 	m, err := s.m.opts.Repo.PublishDelta(model, loader.Delta{Upserts: &loader.Sparse{Shape: pm.Shape, Keys: ids, Values: values},
 		// The parent's files are the manager's to validate (every version
 		// is): not read again on the answer's path.
-		Deletes: deletes, Parent: parent, ParentChecked: true, Source: "push", Pushed: body.pushMarks(time.Now()), Fence: func() error {
+		// Packed: a window touching hundreds of partitions is one file
+		// to create, sync, verify and load, not hundreds.
+		Deletes: deletes, Parent: parent, ParentChecked: true, Pack: true, Source: "push", Pushed: body.pushMarks(time.Now()), Fence: func() error {
 			// Still leading, in the same reign, as the version becomes
 			// visible: a successor seals its first window only after
 			// it has scanned the repository and a window has passed,
