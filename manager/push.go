@@ -274,29 +274,62 @@ func (l *pushLog) take() *pushWindow {
 // contents is what w holds: the upserted ids with their values, and the
 // deleted ids, the last row of each id winning.
 func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint64) {
-	type row struct {
-		id uint64
-		i  int
-	}
-	rows := make([]row, len(w.ids))
-	for i, id := range w.ids {
-		rows[i] = row{id, i}
-	}
-	slices.SortFunc(rows, func(a, b row) int { return cmp.Or(cmp.Compare(a.id, b.id), cmp.Compare(a.i, b.i)) })
-	ids = make([]uint64, 0, len(rows))
+	keys, order := sortedOrder(w.ids)
+	ids = make([]uint64, 0, len(order))
 	values = make([]float32, 0, len(w.values))
-	for k, r := range rows {
-		if k+1 < len(rows) && rows[k+1].id == r.id {
+	for k, i := range order {
+		if k+1 < len(order) && keys[k+1] == keys[k] {
 			continue // a later row has it
 		}
-		if w.isDeleted(r.i) {
-			deletes = append(deletes, r.id)
+		if w.isDeleted(int(i)) {
+			deletes = append(deletes, keys[k])
 			continue
 		}
-		ids = append(ids, r.id)
-		values = append(values, w.values[r.i*w.width:(r.i+1)*w.width]...)
+		ids = append(ids, keys[k])
+		values = append(values, w.values[int(i)*w.width:(int(i)+1)*w.width]...)
 	}
 	return ids, values, deletes
+}
+
+// sortedOrder sorts ids' rows by id, rows of one id in the order they
+// came: keys are the ids in that order and order the rows' indexes.
+//
+// A least-significant-digit radix sort, four passes of 16 bits (fewer
+// when a digit is the same in every id), stable by construction: at a
+// million keys a second, a comparison sort of (id, row) pairs was 46% of
+// the leader's CPU.
+func sortedOrder(ids []uint64) (keys []uint64, order []uint32) {
+	n := len(ids)
+	keys, order = slices.Clone(ids), make([]uint32, n)
+	for i := range order {
+		order[i] = uint32(i)
+	}
+	if n < 2 {
+		return keys, order
+	}
+	k2, o2 := make([]uint64, n), make([]uint32, n)
+	count := make([]int, 1<<16)
+	for shift := uint(0); shift < 64; shift += 16 {
+		clear(count)
+		for _, k := range keys {
+			count[k>>shift&0xffff]++
+		}
+		if count[keys[0]>>shift&0xffff] == n {
+			continue // one digit in every id: the order stands
+		}
+		sum := 0
+		for d, c := range count {
+			count[d] = sum
+			sum += c
+		}
+		for j, k := range keys {
+			d := k >> shift & 0xffff
+			k2[count[d]], o2[count[d]] = k, order[j]
+			count[d]++
+		}
+		keys, k2, order, o2 = k2, keys, o2, order
+	}
+	return keys, order
 }
 
 // heldBytes is what a held model's pushes weigh: the pending delta's

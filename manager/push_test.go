@@ -1,9 +1,11 @@
 package manager
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -265,4 +267,68 @@ func TestPushHeldMerge(t *testing.T) {
 	if l.heldBytes() != l.held.rows.bytes+l.open.bytes {
 		t.Fatal("heldBytes counts neither the pending rows nor the open window")
 	}
+}
+
+// TestSortedOrder: the radix sort orders by id, rows of one id as they
+// came, for ids that differ in any digit or in none.
+func TestSortedOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, ids := range [][]uint64{nil, {7}, {3, 3, 3}, {1 << 48, 1, 1 << 32, 1 << 16, 1, 0}} {
+		checkSortedOrder(t, ids)
+	}
+	for _, spread := range []uint64{10, 1 << 20, 1<<63 | 12345} {
+		ids := make([]uint64, 5000)
+		for i := range ids {
+			ids[i] = rng.Uint64N(spread)
+		}
+		checkSortedOrder(t, ids)
+	}
+}
+
+func checkSortedOrder(t *testing.T, ids []uint64) {
+	t.Helper()
+	want := make([]uint32, len(ids))
+	for i := range want {
+		want[i] = uint32(i)
+	}
+	slices.SortStableFunc(want, func(a, b uint32) int { return cmp.Compare(ids[a], ids[b]) })
+	keys, got := sortedOrder(ids)
+	if !slices.Equal(got, want) {
+		t.Fatalf("order of %d ids differs from a stable sort's", len(ids))
+	}
+	for k, i := range got {
+		if keys[k] != ids[i] {
+			t.Fatalf("key %d is %d; its row %d holds %d", k, keys[k], i, ids[i])
+		}
+	}
+}
+
+// BenchmarkWindowSort compares the radix sort of a window's rows with
+// the comparison sort it replaced, at 1M hashed ids.
+//
+//	go test -run '^$' -bench WindowSort ./manager
+func BenchmarkWindowSort(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	ids := make([]uint64, 1<<20)
+	for i := range ids {
+		ids[i] = rng.Uint64()
+	}
+	b.Run("radix", func(b *testing.B) {
+		for b.Loop() {
+			sortedOrder(ids)
+		}
+	})
+	b.Run("comparison", func(b *testing.B) {
+		type row struct {
+			id uint64
+			i  int
+		}
+		for b.Loop() {
+			rows := make([]row, len(ids))
+			for i, id := range ids {
+				rows[i] = row{id, i}
+			}
+			slices.SortFunc(rows, func(a, b row) int { return cmp.Or(cmp.Compare(a.id, b.id), cmp.Compare(a.i, b.i)) })
+		}
+	})
 }
