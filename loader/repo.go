@@ -245,9 +245,9 @@ func readSection(path string, whole, off, size int64, sum io.Writer, throttle *T
 // damaged file. It holds no table in memory.
 func (r Repo) Verify(m *codec.Manifest) error {
 	var errs damaged
-	for _, f := range m.Files {
-		p := filepath.Join(r.VersionDir(m.Name, m.Version), f.Path)
-		if err := verifyFile(p, f, m.PackSize(f.Path)); err != nil {
+	for _, group := range byFile(m.Files) {
+		p := filepath.Join(r.VersionDir(m.Name, m.Version), group[0].Path)
+		if err := verifyFile(p, group); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -278,20 +278,45 @@ func (d damaged) Error() string {
 
 func (d damaged) Unwrap() []error { return d }
 
-// verifyFile checks partition f, in file p of size whole, against the
-// manifest (its block checksums and SHA-256).
-func verifyFile(p string, f codec.File, whole int64) error {
+// byFile groups files by path, in the manifest's order: a packed
+// delta's partitions are one group, opened once.
+func byFile(files []codec.File) [][]codec.File {
+	var out [][]codec.File
+	at := map[string]int{}
+	for _, f := range files {
+		i, ok := at[f.Path]
+		if !ok {
+			i = len(out)
+			at[f.Path] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], f)
+	}
+	return out
+}
+
+// verifyFile checks the partitions fs, all in file p (a partition's
+// own, or a packed delta's), against the manifest: the file's size, and
+// each partition's block checksums and SHA-256. It reports the first
+// damaged partition.
+func verifyFile(p string, fs []codec.File) error {
+	var whole int64
+	for _, f := range fs {
+		whole = max(whole, f.Offset+f.Size)
+	}
 	fh, err := openSection(p, whole)
 	if err != nil {
 		return err
 	}
 	defer fh.Close()
-	sum, err := codec.VerifyStream(io.NewSectionReader(fh, f.Offset, f.Size), f.Size)
-	if err != nil {
-		return fmt.Errorf("loader: %s%s: %w", p, section(f), err)
-	}
-	if sum != f.SHA256 {
-		return fmt.Errorf("loader: %s%s: %w: SHA-256 does not match the manifest", p, section(f), codec.ErrCorrupt)
+	for _, f := range fs {
+		sum, err := codec.VerifyStream(io.NewSectionReader(fh, f.Offset, f.Size), f.Size)
+		if err != nil {
+			return fmt.Errorf("loader: %s%s: %w", p, section(f), err)
+		}
+		if sum != f.SHA256 {
+			return fmt.Errorf("loader: %s%s: %w: SHA-256 does not match the manifest", p, section(f), codec.ErrCorrupt)
+		}
 	}
 	return nil
 }

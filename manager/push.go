@@ -286,7 +286,11 @@ func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint6
 			continue
 		}
 		ids = append(ids, keys[k])
-		values = append(values, w.values[int(i)*w.width:(int(i)+1)*w.width]...)
+		if w.width == 1 {
+			values = append(values, w.values[i]) // LR: no copy call per row
+		} else {
+			values = append(values, w.values[int(i)*w.width:(int(i)+1)*w.width]...)
+		}
 	}
 	return ids, values, deletes
 }
@@ -300,7 +304,7 @@ func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint6
 // the leader's CPU.
 func sortedOrder(ids []uint64) (keys []uint64, order []uint32) {
 	n := len(ids)
-	keys, order = slices.Clone(ids), make([]uint32, n)
+	keys, order = ids, make([]uint32, n) // keys is ids (read only) until a pass moves them
 	for i := range order {
 		order[i] = uint32(i)
 	}
@@ -308,6 +312,7 @@ func sortedOrder(ids []uint64) (keys []uint64, order []uint32) {
 		return keys, order
 	}
 	k2, o2 := make([]uint64, n), make([]uint32, n)
+	var k3 []uint64 // the second buffer, once ids is no longer one of them
 	count := make([]int, 1<<16)
 	for shift := uint(0); shift < 64; shift += 16 {
 		clear(count)
@@ -327,7 +332,15 @@ func sortedOrder(ids []uint64) (keys []uint64, order []uint32) {
 			k2[count[d]], o2[count[d]] = k, order[j]
 			count[d]++
 		}
-		keys, k2, order, o2 = k2, keys, o2, order
+		if k3 == nil {
+			// ids was the source: the next pass writes to a buffer of
+			// its own, never to the caller's slice.
+			k3 = make([]uint64, n)
+			keys, k2 = k2, k3
+		} else {
+			keys, k2 = k2, keys
+		}
+		order, o2 = o2, order
 	}
 	return keys, order
 }
