@@ -72,6 +72,9 @@ type Manifest struct {
 	Pushed    map[string]PushMark `json:"pushed,omitempty"`
 	Generator *GenInfo            `json:"generator,omitempty"`
 	Created   string              `json:"created,omitempty"`
+
+	// packs is each file's size, as Validate found it (PackSize).
+	packs map[string]int64
 }
 
 // GenInfo describes a synthetic model's ids, so load generators can send
@@ -231,9 +234,12 @@ func (m *Manifest) validatePushed() error {
 // one file are sections that do not overlap.
 func (m *Manifest) validateSections() error {
 	byPath := map[string][]File{}
+	sizes := make(map[string]int64, len(m.Files))
 	for _, f := range m.Files {
 		byPath[f.Path] = append(byPath[f.Path], f)
+		sizes[f.Path] = max(sizes[f.Path], f.Offset+f.Size)
 	}
+	defer func() { m.packs = sizes }()
 	for path, fs := range byPath {
 		if len(fs) == 1 {
 			continue
@@ -254,6 +260,9 @@ func (m *Manifest) validateSections() error {
 // PackSize is the size file path must have in m: the end of its last
 // section (its size, if it holds one partition).
 func (m *Manifest) PackSize(path string) int64 {
+	if m.packs != nil {
+		return m.packs[path] // as Validate found them: a lookup per partition read
+	}
 	var end int64
 	for _, f := range m.Files {
 		if f.Path == path {
