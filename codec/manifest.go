@@ -73,7 +73,9 @@ type Manifest struct {
 	Generator *GenInfo            `json:"generator,omitempty"`
 	Created   string              `json:"created,omitempty"`
 
-	// packs is each file's size, as Validate found it (PackSize).
+	// packs is each file's size, as ParseManifest found it (PackSize):
+	// set once, before the manifest is shared. A manifest built in
+	// memory has none, and PackSize scans its files.
 	packs map[string]int64
 }
 
@@ -234,24 +236,22 @@ func (m *Manifest) validatePushed() error {
 // one file are sections that do not overlap.
 func (m *Manifest) validateSections() error {
 	byPath := map[string][]File{}
-	sizes := make(map[string]int64, len(m.Files))
 	for _, f := range m.Files {
 		byPath[f.Path] = append(byPath[f.Path], f)
-		sizes[f.Path] = max(sizes[f.Path], f.Offset+f.Size)
 	}
-	defer func() { m.packs = sizes }()
 	for path, fs := range byPath {
-		if len(fs) == 1 {
-			continue
-		}
-		if m.Format != PackedFormat {
+		if len(fs) > 1 && m.Format != PackedFormat {
 			return fmt.Errorf("codec: manifest: partitions %d and %d share file %s (only format %d packs partitions in one file)", fs[0].Partition, fs[1].Partition, path, PackedFormat)
 		}
+		// A file's sections follow one another from its first byte: no
+		// overlap, and no gap of bytes nothing checks.
 		slices.SortFunc(fs, func(a, b File) int { return cmp.Compare(a.Offset, b.Offset) })
-		for i := 1; i < len(fs); i++ {
-			if fs[i].Offset < fs[i-1].Offset+fs[i-1].Size {
-				return fmt.Errorf("codec: manifest: partitions %d and %d overlap in %s", fs[i-1].Partition, fs[i].Partition, path)
+		var end int64
+		for _, f := range fs {
+			if f.Offset != end {
+				return fmt.Errorf("codec: manifest: partition %d starts at byte %d of %s; the sections before it end at %d (sections follow one another from byte 0)", f.Partition, f.Offset, path, end)
 			}
+			end += f.Size
 		}
 	}
 	return nil
@@ -261,7 +261,7 @@ func (m *Manifest) validateSections() error {
 // section (its size, if it holds one partition).
 func (m *Manifest) PackSize(path string) int64 {
 	if m.packs != nil {
-		return m.packs[path] // as Validate found them: a lookup per partition read
+		return m.packs[path] // as ParseManifest found them: a lookup per partition read
 	}
 	var end int64
 	for _, f := range m.Files {
@@ -450,6 +450,10 @@ func ParseManifest(b []byte) (*Manifest, error) {
 	}
 	if err := m.Validate(); err != nil {
 		return nil, err
+	}
+	m.packs = make(map[string]int64, len(m.Files))
+	for _, f := range m.Files {
+		m.packs[f.Path] = max(m.packs[f.Path], f.Offset+f.Size)
 	}
 	return &m, nil
 }

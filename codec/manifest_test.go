@@ -102,10 +102,8 @@ func sparseDelta() Manifest {
 	return m
 }
 
-// TestManifestUnchanged: a format 2 delta names each partition once,
-// with a file or as unchanged; anything else is refused, saying why.
 // TestPackedManifest: a format 3 delta's partitions are sections of one
-// file, which must not overlap.
+// file, which follow one another from its first byte.
 func TestPackedManifest(t *testing.T) {
 	m := validManifest()
 	m.Format, m.Kind, m.Parent = PackedFormat, KindDelta, 2
@@ -117,10 +115,23 @@ func TestPackedManifest(t *testing.T) {
 	if got := m.PackSize("pack.bin"); got != 2*size {
 		t.Fatalf("pack size %d; want %d", got, 2*size)
 	}
-	m.Files[1].Offset = size - 1
-	if err := m.Validate(); err == nil || !strings.Contains(err.Error(), "overlap") {
-		t.Fatalf("overlapping sections: %v", err)
+	for _, off := range []int64{size - 1, size + 1} {
+		m.Files[1].Offset = off
+		if err := m.Validate(); err == nil || !strings.Contains(err.Error(), "sections follow one another") {
+			t.Fatalf("a section at %d after one of %d bytes: %v", off, size, err)
+		}
 	}
+	m.Files[0].Offset, m.Files[1].Offset = size, 0 // in another order than the partitions': fine
+	if err := m.Validate(); err != nil {
+		t.Fatalf("sections in reverse order: %v", err)
+	}
+	m.Files[0].Offset = 0
+	m.Files[1].Path = "other.pack"
+	m.Files[1].Offset = 8 // alone in its file, not at its start
+	if err := m.Validate(); err == nil {
+		t.Fatal("a lone section not at byte 0 was accepted")
+	}
+	m.Files[1].Path = "pack.bin"
 	m.Files[1].Offset = -size
 	if err := m.Validate(); err == nil || !strings.Contains(err.Error(), "offset") {
 		t.Fatalf("a negative offset: %v", err)
@@ -132,6 +143,8 @@ func TestPackedManifest(t *testing.T) {
 	}
 }
 
+// TestManifestUnchanged: a format 2 delta names each partition once,
+// with a file or as unchanged; anything else is refused, saying why.
 func TestManifestUnchanged(t *testing.T) {
 	m := sparseDelta()
 	if err := m.Validate(); err != nil {

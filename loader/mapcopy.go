@@ -108,7 +108,7 @@ func copyVerified(src string, f codec.File, whole int64, dir string, throttle *T
 	case err != nil:
 		return nil, fmt.Errorf("loader: %s: %w", src, err)
 	case sum != f.SHA256:
-		return nil, fmt.Errorf("loader: %s: %w: SHA-256 does not match the manifest", src, codec.ErrCorrupt)
+		return nil, fmt.Errorf("loader: %s%s: %w: SHA-256 does not match the manifest", src, section(f), codec.ErrCorrupt)
 	}
 	if err := out.Sync(); err != nil {
 		return nil, fmt.Errorf("loader: syncing the copy of %s: %w", src, err)

@@ -106,9 +106,11 @@ func (r Repo) NewVersion(spec Spec) (*VersionWriter, error) {
 
 // writePart writes partition p's file with write, or, packing, keeps
 // its bytes for Commit.
-func (w *VersionWriter) writePart(p uint32, write func(io.Writer) error) (path string, err error) {
+// keys is how many it holds (the buffer is sized for them).
+func (w *VersionWriter) writePart(p uint32, keys int, write func(io.Writer) error) (path string, err error) {
 	if w.packed != nil {
 		var b bytes.Buffer
+		b.Grow(int(codec.PartitionFileSize(keys, w.spec.Width(), codec.Encodings[w.spec.Encoding], codec.DefaultBlockSize)))
 		if err := write(&b); err != nil {
 			return "", err
 		}
@@ -161,7 +163,7 @@ func (w *VersionWriter) WritePartition(p uint32, keys []uint64, values []float32
 		return fmt.Errorf("loader: partition %d of %d", p, w.spec.Partitions)
 	}
 	var sum codec.FileSum
-	name, err := w.writePart(p, func(f io.Writer) (err error) {
+	name, err := w.writePart(p, len(keys), func(f io.Writer) (err error) {
 		sum, err = codec.WritePartition(f, p, w.spec.Width(), codec.Encodings[w.spec.Encoding], keys, values)
 		return err
 	})
@@ -182,7 +184,7 @@ func (w *VersionWriter) WriteRecords(p uint32, records []byte) error {
 	}
 	var sum codec.FileSum
 	enc := codec.Encodings[w.spec.Encoding]
-	name, err := w.writePart(p, func(f io.Writer) (err error) {
+	name, err := w.writePart(p, len(records)/codec.RecordSize(w.spec.Width(), enc), func(f io.Writer) (err error) {
 		sum, err = codec.WriteRecords(f, p, w.spec.Width(), enc, records)
 		return err
 	})

@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -194,7 +195,7 @@ func (r Repo) ReadPartition(m *codec.Manifest, part uint32) (*codec.Partition, e
 	}
 	if hex.EncodeToString(h.Sum(nil)) != f.SHA256 {
 		mem.Free()
-		return nil, fmt.Errorf("loader: %s: %w: SHA-256 does not match the manifest", p, codec.ErrCorrupt)
+		return nil, fmt.Errorf("loader: %s%s: %w: SHA-256 does not match the manifest", p, section(f), codec.ErrCorrupt)
 	}
 	// The file is, byte for byte, the one the manifest names: its block
 	// checksums add nothing to the SHA-256 (they say which block a
@@ -335,10 +336,10 @@ func openSection(p string, whole int64) (*os.File, error) {
 	return fh, nil
 }
 
-// section names partition f's place in a packed file ("" in a file of
-// its own), for errors.
+// section names partition f's place in a packed file ("" in a file
+// named for it alone), for errors.
 func section(f codec.File) string {
-	if f.Offset == 0 {
+	if f.Offset == 0 && path.Base(f.Path) == partFileName(f.Partition) {
 		return ""
 	}
 	return fmt.Sprintf(" (partition %d at byte %d)", f.Partition, f.Offset)

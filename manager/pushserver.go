@@ -65,6 +65,10 @@ type PushOptions struct {
 	MaxConnsPerPeer int
 	// WindowBytes: a window past it is sealed at once. Default 256 MiB.
 	WindowBytes int64
+	// Unpacked seals a window as a file per partition it touches
+	// (manifest format 2), which shards of builds before format 3 read,
+	// rather than as one file: for a cluster being upgraded from them.
+	Unpacked bool
 	// MaxPendingBytes bounds what a model's pushes weigh while a pin or
 	// a canary holds them (the pending delta and the open window); past
 	// it, pushes are refused (ResourceExhausted, 429). Default 256 MiB.
@@ -507,7 +511,7 @@ func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint
 		// is): not read again on the answer's path.
 		// Packed: a window touching hundreds of partitions is one file
 		// to create, sync, verify and load, not hundreds.
-		Deletes: deletes, Parent: parent, ParentChecked: true, Pack: true, Source: "push", Pushed: body.pushMarks(time.Now()), Fence: func() error {
+		Deletes: deletes, Parent: parent, ParentChecked: true, Pack: !s.opts.Unpacked, Source: "push", Pushed: body.pushMarks(time.Now()), Fence: func() error {
 			// Still leading, in the same reign, as the version becomes
 			// visible: a successor seals its first window only after
 			// it has scanned the repository and a window has passed,

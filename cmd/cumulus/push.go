@@ -43,6 +43,7 @@ func (f *pushTokenFlags) resolve() (string, error) {
 
 // pushServeFlags configure a manager's push API (manager and dev).
 type pushServeFlags struct {
+	unpacked bool
 	addr     string
 	tok      pushTokenFlags
 	window   time.Duration
@@ -68,6 +69,7 @@ func (f *pushServeFlags) register(cmd *cobra.Command, defaultAddr string) {
 	fs.Var(&f.maxBytes, "max-push-bytes", "largest push batch (its encoding)")
 	fs.Var(&f.recv, "max-push-receiving-bytes", "bytes of push batches received and decoded at once, over every connection: past it an HTTP batch gets 429 and a gRPC stream waits (default 4 × --max-push-bytes)")
 	f.pending = 256 << 20
+	fs.BoolVar(&f.unpacked, "push-unpacked", false, "seal each window as a file per partition it touches (manifest format 2), which shards of builds before format 3 read, rather than as one file: while upgrading a cluster from such builds (shards first)")
 	fs.Var(&f.pending, "max-pending-push-bytes", "per model: the most its pushes may weigh while a pin or a canary holds them (one pending delta, served once the hold ends); past it, pushes are refused (429)")
 }
 
@@ -87,7 +89,7 @@ func (f *pushServeFlags) options(adminToken string, reg prometheus.Registerer) (
 	case token == adminToken:
 		return opts, false, errors.New("the push token is the admin token: give the push API a token of its own (a trainer must not be able to roll back)")
 	}
-	return manager.PushOptions{Addr: f.addr, Token: token, Window: f.window, MaxBatchBytes: int64(f.maxBytes), MaxPendingBytes: int64(f.pending), MaxReceiving: int64(f.recv), Registry: reg}, true, nil
+	return manager.PushOptions{Addr: f.addr, Token: token, Window: f.window, MaxBatchBytes: int64(f.maxBytes), MaxPendingBytes: int64(f.pending), MaxReceiving: int64(f.recv), Registry: reg, Unpacked: f.unpacked}, true, nil
 }
 
 // policy sets the manager's bounds on its push producers' marks.
