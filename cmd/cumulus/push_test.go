@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
@@ -153,6 +154,10 @@ func TestPushEndToEnd(t *testing.T) {
 		t.Fatalf("first batch: %d %s", code, raw)
 	}
 	served(a.Version, map[int64]float64{5: 1.5, 6: -2})
+	// The sealed window is one file, its partitions sections of it.
+	if m, err := (loader.Repo{Dir: repo}).Manifest("fm", a.Version); err != nil || m.Format != codec.PackedFormat || len(m.Files) != 2 || m.Files[0].Path != m.Files[1].Path {
+		t.Fatalf("the sealed delta: %+v, %v; want format 3, two partitions in one file", m, err)
+	}
 	code, dup, raw := post("push-t", "/push/v1/models/fm", pushBody("t0", 1, []int64{5}, []float32{9, 9, 9}, nil), 0)
 	if code != 200 || !dup.Duplicate {
 		t.Fatalf("a duplicate: %d %s", code, raw)
