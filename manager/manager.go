@@ -252,6 +252,7 @@ type Manager struct {
 	stopped  chan struct{}          // closed when the loop returns
 	leading  atomic.Bool            // whether this manager acts (loop goroutine writes)
 	adminURL atomic.Pointer[string] // its console's URL, once ServeAdmin serves it
+	sealed   sealedSet              // deltas it sealed, not read back (validate)
 	acting   atomic.Bool            // it leads and has scanned the repository since it came to
 	reign    atomic.Uint64          // times acting was set: what the push server's windows belong to
 	results  chan Event             // from the validator, one version at a time
@@ -1169,13 +1170,48 @@ func (m *Manager) validator(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		checked := validate(m.opts.Repo, v) // the loop marks it finished when it applies the result
+		checked := validate(m.opts.Repo, v, m.sealed.take(v)) // the loop marks it finished when it applies the result
 		select {
 		case m.results <- checked:
 		case <-ctx.Done():
 			return
 		}
 	}
+}
+
+// sealedSet is the versions this manager sealed from pushes, with their
+// files' fingerprints, until the validator takes them (validate). At
+// most maxSealed are kept: a version never validated here (the lead
+// lost) is forgotten.
+type sealedSet struct {
+	mu    sync.Mutex
+	fps   map[Validate]string
+	order []Validate
+}
+
+const maxSealed = 256
+
+func (s *sealedSet) add(v Validate, fp string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fps == nil {
+		s.fps = map[Validate]string{}
+	}
+	s.fps[v] = fp
+	s.order = append(s.order, v)
+	for len(s.order) > maxSealed {
+		delete(s.fps, s.order[0])
+		s.order = s.order[1:]
+	}
+}
+
+// take returns v's fingerprint and forgets it ("" if none).
+func (s *sealedSet) take(v Validate) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fp := s.fps[v]
+	delete(s.fps, v)
+	return fp
 }
 
 // validateQueue is the validator's queue: a version is queued once until

@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 var pushT0 = time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
@@ -331,4 +335,40 @@ func BenchmarkWindowSort(b *testing.B) {
 			slices.SortFunc(rows, func(a, b row) int { return cmp.Or(cmp.Compare(a.id, b.id), cmp.Compare(a.i, b.i)) })
 		}
 	})
+}
+
+// TestValidateSealed: a delta this manager sealed is not read back while
+// its files are as it wrote them; once they change, it is verified (and
+// the damage found).
+func TestValidateSealed(t *testing.T) {
+	repo := loader.Repo{Dir: t.TempDir()}
+	shape := model.Shape{Type: model.LR}
+	if _, err := repo.Generate(loader.GenSpec{Name: "m", Shape: shape, Params: 1000, Partitions: 8, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := repo.PublishDelta("m", loader.Delta{Upserts: &loader.Sparse{Shape: shape, Keys: []uint64{1, 2, 3}, Values: []float32{1, 2, 3}}, Pack: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := Validate{Model: "m", Version: d.Version}
+	dir := repo.VersionDir("m", d.Version)
+	fp := fingerprint(dir)
+	got := validate(repo, v, fp)
+	if got.Err != "" || len(got.Gates) != 1 || got.Gates[0].Outcome != "passed" || !strings.Contains(got.Gates[0].Reason, "sealed by this manager") || got.Info == nil {
+		t.Fatalf("a sealed delta: %+v", got)
+	}
+	// Damaged after sealing: its fingerprint changes, and it is read.
+	p := filepath.Join(dir, d.Files[0].Path)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 1
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	repo.Manifests = nil
+	if got := validate(repo, v, fp); got.Err == "" {
+		t.Fatalf("a sealed delta damaged since: %+v", got)
+	}
 }

@@ -524,6 +524,8 @@ func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint
 	if err != nil {
 		return 0, err
 	}
+	// Not read back by the validator: see validate.
+	s.m.sealed.add(Validate{Model: model, Version: m.Version}, fingerprint(s.m.opts.Repo.VersionDir(model, m.Version)))
 	if held != nil {
 		if replaced != 0 && replaced != m.Version && unserved(s.m.State().Models[model], replaced) {
 			if err := s.m.removeVersion(s.m.opts.Repo.VersionDir(model, replaced)); err != nil {
