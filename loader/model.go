@@ -112,6 +112,8 @@ type Delta struct {
 	Golden Goldens
 	// Pack writes its partitions as sections of one file (Spec.Pack).
 	Pack bool
+	// Written: see Spec.Written.
+	Written func(version uint64, dir string)
 }
 
 // DeltaParent is the version a delta is built on by default: the newest
@@ -230,7 +232,7 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 		return nil, fmt.Errorf("loader: an %s model takes no dense part", parent.Type)
 	}
 	return r.publish(Spec{Name: name, Shape: parent.Shape, Bias: bias, Partitions: parent.Partitions,
-		Encoding: parent.Encoding, Parent: latest, Source: d.Source, Pushed: d.Pushed, Fence: d.Fence, Golden: d.Golden, Pack: d.Pack}, keys, values, d.Dense)
+		Encoding: parent.Encoding, Parent: latest, Source: d.Source, Pushed: d.Pushed, Fence: d.Fence, Golden: d.Golden, Pack: d.Pack, Written: d.Written}, keys, values, d.Dense)
 }
 
 // publish splits keys by partition and writes them, and dense (if not

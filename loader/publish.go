@@ -34,7 +34,12 @@ type Spec struct {
 	// version becomes visible: an error publishes nothing. (A manager
 	// sealing pushes checks it still leads: a deposed one must not
 	// publish after its successor.)
-	Fence     func() error
+	Fence func() error
+	// Written, if set, is told the version's number and the directory
+	// holding its files, complete, just before it becomes visible (the
+	// directory is then renamed: its files stay as they are). It may be
+	// told a number more than once, if a number it was told is taken.
+	Written   func(version uint64, dir string)
 	Generator *codec.GenInfo
 	// SameAs: the version serves exactly what version SameAs serves (a
 	// compaction of its chain). Commit then also copies every delta
@@ -340,6 +345,9 @@ func (w *VersionWriter) commitLocked(m *codec.Manifest) error {
 		}
 		if err := w.repo.writeHighWater(w.spec.Name, next); err != nil {
 			return err
+		}
+		if w.spec.Written != nil {
+			w.spec.Written(next, w.tmp)
 		}
 		err = os.Rename(w.tmp, w.repo.VersionDir(w.spec.Name, next))
 		if err == nil {

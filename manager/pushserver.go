@@ -520,12 +520,15 @@ func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint
 				return errPushStopped
 			}
 			return nil
+		},
+		// Not read back by the validator (see validate): told before
+		// the version is visible, so before any scan can queue it.
+		Written: func(version uint64, dir string) {
+			s.m.sealed.add(Validate{Model: model, Version: version}, fingerprint(dir))
 		}})
 	if err != nil {
 		return 0, err
 	}
-	// Not read back by the validator: see validate.
-	s.m.sealed.add(Validate{Model: model, Version: m.Version}, fingerprint(s.m.opts.Repo.VersionDir(model, m.Version)))
 	if held != nil {
 		if replaced != 0 && replaced != m.Version && unserved(s.m.State().Models[model], replaced) {
 			if err := s.m.removeVersion(s.m.opts.Repo.VersionDir(model, replaced)); err != nil {

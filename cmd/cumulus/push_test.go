@@ -158,6 +158,16 @@ func TestPushEndToEnd(t *testing.T) {
 	if m, err := (loader.Repo{Dir: repo}).Manifest("fm", a.Version); err != nil || m.Format != codec.PackedFormat || len(m.Files) != 2 || m.Files[0].Path != m.Files[1].Path {
 		t.Fatalf("the sealed delta: %+v, %v; want format 3, two partitions in one file", m, err)
 	}
+	// ... which the manager did not read back: it sealed it.
+	var d manager.ModelDetail
+	if err := json.Unmarshal([]byte(mustRun(t, "admin", "show", "fm", "--json", "--addr", adminAddr, "--admin-token", "admin-t")), &d); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range d.Versions {
+		if v.Version == a.Version && (len(v.Gates) == 0 || !strings.Contains(v.Gates[0].Reason, "sealed by this manager")) {
+			t.Fatalf("the sealed delta's gates: %+v; want the finite gate passed as sealed by this manager", v.Gates)
+		}
+	}
 	code, dup, raw := post("push-t", "/push/v1/models/fm", pushBody("t0", 1, []int64{5}, []float32{9, 9, 9}, nil), 0)
 	if code != 200 || !dup.Duplicate {
 		t.Fatalf("a duplicate: %d %s", code, raw)
