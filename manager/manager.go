@@ -839,8 +839,19 @@ func (m *Manager) scan(ctx context.Context) { m.scanWith(ctx, false) }
 func (m *Manager) quickScan(ctx context.Context) { m.scanWith(ctx, true) }
 
 func (m *Manager) scanWith(ctx context.Context, quick bool) {
-	view := m.view.Load()
-	ev, err := scanRepo(m.opts.Repo, func(model string, v uint64) (scanMode, *Found) {
+	ev, err := scanRepo(m.opts.Repo, scanModes(m.view.Load(), quick))
+	if err != nil {
+		slog.Error("manager: scanning repository; keeping the current state", "err", err)
+		return
+	}
+	m.apply(ctx, ev)
+}
+
+// scanModes says how a scan reads each version directory, given the
+// state view: in a quick scan, what the state has validated is taken as
+// last scanned.
+func scanModes(view *State, quick bool) func(model string, v uint64) (scanMode, *Found) {
+	return func(model string, v uint64) (scanMode, *Found) {
 		ms := view.Models[model]
 		var known *Version
 		if ms != nil {
@@ -853,17 +864,15 @@ func (m *Manager) scanWith(ctx context.Context, quick bool) {
 			return scanFull, nil
 		case ms.Chained[v] != "":
 			if quick {
-				return scanKnownPrint, &Found{Files: ms.Chained[v]}
+				// The fingerprint alone, as a full scan lists it: the
+				// entry whole never matched, and every quick scan (one a
+				// sealed push) had every chained version validated again.
+				return scanKnownPrint, &Found{Files: chainedPrint(ms.Chained[v])}
 			}
 			return scanPrint, nil
 		}
 		return scanSkip, nil
-	})
-	if err != nil {
-		slog.Error("manager: scanning repository; keeping the current state", "err", err)
-		return
 	}
-	m.apply(ctx, ev)
 }
 
 // writeTimeout bounds one write of the state (and one read after a

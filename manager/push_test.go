@@ -372,3 +372,28 @@ func TestValidateSealed(t *testing.T) {
 		t.Fatalf("a sealed delta damaged since: %+v", got)
 	}
 }
+
+// TestQuickScanChained: a quick scan lists a version gone from the state
+// that a kept chain needs by its fingerprint, as a full scan does, so
+// the chain check finds it unchanged and validates nothing again. (It
+// listed the whole state entry, and every quick scan, one a sealed
+// push, had every such version read again.)
+func TestQuickScanChained(t *testing.T) {
+	ms := &ModelState{Name: "m", Floor: 5, Chained: map[uint64]string{3: chainedEntry("fp3", []string{"a", "b"})}}
+	view := &State{Models: map[string]*ModelState{"m": ms}}
+	for _, quick := range []bool{true, false} {
+		mode, f := scanModes(view, quick)("m", 3)
+		if quick && (mode != scanKnownPrint || f == nil || f.Files != "fp3") {
+			t.Fatalf("quick: mode %v, found %+v; want the fingerprint fp3", mode, f)
+		}
+		if !quick && mode != scanPrint {
+			t.Fatalf("full: mode %v; want scanPrint", mode)
+		}
+	}
+	if acts := ms.checkChains(map[uint64]string{3: "fp3"}); len(acts) != 0 {
+		t.Fatalf("an unchanged chained version: %v; want nothing validated", acts)
+	}
+	if acts := ms.checkChains(map[uint64]string{3: "fp3-changed"}); len(acts) != 1 {
+		t.Fatalf("a changed chained version: %v; want it validated", acts)
+	}
+}
