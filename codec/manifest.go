@@ -263,13 +263,16 @@ func (m *Manifest) PackSize(path string) int64 {
 	if m.packs != nil {
 		return m.packs[path] // as ParseManifest found them: a lookup per partition read
 	}
-	var end int64
-	for _, f := range m.Files {
-		if f.Path == path {
-			end = max(end, f.Offset+f.Size)
-		}
+	return packSizes(m.Files)[path]
+}
+
+// packSizes is each file's size: where its last section ends.
+func packSizes(files []File) map[string]int64 {
+	sizes := make(map[string]int64, len(files))
+	for _, f := range files {
+		sizes[f.Path] = max(sizes[f.Path], f.Offset+f.Size)
 	}
-	return end
+	return sizes
 }
 
 // validateCover checks that Files and Unchanged name every partition
@@ -451,10 +454,7 @@ func ParseManifest(b []byte) (*Manifest, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
-	m.packs = make(map[string]int64, len(m.Files))
-	for _, f := range m.Files {
-		m.packs[f.Path] = max(m.packs[f.Path], f.Offset+f.Size)
-	}
+	m.packs = packSizes(m.Files)
 	return &m, nil
 }
 

@@ -248,7 +248,7 @@ func (r Repo) Verify(m *codec.Manifest) error {
 	var errs damaged
 	for _, group := range byFile(m.Files) {
 		p := filepath.Join(r.VersionDir(m.Name, m.Version), group[0].Path)
-		if err := verifyFile(p, group); err != nil {
+		if err := verifyFile(p, group, m.PackSize(group[0].Path)); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -297,14 +297,10 @@ func byFile(files []codec.File) [][]codec.File {
 }
 
 // verifyFile checks the partitions fs, all in file p (a partition's
-// own, or a packed delta's), against the manifest: the file's size, and
+// own, or a packed delta's) of size whole, against the manifest: its size, and
 // each partition's block checksums and SHA-256. It reports the first
 // damaged partition.
-func verifyFile(p string, fs []codec.File) error {
-	var whole int64
-	for _, f := range fs {
-		whole = max(whole, f.Offset+f.Size)
-	}
+func verifyFile(p string, fs []codec.File, whole int64) error {
 	fh, err := openSection(p, whole)
 	if err != nil {
 		return err
