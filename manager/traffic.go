@@ -363,16 +363,9 @@ func (t *trafficReader) read(ctx context.Context, routers map[string]topo.Router
 			}
 		}
 	}
-	newest := map[string]routerSample{}
-	for _, h := range t.history {
-		maps.Copy(newest, h)
-	}
-	for id := range newest {
-		if _, ok := cur[id]; !ok {
-			delete(newest, id) // gone, or not read this time
-		}
-	}
-	return trafficBetween(old, newest), t.errs
+	// The routers read this time (a router gone, or not read, has no
+	// figures), each against its oldest read in the window.
+	return trafficBetween(old, cur), t.errs
 }
 
 func oldest(h map[string]routerSample) time.Time {
