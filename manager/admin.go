@@ -297,17 +297,7 @@ func detail(st *State, m *ModelState) ModelDetail {
 		d.Versions = append(d.Versions, VersionDetail{Version: v.Version, Kind: v.Kind, Parent: v.Parent, Phase: v.Phase, Reason: v.Reason, Bytes: v.Bytes, Gates: v.Gates,
 			Accepted: v.Accepted, Created: v.Created, LiveAt: v.LiveAt})
 	}
-	if m.Staged != 0 {
-		d.Rollout = &Rollout{Version: m.Staged}
-		for p, reps := range m.Replicas {
-			for _, id := range reps {
-				d.Rollout.Replicas++
-				if st.holds(m, id, m.Staged, p) {
-					d.Rollout.Holding++
-				}
-			}
-		}
-	}
+	d.Rollout = rollout(st, m)
 	mismatches := st.Mismatches(m.Name)
 	over := st.overBudget()
 	var overs []string
@@ -637,19 +627,17 @@ func shardList(st *State, state func(id string) string) shardsAnswer {
 	}
 	slices.Sort(ids)
 	replicas, bytes := st.assigned()
-	mismatched := map[string][]string{}
-	for _, name := range slices.Sorted(maps.Keys(st.Models)) {
-		for id, vs := range st.Mismatches(name) {
-			for _, v := range vs {
-				mismatched[id] = append(mismatched[id], fmt.Sprintf("%s@%d", name, v))
-			}
-		}
-	}
 	out := []ShardSummary{}
 	for _, id := range ids {
 		si := st.Shards[id]
 		s := ShardSummary{ID: id, Addr: si.Addr, Zone: si.Zone, Weight: cmp.Or(si.Weight, 1), State: state(id), Budget: si.Budget,
-			Assigned: replicas[id], Bytes: bytes[id], Errors: si.Errors, Mismatched: mismatched[id]}
+			Assigned: replicas[id], Bytes: bytes[id], Errors: si.Errors}
+		mm := st.mismatchesOf(si, "")
+		for _, name := range slices.Sorted(maps.Keys(mm)) {
+			for _, v := range mm[name] {
+				s.Mismatched = append(s.Mismatched, fmt.Sprintf("%s@%d", name, v))
+			}
+		}
 		for _, m := range st.Models {
 			for _, v := range m.kept() {
 				s.Held += heldCount(si, m, m.version(v))

@@ -7,7 +7,6 @@ package manager
 // in a header, as any admin client's does.
 
 import (
-	"cmp"
 	"crypto/tls"
 	"embed"
 	"encoding/json"
@@ -114,10 +113,11 @@ type ConsoleDetail struct {
 }
 
 // rollout is how far m's staged version has loaded (nil: none staged).
-func rollout(st *State, m *ModelState, h holding) *Rollout {
+func rollout(st *State, m *ModelState) *Rollout {
 	if m.Staged == 0 {
 		return nil
 	}
+	h := st.holding(m.Name)
 	r := &Rollout{Version: m.Staged}
 	for p, reps := range m.Replicas {
 		for _, id := range reps {
@@ -196,7 +196,7 @@ func (a *admin) console(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, n := range slices.Sorted(maps.Keys(st.Models)) {
 		m := st.Models[n]
-		cm := ConsoleModel{ModelSummary: summary(m), Rollout: rollout(st, m, st.holding(n))}
+		cm := ConsoleModel{ModelSummary: summary(m), Rollout: rollout(st, m)}
 		if lv := m.version(m.Live); lv != nil {
 			cm.LiveCreated, cm.LiveAt = lv.Created, lv.LiveAt
 			if lv.Info != nil {
@@ -264,6 +264,9 @@ func adminURL(listen string, tlsOn bool, raftAddr string) string {
 		}
 		host = rh
 	}
-	u := url.URL{Scheme: cmp.Or(map[bool]string{true: "https"}[tlsOn], "http"), Host: net.JoinHostPort(host, port), Path: "/console/"}
+	u := url.URL{Scheme: "http", Host: net.JoinHostPort(host, port), Path: "/console/"}
+	if tlsOn {
+		u.Scheme = "https"
+	}
 	return u.String()
 }

@@ -45,28 +45,39 @@ func (s *State) mismatched(m *ModelState, si topo.ShardInfo) bool {
 // Mismatches lists, per shard, the versions of model it holds or found
 // with content other than the manager validated.
 func (s *State) Mismatches(model string) map[string][]uint64 {
-	m := s.Models[model]
 	out := map[string][]uint64{}
-	if m == nil {
+	if s.Models[model] == nil {
 		return out
 	}
 	for id, si := range s.Shards {
-		for _, l := range slices.Concat(si.Loaded, si.Mismatched) {
-			if l.Model == model && !slices.Contains(out[id], l.Version) && s.mismatched(m, topo.ShardInfo{Loaded: []topo.Loaded{l}}) {
-				out[id] = append(out[id], l.Version)
-			}
+		if vs := s.mismatchesOf(si, model)[model]; len(vs) > 0 {
+			out[id] = vs
 		}
 	}
 	return out
 }
 
-// holds reports whether shard id holds partition p of v with the
-// validated content, by a report recent enough to trust: one that
-// follows a record from which on neither the placement nor v's being kept
-// has changed. An older report may list what the shard has since dropped
-// on an intermediate record's word.
-func (s *State) holds(m *ModelState, id string, v uint64, p int) bool {
-	return s.holdsIn(nil, m, id, v, p)
+// mismatchesOf lists, per model (only's, or every model's if only is
+// ""), the versions shard si holds or found with content other than the
+// manager validated: one pass over its reports.
+func (s *State) mismatchesOf(si topo.ShardInfo, only string) map[string][]uint64 {
+	var out map[string][]uint64
+	for _, list := range [][]topo.Loaded{si.Loaded, si.Mismatched} {
+		for _, l := range list {
+			if only != "" && l.Model != only {
+				continue
+			}
+			m := s.Models[l.Model]
+			if m == nil || slices.Contains(out[l.Model], l.Version) || !s.mismatched(m, topo.ShardInfo{Loaded: []topo.Loaded{l}}) {
+				continue
+			}
+			if out == nil {
+				out = map[string][]uint64{}
+			}
+			out[l.Model] = append(out[l.Model], l.Version)
+		}
+	}
+	return out
 }
 
 // holding indexes the shards' reports of one model (shard → version →
@@ -93,7 +104,12 @@ func (s *State) holding(model string) holding {
 	return h
 }
 
-// holdsIn is holds, reading the reports from h (nil: from s.Shards).
+// holdsIn reports whether shard id holds partition p of v with the
+// validated content, by a report recent enough to trust: one that
+// follows a record from which on neither the placement nor v's being kept
+// has changed. An older report may list what the shard has since dropped
+// on an intermediate record's word. It reads the reports from h (nil:
+// from s.Shards).
 func (s *State) holdsIn(h holding, m *ModelState, id string, v uint64, p int) bool {
 	return s.holdsVersion(h, m, id, m.version(v), p)
 }
