@@ -299,6 +299,12 @@ func metricsURL(s string) (*url.URL, error) {
 	return u, nil
 }
 
+// trafficRead is one read of every router's metrics, at a time.
+type trafficRead struct {
+	at      time.Time
+	samples map[string]routerSample // by router ID: those read
+}
+
 // trafficReader keeps the routers' recent samples.
 type trafficReader struct {
 	client *http.Client
@@ -306,7 +312,7 @@ type trafficReader struct {
 	last   time.Time
 	// history is each read's samples, oldest first, over twice the
 	// window.
-	history []map[string]routerSample
+	history []trafficRead
 	errs    map[string]string // router ID → why its metrics could not be read
 }
 
@@ -341,23 +347,24 @@ func (t *trafficReader) read(ctx context.Context, routers map[string]topo.Router
 		t.errs = errs
 		// The newest read replaces the one before it unless that one is
 		// 2 s older than the one before: about 7 reads are kept.
-		if n := len(t.history); n >= 2 && oldest(t.history[n-1]).Sub(oldest(t.history[n-2])) < 2*time.Second {
-			t.history[n-1] = cur
+		read := trafficRead{at: now, samples: cur}
+		if n := len(t.history); n >= 2 && t.history[n-1].at.Sub(t.history[n-2].at) < 2*time.Second {
+			t.history[n-1] = read
 		} else {
-			t.history = append(t.history, cur)
+			t.history = append(t.history, read)
 		}
-		for len(t.history) > 1 && now.Sub(oldest(t.history[1])) > trafficWindow+2*time.Second {
+		for len(t.history) > 1 && now.Sub(t.history[1].at) > trafficWindow+2*time.Second {
 			t.history = t.history[1:]
 		}
 	}
 	if len(t.history) == 0 {
 		return []Traffic{}, t.errs
 	}
-	cur := t.history[len(t.history)-1]
+	cur := t.history[len(t.history)-1].samples
 	// Per router, its newest sample and its oldest within the window.
 	old := map[string]routerSample{}
 	for _, h := range t.history {
-		for id, s := range h {
+		for id, s := range h.samples {
 			if _, ok := old[id]; !ok && now.Sub(s.at) <= trafficWindow+time.Second {
 				old[id] = s
 			}
@@ -366,16 +373,6 @@ func (t *trafficReader) read(ctx context.Context, routers map[string]topo.Router
 	// The routers read this time (a router gone, or not read, has no
 	// figures), each against its oldest read in the window.
 	return trafficBetween(old, cur), t.errs
-}
-
-func oldest(h map[string]routerSample) time.Time {
-	var t time.Time
-	for _, s := range h {
-		if t.IsZero() || s.at.Before(t) {
-			t = s.at
-		}
-	}
-	return t
 }
 
 // sample reads every router's metrics at once, as of now.
