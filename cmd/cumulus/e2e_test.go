@@ -34,8 +34,24 @@ func TestMain(m *testing.M) {
 	if os.Getenv("CUMULUS_AS_MAIN") == "1" {
 		os.Exit(run(os.Args[1:]))
 	}
-	os.Exit(m.Run())
+	// The processes the tests start make their temporary directories
+	// (a dev cluster's data, its certificates) in one of the run's own,
+	// removed when the run ends: a process a test kills cannot remove
+	// its own, and those left in the system's (128 MB each: etcd
+	// preallocates its WAL) once filled the disk.
+	dir, err := os.MkdirTemp("", "cumulus-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	childTmp = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
+
+// childTmp is TMPDIR for the processes the tests start.
+var childTmp string
 
 // cumulus runs the test binary as cumulus with args. A dev cluster gets
 // a push API on a port of its own (its default, 8003, is one for all).
@@ -44,7 +60,7 @@ func cumulus(args ...string) *exec.Cmd {
 		args = append(slices.Clip(args), "--push-addr", "127.0.0.1:0")
 	}
 	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), "CUMULUS_AS_MAIN=1")
+	cmd.Env = append(os.Environ(), "CUMULUS_AS_MAIN=1", "TMPDIR="+childTmp)
 	return cmd
 }
 
