@@ -92,6 +92,7 @@ type arrivalKey struct{}
 func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
 	t0 := time.Now()
 	deadline := t0.Add(s.opts.RequestTimeout)
+	stream := ctx // ends when the client gives up (holdCut)
 	ctx, cancel := context.WithDeadline(context.WithValue(ctx, arrivalKey{}, t0), deadline)
 	defer cancel()
 	var req *kservepb.ModelInferRequest
@@ -100,7 +101,9 @@ func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) err
 		err = s.refusal(ctx, "grpc", "requests", admit.ErrOverloaded, t0)
 	} else {
 		var msg receivedGRPC
-		if msg, err = s.receiveGRPC(ctx, dec, t0, deadline); err == nil {
+		if msg, err = s.receiveGRPC(ctx, dec, t0, deadline); errors.Is(err, errReceiveTooSlow) {
+			s.holdCut(stream, t0)
+		} else if err == nil {
 			var slot admit.Ticket
 			if slot, err = s.adm.slots.Acquire(ctx, 1); err != nil {
 				err = s.refusal(ctx, "grpc", "requests", err, t0)

@@ -224,6 +224,11 @@ func (s *Server) receiveHTTP(w http.ResponseWriter, r *http.Request, rc *http.Re
 		err = s.receiveRefusal("http", refused, t0)
 	case errors.As(err, &cut) && rd.Before(deadline):
 		err = errReceiveTimeout("the request body", int64(cut.n), rd.Sub(t0))
+		x.done()
+		// (Not r.Context(): the read cut off ended it. A client that
+		// leaves meanwhile goes unnoticed, the connection unread.)
+		s.holdCut(context.Background(), t0)
+		return receivedBody{}, err
 	case errors.As(err, &cut):
 		err = errBodyDeadline(cut)
 	}

@@ -102,7 +102,9 @@ type Options struct {
 	// from its arrival, plus 200ms per MB of an HTTP body's
 	// Content-Length; never past the request's own deadline. A request
 	// still arriving then is cut off: HTTP 408 and the connection closed,
-	// a gRPC stream ended with DeadlineExceeded. Default 200ms.
+	// a gRPC stream ended with DeadlineExceeded, answered once
+	// HeaderTimeout has passed since its arrival and unread meanwhile
+	// (holdCut). Default 200ms.
 	ReceiveTimeout time.Duration
 	// MaxConnsPerPeer bounds the connections one client address holds
 	// open on each front; one past it is held unread for HeaderTimeout,
@@ -190,6 +192,9 @@ type Server struct {
 	latencies *prometheus.HistogramVec
 	draining  atomic.Bool
 	inflight  atomic.Int64 // requests under way, both protocols
+	heldCuts  atomic.Int64 // requests cut off and not yet answered (holdCut)
+	holds     context.Context
+	endHolds  context.CancelFunc // answers every request held, at stop
 }
 
 // Start listens on both addresses and serves until Close.
@@ -199,16 +204,19 @@ func Start(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, adm: newAdmission(&opts), recv: newReception(&opts),
 		codec: newRequestCodec(bodyLimits{maxIDs: opts.Limits.MaxIDs, maxRows: opts.Limits.MaxRows})}
+	s.holds, s.endHolds = context.WithCancel(context.Background())
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_infer_requests_total", Help: "Infer requests by API and outcome."}, []string{"api", "code"})
 	s.latencies = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "cumulus_infer_seconds", Help: "Infer latency by API.",
 		Buckets: prometheus.ExponentialBuckets(100e-6, 2, 16)}, []string{"api"})
 	receiving := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cumulus_receiving_bytes",
 		Help: "What the infer requests still arriving are counted at now (MaxReceivingBytes bounds it)."}, func() float64 { return float64(s.recv.bytes()) })
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cumulus_cut_requests_held",
+		Help: "Requests cut off for arriving too slowly whose answer is held until HeaderTimeout after their arrival."}, func() float64 { return float64(s.heldCuts.Load()) })
 	connsRefused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_connections_refused_total",
-		Help: "Connections closed as soon as accepted, their client address holding MaxConnsPerPeer already, by API."}, []string{"api"})
+		Help: "Connections refused, their client address holding MaxConnsPerPeer already (held unread for HeaderTimeout, then closed), by API."}, []string{"api"})
 	connsCut := prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_grpc_connections_cut_total",
 		Help: "gRPC connections closed because their DATA kept the messages in reception past MaxReceivingBytes or MaxReceivingPerPeer for longer than ReceiveTimeout and a second."})
-	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.refusedIn, s.adm.waiting, receiving, connsRefused, connsCut} {
+	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.refusedIn, s.adm.waiting, receiving, held, connsRefused, connsCut} {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("server: metrics: %w", err)
 		}
@@ -314,6 +322,7 @@ func (s *Server) Drain(ctx context.Context) error {
 // requests then still under way.
 func (s *Server) stop(ctx context.Context) (left int64, err error) {
 	s.draining.Store(true)
+	s.endHolds()
 	stopped := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(stopped) }()
 	err = s.http.Shutdown(ctx)

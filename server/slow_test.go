@@ -271,7 +271,7 @@ func TestAnnouncedLengthCostsNothing(t *testing.T) {
 // connection closed, gRPC DeadlineExceeded naming the receive time. The
 // server goes on serving.
 func TestReceiveTimeout(t *testing.T) {
-	s, client := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 50 * time.Millisecond}, instant{})
+	s, client := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 50 * time.Millisecond, HeaderTimeout: 100 * time.Millisecond}, instant{})
 	resp, msg := rawPost(t, s.HTTPAddr(), "", len(oneRow), oneRow[:10])
 	if resp.StatusCode != 408 || !resp.Close || !strings.Contains(msg, "did not arrive within its receive time") ||
 		!strings.Contains(msg, "10 of its bytes did") {
@@ -286,11 +286,81 @@ func TestReceiveTimeout(t *testing.T) {
 	}
 }
 
+// TestCutAnsweredLate: a request cut off at its receive time is answered
+// only once HeaderTimeout has passed since it arrived, over either
+// front, so that a sender reopening whatever is cut cannot make the
+// front cut requests as fast as it opens them; a client that gives up
+// ends the wait.
+func TestCutAnsweredLate(t *testing.T) {
+	const hold = 600 * time.Millisecond
+	s, client := startFront(t, server.Options{RequestTimeout: 100 * time.Millisecond, ReceiveTimeout: 20 * time.Millisecond, HeaderTimeout: hold}, instant{})
+	t0 := time.Now()
+	if err := neverSent(t, s.GRPCAddr()); status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "receive time") {
+		t.Errorf("gRPC message never sent: %v, want DeadlineExceeded naming the receive time", err)
+	}
+	if took := time.Since(t0); took < hold {
+		t.Errorf("gRPC stream cut off answered after %v, want no sooner than HeaderTimeout (%v), past RequestTimeout", took, hold)
+	}
+	t0 = time.Now()
+	if resp, msg := rawPost(t, s.HTTPAddr(), "", len(oneRow), oneRow[:10]); resp.StatusCode != 408 {
+		t.Errorf("trickled body: %d %s, want 408", resp.StatusCode, msg)
+	}
+	if took := time.Since(t0); took < hold {
+		t.Errorf("HTTP body cut off answered after %v, want no sooner than HeaderTimeout (%v)", took, hold)
+	}
+	goodClient(t, s, client, 2)
+
+	// A gRPC client that gives up is answered by its own deadline, and
+	// the front holds nothing for it after that.
+	s2, _ := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 20 * time.Millisecond, HeaderTimeout: time.Hour}, instant{})
+	conn, err := grpc.NewClient(s2.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	stream, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true}, kservepb.GRPCInferenceService_ModelInfer_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := metric(t, s2, "cumulus_cut_requests_held"); got != 1 {
+			return fmt.Errorf("%v requests held, want the one cut off", got)
+		}
+		return nil
+	})
+	if err := stream.RecvMsg(new(kservepb.ModelInferResponse)); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("stream past its client's deadline: %v, want DeadlineExceeded", err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := metric(t, s2, "cumulus_cut_requests_held"); got != 0 {
+			return fmt.Errorf("%v requests held after their client gave up, want 0", got)
+		}
+		return nil
+	})
+
+	// The front stopping answers what it holds, rather than wait an
+	// hour or fail it.
+	held := make(chan error, 1)
+	go func() { held <- neverSent(t, s2.GRPCAddr()) }()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := metric(t, s2, "cumulus_cut_requests_held"); got != 1 {
+			return fmt.Errorf("%v requests held, want the one cut off", got)
+		}
+		return nil
+	})
+	s2.Close()
+	if err := <-held; status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "receive time") {
+		t.Errorf("stream held when the front stopped: %v, want its DeadlineExceeded naming the receive time", err)
+	}
+}
+
 // TestCutOffConnectionClosed: a connection whose body was cut off at its
 // receive time is closed by the server right after the 408, not held
 // while net/http waits to discard the rest of a body that never comes.
 func TestCutOffConnectionClosed(t *testing.T) {
-	s, client := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 50 * time.Millisecond}, instant{})
+	s, client := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 50 * time.Millisecond, HeaderTimeout: 100 * time.Millisecond}, instant{})
 	conn, err := net.Dial("tcp", s.HTTPAddr())
 	if err != nil {
 		t.Fatal(err)

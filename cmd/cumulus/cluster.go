@@ -185,7 +185,7 @@ func (l *limitFlags) register(cmd *cobra.Command) {
 	cmd.Flags().Var(&l.perPeer, "max-receiving-per-peer", "most bytes the requests arriving from one client address may hold (default: a quarter of --max-receiving-bytes, and at least one body of --max-request-bytes)")
 	cmd.Flags().IntVar(&l.connsPerPeer, "max-conns-per-peer", 64, "most connections one client address may hold open on each front (gRPC, HTTP); past it a new one is held unread for --header-timeout, then closed")
 	cmd.Flags().DurationVar(&l.headerTimeout, "header-timeout", 2*time.Second, "longest a connection may take to send its request headers (HTTP) or to establish itself (gRPC: TLS and the HTTP/2 preface)")
-	cmd.Flags().DurationVar(&l.receiveTimeout, "receive-timeout", 200*time.Millisecond, "longest a request's bytes may take to arrive, plus 200ms per MB of an HTTP body's Content-Length; then HTTP 408 and the connection closed, or gRPC DeadlineExceeded")
+	cmd.Flags().DurationVar(&l.receiveTimeout, "receive-timeout", 200*time.Millisecond, "longest a request's bytes may take to arrive, plus 200ms per MB of an HTTP body's Content-Length; then HTTP 408 and the connection closed, or gRPC DeadlineExceeded, answered once --header-timeout has passed since the request arrived")
 }
 
 func (l *limitFlags) limits() router.Limits {
