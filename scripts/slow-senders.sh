@@ -13,7 +13,8 @@
 # CUMULUS names the binary that runs bench (default: cumulus on PATH);
 # SERVER the one that runs dev (default: CUMULUS), so that an older build
 # can be measured with the same load generator. DURATION sets each run's
-# length (default 10s).
+# length (default 10s), ROUNDS the rounds of alone then beside each case
+# runs, whose median ratios are read against the targets (default 3).
 set -euo pipefail
 work=$1; shift
 cases=("$@")
@@ -36,5 +37,5 @@ for c in "${cases[@]}"; do
   IFS=: read -r proto streams announce <<< "$c"
   echo "== $proto, $streams slow requests, announcing ${announce:-1000} bytes"
   "$C" bench hostile --addr 127.0.0.1:29101 --http-addr 127.0.0.1:29100 --pid "$pid" --repo "$repo" --model bench \
-    --slow "$proto" --streams "$streams" --announce "${announce:-1000}" --concurrency 1 --duration "${DURATION:-10s}" --log-level warn
+    --slow "$proto" --streams "$streams" --announce "${announce:-1000}" --concurrency 1 --duration "${DURATION:-10s}" --rounds "${ROUNDS:-3}" --log-level warn
 done

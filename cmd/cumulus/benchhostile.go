@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,7 +23,7 @@ func benchHostileCommand() *cobra.Command {
 		addr, httpAddr, modelName, repo string
 		shape                           shapeFlags
 		params                          int64
-		shards, pid                     int
+		shards, pid, rounds             int
 		sizes                           bench.HostileSizes
 		o                               bench.HostileOptions
 		load                            bench.LoadOptions
@@ -56,9 +58,10 @@ prefix, an HTTP body's Content-Length) and sending one byte every
 --every, opened again whenever one is answered. With --burst N, a gRPC
 stream first sends N bytes of its message as fast as the router's
 flow-control windows allow (a half-sent message, stalled). It runs the good client
-alone, then beside them, and prints its QPS, p99 and refusals, both
-runs' router RSS, and the targets: QPS at least 90% of alone, p99 at
-most twice, nothing refused, peak RSS at most 64 MiB over alone's.
+alone, then beside them, --rounds times, and prints its QPS, p99 and
+refusals, both runs' router RSS, and the targets, read from the medians
+of the rounds: QPS at least 90% of alone, p99 at most twice, nothing
+refused, peak RSS at most 64 MiB over alone's.
 
 With --addr (gRPC), --http-addr and --pid (the router's process) it
 targets a running router; --repo and --model name a model made by
@@ -73,6 +76,9 @@ client's.`,
 			}
 			if slow.Protocol != "" && slow.Protocol != "grpc" && slow.Protocol != "http" {
 				return fmt.Errorf("--slow %q: give grpc or http", slow.Protocol)
+			}
+			if rounds < 1 {
+				return fmt.Errorf("--rounds %d: give 1 or more", rounds)
 			}
 			if addr != "" && (httpAddr == "" || pid == 0 || repo == "" || modelName == "") {
 				return fmt.Errorf("with --addr, give --http-addr, --pid (the router's process), --repo and --model")
@@ -99,7 +105,7 @@ client's.`,
 				if slow.Protocol == "http" {
 					slow.Addr = httpAddr
 				}
-				return slowBeside(ctx, addr, load, slow, m, pid)
+				return slowBeside(ctx, addr, load, slow, m, pid, rounds)
 			}
 			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -148,6 +154,7 @@ client's.`,
 	cmd.Flags().IntVar(&slow.Announce, "announce", 1000, "with --slow: bytes each request announces (gRPC length prefix, HTTP Content-Length)")
 	cmd.Flags().DurationVar(&slow.Every, "every", time.Second, "with --slow: pause between two bytes of a request")
 	cmd.Flags().StringVar(&slow.Source, "slow-from", "127.0.0.2", "with --slow: local address the slow senders send from")
+	cmd.Flags().IntVar(&rounds, "rounds", 1, "with --slow: rounds of the good client alone and then beside the senders, one after another; the targets are read from the medians of the rounds' ratios")
 	cmd.Flags().IntVar(&slow.StreamsPerConn, "streams-per-conn", 50, "with --slow grpc: streams sharing one HTTP/2 connection")
 	cmd.Flags().IntVar(&slow.Burst, "burst", 0, "with --slow grpc: bytes of its message each stream sends at once, as fast as flow control allows, before trickling (a half-sent message, stalled); less than --announce")
 	return cmd
@@ -156,7 +163,7 @@ client's.`,
 // slowBeside runs the good client (rank200 over gRPC at grpcAddr) alone,
 // then beside slow senders, each run watched for pid's RSS, and prints
 // both against the targets.
-func slowBeside(ctx context.Context, grpcAddr string, load bench.LoadOptions, slow bench.SlowOptions, m *codec.Manifest, pid int) error {
+func slowBeside(ctx context.Context, grpcAddr string, load bench.LoadOptions, slow bench.SlowOptions, m *codec.Manifest, pid, rounds int) error {
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -176,40 +183,27 @@ func slowBeside(ctx context.Context, grpcAddr string, load bench.LoadOptions, sl
 	}
 	fmt.Printf("\ngood client: rank200 over gRPC, closed loop, concurrency %d, %s alone, then %s beside %d slow %s requests from %s (each announcing %d bytes, one byte every %s)\n",
 		load.Concurrency, load.Duration, load.Duration, slow.Streams, slow.Protocol, slow.Source, slow.Announce, slow.Every)
-	run := func(label string) (bench.Result, bench.RSS, error) {
+	// run also reads pid's CPU time over the load, per good request:
+	// beside the senders it includes what they cost the router.
+	run := func(label string) (bench.Result, bench.RSS, time.Duration, error) {
 		var res bench.Result
 		g, err := gen()
 		if err != nil {
-			return res, bench.RSS{}, err
+			return res, bench.RSS{}, 0, err
 		}
 		l := load
 		l.Generator = g
+		before, cerr := bench.ReadCPUTicks(pid)
 		rss := bench.WatchRSS(ctx, pid, 10*time.Millisecond, 0, func() { res = bench.Run(ctx, l) })
+		after, cerr2 := bench.ReadCPUTicks(pid)
 		res.Print(os.Stdout, label)
 		rss.Print(os.Stdout, label)
-		return res, rss, nil
-	}
-	alone, aloneRSS, err := run("alone")
-	if err != nil {
-		return err
-	}
-	sctx, stop := context.WithCancel(ctx)
-	st, wait, err := bench.RunSlow(sctx, slow)
-	if err != nil {
-		stop()
-		return err
-	}
-	// Measure once every sender is in reception (or after 10s).
-	for t0 := time.Now(); st.Open() < slow.Streams && time.Since(t0) < 10*time.Second && ctx.Err() == nil; {
-		time.Sleep(10 * time.Millisecond)
-	}
-	st.Print(os.Stdout)
-	beside, besideRSS, err := run("beside")
-	st.Print(os.Stdout)
-	stop()
-	wait()
-	if err != nil {
-		return err
+		var cpu time.Duration
+		if cerr == nil && cerr2 == nil && res.Requests > 0 {
+			cpu = time.Duration(after-before) * bench.ClockTick() / time.Duration(res.Requests)
+			fmt.Printf("%-8s cpu pid=%d: %s per good request\n", label, pid, cpu.Round(time.Microsecond))
+		}
+		return res, rss, cpu, nil
 	}
 	verdict := func(ok bool) string {
 		if ok {
@@ -217,19 +211,78 @@ func slowBeside(ctx context.Context, grpcAddr string, load bench.LoadOptions, sl
 		}
 		return "missed"
 	}
-	if alone.QPS() > 0 {
-		r := beside.QPS() / alone.QPS()
-		fmt.Printf("qps beside / alone: %.0f / %.0f = %.2f  [target >= 0.9: %s]\n", beside.QPS(), alone.QPS(), r, verdict(r >= 0.9))
+	// Rounds alternate alone and beside, so that the machine's drift
+	// falls on both; the targets are read from the medians of the
+	// rounds' ratios.
+	var qps, p99, cpu []float64
+	var refused int
+	var rssGrowth int64
+	for round := 1; round <= rounds; round++ {
+		if rounds > 1 {
+			fmt.Printf("\nround %d of %d\n", round, rounds)
+		}
+		alone, aloneRSS, aloneCPU, err := run("alone")
+		if err != nil {
+			return err
+		}
+		sctx, stop := context.WithCancel(ctx)
+		st, wait, err := bench.RunSlow(sctx, slow)
+		if err != nil {
+			stop()
+			return err
+		}
+		// Measure once every sender is in reception (or after 10s).
+		for t0 := time.Now(); st.Open() < slow.Streams && time.Since(t0) < 10*time.Second && ctx.Err() == nil; {
+			time.Sleep(10 * time.Millisecond)
+		}
+		st.Print(os.Stdout)
+		beside, besideRSS, besideCPU, err := run("beside")
+		st.Print(os.Stdout)
+		stop()
+		wait()
+		if err != nil {
+			return err
+		}
+		if alone.QPS() > 0 {
+			qps = append(qps, beside.QPS()/alone.QPS())
+			fmt.Printf("qps beside / alone: %.0f / %.0f = %.2f\n", beside.QPS(), alone.QPS(), qps[len(qps)-1])
+		}
+		if alone.P99 > 0 && beside.P99 > 0 {
+			p99 = append(p99, float64(beside.P99)/float64(alone.P99))
+			fmt.Printf("p99 beside / alone: %s / %s = %.2f\n", beside.P99.Round(time.Microsecond), alone.P99.Round(time.Microsecond), p99[len(p99)-1])
+		}
+		if aloneCPU > 0 && besideCPU > 0 {
+			cpu = append(cpu, float64(besideCPU)/float64(aloneCPU))
+			fmt.Printf("cpu per good request beside / alone: %s / %s = %.2f\n", besideCPU.Round(time.Microsecond), aloneCPU.Round(time.Microsecond), cpu[len(cpu)-1])
+		}
+		refused += beside.Refused
+		fmt.Printf("good requests refused beside: %d; other errors: %d\n", beside.Refused, beside.Errors-beside.Refused)
+		if aloneRSS.Peak > 0 && besideRSS.Peak > 0 {
+			d := besideRSS.Peak - aloneRSS.Peak
+			rssGrowth = max(rssGrowth, d)
+			fmt.Printf("peak rss beside - alone: %.1f MiB\n", float64(d)/(1<<20))
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 	}
-	if alone.P99 > 0 && beside.P99 > 0 {
-		r := float64(beside.P99) / float64(alone.P99)
-		fmt.Printf("p99 beside / alone: %s / %s = %.2f  [target <= 2: %s]\n", beside.P99.Round(time.Microsecond), alone.P99.Round(time.Microsecond), r, verdict(r <= 2))
+	fmt.Printf("\nover %d round(s):\n", rounds)
+	if len(qps) > 0 {
+		each := ratios(qps)
+		m := median(qps)
+		fmt.Printf("qps beside / alone, median: %.2f (rounds: %s)  [target >= 0.9: %s]\n", m, each, verdict(m >= 0.9))
 	}
-	fmt.Printf("good requests refused beside: %d  [target 0: %s]; other errors: %d\n", beside.Refused, verdict(beside.Refused == 0), beside.Errors-beside.Refused)
-	if aloneRSS.Peak > 0 && besideRSS.Peak > 0 {
-		d := besideRSS.Peak - aloneRSS.Peak
-		fmt.Printf("peak rss beside - alone: %.1f MiB  [target <= 64 MiB: %s]\n", float64(d)/(1<<20), verdict(d <= 64<<20))
+	if len(p99) > 0 {
+		each := ratios(p99)
+		m := median(p99)
+		fmt.Printf("p99 beside / alone, median: %.2f (rounds: %s)  [target <= 2: %s]\n", m, each, verdict(m <= 2))
 	}
+	if len(cpu) > 0 {
+		each := ratios(cpu)
+		fmt.Printf("cpu per good request beside / alone, median: %.2f (rounds: %s)\n", median(cpu), each)
+	}
+	fmt.Printf("good requests refused beside: %d  [target 0: %s]\n", refused, verdict(refused == 0))
+	fmt.Printf("peak rss beside - alone, largest: %.1f MiB  [target <= 64 MiB: %s]\n", float64(rssGrowth)/(1<<20), verdict(rssGrowth <= 64<<20))
 	return ctx.Err()
 }
 
@@ -273,4 +326,19 @@ func goodBeside(ctx context.Context, load bench.LoadOptions, t bench.HostileTarg
 			alone.P99.Round(time.Microsecond), ratio, bench.HostileLatencyP99Ratio, verdict)
 	}
 	return ctx.Err()
+}
+
+// median is the middle of v (the upper one of an even count); it sorts v.
+func median(v []float64) float64 {
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+// ratios lists v as "0.91 0.95 ...", two decimals each.
+func ratios(v []float64) string {
+	parts := make([]string, len(v))
+	for i, r := range v {
+		parts[i] = fmt.Sprintf("%.2f", r)
+	}
+	return strings.Join(parts, " ")
 }

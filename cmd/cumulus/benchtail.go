@@ -342,8 +342,7 @@ func medianRow(rows []tailRow, name string) tailRow {
 		for i, r := range runs {
 			v[i] = f(r)
 		}
-		slices.Sort(v)
-		return v[len(v)/2]
+		return median(v)
 	}
 	d := func(f func(bench.Result) time.Duration) time.Duration {
 		return time.Duration(mid(func(r tailRow) float64 { return float64(f(r.res)) }))
