@@ -37,8 +37,10 @@ import (
 // is back within its bounds: stalled messages elsewhere end at their
 // receive time and give theirs back. Its own sender is held to what TCP
 // buffers, and the front does no work for it meanwhile. A connection
-// still over after the wait (ReceiveTimeout and a second) is closed: its
-// bytes are not read further, and grpc-go frees what its streams hold.
+// still over after the wait (the later of ReceiveTimeout and
+// HeaderTimeout, when a stalled message cut off is answered: holdCut;
+// and a second) is closed: its bytes are not read further, and grpc-go
+// frees what its streams hold.
 
 // HTTP/2 frame types and flags followed (RFC 9113, section 6).
 const (

@@ -215,7 +215,7 @@ func Start(opts Options) (*Server, error) {
 	connsRefused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_connections_refused_total",
 		Help: "Connections refused, their client address holding MaxConnsPerPeer already (held unread for HeaderTimeout, then closed), by API."}, []string{"api"})
 	connsCut := prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_grpc_connections_cut_total",
-		Help: "gRPC connections closed because their DATA kept the messages in reception past MaxReceivingBytes or MaxReceivingPerPeer for longer than ReceiveTimeout and a second."})
+		Help: "gRPC connections closed because their DATA kept the messages in reception past MaxReceivingBytes or MaxReceivingPerPeer for longer than the later of ReceiveTimeout and HeaderTimeout, and a second."})
 	for _, c := range []prometheus.Collector{s.requests, s.latencies, s.adm.refused, s.adm.refusedIn, s.adm.waiting, receiving, held, connsRefused, connsCut} {
 		if err := opts.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("server: metrics: %w", err)
@@ -242,7 +242,7 @@ func Start(opts Options) (*Server, error) {
 		creds = opts.TLS.GRPC("router front (gRPC)")
 	}
 	// Messages are counted as their frames arrive (h2watch.go).
-	gopts = append(gopts, grpc.Creds(watchCreds{TransportCredentials: creds, r: s.recv, wait: opts.ReceiveTimeout + time.Second, closed: connsCut.Inc}))
+	gopts = append(gopts, grpc.Creds(watchCreds{TransportCredentials: creds, r: s.recv, wait: max(opts.ReceiveTimeout, opts.HeaderTimeout) + time.Second, closed: connsCut.Inc}))
 	s.grpc = grpc.NewServer(gopts...)
 	s.grpc.RegisterService(s.inferenceService(), &kserveGRPC{s: s})
 	healthpb.RegisterHealthServer(s.grpc, healthService{s: s})
