@@ -301,7 +301,7 @@ func (r Repo) GenerateDeltas(name string, n, keys int, seed uint64) ([]*codec.Ma
 				up.Values = append(up.Values, genValue(seed+uint64(i)+1, id, j, 0.1))
 			}
 		}
-		m, err := r.PublishDelta(name, Delta{Upserts: up, Parent: v,
+		m, err := r.PublishDelta(name, Delta{Upserts: up, Parent: v, Pack: true,
 			Source: fmt.Sprintf("cumulus model gen --deltas: delta %d of %d, %d keys", i+1, n, keys)})
 		if err != nil {
 			return out, err

@@ -318,6 +318,7 @@ func modelDeltaCommand() *cobra.Command {
 	var name, repo, upserts, deletes, dense, goldenFile string
 	var bias float64
 	var parent uint64
+	var unpacked bool
 	cmd := &cobra.Command{
 		Use:   "delta",
 		Short: "Publish an increment on top of a model's version: changed, new and deleted features",
@@ -336,7 +337,7 @@ again on the new chain by the reference scorer and published with the
 delta; --golden FILE publishes FILE's instead (as model import does).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			d := loader.Delta{Source: "cumulus model delta"}
+			d := loader.Delta{Source: "cumulus model delta", Pack: !unpacked}
 			if upserts != "" {
 				f, err := os.Open(upserts)
 				if err != nil {
@@ -406,6 +407,7 @@ delta; --golden FILE publishes FILE's instead (as model import does).`,
 	cmd.Flags().StringVar(&dense, "dense", "", "dnn: new dense layers, a safetensors file (default: keep the parent's)")
 	cmd.Flags().Uint64Var(&parent, "parent", 0, "the version to build on (default: the newest that passes the local checks)")
 	cmd.Flags().StringVar(&goldenFile, "golden", "", "golden requests to publish with the delta (default: the parent's, scored again on the new chain)")
+	cmd.Flags().BoolVar(&unpacked, "unpacked", false, "write a file per partition the delta touches (manifest format 2), for a cluster being upgraded from builds that do not read format 3; by default its partitions are sections of one file")
 	cmd.MarkFlagRequired("name")
 	cmd.MarkFlagRequired("repo")
 	return cmd
