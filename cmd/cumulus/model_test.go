@@ -6,6 +6,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/loader"
 )
 
 func TestModelCommands(t *testing.T) {
@@ -48,6 +51,16 @@ func TestModelCommands(t *testing.T) {
 	out, err = cumulus("model", "delta", "--name", "t", "--repo", repo, "--upserts", up, "--deletes", del, "--bias", "0.25").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "published t version 2: delta on 1, 2 records") {
 		t.Fatalf("delta: %v\n%s", err, out)
+	}
+	// Packed (format 3) by default, a file per partition with --unpacked.
+	for v, want := range map[int]int{2: codec.PackedFormat, 3: 2} {
+		if v == 3 {
+			mustRun(t, "model", "delta", "--name", "t", "--repo", repo, "--upserts", up, "--unpacked")
+		}
+		m, err := loader.Repo{Dir: repo}.Manifest("t", uint64(v))
+		if err != nil || m.Format != want {
+			t.Errorf("delta version %d: format %v (%v), want %d", v, m.Format, err, want)
+		}
 	}
 	out, err = cumulus("model", "delta", "--name", "t", "--repo", repo, "--deletes", up).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "line 1") {
