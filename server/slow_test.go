@@ -98,18 +98,25 @@ func rawPost(t *testing.T, addr, from string, contentLength int, sent string) (*
 // returns how it ends.
 func neverSent(t *testing.T, addr string) error {
 	t.Helper()
+	return openNeverSent(t, addr, 30*time.Second).RecvMsg(new(kservepb.ModelInferResponse))
+}
+
+// openNeverSent opens a ModelInfer stream, with a deadline d away, whose
+// message never comes.
+func openNeverSent(t *testing.T, addr string, d time.Duration) grpc.ClientStream {
+	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
 	stream, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true}, kservepb.GRPCInferenceService_ModelInfer_FullMethodName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return stream.RecvMsg(new(kservepb.ModelInferResponse))
+	return stream
 }
 
 // goodClient sends n requests over gRPC and n over REST, one at a time,
@@ -313,17 +320,7 @@ func TestCutAnsweredLate(t *testing.T) {
 	// A gRPC client that gives up is answered by its own deadline, and
 	// the front holds nothing for it after that.
 	s2, _ := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 20 * time.Millisecond, HeaderTimeout: time.Hour}, instant{})
-	conn, err := grpc.NewClient(s2.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	stream, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true}, kservepb.GRPCInferenceService_ModelInfer_FullMethodName)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := openNeverSent(t, s2.GRPCAddr(), 300*time.Millisecond)
 	testenv.Eventually(t, 30*time.Second, func() error {
 		if got := metric(t, s2, "cumulus_cut_requests_held"); got != 1 {
 			return fmt.Errorf("%v requests held, want the one cut off", got)
