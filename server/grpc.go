@@ -102,7 +102,7 @@ func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) err
 	} else {
 		var msg receivedGRPC
 		if msg, err = s.receiveGRPC(ctx, dec, t0, deadline); errors.Is(err, errReceiveTooSlow) {
-			s.holdCut(stream, t0)
+			s.holdCut(stream, t0, msg.peer, msg.ended)
 		} else if err == nil {
 			var slot admit.Ticket
 			if slot, err = s.adm.slots.Acquire(ctx, 1); err != nil {
@@ -148,7 +148,7 @@ func (s *Server) receiveGRPC(ctx context.Context, dec func(any) error, t0, deadl
 	rd := s.receiveDeadline(t0, -1, deadline)
 	rctx, cancel := context.WithDeadline(ctx, rd)
 	defer cancel()
-	m, err := receive(rctx, dec)
+	m, ended, err := receive(rctx, dec)
 	x.arrived()
 	if err == nil {
 		if size := int64(m.size()); size > 0 {
@@ -162,15 +162,19 @@ func (s *Server) receiveGRPC(ctx context.Context, dec func(any) error, t0, deadl
 	}
 	if err != nil {
 		x.done()
-		return receivedGRPC{}, err
+		return receivedGRPC{peer: x.peer, ended: ended}, err
 	}
-	return receivedGRPC{m, x}, nil
+	return receivedGRPC{m: m, x: x}, nil
 }
 
-// receivedGRPC is a message received whole and its share of reception.
+// receivedGRPC is a message received whole and its share of reception;
+// or, for one cut off, its client's address and when its read ends
+// (receive).
 type receivedGRPC struct {
-	m *receivedMessage
-	x *receiving
+	m     *receivedMessage
+	x     *receiving
+	peer  string
+	ended <-chan struct{}
 }
 
 // release frees the message, if it was not decoded, and gives back its
@@ -185,16 +189,30 @@ func (r receivedGRPC) release() {
 // receive reads the request's message, as bytes (requestCodec), giving
 // up when ctx ends (returning from the handler then ends the stream, and
 // with it the read). gRPC's own refusals (a message over the receive
-// limit, one that is not protobuf) keep their status.
-func receive(ctx context.Context, dec func(any) error) (*receivedMessage, error) {
+// limit, one that is not protobuf) keep their status. A read given up
+// on goes on until the stream ends or its message arrives whole (grpc-go
+// has opened the stream's window for all of it), and then frees what it
+// read; ended is closed then.
+func receive(ctx context.Context, dec func(any) error) (*receivedMessage, <-chan struct{}, error) {
 	m := &receivedMessage{}
-	done := make(chan error, 1)
-	go func() { done <- dec(m) }()
+	done, left, end := make(chan error), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(end)
+		err := dec(m)
+		select {
+		case done <- err:
+		case <-left:
+			if err == nil {
+				m.free()
+			}
+		}
+	}()
 	select {
 	case err := <-done:
-		return m, err
+		return m, end, err
 	case <-ctx.Done():
-		return nil, router.ContextError(ctx, "the request message")
+		close(left)
+		return nil, end, router.ContextError(ctx, "the request message")
 	}
 }
 

@@ -26,16 +26,16 @@ import (
 // gRPC length prefix's count of bytes is in (grpc-go then hands it to
 // the handler, which counts it whole), or when its stream ends
 // (END_STREAM, RST_STREAM either way, or the server's trailers: the
-// handler gave up on it, say at its receive time), or the connection
-// closes. So a stalled half-sent message holds only what its bytes
-// weigh, within MaxReceivingBytes and MaxReceivingPerPeer, until its
-// receive time ends it.
+// handler gave up on it, at its receive time and the hold after it,
+// holdCut), or the connection closes. So a stalled half-sent message
+// holds only what its bytes weigh, within MaxReceivingBytes and
+// MaxReceivingPerPeer, until it is answered.
 //
 // A read whose frames take reception past a bound is charged all the
 // same (it is in memory already: at most grpc-go's read buffer, 32 KiB,
 // a connection), and the connection then waits, unread, until reception
-// is back within its bounds: stalled messages elsewhere end at their
-// receive time and give theirs back. Its own sender is held to what TCP
+// is back within its bounds: stalled messages elsewhere are answered
+// and give theirs back. Its own sender is held to what TCP
 // buffers, and the front does no work for it meanwhile. A connection
 // still over after the wait (the later of ReceiveTimeout and
 // HeaderTimeout, when a stalled message cut off is answered: holdCut;

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cumulus-serving/cumulus/internal/admit"
+	"github.com/cumulus-serving/cumulus/internal/peerlimit"
 	"github.com/cumulus-serving/cumulus/router"
 )
 
@@ -82,6 +83,11 @@ func (s *Server) httpInfer(w http.ResponseWriter, r *http.Request) {
 	err := s.inferHTTP(w, r, t0, &clientID)
 	s.latencies.WithLabelValues("http").Observe(time.Since(t0).Seconds())
 	s.observe("http", err)
+	if errors.Is(err, errReceiveTooSlow) {
+		// Not r.Context(): the read cut off ended it. A client that
+		// leaves meanwhile goes unnoticed, its connection unread.
+		s.holdCut(context.Background(), t0, peerlimit.Host(r.RemoteAddr), nil)
+	}
 	if err != nil {
 		if classify(err).http == http.StatusTooManyRequests {
 			w.Header().Set("Retry-After", "1")
@@ -225,9 +231,6 @@ func (s *Server) receiveHTTP(w http.ResponseWriter, r *http.Request, rc *http.Re
 	case errors.As(err, &cut) && rd.Before(deadline):
 		err = errReceiveTimeout("the request body", int64(cut.n), rd.Sub(t0))
 		x.done()
-		// (Not r.Context(): the read cut off ended it. A client that
-		// leaves meanwhile goes unnoticed, the connection unread.)
-		s.holdCut(context.Background(), t0)
 		return receivedBody{}, err
 	case errors.As(err, &cut):
 		err = errBodyDeadline(cut)

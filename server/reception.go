@@ -221,27 +221,35 @@ func (s *Server) receiveRefusal(api string, e errReceiving, t0 time.Time) error 
 	return fmt.Errorf("server: %w: %s; retry later", router.ErrResourceExhausted, e.Error())
 }
 
-// A request cut off for arriving too slowly is answered late: unread
-// meanwhile, it gets its 408 or DeadlineExceeded once HeaderTimeout has
-// passed since it arrived, when its client gives up (a gRPC client's
-// deadline or cancel; the front's RequestTimeout does not shorten the
-// wait), or when the front stops. Answered at once, a sender that opens a request again
+// A request cut off for arriving too slowly is answered late: it gets
+// its 408 or DeadlineExceeded once HeaderTimeout has passed since it
+// arrived. Answered at once, a sender that opens a request again
 // whenever one is cut would open them as fast as the front cuts them:
 // 300 streams from one address, each trickling a byte a second, cut at
-// the 200ms receive time, were reopened 1,500 times a second, and a good
-// client beside them kept 0.91 of its QPS on this project's 2-core
-// machine (cumulus bench hostile --slow grpc --streams 300). A request
-// held costs a goroutine, a timer and the bytes it sent, still counted
-// in reception (h2watch gives a stream's back when it ends). Past
-// maxHeldCuts held at once, a cut request is answered at once.
+// the 200ms receive time, were reopened 1,500 times a second and cost
+// the router 12% of a core on this project's 2-core machine (held: 1%;
+// cumulus bench hostile --slow grpc --streams 300).
+//
+// Meanwhile an HTTP request's connection is not read. A gRPC stream's
+// read goes on (grpc-go has opened its window for the whole message),
+// its DATA counted in reception as it arrives (h2watch); it is answered
+// at once if its message arrives whole after all, the message freed. So
+// a held request holds what its bytes weigh, counted, for longer than
+// its receive time: it is answered at once instead while reception is
+// past half of either bound (all requests', its client address's),
+// where the bytes are wanted back. The wait also ends when a gRPC client
+// gives up (its deadline, a cancel; the front's RequestTimeout does not
+// end it) and when the front stops. Past maxHeldCuts held at once, all
+// clients together, a cut request is answered at once.
 const maxHeldCuts = 1024
 
-// holdCut waits, for a request that arrived at t0 and was cut off for
-// arriving too slowly, until HeaderTimeout after t0, ctx's end or the
-// front's stop.
-func (s *Server) holdCut(ctx context.Context, t0 time.Time) {
+// holdCut waits, for a request from peer that arrived at t0 and was cut
+// off for arriving too slowly, until HeaderTimeout after t0, ctx's end,
+// ended's close (nil: never) or the front's stop; not at all while
+// reception is pressed.
+func (s *Server) holdCut(ctx context.Context, t0 time.Time, peer string, ended <-chan struct{}) {
 	wait := time.Until(t0.Add(s.opts.HeaderTimeout))
-	if wait <= 0 {
+	if wait <= 0 || s.recv.pressed(peer) {
 		return
 	}
 	if s.heldCuts.Add(1) > maxHeldCuts {
@@ -253,9 +261,18 @@ func (s *Server) holdCut(ctx context.Context, t0 time.Time) {
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
+	case <-ended:
 	case <-s.holds.Done():
 	case <-t.C:
 	}
+}
+
+// pressed reports whether reception is past half of its bound for all
+// requests or for peer's.
+func (r *reception) pressed(peer string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.held > r.total/2 || r.peers[peer] > r.perPeer/2
 }
 
 // errReceiveTimeout is the error for a request whose bytes did not arrive

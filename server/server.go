@@ -103,8 +103,8 @@ type Options struct {
 	// Content-Length; never past the request's own deadline. A request
 	// still arriving then is cut off: HTTP 408 and the connection closed,
 	// a gRPC stream ended with DeadlineExceeded, answered once
-	// HeaderTimeout has passed since its arrival and unread meanwhile
-	// (holdCut). Default 200ms.
+	// HeaderTimeout has passed since its arrival (holdCut says when
+	// sooner). Default 200ms.
 	ReceiveTimeout time.Duration
 	// MaxConnsPerPeer bounds the connections one client address holds
 	// open on each front; one past it is held unread for HeaderTimeout,

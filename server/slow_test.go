@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -98,20 +101,20 @@ func rawPost(t *testing.T, addr, from string, contentLength int, sent string) (*
 // returns how it ends.
 func neverSent(t *testing.T, addr string) error {
 	t.Helper()
-	return openNeverSent(t, addr, 30*time.Second).RecvMsg(new(kservepb.ModelInferResponse))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return openNeverSent(t, ctx, addr).RecvMsg(new(kservepb.ModelInferResponse))
 }
 
-// openNeverSent opens a ModelInfer stream, with a deadline d away, whose
-// message never comes.
-func openNeverSent(t *testing.T, addr string, d time.Duration) grpc.ClientStream {
+// openNeverSent opens, under ctx, a ModelInfer stream whose message
+// never comes.
+func openNeverSent(t *testing.T, ctx context.Context, addr string) grpc.ClientStream {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
 	stream, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true}, kservepb.GRPCInferenceService_ModelInfer_FullMethodName)
 	if err != nil {
 		t.Fatal(err)
@@ -317,39 +320,122 @@ func TestCutAnsweredLate(t *testing.T) {
 	}
 	goodClient(t, s, client, 2)
 
-	// A gRPC client that gives up is answered by its own deadline, and
-	// the front holds nothing for it after that.
+	// A gRPC client that gives up ends the wait: the front holds
+	// nothing for it after that.
 	s2, _ := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 20 * time.Millisecond, HeaderTimeout: time.Hour}, instant{})
-	stream := openNeverSent(t, s2.GRPCAddr(), 300*time.Millisecond)
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if got := metric(t, s2, "cumulus_cut_requests_held"); got != 1 {
-			return fmt.Errorf("%v requests held, want the one cut off", got)
-		}
-		return nil
-	})
-	if err := stream.RecvMsg(new(kservepb.ModelInferResponse)); status.Code(err) != codes.DeadlineExceeded {
-		t.Errorf("stream past its client's deadline: %v, want DeadlineExceeded", err)
+	ctx, cancel := context.WithCancel(context.Background())
+	stream := openNeverSent(t, ctx, s2.GRPCAddr())
+	heldNow(t, s2, 1)
+	cancel()
+	if err := stream.RecvMsg(new(kservepb.ModelInferResponse)); status.Code(err) != codes.Canceled {
+		t.Errorf("stream its client cancelled: %v, want Canceled", err)
 	}
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if got := metric(t, s2, "cumulus_cut_requests_held"); got != 0 {
-			return fmt.Errorf("%v requests held after their client gave up, want 0", got)
-		}
-		return nil
-	})
+	heldNow(t, s2, 0)
+
+	// A stream whose message arrives whole after all, while it is held,
+	// is answered then: its read had gone on, and what it read is freed.
+	conn, fr := rawGRPC(t, s2.GRPCAddr())
+	fr.WriteData(1, false, []byte{0, 0, 0, 0, 10})
+	heldNow(t, s2, 1)
+	fr.WriteData(1, true, make([]byte, 10))
+	if got := grpcStatus(t, conn, fr); got != strconv.Itoa(int(codes.DeadlineExceeded)) {
+		t.Errorf("held stream whose message then arrived: grpc-status %q, want DeadlineExceeded", got)
+	}
+	heldNow(t, s2, 0)
+	conn.Close()
 
 	// The front stopping answers what it holds, rather than wait an
 	// hour or fail it.
-	held := make(chan error, 1)
-	go func() { held <- neverSent(t, s2.GRPCAddr()) }()
+	stream = openNeverSent(t, context.Background(), s2.GRPCAddr())
+	heldNow(t, s2, 1)
+	s2.Close()
+	if err := stream.RecvMsg(new(kservepb.ModelInferResponse)); status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "receive time") {
+		t.Errorf("stream held when the front stopped: %v, want its DeadlineExceeded naming the receive time", err)
+	}
+
+	// While reception is past half its bound, a cut request is answered
+	// at once: what it holds is wanted back.
+	s3, _ := startFront(t, server.Options{RequestTimeout: time.Hour, ReceiveTimeout: 20 * time.Millisecond, HeaderTimeout: time.Hour,
+		MaxRequestBytes: 64 << 10, MaxReceivingBytes: 400 << 10, MaxReceivingPerPeer: 200 << 10}, instant{})
+	// (61,440 bytes announced, 60,000 or 45,000 sent, in frames of at
+	// most 16 KiB, HTTP/2's first frame size, within its first windows.)
+	send := func(n int) (net.Conn, *http2.Framer) {
+		conn, fr := rawGRPC(t, s3.GRPCAddr())
+		fr.WriteData(1, false, []byte{0, 0, 0, 0xf0, 0})
+		for range n / 15_000 {
+			fr.WriteData(1, false, make([]byte, 15_000))
+		}
+		return conn, fr
+	}
+	send(60_000)
+	heldNow(t, s3, 1) // its address's 60,005 bytes: under half its share
+	conn, fr = send(45_000)
+	if got := grpcStatus(t, conn, fr); got != strconv.Itoa(int(codes.DeadlineExceeded)) {
+		t.Errorf("stream cut off with its address's reception past half its share: grpc-status %q, want DeadlineExceeded at once", got)
+	}
+}
+
+// heldNow waits until s holds n cut-off requests.
+func heldNow(t *testing.T, s *server.Server, n float64) {
+	t.Helper()
 	testenv.Eventually(t, 30*time.Second, func() error {
-		if got := metric(t, s2, "cumulus_cut_requests_held"); got != 1 {
-			return fmt.Errorf("%v requests held, want the one cut off", got)
+		if got := metric(t, s, "cumulus_cut_requests_held"); got != n {
+			return fmt.Errorf("%v cut-off requests held, want %v", got, n)
 		}
 		return nil
 	})
-	s2.Close()
-	if err := <-held; status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "receive time") {
-		t.Errorf("stream held when the front stopped: %v, want its DeadlineExceeded naming the receive time", err)
+}
+
+// rawGRPC opens an HTTP/2 connection to a gRPC front and the headers of
+// a ModelInfer call on stream 1, for a test to send its message as it
+// likes.
+func rawGRPC(t *testing.T, addr string) (net.Conn, *http2.Framer) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	conn.Write([]byte(http2.ClientPreface))
+	fr := http2.NewFramer(conn, conn)
+	fr.WriteSettings()
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: grpcHeaders(), EndHeaders: true})
+	return conn, fr
+}
+
+// grpcHeaders is the HPACK block of a ModelInfer call's headers.
+func grpcHeaders() []byte {
+	var b bytes.Buffer
+	enc := hpack.NewEncoder(&b)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", kservepb.GRPCInferenceService_ModelInfer_FullMethodName},
+		{":authority", "cumulus"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	return b.Bytes()
+}
+
+// grpcStatus reads fr's frames until a grpc-status arrives, and returns
+// it; it fails the test if the connection ends first.
+func grpcStatus(t *testing.T, conn net.Conn, fr *http2.Framer) string {
+	t.Helper()
+	dec := hpack.NewDecoder(4096, nil)
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading the answer: %v", err)
+		}
+		if h, ok := f.(*http2.HeadersFrame); ok {
+			fields, err := dec.DecodeFull(h.HeaderBlockFragment())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, hf := range fields {
+				if hf.Name == "grpc-status" {
+					return hf.Value
+				}
+			}
+		}
 	}
 }
 

@@ -58,8 +58,11 @@ func TestModelCommands(t *testing.T) {
 			mustRun(t, "model", "delta", "--name", "t", "--repo", repo, "--upserts", up, "--unpacked")
 		}
 		m, err := loader.Repo{Dir: repo}.Manifest("t", uint64(v))
-		if err != nil || m.Format != want {
-			t.Errorf("delta version %d: format %v (%v), want %d", v, m.Format, err, want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Format != want {
+			t.Errorf("delta version %d: format %d, want %d", v, m.Format, want)
 		}
 	}
 	out, err = cumulus("model", "delta", "--name", "t", "--repo", repo, "--deletes", up).CombinedOutput()
