@@ -102,7 +102,7 @@ func (s *Server) admitModelInfer(srv any, ctx context.Context, dec func(any) err
 	} else {
 		var msg receivedGRPC
 		if msg, err = s.receiveGRPC(ctx, dec, t0, deadline); errors.Is(err, errReceiveTooSlow) {
-			s.holdCut(stream, t0, msg.peer, msg.ended)
+			s.holdCut(stream, t0, msg.ended)
 		} else if err == nil {
 			var slot admit.Ticket
 			if slot, err = s.adm.slots.Acquire(ctx, 1); err != nil {
@@ -162,18 +162,16 @@ func (s *Server) receiveGRPC(ctx context.Context, dec func(any) error, t0, deadl
 	}
 	if err != nil {
 		x.done()
-		return receivedGRPC{peer: x.peer, ended: ended}, err
+		return receivedGRPC{ended: ended}, err
 	}
 	return receivedGRPC{m: m, x: x}, nil
 }
 
 // receivedGRPC is a message received whole and its share of reception;
-// or, for one cut off, its client's address and when its read ends
-// (receive).
+// or, for one cut off, when its read ends (receive).
 type receivedGRPC struct {
 	m     *receivedMessage
 	x     *receiving
-	peer  string
 	ended <-chan struct{}
 }
 

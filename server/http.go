@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cumulus-serving/cumulus/internal/admit"
-	"github.com/cumulus-serving/cumulus/internal/peerlimit"
 	"github.com/cumulus-serving/cumulus/router"
 )
 
@@ -86,7 +85,7 @@ func (s *Server) httpInfer(w http.ResponseWriter, r *http.Request) {
 	if errors.Is(err, errReceiveTooSlow) {
 		// Not r.Context(): the read cut off ended it. A client that
 		// leaves meanwhile goes unnoticed, its connection unread.
-		s.holdCut(context.Background(), t0, peerlimit.Host(r.RemoteAddr), nil)
+		s.holdCut(context.Background(), t0, nil)
 	}
 	if err != nil {
 		if classify(err).http == http.StatusTooManyRequests {

@@ -235,9 +235,9 @@ func (s *Server) receiveRefusal(api string, e errReceiving, t0 time.Time) error 
 // its DATA counted in reception as it arrives (h2watch); it is answered
 // at once if its message arrives whole after all, the message freed. So
 // a held request holds what its bytes weigh, counted, for longer than
-// its receive time: it is answered at once instead while reception is
-// past half of either bound (all requests', its client address's),
-// where the bytes are wanted back. The wait also ends when a gRPC client
+// its receive time: it is answered at once instead while reception for
+// all requests is past half its bound, where other clients' requests
+// want the room. (Its own address's share full costs only that address.) The wait also ends when a gRPC client
 // gives up (its deadline, a cancel; the front's RequestTimeout does not
 // end it) and when the front stops. Past maxHeldCuts held at once, all
 // clients together, a cut request is answered at once.
@@ -247,9 +247,9 @@ const maxHeldCuts = 1024
 // off for arriving too slowly, until HeaderTimeout after t0, ctx's end,
 // ended's close (nil: never) or the front's stop; not at all while
 // reception is pressed.
-func (s *Server) holdCut(ctx context.Context, t0 time.Time, peer string, ended <-chan struct{}) {
+func (s *Server) holdCut(ctx context.Context, t0 time.Time, ended <-chan struct{}) {
 	wait := time.Until(t0.Add(s.opts.HeaderTimeout))
-	if wait <= 0 || s.recv.pressed(peer) {
+	if wait <= 0 || s.recv.pressed() {
 		return
 	}
 	if s.heldCuts.Add(1) > maxHeldCuts {
@@ -267,12 +267,12 @@ func (s *Server) holdCut(ctx context.Context, t0 time.Time, peer string, ended <
 	}
 }
 
-// pressed reports whether reception is past half of its bound for all
-// requests or for peer's.
-func (r *reception) pressed(peer string) bool {
+// pressed reports whether reception for all requests is past half its
+// bound.
+func (r *reception) pressed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.held > r.total/2 || r.peers[peer] > r.perPeer/2
+	return r.held > r.total/2
 }
 
 // errReceiveTimeout is the error for a request whose bytes did not arrive
