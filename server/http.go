@@ -229,8 +229,6 @@ func (s *Server) receiveHTTP(w http.ResponseWriter, r *http.Request, rc *http.Re
 		err = s.receiveRefusal("http", refused, t0)
 	case errors.As(err, &cut) && rd.Before(deadline):
 		err = errReceiveTimeout("the request body", int64(cut.n), rd.Sub(t0))
-		x.done()
-		return receivedBody{}, err
 	case errors.As(err, &cut):
 		err = errBodyDeadline(cut)
 	}

@@ -237,14 +237,15 @@ func (s *Server) receiveRefusal(api string, e errReceiving, t0 time.Time) error 
 // a held request holds what its bytes weigh, counted, for longer than
 // its receive time: it is answered at once instead while reception for
 // all requests is past half its bound, where other clients' requests
-// want the room. (Its own address's share full costs only that address.) The wait also ends when a gRPC client
-// gives up (its deadline, a cancel; the front's RequestTimeout does not
-// end it) and when the front stops. Past maxHeldCuts held at once, all
-// clients together, a cut request is answered at once.
+// want the room (its own address's share full costs only that address).
+// The wait also ends when a gRPC client gives up (its deadline, a
+// cancel; the front's RequestTimeout does not end it) and when the front
+// stops. Past maxHeldCuts held at once, all clients together, a cut
+// request is answered at once.
 const maxHeldCuts = 1024
 
-// holdCut waits, for a request from peer that arrived at t0 and was cut
-// off for arriving too slowly, until HeaderTimeout after t0, ctx's end,
+// holdCut waits, for a request that arrived at t0 and was cut off for
+// arriving too slowly, until HeaderTimeout after t0, ctx's end,
 // ended's close (nil: never) or the front's stop; not at all while
 // reception is pressed.
 func (s *Server) holdCut(ctx context.Context, t0 time.Time, ended <-chan struct{}) {
