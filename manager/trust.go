@@ -108,8 +108,7 @@ func (s *State) holding(model string) holding {
 // validated content, by a report recent enough to trust: one that
 // follows a record from which on neither the placement nor v's being kept
 // has changed. An older report may list what the shard has since dropped
-// on an intermediate record's word. It reads the reports from h (nil:
-// from s.Shards).
+// on an intermediate record's word. It reads the reports from h.
 func (s *State) holdsIn(h holding, m *ModelState, id string, v uint64, p int) bool {
 	return s.holdsVersion(h, m, id, m.version(v), p)
 }
@@ -129,9 +128,6 @@ func (s *State) holdsVersion(h holding, m *ModelState, id string, x *Version, p 
 	}
 	if si.Applied[m.Name] < max(m.PlaceSeq, x.KeptSince) {
 		return false
-	}
-	if h == nil {
-		return si.Holds(m.Name, x.Version, uint32(p), x.Info.IDs[p])
 	}
 	l := h[id][x.Version]
 	return l != nil && x.Info.IDs[p] != "" && l.Identity(uint32(p)) == x.Info.IDs[p]
