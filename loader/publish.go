@@ -110,8 +110,8 @@ func (r Repo) NewVersion(spec Spec) (*VersionWriter, error) {
 }
 
 // writePart writes partition p's file with write, or, packing, keeps
-// its bytes for Commit.
-// keys is how many it holds (the buffer is sized for them).
+// its bytes for Commit; keys is how many it holds (the buffer is sized
+// for them).
 func (w *VersionWriter) writePart(p uint32, keys int, write func(io.Writer) error) (path string, err error) {
 	if w.packed != nil {
 		var b bytes.Buffer
