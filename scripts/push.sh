@@ -11,8 +11,9 @@
 #   scripts/push.sh WORKDIR [PARAMS [PARTITIONS [SHARDS]]]
 #   e.g. scripts/push.sh /tmp/push 10000000 1024 4
 #
-# CUMULUS names the binary (default: cumulus on PATH); MANAGER_FLAGS more
-# manager flags; DURATION each run's seconds (default 60); RUNS which
+# CUMULUS names the binary (default: cumulus on PATH); MANAGER_FLAGS,
+# SHARD_FLAGS and ROUTER_FLAGS more flags for those processes (SHARD_FLAGS
+# and ROUTER_FLAGS may hold %i, the process's number); DURATION each run's seconds (default 60); RUNS which
 # runs (default "freshness throughput"). ghz runs for all of them and 10
 # seconds more, and ends on its own (a call cut short would count as
 # failed). Logs go to WORKDIR/*.log.
@@ -22,6 +23,7 @@ C=${CUMULUS:-cumulus}
 port=${PORT:-28200} # routers' gRPC on PORT+1 and PORT+11, HTTP on PORT and PORT+10; admin PORT+2; push PORT+3
 duration=${DURATION:-60}
 runs=${RUNS:-freshness throughput}
+shard_flags=${SHARD_FLAGS:-}; router_flags=${ROUTER_FLAGS:-}
 command -v ghz > /dev/null || { echo "push: ghz is not installed (go install github.com/bojand/ghz/cmd/ghz@v0.120.0)" >&2; exit 2; }
 rm -rf "$work"; mkdir -p "$work/models" "$work/empty"
 "$C" model gen --name bench --type lr --params "$params" --partitions "$partitions" --repo "$work/models" > /dev/null 2>&1
@@ -37,10 +39,13 @@ common=(--etcd "$etcd" --cluster push --log-level warn)
 # shellcheck disable=SC2086
 start manager manager --repo "$work/models" --admin-addr 127.0.0.1:$((port + 2)) --push-addr 127.0.0.1:$((port + 3)) "${common[@]}" ${MANAGER_FLAGS:-}
 for i in $(seq 0 $((shards - 1))); do
-  start "shard-$i" shard --id "shard-$i" --repo "$work/models" --data-dir "$work/data-$i" "${common[@]}"
+  # shellcheck disable=SC2086
+  start "shard-$i" shard --id "shard-$i" --repo "$work/models" --data-dir "$work/data-$i" "${common[@]}" ${shard_flags//%i/$i}
 done
-start router-0 router --grpc-addr 127.0.0.1:$((port + 1)) --http-addr 127.0.0.1:$port "${common[@]}"
-start router-1 router --grpc-addr 127.0.0.1:$((port + 11)) --http-addr 127.0.0.1:$((port + 10)) "${common[@]}"
+for i in 0 1; do
+  # shellcheck disable=SC2086
+  start "router-$i" router --grpc-addr 127.0.0.1:$((port + 10 * i + 1)) --http-addr 127.0.0.1:$((port + 10 * i)) "${common[@]}" ${router_flags//%i/$i}
+done
 for p in $port $((port + 10)); do
   until curl -sf "http://127.0.0.1:$p/v2/health/ready" > /dev/null; do sleep 0.2; done
 done

@@ -64,6 +64,7 @@ func shardCommand() *cobra.Command {
 	var admin adminFlags
 	var fault faultFlag
 	var tlsf roleFlags
+	var profile profileFlag
 	cmd := &cobra.Command{
 		Use:   "shard",
 		Short: "Run a shard server: holds the partitions the manager assigns to it",
@@ -81,6 +82,11 @@ without one; the fault API needs an operator's. --probe-addr serves
 the probes and /metrics alone, in plain HTTP whatever the TLS flags.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			stop, err := profile.start()
+			if err != nil {
+				return err
+			}
+			defer stop()
 			token, err := admin.resolve()
 			if err != nil {
 				return err
@@ -156,6 +162,7 @@ the probes and /metrics alone, in plain HTTP whatever the TLS flags.`,
 	cmd.Flags().Var(&fault, "fault", faultUsage)
 	tlsf.register(cmd.Flags(), "the shard (lookups are then mutual TLS: only routers and managers whose certificate --tls-ca signed are answered; --http-addr serves HTTPS)")
 	drain.register(cmd)
+	profile.register(cmd)
 	cmd.MarkFlagRequired("id")
 	cmd.MarkFlagRequired("repo")
 	return cmd
@@ -231,6 +238,7 @@ func routerCommand() *cobra.Command {
 	var hedging hedgeFlags
 	var tlsf roleFlags
 	var clientCA, probeAddr string
+	var profile profileFlag
 	cmd := &cobra.Command{
 		Use:   "router",
 		Short: "Run a router: KServe v2 gRPC and HTTP, fanning out to shards found in etcd",
@@ -241,11 +249,15 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 --drain-timeout cut it short).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			stop, err := profile.start()
+			if err != nil {
+				return err
+			}
+			defer stop()
 			opts := lim.routerOptions(router.Options{Cluster: cluster.c, Registry: prometheus.DefaultRegisterer, ID: id, Build: buildinfo.String(), Advertise: grpcAddr})
 			if err := hedging.apply(&opts); err != nil {
 				return err
 			}
-			var err error
 			if opts.ShardTLS, err = tlsf.load(cmd.Context(), cluster.c); err != nil {
 				return err
 			}
@@ -312,6 +324,7 @@ HTTP connections, the requests under way finish, and it exits 0 (1 if
 	cmd.Flags().StringVar(&probeAddr, "probe-addr", "", probeUsage)
 	cmd.Flags().StringVar(&clientCA, "client-ca", "", "PEM CA certificate(s): the front then answers only clients whose certificate it signed (default: any client, over TLS with --tls-cert)")
 	drain.register(cmd)
+	profile.register(cmd)
 	return cmd
 }
 
@@ -326,19 +339,17 @@ func managerCommand() *cobra.Command {
 	var probeAddr string
 	var raft raftFlags
 	var push pushServeFlags
-	var cpuProfile string
+	var profile profileFlag
 	cmd := &cobra.Command{
 		Use:   "manager",
 		Short: "Run the manager: validates model versions, decides what is served, serves the admin API",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if cpuProfile != "" {
-				stop, err := startCPUProfile(cpuProfile)
-				if err != nil {
-					return err
-				}
-				defer stop()
+			stop, err := profile.start()
+			if err != nil {
+				return err
 			}
+			defer stop()
 			token, err := admin.resolve()
 			if err != nil {
 				return err
@@ -416,8 +427,7 @@ func managerCommand() *cobra.Command {
 	tlsf.register(cmd.Flags(), "the manager, on its admin API (which then answers only operators whose certificate --tls-ca signed), to shards (its gate router) and between raft members (managers only)")
 	raft.register(cmd)
 	push.register(cmd, "")
-	cmd.Flags().StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the process to this file, from start to exit (go tool pprof)")
-	cmd.Flags().MarkHidden("cpu-profile")
+	profile.register(cmd)
 	cmd.MarkFlagRequired("repo")
 	return cmd
 }

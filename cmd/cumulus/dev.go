@@ -40,7 +40,7 @@ func devCommand() *cobra.Command {
 		drain                    drainFlag
 		hedging                  hedgeFlags
 		fault                    faultFlag
-		cpuProfile               string
+		profile                  profileFlag
 		useTLS                   bool
 	)
 	cmd := &cobra.Command{
@@ -52,13 +52,11 @@ localhost, serves every model in --repo (or a generated demo model when no
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			if cpuProfile != "" {
-				stop, err := startCPUProfile(cpuProfile)
-				if err != nil {
-					return err
-				}
-				defer stop()
+			stop, err := profile.start()
+			if err != nil {
+				return err
 			}
+			defer stop()
 			if repo == "" {
 				dir, err := os.MkdirTemp("", "cumulus-demo-")
 				if err != nil {
@@ -209,14 +207,26 @@ localhost, serves every model in --repo (or a generated demo model when no
 	push.register(cmd, "127.0.0.1:8003")
 	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "give up if models are not servable by then")
 	drain.register(cmd)
-	cmd.Flags().StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole process to this file, from start to exit (go tool pprof)")
-	cmd.Flags().MarkHidden("cpu-profile")
+	profile.register(cmd)
 	return cmd
 }
 
-// startCPUProfile profiles the process into file until stop is called.
-func startCPUProfile(file string) (stop func(), err error) {
-	f, err := os.Create(file)
+// profileFlag is the hidden --cpu-profile of every process: a file to
+// write a CPU profile of the whole process to, from start to exit.
+type profileFlag string
+
+func (p *profileFlag) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar((*string)(p), "cpu-profile", "", "write a CPU profile of the whole process to this file, from start to exit (go tool pprof)")
+	cmd.Flags().MarkHidden("cpu-profile")
+}
+
+// start profiles the process until stop is called (nothing without
+// the flag).
+func (p profileFlag) start() (stop func(), err error) {
+	if p == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(string(p))
 	if err != nil {
 		return nil, err
 	}
