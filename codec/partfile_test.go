@@ -219,6 +219,42 @@ func TestWritePartitionRefuses(t *testing.T) {
 	}
 }
 
+// TestCrowdedBucket: keys chosen to share one bucket (hashes below its
+// bound) are written in order, and a duplicate among them is refused, as
+// in a bucket of usual size.
+func TestCrowdedBucket(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var keys []uint64
+	for i := range 2000 {
+		h := rng.Uint64()
+		if i < 300 {
+			h >>= 12 // bucket 0 of Buckets(2000)
+		}
+		keys = append(keys, KeyUnhash(h))
+	}
+	values := make([]float32, len(keys))
+	var buf bytes.Buffer
+	if _, err := WritePartition(&buf, 0, 1, EncFP32, keys, values); err != nil {
+		t.Fatal(err)
+	}
+	p, err := ParsePartition(buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < p.Count; i++ {
+		if p.Hash(i) <= p.Hash(i-1) {
+			t.Fatalf("records not ascending at %d of %d", i, p.Count)
+		}
+	}
+	if p.Count != len(keys) {
+		t.Fatalf("%d records of %d keys", p.Count, len(keys))
+	}
+	keys[299] = keys[7]
+	if _, err := WritePartition(&buf, 0, 1, EncFP32, keys, values); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Fatalf("a duplicate in the crowded bucket: %v", err)
+	}
+}
+
 func FuzzParsePartition(f *testing.F) {
 	for _, e := range []Encoding{EncFP32, EncFP16, EncInt8} {
 		b, _, _ := writeTestPartition(f, 5, 3, e)
