@@ -732,6 +732,84 @@ func TestPublishDelta(t *testing.T) {
 	}
 }
 
+// TestPublishSplitDelta: a delta given split by partition writes the
+// same files as the same rows given as upserts and deletions, packed or
+// not; and rows of the wrong partition, non-finite values, rows given
+// both ways and partitions out of order are refused.
+func TestPublishSplitDelta(t *testing.T) {
+	repo := Repo{Dir: t.TempDir()}
+	if _, err := repo.Publish("m", smallFM(), 5, ""); err != nil {
+		t.Fatal(err)
+	}
+	shape := model.Shape{Type: model.FM, Dim: 2}
+	up := &Sparse{Shape: shape, Keys: []uint64{5, 6, 7, 3000009}, Values: []float32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}}
+	deletes := []uint64{1000003, 88}
+	split := func() *Split {
+		s := &Split{}
+		keys, values, dels := map[uint32][]uint64{}, map[uint32][]float32{}, map[uint32][]uint64{}
+		for i, k := range up.Keys {
+			p := partition.Of(k, 5)
+			keys[p] = append(keys[p], k)
+			values[p] = append(values[p], up.Values[3*i:3*i+3]...)
+		}
+		for _, k := range deletes {
+			p := partition.Of(k, 5)
+			dels[p] = append(dels[p], k)
+		}
+		for p := range uint32(5) {
+			if len(keys[p])+len(dels[p]) > 0 {
+				s.Touched = append(s.Touched, p)
+			}
+		}
+		s.Rows = func(p uint32) ([]uint64, []float32, []uint64) { return keys[p], values[p], dels[p] }
+		return s
+	}
+	for _, pack := range []bool{false, true} {
+		want, err := repo.PublishDelta("m", Delta{Upserts: up, Deletes: deletes, Parent: 1, Pack: pack})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := repo.PublishDelta("m", Delta{Split: split(), Parent: 1, Pack: pack})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Params != want.Params || got.Format != want.Format || len(got.Files) != len(want.Files) || got.Bias != want.Bias {
+			t.Fatalf("packed %v: split delta %+v; as upserts %+v", pack, got, want)
+		}
+		for i := range got.Files {
+			if g, w := got.Files[i], want.Files[i]; g.Partition != w.Partition || g.SHA256 != w.SHA256 || g.Keys != w.Keys {
+				t.Fatalf("packed %v: partition %d's file differs: %+v, as upserts %+v", pack, g.Partition, g, w)
+			}
+		}
+	}
+	wrong := split()
+	rows := wrong.Rows
+	wrong.Rows = func(p uint32) ([]uint64, []float32, []uint64) {
+		k, v, d := rows(p)
+		return append(slices.Clone(k), 1000003*3+1), append(slices.Clone(v), 0, 0, 0), d
+	}
+	nan := split()
+	nan.Rows = func(p uint32) ([]uint64, []float32, []uint64) {
+		k, v, d := rows(p)
+		return k, slices.Repeat([]float32{float32(math.Inf(1))}, len(v)), d
+	}
+	unordered := split()
+	slices.Reverse(unordered.Touched)
+	for name, c := range map[string]struct {
+		d    Delta
+		says string
+	}{
+		"wrong partition": {Delta{Split: wrong}, "of partition"},
+		"non-finite":      {Delta{Split: nan}, "non-finite"},
+		"both ways":       {Delta{Split: split(), Deletes: []uint64{3}}, "not both"},
+		"unordered":       {Delta{Split: unordered}, "not ascending"},
+	} {
+		if _, err := repo.PublishDelta("m", c.d); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
+		}
+	}
+}
+
 // TestPublishRefusesAnotherPartitionCount: a model's partition count is
 // fixed by its first version; a version with another is refused before
 // anything is written.

@@ -114,6 +114,21 @@ type Delta struct {
 	Pack bool
 	// Written: see Spec.Written.
 	Written func(version uint64, dir string)
+	// Split, in place of Upserts and Deletes, is the delta's rows
+	// already split by partition (a window of pushes): no golden
+	// requests with it.
+	Split *Split
+}
+
+// Split is a delta's rows by partition. Rows(p) returns partition p's
+// upserted keys with their values (Width per key) and its deleted keys,
+// each key once and of partition p (checked). It is called once for each
+// partition in Touched (ascending, no repeats), concurrently for
+// different ones, as the partition is written: splitting and writing
+// share the machine's cores, and no copy of the whole delta is made.
+type Split struct {
+	Touched []uint32
+	Rows    func(p uint32) (keys []uint64, values []float32, deletes []uint64)
 }
 
 // DeltaParent is the version a delta is built on by default: the newest
@@ -189,6 +204,9 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 		return nil, err
 	}
 	parent := chain[0]
+	if d.Split != nil {
+		return r.publishSplit(name, parent, d)
+	}
 	up := d.Upserts
 	if up == nil {
 		up = &Sparse{Shape: parent.Shape}
@@ -235,9 +253,83 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 		Encoding: parent.Encoding, Parent: latest, Source: d.Source, Pushed: d.Pushed, Fence: d.Fence, Golden: d.Golden, Pack: d.Pack, Written: d.Written}, keys, values, d.Dense)
 }
 
+// publishSplit is PublishDelta of d.Split on parent.
+func (r Repo) publishSplit(name string, parent *codec.Manifest, d Delta) (*codec.Manifest, error) {
+	switch {
+	case d.Upserts != nil || len(d.Deletes) > 0:
+		return nil, fmt.Errorf("loader: a delta's rows come as Upserts and Deletes or as a Split, not both")
+	case d.Golden != nil:
+		return nil, fmt.Errorf("loader: a delta with golden requests gives its rows as Upserts")
+	case d.Dense != nil && !parent.HasDense():
+		return nil, fmt.Errorf("loader: an %s model takes no dense part", parent.Type)
+	}
+	for i, p := range d.Split.Touched {
+		if p >= parent.Partitions || (i > 0 && p <= d.Split.Touched[i-1]) {
+			return nil, fmt.Errorf("loader: a split delta's partitions are not ascending in [0, %d): %d after %v", parent.Partitions, p, d.Split.Touched[:i])
+		}
+	}
+	bias := parent.Bias
+	if d.Bias != nil {
+		bias = *d.Bias
+	}
+	spec := Spec{Name: name, Shape: parent.Shape, Bias: bias, Partitions: parent.Partitions, Encoding: parent.Encoding, Parent: parent.Version,
+		Source: d.Source, Pushed: d.Pushed, Fence: d.Fence, Pack: d.Pack, Written: d.Written}
+	width := spec.Width()
+	return r.publishParts(spec, d.Split.Touched, func(p uint32) ([]uint64, []float32, error) {
+		keys, values, deletes := d.Split.Rows(p)
+		if len(values) != len(keys)*width {
+			return nil, nil, fmt.Errorf("loader: partition %d: %d values for %d keys of width %d", p, len(values), len(keys), width)
+		}
+		for i, v := range values {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				return nil, nil, fmt.Errorf("loader: feature id %d has a non-finite value %v", keys[i/width], v)
+			}
+		}
+		if len(deletes) > 0 {
+			keys = append(keys[:len(keys):len(keys)], deletes...)
+			values = slices.Grow(values[:len(values):len(values)], len(deletes)*width)
+			for range deletes {
+				values = append(values, codec.Tombstone)
+				values = append(values, make([]float32, width-1)...)
+			}
+		}
+		for _, k := range keys {
+			if partition.Of(k, spec.Partitions) != p {
+				return nil, nil, fmt.Errorf("loader: feature id %d given in partition %d is of partition %d", k, p, partition.Of(k, spec.Partitions))
+			}
+		}
+		return keys, values, nil // a key twice is refused as the partition is written
+	}, d.Dense, nil)
+}
+
 // publish splits keys by partition and writes them, and dense (if not
 // nil), as a new version.
 func (r Repo) publish(spec Spec, keys []uint64, values []float32, dense *model.Dense) (*codec.Manifest, error) {
+	width := spec.Width()
+	pk := make([][]uint64, spec.Partitions)
+	pv := make([][]float32, spec.Partitions)
+	for i, k := range keys {
+		p := partition.Of(k, spec.Partitions)
+		pk[p] = append(pk[p], k)
+		pv[p] = append(pv[p], values[i*width:(i+1)*width]...)
+	}
+	var touched []uint32
+	for p := range spec.Partitions {
+		if spec.Parent == 0 || len(pk[p]) > 0 { // a delta leaves the partitions it does not touch as they are
+			touched = append(touched, p)
+		}
+	}
+	var golden func(w *VersionWriter) error
+	if spec.Golden != nil {
+		golden = func(w *VersionWriter) error { return r.writeGolden(w, spec, keys, values, dense) }
+	}
+	return r.publishParts(spec, touched, func(p uint32) ([]uint64, []float32, error) { return pk[p], pv[p], nil }, dense, golden)
+}
+
+// publishParts writes dense and golden's requests (each if not nil)
+// and each partition in touched, rows(p) its keys and values, as a new
+// version; rows is called concurrently for different partitions.
+func (r Repo) publishParts(spec Spec, touched []uint32, rows func(p uint32) ([]uint64, []float32, error), dense *model.Dense, golden func(w *VersionWriter) error) (*codec.Manifest, error) {
 	w, err := r.NewVersion(spec)
 	if err != nil {
 		return nil, err
@@ -248,27 +340,22 @@ func (r Repo) publish(spec Spec, keys []uint64, values []float32, dense *model.D
 			return nil, err
 		}
 	}
-	if spec.Golden != nil {
-		if err := r.writeGolden(w, spec, keys, values, dense); err != nil {
+	if golden != nil {
+		if err := golden(w); err != nil {
 			w.Abort()
 			return nil, err
 		}
 	}
-	width := spec.Width()
-	pk := make([][]uint64, spec.Partitions)
-	pv := make([][]float32, spec.Partitions)
-	for i, k := range keys {
-		p := partition.Of(k, spec.Partitions)
-		pk[p] = append(pk[p], k)
-		pv[p] = append(pv[p], values[i*width:(i+1)*width]...)
-	}
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
-	for p := range spec.Partitions {
-		if spec.Parent != 0 && len(pk[p]) == 0 {
-			continue // a delta leaves the partitions it does not touch as they are
-		}
-		g.Go(func() error { return w.WritePartition(p, pk[p], pv[p]) })
+	for _, p := range touched {
+		g.Go(func() error {
+			keys, values, err := rows(p)
+			if err != nil {
+				return err
+			}
+			return w.WritePartition(p, keys, values)
+		})
 	}
 	if err := g.Wait(); err != nil {
 		w.Abort()

@@ -9,10 +9,14 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/bits"
+	"math/rand/v2"
 	"slices"
 	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/partition"
+	"github.com/cumulus-serving/cumulus/loader"
 )
 
 // A trainer pushes the absolute values of the rows it changed, in
@@ -124,10 +128,11 @@ var ErrBusy = errors.New("manager: over a push bound")
 // pushLog is one model's pushes on the leader: its producers and its
 // open window. Not safe for concurrent use.
 type pushLog struct {
-	lim       PushLimits
-	width     int
-	producers map[string]*pushProducer
-	open      *pushWindow
+	lim        PushLimits
+	width      int
+	partitions uint32
+	producers  map[string]*pushProducer
+	open       *pushWindow
 	// lastRows sizes a new window as the last one ended.
 	lastRows int
 	// held is what the windows sealed while a pin or a canary held the
@@ -156,14 +161,18 @@ type pushWindow struct {
 	opened time.Time
 	width  int
 	// ids and values are the rows as they came, in order (values width
-	// per row); a deletion is a row whose deleted bit is set. contents
+	// per row); a deletion is a row whose deleted bit is set. The seal
 	// merges them, last row winning per id: appending is what a batch
-	// costs, and the window pays one sort when sealed (a map of a
-	// million ids cost several times that in inserts).
+	// costs, and the window pays a split by partition and a merge of
+	// each when sealed (split, last).
 	ids     []uint64
 	values  []float32
 	deleted []uint64 // bit i: row i deletes its id
-	bytes   int64
+	// parts are the rows' partitions (of the model's partitions), found
+	// as batches come: the seal splits the rows by them at once.
+	parts      []uint32
+	partitions uint32
+	bytes      int64
 	// marks are the highest sequence of each producer in the window;
 	// charges what each producer's batches weigh.
 	marks   map[string]uint64
@@ -174,8 +183,8 @@ type pushWindow struct {
 	err     error
 }
 
-func newPushLog(lim PushLimits, width int) *pushLog {
-	return &pushLog{lim: lim, width: width, producers: map[string]*pushProducer{}}
+func newPushLog(lim PushLimits, width int, partitions uint32) *pushLog {
+	return &pushLog{lim: lim, width: width, partitions: partitions, producers: map[string]*pushProducer{}}
 }
 
 // offer applies b (checked) to the open window, given the producer's
@@ -212,7 +221,8 @@ func (l *pushLog) offer(b *PushBatch, sealed uint64, now time.Time) (w *pushWind
 		return nil, false, fmt.Errorf("%w: model %s's open window holds %d bytes, twice what is sealed at once: wait for answers", ErrBusy, b.Model, l.open.bytes)
 	}
 	if l.open == nil {
-		l.open = &pushWindow{opened: now, width: l.width, ids: make([]uint64, 0, l.lastRows), values: make([]float32, 0, l.lastRows*l.width),
+		l.open = &pushWindow{opened: now, width: l.width, partitions: l.partitions, ids: make([]uint64, 0, l.lastRows),
+			values: make([]float32, 0, l.lastRows*l.width), parts: make([]uint32, 0, l.lastRows),
 			marks: map[string]uint64{}, charges: map[string]int64{}, done: make(chan struct{})}
 	}
 	w = l.open
@@ -225,13 +235,17 @@ func (l *pushLog) offer(b *PushBatch, sealed uint64, now time.Time) (w *pushWind
 }
 
 // rowBytes is what a row costs a window besides its values: its id,
-// and its share of the sort that merges the window.
-const rowBytes = 8 + 16
+// its partition, and its share of the split that merges the window.
+const rowBytes = 8 + 4 + 8
 
 func (w *pushWindow) apply(b *PushBatch) {
 	w.ids = append(w.ids, b.IDs...)
 	w.values = append(w.values, b.Values...)
+	for _, id := range b.IDs {
+		w.parts = append(w.parts, partition.Of(id, w.partitions))
+	}
 	for _, id := range b.Deletes {
+		w.parts = append(w.parts, partition.Of(id, w.partitions))
 		i := len(w.ids)
 		w.ids = append(w.ids, id)
 		for len(w.deleted) <= i/64 {
@@ -271,78 +285,110 @@ func (l *pushLog) take() *pushWindow {
 	return w
 }
 
-// contents is what w holds: the upserted ids with their values, and the
-// deleted ids, the last row of each id winning.
-func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint64) {
-	keys, order := sortedOrder(w.ids)
-	ids = make([]uint64, 0, len(order))
-	values = make([]float32, 0, len(w.values))
-	for k, i := range order {
-		if k+1 < len(order) && keys[k+1] == keys[k] {
-			continue // a later row has it
+// splitRows are a window's rows grouped by partition, each partition's
+// in the order they came: touched are the partitions with rows,
+// ascending, and partition touched[i]'s rows are bounds[i] to
+// bounds[i+1].
+type splitRows struct {
+	touched []uint32
+	bounds  []int
+	width   int
+	ids     []uint64
+	values  []float32
+	deleted []bool
+	// mul hashes ids into last's set: odd, and random, so that no pusher
+	// can choose ids that crowd it (multiply-shift hashing).
+	mul uint64
+}
+
+// split groups w's rows by partition: a counting sort, its second pass
+// moving the rows themselves, so that each partition's are read in one
+// run as they are merged (not one cache line a row). The partitions were
+// found as the batches came: the seal pays two passes over the rows, not
+// a sort of their ids.
+func (w *pushWindow) split() *splitRows {
+	n := len(w.ids)
+	s := &splitRows{width: w.width, ids: make([]uint64, n), values: make([]float32, len(w.values)), deleted: make([]bool, n), mul: rand.Uint64() | 1}
+	next := make([]int, w.partitions+1) // first the count of each partition, then where its next row goes
+	for _, p := range w.parts {
+		next[p+1]++
+	}
+	for p := range w.partitions {
+		if next[p+1] > 0 {
+			s.touched = append(s.touched, p)
+			s.bounds = append(s.bounds, next[p])
 		}
-		if w.isDeleted(int(i)) {
-			deletes = append(deletes, keys[k])
-			continue
-		}
-		ids = append(ids, keys[k])
+		next[p+1] += next[p]
+	}
+	s.bounds = append(s.bounds, n)
+	for i, p := range w.parts {
+		j := next[p]
+		next[p]++
+		s.ids[j], s.deleted[j] = w.ids[i], w.isDeleted(i)
 		if w.width == 1 {
-			values = append(values, w.values[i]) // LR: no copy call per row
+			s.values[j] = w.values[i] // LR: no copy call per row
 		} else {
-			values = append(values, w.values[int(i)*w.width:(int(i)+1)*w.width]...)
+			copy(s.values[j*w.width:(j+1)*w.width], w.values[i*w.width:(i+1)*w.width])
+		}
+	}
+	return s
+}
+
+// last is what partition touched[t]'s rows hold, the last row of each
+// id winning: the upserted ids with their values, and the deleted ids.
+// Safe for concurrent use.
+//
+// The ids seen are an open-addressed set sized for the rows, not a map:
+// at a million rows a second, map inserts were the seal's largest cost.
+func (s *splitRows) last(t int) (ids []uint64, values []float32, deletes []uint64) {
+	lo, hi := s.bounds[t], s.bounds[t+1]
+	shift := 64 - bits.Len(uint(2*(hi-lo)))
+	seen, used := make([]uint64, 1<<(64-shift)), make([]bool, 1<<(64-shift))
+	ids = make([]uint64, 0, hi-lo)
+	values = make([]float32, 0, (hi-lo)*s.width)
+rows:
+	for i := hi - 1; i >= lo; i-- {
+		id := s.ids[i]
+		h := id * s.mul >> shift
+		for ; used[h]; h = (h + 1) & uint64(len(seen)-1) {
+			if seen[h] == id {
+				continue rows // a later row has it
+			}
+		}
+		seen[h], used[h] = id, true
+		switch {
+		case s.deleted[i]:
+			deletes = append(deletes, id)
+		case s.width == 1:
+			ids, values = append(ids, id), append(values, s.values[i])
+		default:
+			ids, values = append(ids, id), append(values, s.values[i*s.width:(i+1)*s.width]...)
 		}
 	}
 	return ids, values, deletes
 }
 
-// sortedOrder sorts ids' rows by id, rows of one id in the order they
-// came: keys are the ids in that order and order the rows' indexes.
-//
-// A least-significant-digit radix sort, four passes of 16 bits (fewer
-// when a digit is the same in every id), stable by construction: at a
-// million keys a second, a comparison sort of (id, row) pairs was 46% of
-// the leader's CPU.
-func sortedOrder(ids []uint64) (keys []uint64, order []uint32) {
-	n := len(ids)
-	keys, order = ids, make([]uint32, n) // keys is ids (read only) until a pass moves them
-	for i := range order {
-		order[i] = uint32(i)
+// delta is w's rows as a delta's, split by partition: each partition's
+// rows are merged (last) as the loader writes it, on all cores.
+func (w *pushWindow) delta() *loader.Split {
+	s := w.split()
+	index := make(map[uint32]int, len(s.touched))
+	for t, p := range s.touched {
+		index[p] = t
 	}
-	if n < 2 {
-		return keys, order
+	return &loader.Split{Touched: s.touched, Rows: func(p uint32) ([]uint64, []float32, []uint64) { return s.last(index[p]) }}
+}
+
+// contents is what w holds: the upserted ids with their values, and the
+// deleted ids, the last row of each id winning (by partition, then
+// newest first).
+func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint64) {
+	s := w.split()
+	for t := range s.touched {
+		pi, pv, pd := s.last(t)
+		ids, values, deletes = append(ids, pi...), append(values, pv...), append(deletes, pd...)
 	}
-	k2, o2 := make([]uint64, n), make([]uint32, n)
-	var k3 []uint64 // the second buffer, once ids is no longer one of them
-	count := make([]int, 1<<16)
-	for shift := uint(0); shift < 64; shift += 16 {
-		clear(count)
-		for _, k := range keys {
-			count[k>>shift&0xffff]++
-		}
-		if count[keys[0]>>shift&0xffff] == n {
-			continue // one digit in every id: the order stands
-		}
-		sum := 0
-		for d, c := range count {
-			count[d] = sum
-			sum += c
-		}
-		for j, k := range keys {
-			d := k >> shift & 0xffff
-			k2[count[d]], o2[count[d]] = k, order[j]
-			count[d]++
-		}
-		if k3 == nil {
-			// ids was the source: the next pass writes to a buffer of
-			// its own, never to the caller's slice.
-			k3 = make([]uint64, n)
-			keys, k2 = k2, k3
-		} else {
-			keys, k2 = k2, keys
-		}
-		order, o2 = o2, order
-	}
-	return keys, order
+	return ids, values, deletes
 }
 
 // heldBytes is what a held model's pushes weigh: the pending delta's
@@ -362,7 +408,8 @@ func (l *pushLog) heldBytes() int64 {
 // windows' marks; a is not changed. Its done and charges are b's.
 func merged(a, b *pushWindow) *pushWindow {
 	m := &pushWindow{opened: b.opened, width: b.width, marks: maps.Clone(a.marks), charges: b.charges, done: b.done,
-		ids: slices.Concat(a.ids, b.ids), values: slices.Concat(a.values, b.values), bytes: a.bytes + b.bytes}
+		ids: slices.Concat(a.ids, b.ids), values: slices.Concat(a.values, b.values), parts: slices.Concat(a.parts, b.parts),
+		partitions: b.partitions, bytes: a.bytes + b.bytes}
 	for p, s := range b.marks {
 		m.marks[p] = max(m.marks[p], s)
 	}
@@ -383,7 +430,7 @@ func merged(a, b *pushWindow) *pushWindow {
 // with w's marks: what a held window keeps between seals.
 func (w *pushWindow) compacted() *pushWindow {
 	ids, values, deletes := w.contents()
-	c := &pushWindow{width: w.width, marks: w.marks}
+	c := &pushWindow{width: w.width, partitions: w.partitions, marks: w.marks}
 	c.apply(&PushBatch{IDs: ids, Values: values, Deletes: deletes})
 	return c
 }

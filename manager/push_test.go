@@ -1,7 +1,6 @@
 package manager
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/partition"
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/model"
 )
@@ -32,7 +32,7 @@ func batch(producer string, seq uint64, ids []uint64, values []float32, deletes 
 // next one applied, a duplicate of a sealed or of a pending batch
 // answered without applying it, any other refused naming the expected.
 func TestPushSequences(t *testing.T) {
-	l := newPushLog(testLimits(), 1)
+	l := newPushLog(testLimits(), 1, 8)
 	now := pushT0
 	w1, dup, err := l.offer(batch("a", 1, []uint64{1}, []float32{1}), 0, now)
 	if err != nil || dup || w1 == nil {
@@ -76,7 +76,7 @@ func TestPushSequences(t *testing.T) {
 	}
 	// The state's mark counts: a producer new to this leader, sealed by
 	// the one before, resumes after its mark.
-	l2 := newPushLog(testLimits(), 1)
+	l2 := newPushLog(testLimits(), 1, 8)
 	if _, dup, err := l2.offer(batch("a", 5, nil, nil), 5, now); !dup || err != nil {
 		t.Fatalf("a new leader took sequence 5 (sealed before) as %v %v", dup, err)
 	}
@@ -88,7 +88,7 @@ func TestPushSequences(t *testing.T) {
 // TestPushWindowMerges checks last-wins per id across batches and
 // producers, deletions, and what the window counts.
 func TestPushWindowMerges(t *testing.T) {
-	l := newPushLog(testLimits(), 2)
+	l := newPushLog(testLimits(), 2, 8)
 	for _, b := range []*PushBatch{
 		batch("a", 1, []uint64{1, 2, 3}, []float32{1, 1, 2, 2, 3, 3}),
 		batch("b", 1, []uint64{2}, []float32{20, 20}, 3),
@@ -122,7 +122,7 @@ func TestPushWindowMerges(t *testing.T) {
 func TestPushBounds(t *testing.T) {
 	lim := testLimits()
 	lim.WindowBytes = 1000
-	l := newPushLog(lim, 1)
+	l := newPushLog(lim, 1, 8)
 	ids := make([]uint64, 100)
 	for i := range ids {
 		ids[i] = uint64(i)
@@ -183,7 +183,7 @@ func TestPushBounds(t *testing.T) {
 // the open window after it, and that producers resume from their sealed
 // marks.
 func TestPushSealFails(t *testing.T) {
-	l := newPushLog(testLimits(), 1)
+	l := newPushLog(testLimits(), 1, 8)
 	l.offer(batch("a", 1, []uint64{1}, []float32{1}), 0, pushT0)
 	l.sealed(l.take(), 3, nil)
 	l.offer(batch("a", 2, []uint64{1}, []float32{2}), 0, pushT0)
@@ -249,7 +249,7 @@ func TestTrimMarks(t *testing.T) {
 // windows merged in order (later rows win, deletions included), the
 // marks of all, and compacted to one row per id between seals.
 func TestPushHeldMerge(t *testing.T) {
-	l := newPushLog(testLimits(), 1)
+	l := newPushLog(testLimits(), 1, 8)
 	l.offer(batch("a", 1, []uint64{1, 2}, []float32{1, 2}), 0, pushT0)
 	first := l.take().compacted()
 	l.offer(batch("b", 1, []uint64{2, 3}, []float32{20, 30}, 1), 0, pushT0)
@@ -273,68 +273,95 @@ func TestPushHeldMerge(t *testing.T) {
 	}
 }
 
-// TestSortedOrder: the radix sort orders by id, rows of one id as they
-// came, for ids that differ in any digit or in none.
-func TestSortedOrder(t *testing.T) {
+// TestWindowSplit checks the seal's merge of random windows against a
+// reference: each partition's rows are its own ids, and the last row of
+// each id wins, a deletion included.
+func TestWindowSplit(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, ids := range [][]uint64{nil, {7}, {3, 3, 3}, {1 << 48, 1, 1 << 32, 1 << 16, 1, 0}} {
-		checkSortedOrder(t, ids)
-	}
-	for _, spread := range []uint64{10, 1 << 20, 1<<63 | 12345} {
-		ids := make([]uint64, 5000)
-		for i := range ids {
-			ids[i] = rng.Uint64N(spread)
-		}
-		checkSortedOrder(t, ids)
-	}
-}
-
-func checkSortedOrder(t *testing.T, ids []uint64) {
-	t.Helper()
-	want := make([]uint32, len(ids))
-	for i := range want {
-		want[i] = uint32(i)
-	}
-	slices.SortStableFunc(want, func(a, b uint32) int { return cmp.Compare(ids[a], ids[b]) })
-	keys, got := sortedOrder(ids)
-	if !slices.Equal(got, want) {
-		t.Fatalf("order of %d ids differs from a stable sort's", len(ids))
-	}
-	for k, i := range got {
-		if keys[k] != ids[i] {
-			t.Fatalf("key %d is %d; its row %d holds %d", k, keys[k], i, ids[i])
-		}
-	}
-}
-
-// BenchmarkWindowSort compares the radix sort of a window's rows with
-// the comparison sort it replaced, at 1M hashed ids.
-//
-//	go test -run '^$' -bench WindowSort ./manager
-func BenchmarkWindowSort(b *testing.B) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	ids := make([]uint64, 1<<20)
-	for i := range ids {
-		ids[i] = rng.Uint64()
-	}
-	b.Run("radix", func(b *testing.B) {
-		for b.Loop() {
-			sortedOrder(ids)
-		}
-	})
-	b.Run("comparison", func(b *testing.B) {
-		type row struct {
-			id uint64
-			i  int
-		}
-		for b.Loop() {
-			rows := make([]row, len(ids))
-			for i, id := range ids {
-				rows[i] = row{id, i}
+	for _, c := range []struct {
+		partitions uint32
+		rows, ids  int
+	}{{1, 0, 1}, {1, 50, 10}, {7, 500, 100}, {64, 5000, 1 << 20}} {
+		const width = 2
+		w := &pushWindow{width: width, partitions: c.partitions}
+		want := map[uint64][]float32{} // nil: deleted
+		for range c.rows {
+			id := rng.Uint64N(uint64(c.ids)) * 0x9e3779b97f4a7c15 // spread over every digit
+			if rng.IntN(4) == 0 {
+				w.apply(&PushBatch{Deletes: []uint64{id}})
+				want[id] = nil
+				continue
 			}
-			slices.SortFunc(rows, func(a, b row) int { return cmp.Or(cmp.Compare(a.id, b.id), cmp.Compare(a.i, b.i)) })
+			v := []float32{rng.Float32(), rng.Float32()}
+			w.apply(&PushBatch{IDs: []uint64{id}, Values: v})
+			want[id] = v
 		}
-	})
+		split := w.delta()
+		got := map[uint64][]float32{}
+		for i, p := range split.Touched {
+			if i > 0 && p <= split.Touched[i-1] {
+				t.Fatalf("partitions %v not ascending", split.Touched)
+			}
+			ids, values, deletes := split.Rows(p)
+			for k, id := range slices.Concat(ids, deletes) {
+				if q := partition.Of(id, c.partitions); q != p {
+					t.Fatalf("id %d given in partition %d is of %d", id, p, q)
+				}
+				if _, ok := got[id]; ok {
+					t.Fatalf("id %d given twice", id)
+				}
+				got[id] = nil
+				if k < len(ids) {
+					got[id] = values[k*width : (k+1)*width]
+				}
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%d rows in %d partitions: merged %d ids, want %d (or values differ)", c.rows, c.partitions, len(got), len(want))
+		}
+	}
+}
+
+// BenchmarkSeal seals windows of a million rows (20 batches of 50,000
+// ids of 10M, LR) as packed deltas of a model in 1,024 partitions: the
+// window's merge and the delta's files.
+//
+//	go test -run '^$' -bench Seal -benchtime 20x ./manager
+func BenchmarkSeal(b *testing.B) {
+	repo := loader.Repo{Dir: b.TempDir(), Manifests: loader.NewManifestCache()} // as the manager has
+	shape := model.Shape{Type: model.LR}
+	full, err := repo.Generate(loader.GenSpec{Name: "m", Shape: shape, Params: 100000, Partitions: 1024, Seed: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	parent := full.Version
+	for b.Loop() {
+		b.StopTimer()
+		l := newPushLog(PushLimits{Window: time.Second, WindowBytes: 1 << 30, InFlight: 1 << 30, ProducerTTL: time.Hour, MaxProducers: 1}, 1, 1024)
+		for seq := range 20 {
+			ids, values := make([]uint64, 50000), make([]float32, 50000)
+			for i := range ids {
+				ids[i], values[i] = rng.Uint64N(10_000_000), float32(seq)
+			}
+			if _, _, err := l.offer(&PushBatch{Model: "m", Producer: "p", Sequence: uint64(seq + 1), IDs: ids, Values: values}, 0, pushT0); err != nil {
+				b.Fatal(err)
+			}
+		}
+		w := l.take()
+		if len(w.ids) != 1_000_000 {
+			b.Fatalf("window of %d rows", len(w.ids))
+		}
+		b.StartTimer()
+		m, err := repo.PublishDelta("m", loader.Delta{Split: w.delta(), Parent: parent, ParentChecked: true, Pack: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		parent = m.Version
+		if len(m.Files) != 1024 || m.Files[0].Keys == 0 {
+			b.Fatalf("a window of a million rows wrote %d partitions", len(m.Files))
+		}
+	}
 }
 
 // TestValidateSealed: a delta this manager sealed is not read back while

@@ -279,11 +279,11 @@ func (s *PushServer) offer(b *PushBatch) pushAnswer {
 		return a
 	}
 	l := s.logs[b.Model]
-	if l == nil || l.width != width {
+	if l == nil || l.width != width || l.partitions != ms.Partitions {
 		if l != nil {
-			l.fail(fmt.Errorf("%w: model %s changed width to %d values per id: send again", ErrNotLeader, b.Model, width))
+			l.fail(fmt.Errorf("%w: model %s changed to %d values per id in %d partitions: send again", ErrNotLeader, b.Model, width, ms.Partitions))
 		}
-		l = newPushLog(s.limits(), width)
+		l = newPushLog(s.limits(), width, ms.Partitions)
 		s.logs[b.Model] = l
 	}
 	opened := l.open == nil
@@ -501,17 +501,13 @@ func (s *PushServer) publish(model string, l *pushLog, w *pushWindow, reign uint
 	if parent == 0 {
 		return 0, fmt.Errorf("%w: model %s has no version to seal pushes onto", ErrNotFound, model)
 	}
-	pm, err := s.m.opts.Repo.Manifest(model, parent)
-	if err != nil {
-		return 0, err
-	}
-	ids, values, deletes := body.contents()
-	m, err := s.m.opts.Repo.PublishDelta(model, loader.Delta{Upserts: &loader.Sparse{Shape: pm.Shape, Keys: ids, Values: values},
+	// The loader checks each row's partition against the parent's.
+	m, err := s.m.opts.Repo.PublishDelta(model, loader.Delta{Split: body.delta(),
 		// The parent's files are the manager's to validate (every version
 		// is): not read again on the answer's path.
 		// Packed: a window touching hundreds of partitions is one file
 		// to create, sync, verify and load, not hundreds.
-		Deletes: deletes, Parent: parent, ParentChecked: true, Pack: !s.opts.Unpacked, Source: "push", Pushed: body.pushMarks(time.Now()), Fence: func() error {
+		Parent: parent, ParentChecked: true, Pack: !s.opts.Unpacked, Source: "push", Pushed: body.pushMarks(time.Now()), Fence: func() error {
 			// Still leading, in the same reign, as the version becomes
 			// visible: a successor seals its first window only after
 			// it has scanned the repository and a window has passed,
