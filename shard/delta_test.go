@@ -245,3 +245,33 @@ func TestViewsThroughABranch(t *testing.T) {
 	})
 	check(1)
 }
+
+// TestStackFile: a stack's tables are found by file version (the base,
+// each delta), never the hot tier, and a version the stack lacks is not.
+func TestStackFile(t *testing.T) {
+	base := &Table{fv: 1}
+	hot := &Table{hotOf: base}
+	var deltas []*Table
+	for v := uint64(40); v >= 3; v -= 3 {
+		deltas = append(deltas, &Table{fv: v})
+	}
+	for _, stack := range [][]*Table{{base}, {hot, base}, append(slices.Clone(deltas), base), append(slices.Clone(deltas), hot, base)} {
+		for _, want := range stack {
+			got := stackFile(stack, want.fv)
+			if want.hotOf != nil {
+				continue // not a file's table: its fv is found as the base
+			}
+			if got != want {
+				t.Fatalf("a stack of %d: file version %d found %v", len(stack), want.fv, got)
+			}
+		}
+		for _, v := range []uint64{0, 2, 5, 41, 100} {
+			if got := stackFile(stack, v); got != nil {
+				t.Fatalf("a stack of %d: file version %d (not in it) found %v", len(stack), v, got)
+			}
+		}
+	}
+	if stackFile(nil, 1) != nil {
+		t.Fatal("an empty stack found a table")
+	}
+}
