@@ -47,6 +47,10 @@ type PushBatch struct {
 	IDs     []uint64
 	Values  []float32
 	Deletes []uint64
+	// parts are the rows' partitions of partsOf (partitions), when the
+	// server found them before taking its lock.
+	parts   []uint32
+	partsOf uint32
 }
 
 // Size is what the batch weighs in a window of width values per row,
@@ -55,7 +59,7 @@ type PushBatch struct {
 // the batch's encoding: a deletion of a small id is a byte or two of
 // protobuf.
 func (b *PushBatch) Size(width int) int64 {
-	return int64(len(b.IDs)+len(b.Deletes))*int64(rowBytes+4*width) + int64(len(b.Producer)) + 64
+	return int64(len(b.IDs)+len(b.Deletes))*rowWeight(width) + int64(len(b.Producer)) + 64
 }
 
 // Check refuses a batch that cannot be applied to a model of width
@@ -234,18 +238,41 @@ func (l *pushLog) offer(b *PushBatch, sealed uint64, now time.Time) (w *pushWind
 	return w, false, nil
 }
 
-// rowBytes is what a row costs a window besides its values: its id,
-// its partition, and its share of the split that merges the window.
-const rowBytes = 8 + 4 + 8
+// rowBytes is what a row costs a window besides its values: its id and
+// its partition, then in the seal its id and deletion mark again (split)
+// and up to four slots of the set that merges its partition (last:
+// ids a pusher chose to share one partition put the whole window in one
+// set).
+const rowBytes = 8 + 4 + 9 + 36
 
-func (w *pushWindow) apply(b *PushBatch) {
-	w.ids = append(w.ids, b.IDs...)
-	w.values = append(w.values, b.Values...)
+// rowWeight is what a row of width values weighs in a window: rowBytes,
+// and its values twice (the window's, and the seal's split of them).
+func rowWeight(width int) int64 { return int64(rowBytes + 8*width) }
+
+// partitions are b's rows' partitions, of n: its upserts', then its
+// deletions', as a window appends them.
+func (b *PushBatch) partitions(n uint32) []uint32 {
+	parts := make([]uint32, 0, len(b.IDs)+len(b.Deletes))
 	for _, id := range b.IDs {
-		w.parts = append(w.parts, partition.Of(id, w.partitions))
+		parts = append(parts, partition.Of(id, n))
 	}
 	for _, id := range b.Deletes {
-		w.parts = append(w.parts, partition.Of(id, w.partitions))
+		parts = append(parts, partition.Of(id, n))
+	}
+	return parts
+}
+
+// apply appends b's rows to w, with their partitions (b.parts, found
+// before the server's lock is taken, or found here).
+func (w *pushWindow) apply(b *PushBatch) {
+	parts := b.parts
+	if len(parts) != len(b.IDs)+len(b.Deletes) || b.partsOf != w.partitions {
+		parts = b.partitions(w.partitions)
+	}
+	w.parts = append(w.parts, parts...)
+	w.ids = append(w.ids, b.IDs...)
+	w.values = append(w.values, b.Values...)
+	for _, id := range b.Deletes {
 		i := len(w.ids)
 		w.ids = append(w.ids, id)
 		for len(w.deleted) <= i/64 {
@@ -254,7 +281,7 @@ func (w *pushWindow) apply(b *PushBatch) {
 		w.deleted[i/64] |= 1 << (i % 64)
 		w.values = append(w.values, make([]float32, w.width)...)
 	}
-	w.bytes += int64(len(b.IDs)+len(b.Deletes)) * int64(rowBytes+4*w.width)
+	w.bytes += int64(len(b.IDs)+len(b.Deletes)) * rowWeight(w.width)
 }
 
 func (w *pushWindow) isDeleted(i int) bool {

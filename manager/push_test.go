@@ -263,8 +263,18 @@ func TestPushHeldMerge(t *testing.T) {
 	if fmt.Sprint(got) != "map[2:20 3:30]" || !slices.Equal(deletes, []uint64{1}) || m.marks["a"] != 1 || m.marks["b"] != 1 {
 		t.Fatalf("merged: %v, deletes %v, marks %v", got, deletes, m.marks)
 	}
-	if c := m.compacted(); len(c.ids) != 3 || c.bytes >= m.bytes {
+	c := m.compacted()
+	if len(c.ids) != 3 || c.bytes >= m.bytes {
 		t.Fatalf("compacted: %d rows, %d bytes (merged: %d)", len(c.ids), c.bytes, m.bytes)
+	}
+	// The same contents, the deletion still one.
+	cids, cvalues, cdeletes := c.contents()
+	cgot := map[uint64]float32{}
+	for i, id := range cids {
+		cgot[id] = cvalues[i]
+	}
+	if fmt.Sprint(cgot) != fmt.Sprint(got) || !slices.Equal(cdeletes, deletes) {
+		t.Fatalf("compacted holds %v, deletes %v; merged %v, deletes %v", cgot, cdeletes, got, deletes)
 	}
 	l.held = &heldPushes{rows: m.compacted()}
 	l.offer(batch("a", 2, []uint64{9}, []float32{9}), 0, pushT0)

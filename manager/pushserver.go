@@ -260,7 +260,7 @@ func (s *PushServer) offer(b *PushBatch) pushAnswer {
 	st := s.m.State()
 	ms := st.Models[b.Model]
 	width := pushWidth(ms)
-	if width == 0 {
+	if width == 0 || ms.Partitions == 0 { // no partitions: no version validated whole yet (a delta's own files may pass before its parent's)
 		a.err = fmt.Errorf("%w: model %q (no version of it is served to push onto)", ErrNotFound, b.Model)
 		s.count("", "unknown_model", 0)
 		return a
@@ -270,6 +270,7 @@ func (s *PushServer) offer(b *PushBatch) pushAnswer {
 		s.count(b.Model, "invalid", 0)
 		return a
 	}
+	b.parts, b.partsOf = b.partitions(ms.Partitions), ms.Partitions // off the lock
 	s.mu.Lock()
 	s.checkReign()
 	if s.closed || s.reign != reign {

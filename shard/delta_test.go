@@ -274,4 +274,20 @@ func TestStackFile(t *testing.T) {
 	if stackFile(nil, 1) != nil {
 		t.Fatal("an empty stack found a table")
 	}
+	// Through a snapshot: version 40 holds its own file on top; version 7
+	// (older, no file for partition 1) is searched for the rest; version
+	// 41 is held by none.
+	older := []*Table{deltas[len(deltas)-2], deltas[len(deltas)-1], base} // 7, 4, 1
+	snap := &snapshot{models: map[string]map[uint64]*version{"m": {
+		40: {layers: [][]*Table{{base}, append(slices.Clone(deltas), hot, base)}},
+		7:  {layers: [][]*Table{{base}, older}},
+	}}}
+	for _, want := range append(slices.Clone(deltas), base) {
+		if got := snap.file("m", want.fv, 1); got != want {
+			t.Fatalf("partition 1, file version %d: found %v", want.fv, got)
+		}
+	}
+	if snap.file("m", 41, 1) != nil || snap.file("m", 40, 0) != nil || snap.file("m", 40, 2) != nil || snap.file("x", 40, 1) != nil {
+		t.Fatal("a file no stack holds was found")
+	}
 }

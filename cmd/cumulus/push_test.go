@@ -273,7 +273,7 @@ func TestPushEndToEnd(t *testing.T) {
 	live := adminCall("GET", "", "").Live
 	adminCall("PUT", "/pin", fmt.Sprintf(`{"version": %d, "from": %d}`, live, live))
 	rows := func(seq uint64, w float32) []byte {
-		ids, vals := make([]int64, 1500), make([]float32, 4500)
+		ids, vals := make([]int64, 600), make([]float32, 1800) // 600 rows weigh 48.6 KB: one fits --max-pending-push-bytes 64KiB, two do not
 		for i := range ids {
 			ids[i], vals[3*i] = int64(1000+i), w
 		}
@@ -303,7 +303,7 @@ func TestPushEndToEnd(t *testing.T) {
 		t.Fatalf("past the pending bound: %d %s", code, raw)
 	}
 	adminCall("DELETE", fmt.Sprintf("/pin?from=%d", live), "")
-	served(h2.Version, map[int64]float64{5: 2, 1000: 0.5, 2499: 0.5, 8: 0.5})
+	served(h2.Version, map[int64]float64{5: 2, 1000: 0.5, 1599: 0.5, 8: 0.5})
 	// Pinned again at once, on the held delta now live: the next push is
 	// held on it, and it stays (it is served).
 	testenv.Eventually(t, 10*time.Second, func() error {
@@ -336,7 +336,7 @@ func TestPushEndToEnd(t *testing.T) {
 	resp.Body.Close()
 	for _, want := range []string{`cumulus_push_batches_total{model="fm",outcome="applied"} 10`, `cumulus_push_batches_total{model="fm",outcome="duplicate"} 2`,
 		`cumulus_push_batches_total{model="fm",outcome="sequence"} 1`, `cumulus_push_batches_total{model="fm",outcome="busy"} 1`,
-		`cumulus_push_rows_total{model="fm"} 1512`, "cumulus_push_seal_seconds_count", "cumulus_push_sealed_to_live_seconds_count", `cumulus_push_served_age_seconds{model="fm"}`} {
+		`cumulus_push_rows_total{model="fm"} 612`, "cumulus_push_seal_seconds_count", "cumulus_push_sealed_to_live_seconds_count", `cumulus_push_served_age_seconds{model="fm"}`} {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("/metrics has no %s:\n%s", want, regexp.MustCompile(`(?m)^cumulus_push_(batches|rows).*$`).FindAllString(string(metrics), -1))
 		}
