@@ -255,7 +255,8 @@ func TestStackFile(t *testing.T) {
 	for v := uint64(40); v >= 3; v -= 3 {
 		deltas = append(deltas, &Table{fv: v})
 	}
-	for _, stack := range [][]*Table{{base}, {hot, base}, append(slices.Clone(deltas), base), append(slices.Clone(deltas), hot, base)} {
+	stale := &Table{hotOf: &Table{fv: 1}} // a hot tier of the mapped base a promotion replaced
+	for _, stack := range [][]*Table{{base}, {hot, base}, append(slices.Clone(deltas), base), append(slices.Clone(deltas), hot, base), append(slices.Clone(deltas), stale, hot, base)} {
 		for _, want := range stack {
 			got := stackFile(stack, want.fv)
 			if want.hotOf != nil {

@@ -91,10 +91,10 @@ func stackFile(stack []*Table, fv uint64) *Table {
 		return base
 	}
 	deltas := stack[:n-1]
-	if len(deltas) > 0 && deltas[len(deltas)-1].hotOf != nil {
-		deltas = deltas[:len(deltas)-1]
+	for len(deltas) > 0 && deltas[len(deltas)-1].hotOf != nil {
+		deltas = deltas[:len(deltas)-1] // (promote can leave a stale one below the new)
 	}
-	if i, ok := slices.BinarySearchFunc(deltas, fv, func(t *Table, fv uint64) int { return cmp.Compare(fv, t.fv) }); ok {
+	if i, ok := slices.BinarySearchFunc(deltas, fv, func(t *Table, fv uint64) int { return cmp.Compare(fv, t.fv) }); ok && deltas[i].hotOf == nil {
 		return deltas[i]
 	}
 	return nil
