@@ -1169,6 +1169,7 @@ const validators = 3
 // version's checksums never hold up commands or rollouts of others;
 // several run.
 func (m *Manager) validator(ctx context.Context) {
+	var ids codec.IdentityCache
 	for {
 		v, ok := m.queue.pop(ctx)
 		if !ok {
@@ -1179,7 +1180,7 @@ func (m *Manager) validator(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		checked := validate(m.opts.Repo, v, m.sealed.take(v)) // the loop marks it finished when it applies the result
+		checked := validate(m.opts.Repo, v, m.sealed.take(v), &ids) // the loop marks it finished when it applies the result
 		select {
 		case m.results <- checked:
 		case <-ctx.Done():

@@ -390,7 +390,7 @@ func TestValidateSealed(t *testing.T) {
 	v := Validate{Model: "m", Version: d.Version}
 	dir := repo.VersionDir("m", d.Version)
 	fp := fingerprint(dir)
-	got := validate(repo, v, fp)
+	got := validate(repo, v, fp, new(codec.IdentityCache))
 	if got.Err != "" || len(got.Gates) != 1 || got.Gates[0].Outcome != "passed" || !strings.Contains(got.Gates[0].Reason, "sealed by this manager") || got.Info == nil {
 		t.Fatalf("a sealed delta: %+v", got)
 	}
@@ -405,7 +405,7 @@ func TestValidateSealed(t *testing.T) {
 		t.Fatal(err)
 	}
 	repo.Manifests = nil
-	if got := validate(repo, v, fp); got.Err == "" {
+	if got := validate(repo, v, fp, new(codec.IdentityCache)); got.Err == "" {
 		t.Fatalf("a sealed delta damaged since: %+v", got)
 	}
 }

@@ -107,7 +107,10 @@ func fingerprint(dir string) string {
 // checked finite as it came, and each shard checks a partition's
 // SHA-256 as it loads it; reading a delta a second back cost a third of
 // the leader's CPU at a million keys a second.
-func validate(repo loader.Repo, v Validate, sealed string) Checked {
+//
+// ids computes the partition identities: the validator's own cache, so
+// that a delta's extend its parent's.
+func validate(repo loader.Repo, v Validate, sealed string, ids *codec.IdentityCache) Checked {
 	out := Checked{Model: v.Model, Version: v.Version, Files: fingerprint(repo.VersionDir(v.Model, v.Version))}
 	chain, err := repo.Chain(v.Model, v.Version)
 	if err == nil && sealed != "" && sealed == out.Files {
@@ -131,7 +134,8 @@ func validate(repo loader.Repo, v Validate, sealed string) Checked {
 	m := chain[0]
 	_, dense, _ := codec.ChainExtra(chain, codec.RoleDense)
 	out.Info = &topo.VersionInfo{Version: m.Version, Shape: m.Shape, Bias: m.Bias, Encoding: m.Encoding,
-		Hash: m.Hash, IDs: codec.Identities(chain), Chain: codec.ChainVersions(chain), Dense: dense.SHA256}
+		Hash: m.Hash, Chain: codec.ChainVersions(chain), Dense: dense.SHA256}
+	out.Info.IDs = ids.Identities(chain)
 	for _, f := range m.Files {
 		out.Bytes += f.Size
 	}

@@ -188,6 +188,7 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		}
 	}()
 	last := time.Now() // the last swap, or the loop's start
+	var ids []string   // the chain's partition identities, once a partition is to be loaded
 	for _, p := range missing {
 		if s.superseded(ctx) {
 			cut = true
@@ -197,7 +198,10 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		if s.waiting(pkey) {
 			continue
 		}
-		id := codec.PartitionIdentity(chain, p)
+		if ids == nil {
+			ids = s.identities.Identities(chain)
+		}
+		id := ids[p]
 		if id != info.IDs[p] {
 			wrong.Have, wrong.IDs = append(wrong.Have, p), append(wrong.IDs, id)
 			continue

@@ -238,7 +238,8 @@ type Shard struct {
 	acked      map[string]topo.HeldRecord // model → the held report last made
 	passLoads  int                        // partition files loaded by this reconcile; loader goroutine only
 	hot        hotState
-	ready      bool // health says SERVING
+	identities codec.IdentityCache // the chains loaded last: a delta's identities extend its parent's
+	ready      bool                // health says SERVING
 	// reported is when loadVersion last reported progress; loader
 	// goroutine only.
 	reported time.Time
