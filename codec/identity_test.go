@@ -40,6 +40,9 @@ func TestIdentityCache(t *testing.T) {
 		}
 		chain := append([]*Manifest{d}, parent...)
 		chains = append(chains, chain)
+		if rng.IntN(4) == 0 {
+			continue // not identified here: the next is a link further up (as when two validators run)
+		}
 		if got, want := c.Identities(chain), Identities(chain); !slices.Equal(got, want) {
 			t.Fatalf("version %d (chain of %d): identities differ\n got %v\nwant %v", v, len(chain), got, want)
 		}
@@ -53,7 +56,8 @@ func TestIdentityCache(t *testing.T) {
 }
 
 // BenchmarkIdentities identifies a delta touching every partition of
-// 1,024 on a chain of 200, afresh and through the cache.
+// 1,024 on a chain of 200: afresh (Identities), through the cache when it
+// misses, and extending the parent's or the grandparent's hashes.
 //
 //	go test -run '^$' -bench Identities ./codec
 func BenchmarkIdentities(b *testing.B) {
@@ -79,6 +83,21 @@ func BenchmarkIdentities(b *testing.B) {
 		c.Identities(chain[1:])
 		for b.Loop() {
 			c.kept = c.kept[:1] // the parent's hashes only
+			c.Identities(chain)
+		}
+	})
+	b.Run("missed", func(b *testing.B) {
+		var c IdentityCache
+		for b.Loop() {
+			c.kept = nil // nothing kept: hashed afresh, states kept
+			c.Identities(chain)
+		}
+	})
+	b.Run("two-links-up", func(b *testing.B) {
+		var c IdentityCache
+		c.Identities(chain[2:])
+		for b.Loop() {
+			c.kept = c.kept[:1] // the grandparent's hashes only
 			c.Identities(chain)
 		}
 	})

@@ -253,15 +253,18 @@ type Manager struct {
 	leading  atomic.Bool            // whether this manager acts (loop goroutine writes)
 	adminURL atomic.Pointer[string] // its console's URL, once ServeAdmin serves it
 	sealed   sealedSet              // deltas it sealed, not read back (validate)
-	acting   atomic.Bool            // it leads and has scanned the repository since it came to
-	reign    atomic.Uint64          // times acting was set: what the push server's windows belong to
-	results  chan Event             // from the validator, one version at a time
-	gates    chan RunGates          // to the gate runner
-	gr       gateRouter             // the gate runner's
-	queue    validateQueue
-	cancel   context.CancelFunc
-	done     sync.WaitGroup
-	view     atomic.Pointer[State] // the newest state; never modified
+	// identities, shared by the validators: a delta's partition
+	// identities extend its parent's hashes.
+	identities codec.IdentityCache
+	acting     atomic.Bool   // it leads and has scanned the repository since it came to
+	reign      atomic.Uint64 // times acting was set: what the push server's windows belong to
+	results    chan Event    // from the validator, one version at a time
+	gates      chan RunGates // to the gate runner
+	gr         gateRouter    // the gate runner's
+	queue      validateQueue
+	cancel     context.CancelFunc
+	done       sync.WaitGroup
+	view       atomic.Pointer[State] // the newest state; never modified
 	// persisted is the state as last written; loop goroutine only.
 	persisted *State
 	// stored is persisted, for other goroutines: what the serving map in
@@ -1169,7 +1172,6 @@ const validators = 3
 // version's checksums never hold up commands or rollouts of others;
 // several run.
 func (m *Manager) validator(ctx context.Context) {
-	var ids codec.IdentityCache
 	for {
 		v, ok := m.queue.pop(ctx)
 		if !ok {
@@ -1180,7 +1182,7 @@ func (m *Manager) validator(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		checked := validate(m.opts.Repo, v, m.sealed.take(v), &ids) // the loop marks it finished when it applies the result
+		checked := validate(m.opts.Repo, v, m.sealed.take(v), &m.identities) // the loop marks it finished when it applies the result
 		select {
 		case m.results <- checked:
 		case <-ctx.Done():
