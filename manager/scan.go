@@ -108,8 +108,8 @@ func fingerprint(dir string) string {
 // SHA-256 as it loads it; reading a delta a second back cost a third of
 // the leader's CPU at a million keys a second.
 //
-// ids computes the partition identities: the validator's own cache, so
-// that a delta's extend its parent's.
+// ids computes the partition identities: the validators' shared cache,
+// so that a delta's extend its parent's.
 func validate(repo loader.Repo, v Validate, sealed string, ids *codec.IdentityCache) Checked {
 	out := Checked{Model: v.Model, Version: v.Version, Files: fingerprint(repo.VersionDir(v.Model, v.Version))}
 	chain, err := repo.Chain(v.Model, v.Version)
