@@ -44,10 +44,8 @@ func (s *Sparse) checkSorted() ([]uint64, error) {
 	if math.IsNaN(s.Bias) || math.IsInf(s.Bias, 0) {
 		return nil, fmt.Errorf("loader: bias %v is not finite", s.Bias)
 	}
-	for i, v := range s.Values {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return nil, fmt.Errorf("loader: feature id %d has a non-finite value %v", s.Keys[i/s.Width()], v)
-		}
+	if err := checkFinite(s.Keys, s.Values, s.Width()); err != nil {
+		return nil, err
 	}
 	sorted := slices.Clone(s.Keys)
 	slices.Sort(sorted)
@@ -230,13 +228,7 @@ func (r Repo) PublishDelta(name string, d Delta) (*codec.Manifest, error) {
 			return nil, fmt.Errorf("loader: delta both changes and deletes feature %d", deletes[j])
 		}
 	}
-	keys := slices.Clone(up.Keys)
-	values := slices.Clone(up.Values)
-	for _, k := range deletes {
-		keys = append(keys, k)
-		values = append(values, codec.Tombstone)
-		values = append(values, make([]float32, parent.Width()-1)...)
-	}
+	keys, values := withTombstones(up.Keys, up.Values, deletes, parent.Width())
 	bias := parent.Bias
 	switch {
 	case d.Bias != nil && up.HasBias && *d.Bias != up.Bias:
@@ -280,18 +272,11 @@ func (r Repo) publishSplit(name string, parent *codec.Manifest, d Delta) (*codec
 		if len(values) != len(keys)*width {
 			return nil, nil, fmt.Errorf("loader: partition %d: %d values for %d keys of width %d", p, len(values), len(keys), width)
 		}
-		for i, v := range values {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				return nil, nil, fmt.Errorf("loader: feature id %d has a non-finite value %v", keys[i/width], v)
-			}
+		if err := checkFinite(keys, values, width); err != nil {
+			return nil, nil, err
 		}
 		if len(deletes) > 0 {
-			keys = append(keys[:len(keys):len(keys)], deletes...)
-			values = slices.Grow(values[:len(values):len(values)], len(deletes)*width)
-			for range deletes {
-				values = append(values, codec.Tombstone)
-				values = append(values, make([]float32, width-1)...)
-			}
+			keys, values = withTombstones(keys, values, deletes, width)
 		}
 		for _, k := range keys {
 			if partition.Of(k, spec.Partitions) != p {
@@ -300,6 +285,29 @@ func (r Repo) publishSplit(name string, parent *codec.Manifest, d Delta) (*codec
 		}
 		return keys, values, nil // a key twice is refused as the partition is written
 	}, d.Dense, nil)
+}
+
+// checkFinite refuses a non-finite value, naming its key (values width
+// per key).
+func checkFinite(keys []uint64, values []float32, width int) error {
+	for i, v := range values {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Errorf("loader: feature id %d has a non-finite value %v", keys[i/width], v)
+		}
+	}
+	return nil
+}
+
+// withTombstones returns copies of keys and values (width per key) with
+// a tombstone record after them for each of deletes.
+func withTombstones(keys []uint64, values []float32, deletes []uint64, width int) ([]uint64, []float32) {
+	keys = append(slices.Clip(slices.Clone(keys)), deletes...)
+	values = slices.Grow(slices.Clone(values), len(deletes)*width)
+	for range deletes {
+		values = append(values, codec.Tombstone)
+		values = append(values, make([]float32, width-1)...)
+	}
+	return keys, values
 }
 
 // publish splits keys by partition and writes them, and dense (if not

@@ -406,18 +406,6 @@ func (w *pushWindow) delta() *loader.Split {
 	return &loader.Split{Touched: s.touched, Rows: func(p uint32) ([]uint64, []float32, []uint64) { return s.last(index[p]) }}
 }
 
-// contents is what w holds: the upserted ids with their values, and the
-// deleted ids, the last row of each id winning (by partition, then
-// newest first).
-func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint64) {
-	s := w.split()
-	for t := range s.touched {
-		pi, pv, pd := s.last(t)
-		ids, values, deletes = append(ids, pi...), append(values, pv...), append(deletes, pd...)
-	}
-	return ids, values, deletes
-}
-
 // heldBytes is what a held model's pushes weigh: the pending delta's
 // rows and the open window's.
 func (l *pushLog) heldBytes() int64 {
@@ -456,9 +444,12 @@ func merged(a, b *pushWindow) *pushWindow {
 // compacted is w's contents as a window of their own (one row per id),
 // with w's marks: what a held window keeps between seals.
 func (w *pushWindow) compacted() *pushWindow {
-	ids, values, deletes := w.contents()
+	s := w.split()
 	c := &pushWindow{width: w.width, partitions: w.partitions, marks: w.marks}
-	c.apply(&PushBatch{IDs: ids, Values: values, Deletes: deletes})
+	for t, p := range s.touched {
+		ids, values, deletes := s.last(t)
+		c.apply(&PushBatch{IDs: ids, Values: values, Deletes: deletes, parts: slices.Repeat([]uint32{p}, len(ids)+len(deletes)), partsOf: w.partitions})
+	}
 	return c
 }
 

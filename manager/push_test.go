@@ -283,6 +283,18 @@ func TestPushHeldMerge(t *testing.T) {
 	}
 }
 
+// contents is what w holds: the upserted ids with their values, and the
+// deleted ids, the last row of each id winning (by partition, then
+// newest first), as the seal merges them.
+func (w *pushWindow) contents() (ids []uint64, values []float32, deletes []uint64) {
+	s := w.split()
+	for t := range s.touched {
+		pi, pv, pd := s.last(t)
+		ids, values, deletes = append(ids, pi...), append(values, pv...), append(deletes, pd...)
+	}
+	return ids, values, deletes
+}
+
 // TestWindowSplit checks the seal's merge of random windows against a
 // reference: each partition's rows are its own ids, and the last row of
 // each id wins, a deletion included.
