@@ -457,7 +457,8 @@ func TestManyDeltas(t *testing.T) {
 		t.Fatal(err)
 	}
 	fakeShards(t, cli, "s0", "s1")
-	m, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: cli, ScanInterval: time.Hour, AutoPrune: 3, CompactAfter: 50})
+	const compactAfter = 50
+	m, err := manager.Start(context.Background(), manager.Options{Repo: repo, Etcd: cli, ScanInterval: time.Hour, AutoPrune: 3, CompactAfter: compactAfter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,14 +475,18 @@ func TestManyDeltas(t *testing.T) {
 			t.Fatal(err)
 		}
 		// As a trainer publishing every few minutes would, the next delta
-		// comes after a compaction begun by this one's commit is done.
+		// comes after a compaction begun by this one's commit is done: once
+		// this delta or a newer version is live on a chain shorter than
+		// CompactAfter (a compaction starts only after the commit is seen,
+		// so no compaction in flight is not enough).
 		testenv.Eventually(t, 20*time.Second, func() error {
 			ms := m.State().Models["m"]
 			if ms == nil {
 				return errors.New("model m not scanned yet")
 			}
-			if live := ms.Live; live < d.Version || m.Compacting("m") {
-				return fmt.Errorf("live %d, want %d or a compaction after it", live, d.Version)
+			i := slices.IndexFunc(ms.Versions, func(v manager.Version) bool { return v.Version == ms.Live })
+			if ms.Live < d.Version || m.Compacting("m") || i < 0 || ms.Versions[i].Info == nil || len(ms.Versions[i].Info.Chain)-1 >= compactAfter {
+				return fmt.Errorf("live %d, want %d or a compaction after it", ms.Live, d.Version)
 			}
 			return nil
 		})
@@ -525,8 +530,34 @@ func TestManyDeltas(t *testing.T) {
 			break
 		}
 	}
-	vs, _ := repo.Versions("m")
-	s := m.State().Models["m"]
+	// Wait until nothing is on its way: a compaction the last delta began
+	// may still be validated and staged (Compacting ends when its version
+	// is written, before a scan has found it), and would go live under the
+	// rollback below (which, expecting the live version it saw, is
+	// refused).
+	var s *manager.ModelState
+	var vs []uint64
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if m.Compacting("m") {
+			return errors.New("compacting")
+		}
+		var err error
+		if vs, err = repo.Versions("m"); err != nil {
+			return err
+		}
+		s = m.State().Models["m"]
+		newest := vs[len(vs)-1]
+		if !slices.ContainsFunc(s.Versions, func(v manager.Version) bool { return v.Version == newest }) {
+			return fmt.Errorf("version %d not scanned yet", newest)
+		}
+		for _, v := range s.Versions {
+			switch v.Phase {
+			case manager.PhaseDiscovered, manager.PhaseValidating, manager.PhaseReady, manager.PhaseStaging:
+				return fmt.Errorf("version %d is %s", v.Version, v.Phase)
+			}
+		}
+		return nil
+	})
 	lv := s.Versions[len(s.Versions)-1]
 	t.Logf("%d deltas: state at most %d bytes, map record at most %d; %d versions in the repository, newest %d (%s), live %d",
 		n, largest[0], largest[1], len(vs), vs[len(vs)-1], lv.Kind, s.Live)
@@ -544,22 +575,6 @@ func TestManyDeltas(t *testing.T) {
 			t.Fatalf("%d versions in the repository: auto-prune keeps at most the kept chains and 3 others", len(vs))
 		}
 	}
-	// Roll back once nothing is on its way: a compaction the last delta
-	// began may still be validated and staged, and would go live under the
-	// rollback (which, expecting the live version it saw, is refused).
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if m.Compacting("m") {
-			return errors.New("compacting")
-		}
-		s = m.State().Models["m"]
-		for _, v := range s.Versions {
-			switch v.Phase {
-			case manager.PhaseDiscovered, manager.PhaseValidating, manager.PhaseReady, manager.PhaseStaging:
-				return fmt.Errorf("version %d is %s", v.Version, v.Phase)
-			}
-		}
-		return nil
-	})
 	standby := s.Standby()
 	if len(standby) == 0 {
 		t.Fatal("nothing to roll back to")
