@@ -8,8 +8,10 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/prefetch"
 	"github.com/cumulus-serving/cumulus/internal/tablemem"
 )
 
@@ -104,6 +106,14 @@ func (t *Table) weightAt(i int) float32 {
 func (t *Table) valAt(i int) []byte {
 	o := i * t.vs
 	return t.vals[o : o+t.vlen : o+t.vlen]
+}
+
+// prefetchVal starts loading the lines of record i's value bytes.
+func (t *Table) prefetchVal(i int) {
+	a := uintptr(unsafe.Pointer(unsafe.SliceData(t.vals))) + uintptr(i*t.vs)
+	for l := a &^ 63; l < a+uintptr(t.vlen); l += 64 {
+		prefetch.Line(l)
+	}
 }
 
 // findOne returns the record of h, or -1.

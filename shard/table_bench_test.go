@@ -152,3 +152,60 @@ func BenchmarkChain(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWide times the lookup of a request's wide records (FFM: 20
+// fields of dim 4, 81 fp32 values a key; DNN embeddings of dim 16, 17
+// values), Zipf 1.1 over 1M keys in one partition, 10,000 distinct keys
+// a request (64 different requests), as float32s and as stored: the search and the
+// copy of each found record into the response.
+func BenchmarkWide(b *testing.B) {
+	const n, batch = 1_000_000, 10_000
+	rng := rand.New(rand.NewPCG(3, 4))
+	keys := make([]uint64, n)
+	for i := range keys {
+		keys[i] = uint64(i)
+	}
+	z := rand.NewZipf(rng, 1.1, 1, n-1)
+	reqs := make([]codec.Section, 64)
+	for r := range reqs {
+		seen := map[uint64]bool{}
+		for len(reqs[r].Keys) < batch {
+			if k := z.Uint64(); !seen[k] { // a router asks for each id once
+				seen[k] = true
+				reqs[r].Keys = append(reqs[r].Keys, k)
+			}
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		width int
+		enc   codec.Encoding
+	}{{"dnn-fp32", 17, codec.EncFP32}, {"ffm-fp32", 81, codec.EncFP32}, {"ffm-int8", 81, codec.EncInt8}} {
+		vals := make([]float32, n*c.width)
+		for i := range vals {
+			vals[i] = float32(i%1000) / 1000
+		}
+		t, err := ResidentTable(c.width, c.enc, keys, vals)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ver := &version{layers: [][]*Table{{t}}, views: []*view{nil}}
+		for _, stored := range []bool{false, true} {
+			if stored && c.enc == codec.EncFP32 {
+				continue
+			}
+			b.Run(c.name+map[bool]string{false: "", true: "/stored"}[stored], func(b *testing.B) {
+				var sc scratch
+				sc.found = make([]uint64, batch/64+1)
+				sc.stored = stored
+				i := 0
+				for b.Loop() {
+					sc.vals = sc.vals[:0]
+					sc.lookupSection(context.Background(), ver, reqs[i%len(reqs)], c.width, 0)
+					i++
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/key")
+			})
+		}
+	}
+}
