@@ -2,8 +2,11 @@ package codec
 
 import (
 	"fmt"
+	"math/bits"
+	"sync"
 
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
 )
 
 // GRPCCodecName is the gRPC content-subtype under which Cumulus frames
@@ -14,26 +17,82 @@ const GRPCCodecName = "cumulus"
 // Frame is an encoded Cumulus message (a lookup request or response).
 type Frame []byte
 
+// PooledFrame is a Frame built in a buffer from GetFrameBuffer: sent
+// through gRPC, its buffer goes back to the pool once the transport has
+// written it (not when SendMsg returns: the transport writes later), so
+// a shard's large lookup responses reuse memory rather than allocate,
+// zero and collect megabytes a request.
+type PooledFrame struct{ B []byte }
+
 type grpcCodec struct{}
 
 func (grpcCodec) Name() string { return GRPCCodecName }
 
-func (grpcCodec) Marshal(v any) ([]byte, error) {
-	f, ok := v.(*Frame)
-	if !ok {
-		return nil, fmt.Errorf("codec: grpc: cannot marshal %T, want *codec.Frame", v)
+func (grpcCodec) Marshal(v any) (mem.BufferSlice, error) {
+	switch f := v.(type) {
+	case *Frame:
+		return mem.BufferSlice{mem.SliceBuffer(*f)}, nil
+	case *PooledFrame:
+		b := f.B
+		return mem.BufferSlice{mem.NewBuffer(&b, framePool)}, nil
 	}
-	return *f, nil
+	return nil, fmt.Errorf("codec: grpc: cannot marshal %T, want *codec.Frame", v)
 }
 
-// Unmarshal keeps data: gRPC hands v1 codecs a copy of its own.
-func (grpcCodec) Unmarshal(data []byte, v any) error {
+// Unmarshal copies the message into one slice of its own: gRPC frees
+// data's buffers when Unmarshal returns.
+func (grpcCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	f, ok := v.(*Frame)
 	if !ok {
 		return fmt.Errorf("codec: grpc: cannot unmarshal into %T, want *codec.Frame", v)
 	}
-	*f = data
+	*f = data.Materialize()
 	return nil
 }
 
-func init() { encoding.RegisterCodec(grpcCodec{}) }
+func init() { encoding.RegisterCodecV2(grpcCodec{}) }
+
+// Pooled frame buffers come in powers of two from 64 KiB to 64 MiB;
+// smaller ones are not worth pooling, larger ones are not kept.
+const (
+	minFrameClass = 16
+	maxFrameClass = 26
+)
+
+// frameBuffers is a sync.Pool per size class: buffers of class c have a
+// capacity of at least 1<<c bytes.
+type frameBuffers [maxFrameClass + 1]sync.Pool
+
+var framePool = new(frameBuffers)
+
+// GetFrameBuffer returns an empty buffer of at least n bytes' capacity,
+// for a PooledFrame. Its bytes are not zeroed.
+func GetFrameBuffer(n int) []byte {
+	if n <= 1<<minFrameClass {
+		n = 1 << minFrameClass
+	}
+	c := bits.Len(uint(n - 1)) // the class whose buffers all hold n
+	if c > maxFrameClass {
+		return make([]byte, 0, n)
+	}
+	if p, _ := framePool[c].Get().(*[]byte); p != nil {
+		return (*p)[:0]
+	}
+	return make([]byte, 0, 1<<c)
+}
+
+// Get implements mem.BufferPool.
+func (p *frameBuffers) Get(n int) *[]byte {
+	b := GetFrameBuffer(n)[:n]
+	return &b
+}
+
+// Put implements mem.BufferPool: b goes to the largest class its
+// capacity fills.
+func (p *frameBuffers) Put(b *[]byte) {
+	c := bits.Len(uint(cap(*b))) - 1
+	if c < minFrameClass || c > maxFrameClass {
+		return
+	}
+	p[c].Put(b)
+}

@@ -62,7 +62,9 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 	}()
 	out := make(chan codec.Frame, streamQueue)
 	stop, written := make(chan struct{}), make(chan struct{})
-	go func() { // the writer: SendMsg is not safe for concurrent use
+	// The writer: SendMsg is not safe for concurrent use. Each reply is in
+	// a buffer of codec.GetFrameBuffer's, given back once written.
+	go func() {
 		defer close(written)
 		var m codec.Frame
 		for {
@@ -75,7 +77,7 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 					return
 				}
 			}
-			if stream.SendMsg(&m) != nil {
+			if stream.SendMsg(&codec.PooledFrame{B: m}) != nil {
 				return
 			}
 		}

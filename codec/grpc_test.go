@@ -1,0 +1,55 @@
+package codec
+
+import (
+	"testing"
+
+	"google.golang.org/grpc/encoding"
+)
+
+// TestFrameBuffers: a buffer from GetFrameBuffer holds what was asked,
+// empty; one given back through the codec's pool is filed by its
+// capacity and handed out again for any size it holds, never for one it
+// does not.
+func TestFrameBuffers(t *testing.T) {
+	for _, n := range []int{0, 1, 1 << 16, 1<<16 + 1, 3 << 20, 1 << 26, 1<<26 + 1} {
+		b := GetFrameBuffer(n)
+		if len(b) != 0 || cap(b) < n {
+			t.Errorf("GetFrameBuffer(%d): len %d, cap %d", n, len(b), cap(b))
+		}
+	}
+	c := encoding.GetCodecV2(GRPCCodecName)
+	if c == nil {
+		t.Fatal("no codec registered")
+	}
+	// A marshalled pooled frame carries its bytes; freeing it (as the
+	// transport does once written) returns the buffer to the pool.
+	b := append(GetFrameBuffer(300<<10), "response"...)
+	out, err := c.Marshal(&PooledFrame{B: b})
+	if err != nil || string(out.Materialize()) != "response" {
+		t.Fatalf("marshalled %q, %v", out.Materialize(), err)
+	}
+	out.Free()
+	// Asked for 300 KiB, it got 512 KiB: it may serve 512 KiB, never 600.
+	// sync.Pool may drop what it holds, so only what comes back is
+	// checked.
+	for range 100 {
+		if got := GetFrameBuffer(512 << 10); cap(got) < 512<<10 {
+			t.Fatalf("GetFrameBuffer(512 KiB) has cap %d", cap(got))
+		}
+		if got := GetFrameBuffer(600 << 10); cap(got) < 600<<10 {
+			t.Fatalf("GetFrameBuffer(600 KiB) has cap %d", cap(got))
+		}
+	}
+	// Plain frames and a message of another type.
+	plain, err := c.Marshal(&Frame{1, 2})
+	if err != nil || len(plain.Materialize()) != 2 {
+		t.Fatalf("Frame: %v, %v", plain, err)
+	}
+	if _, err := c.Marshal(new(int)); err == nil {
+		t.Fatal("marshalled an int")
+	}
+	var f Frame
+	if err := c.Unmarshal(plain, &f); err != nil || len(f) != 2 {
+		t.Fatalf("unmarshalled %v, %v", f, err)
+	}
+}
