@@ -39,23 +39,26 @@ func (grpcCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return nil, fmt.Errorf("codec: grpc: cannot marshal %T, want *codec.Frame", v)
 }
 
-// Unmarshal copies the message into one slice of its own: gRPC frees
-// data's buffers when Unmarshal returns.
+// Unmarshal copies the message into one buffer of its own (gRPC frees
+// data's when Unmarshal returns), from the pool: whoever is done with it
+// may give it back (PutFrameBuffer).
 func (grpcCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	f, ok := v.(*Frame)
 	if !ok {
 		return fmt.Errorf("codec: grpc: cannot unmarshal into %T, want *codec.Frame", v)
 	}
-	*f = data.Materialize()
+	b := framePool.get(data.Len())
+	data.CopyTo(b)
+	*f = b
 	return nil
 }
 
 func init() { encoding.RegisterCodecV2(grpcCodec{}) }
 
-// Pooled frame buffers come in powers of two from 64 KiB to 64 MiB;
-// smaller ones are not worth pooling, larger ones are not kept.
+// Pooled frame buffers come in powers of two from 1 KiB (gRPC pools
+// nothing smaller) to 64 MiB (larger ones are not kept).
 const (
-	minFrameClass = 16
+	minFrameClass = 10
 	maxFrameClass = 26
 )
 
@@ -65,25 +68,39 @@ type frameBuffers [maxFrameClass + 1]sync.Pool
 
 var framePool = new(frameBuffers)
 
-// GetFrameBuffer returns an empty buffer of at least n bytes' capacity,
-// for a PooledFrame. Its bytes are not zeroed.
+// FramePool is the pool of GetFrameBuffer as a gRPC buffer pool, for the
+// shards' and routers' transports (experimental.BufferPool,
+// experimental.WithBufferPool): what they read into is pooled with the
+// frames, and not zeroed (gRPC's default pool clears each buffer it hands
+// out; every byte of one is read into before it is used).
+var FramePool mem.BufferPool = framePool
+
+// GetFrameBuffer returns an empty buffer of at least n bytes' capacity
+// (64 KiB at least), for a PooledFrame. Its bytes are not zeroed.
 func GetFrameBuffer(n int) []byte {
-	if n <= 1<<minFrameClass {
-		n = 1 << minFrameClass
-	}
+	return framePool.get(max(n, 64<<10))[:0]
+}
+
+// PutFrameBuffer gives b, or the buffer b is a part of, back to the pool
+// once nothing uses any of its bytes: a frame received (Unmarshal), a
+// GetFrameBuffer's.
+func PutFrameBuffer(b []byte) { framePool.Put(&b) }
+
+// get returns a buffer of length n.
+func (p *frameBuffers) get(n int) []byte {
 	c := bits.Len(uint(n - 1)) // the class whose buffers all hold n
-	if c > maxFrameClass {
-		return make([]byte, 0, n)
+	if c < minFrameClass || c > maxFrameClass {
+		return make([]byte, n)
 	}
-	if p, _ := framePool[c].Get().(*[]byte); p != nil {
-		return (*p)[:0]
+	if b, _ := p[c].Get().(*[]byte); b != nil {
+		return (*b)[:n]
 	}
-	return make([]byte, 0, 1<<c)
+	return make([]byte, n, 1<<c)
 }
 
 // Get implements mem.BufferPool.
 func (p *frameBuffers) Get(n int) *[]byte {
-	b := GetFrameBuffer(n)[:n]
+	b := p.get(n)
 	return &b
 }
 

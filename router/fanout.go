@@ -522,6 +522,9 @@ func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, c *call) {
 	default:
 		b.calls.cancelled.Observe(d.Seconds())
 	}
+	if r, ok := b.svc.(interface{ Recycle([]byte) }); ok && err == nil {
+		r.Recycle(raw) // merged: resp's bytes are read no more
+	}
 	w.finished <- c
 }
 

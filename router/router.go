@@ -18,9 +18,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/hedge"
 	"github.com/cumulus-serving/cumulus/internal/tlsconf"
 	"github.com/cumulus-serving/cumulus/internal/topo"
@@ -147,6 +149,8 @@ func dialGRPC(addr string, tls *tlsconf.Source) (shard.Service, io.Closer, error
 		// Limits.MaxValues values.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(model.MaxDenseBytes+1<<20)),
 		grpc.WithInitialWindowSize(shard.StreamWindow), grpc.WithInitialConnWindowSize(4*shard.StreamWindow),
+		grpc.WithReadBufferSize(shard.SocketBuffer), grpc.WithWriteBufferSize(shard.SocketBuffer), grpc.WithSharedWriteBuffer(true),
+		experimental.WithBufferPool(codec.FramePool),
 		// A shard that stops answering (a stopped process, a partition)
 		// is found out within seconds: its lookup stream breaks and its
 		// calls are asked elsewhere.

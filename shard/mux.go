@@ -325,8 +325,8 @@ func (st *muxStream) fail(err error) {
 // read delivers replies to their calls until the stream breaks.
 func (st *muxStream) read() {
 	for {
-		// Each message is a new slice (the codec keeps what gRPC hands
-		// it); only the variable is reused.
+		// Each message is a new slice (the codec copies what gRPC hands
+		// it into a buffer of its pool); only the variable is reused.
 		if err := st.stream.RecvMsg(&st.in); err != nil {
 			st.fail(err)
 			return
@@ -422,6 +422,10 @@ func (c *MuxClient) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 }
+
+// Recycle gives the buffer of an answer of Lookup's back to the codec's
+// pool: the caller uses none of its bytes any more.
+func (c *MuxClient) Recycle(b []byte) { codec.PutFrameBuffer(b) }
 
 // forget removes call id; false if a reply or the stream's end took it.
 func (st *muxStream) forget(id uint64) bool {
