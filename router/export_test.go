@@ -24,8 +24,8 @@ func (f *formats) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 }
 
 // FetchRecords fetches ids' records from the shards of model's live
-// version as a request would, and returns each distinct id (in first-seen
-// order), its values (width each), and the lookup request formats sent
+// version as a request would, and returns ids and each one's values
+// (width each, as the scorer would read them), and the lookup request formats sent
 // (codec: 1 float32 values, 2 records as stored). With older, the shards'
 // offers of stored encodings are withdrawn first, as an older shard
 // makes none, and restored after. For tests outside the package; nothing
@@ -67,7 +67,13 @@ func FetchRecords(ctx context.Context, r *Router, model string, ids []uint64, ol
 			w.release()
 			return nil, nil, nil, err
 		}
-		uniq, vals := append([]uint64(nil), w.ids.uniq...), append([]float32(nil), w.vals...)
+		// Each id's record, where the request's numbering put it.
+		width := vr.width()
+		vals := make([]float32, len(ids)*width)
+		for i, u := range w.pos {
+			copy(vals[i*width:(i+1)*width], w.vals[int(u)*width:])
+		}
+		uniq := ids
 		w.release()
 		if !older || seen[2] == 0 || attempt == 20 {
 			return uniq, vals, seen, nil

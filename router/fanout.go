@@ -164,9 +164,21 @@ func (w *work) dedup(req *Request) {
 	}
 }
 
+// rankedBytes is the record size from which distinct ids are numbered
+// in partition order (partition): a cache line.
+const rankedBytes = 64
+
 // partition groups the distinct ids by partition (a counting sort):
 // partition p's keys are keys[start[p]:start[p+1]], and byPart gives
 // each one's number.
+//
+// Wide records (rankedBytes and more: FM of dim 16, FFM, DNN) are then
+// numbered again, in that order: byPart[j] = j, pos and sharedPos mapped
+// to the new numbers. So merge writes each answer's records into w.vals
+// in one sequential run, where otherwise each record landed at a random
+// place, several lines missed in cache a record (FFM: 324 bytes). The
+// renumbering costs a pass over the occurrences, more than it saves on
+// LR's 4-byte records.
 func (w *work) partition(vr *versionRoute) {
 	uniq := w.ids.uniq
 	P := int(vr.partitions)
@@ -184,10 +196,26 @@ func (w *work) partition(vr *versionRoute) {
 	w.byPart = resize(w.byPart, len(uniq))
 	w.keys = resize(w.keys, len(uniq))
 	w.cursor = append(w.cursor[:0], w.start[:P]...)
+	ranked := 4*vr.width() >= rankedBytes
 	for u, p := range w.partOf {
-		w.byPart[w.cursor[p]] = int32(u)
-		w.keys[w.cursor[p]] = uniq[u]
+		j := w.cursor[p]
+		w.byPart[j] = int32(u)
+		w.keys[j] = uniq[u]
 		w.cursor[p]++
+		if ranked {
+			w.partOf[u] = uint32(j) // u's new number; p is not read again
+		}
+	}
+	if ranked {
+		for j := range w.byPart {
+			w.byPart[j] = int32(j)
+		}
+		for i, u := range w.pos {
+			w.pos[i] = int32(w.partOf[u])
+		}
+		for i, u := range w.sharedPos {
+			w.sharedPos[i] = int32(w.partOf[u])
+		}
 	}
 	w.vals = resize(w.vals, len(uniq)*vr.width())
 }
