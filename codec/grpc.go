@@ -63,10 +63,15 @@ const (
 )
 
 // frameBuffers is a sync.Pool per size class: buffers of class c have a
-// capacity of at least 1<<c bytes.
+// capacity of at least 1<<c bytes. Each is made frameSlack bytes larger,
+// so that a part of one that starts a header's length in (a lookup
+// stream's reply less its header, given back by the router) is still
+// filed in its class.
 type frameBuffers [maxFrameClass + 1]sync.Pool
 
 var framePool = new(frameBuffers)
+
+const frameSlack = 64
 
 // FramePool is the pool of GetFrameBuffer as a gRPC buffer pool, for the
 // shards' and routers' transports (experimental.BufferPool,
@@ -95,7 +100,7 @@ func (p *frameBuffers) get(n int) []byte {
 	if b, _ := p[c].Get().(*[]byte); b != nil {
 		return (*b)[:n]
 	}
-	return make([]byte, n, 1<<c)
+	return make([]byte, n, 1<<c+frameSlack)
 }
 
 // Get implements mem.BufferPool.
