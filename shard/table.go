@@ -110,10 +110,7 @@ func (t *Table) valAt(i int) []byte {
 
 // prefetchVal starts loading the lines of record i's value bytes.
 func (t *Table) prefetchVal(i int) {
-	a := uintptr(unsafe.Pointer(unsafe.SliceData(t.vals))) + uintptr(i*t.vs)
-	for l := a &^ 63; l < a+uintptr(t.vlen); l += 64 {
-		prefetch.Line(l)
-	}
+	prefetch.Range(uintptr(unsafe.Pointer(unsafe.SliceData(t.vals)))+uintptr(i*t.vs), uintptr(t.vlen))
 }
 
 // findOne returns the record of h, or -1.

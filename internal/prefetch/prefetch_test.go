@@ -11,4 +11,7 @@ func TestLine(t *testing.T) {
 	Line(uintptr(unsafe.Pointer(&b[100])))
 	Line(0)
 	Line(^uintptr(0))
+	Range(uintptr(unsafe.Pointer(&b[100])), 3000)
+	Range(0, 0)
+	Range(^uintptr(0)-100, 50)
 }
