@@ -72,6 +72,24 @@ type fieldSums struct {
 	lin  float64 // Σ_i w_i x_i
 }
 
+// addAll adds each feature i in [lo, hi) of b's own (shared: b's shared)
+// features, lin and diag summed in registers rather than through fs.
+func (fs *fieldSums) addAll(b *Batch, shared bool, lo, hi int, k, F int) {
+	w := 1 + F*k
+	pos, fields, values := b.Pos, b.Fields, b.Values
+	if shared {
+		pos, fields, values = b.SharedPos, b.SharedFields, b.SharedValues
+	}
+	lin, diag := fs.lin, fs.diag
+	for i := lo; i < hi; i++ {
+		u := int(pos[i])
+		l, d := fs.add(b.Vals[u*w:(u+1)*w], fields[i], x32(values, i), k, F)
+		lin += l
+		diag += d
+	}
+	fs.lin, fs.diag = lin, diag
+}
+
 func (fs *fieldSums) reset() {
 	for _, f := range fs.rows {
 		fs.used[f] = false
@@ -79,8 +97,9 @@ func (fs *fieldSums) reset() {
 	fs.rows, fs.diag, fs.lin = fs.rows[:0], 0, 0
 }
 
-// add adds feature v (a record) with field f and value x.
-func (fs *fieldSums) add(v []float32, f int32, x float32, k, F int) {
+// add adds feature v (a record) with field f and value x to the sums,
+// and returns its terms of lin and diag.
+func (fs *fieldSums) add(v []float32, f int32, x float32, k, F int) (lin, diag float64) {
 	n := F * k
 	row := fs.sums[int(f)*n : int(f+1)*n]
 	if !fs.used[f] {
@@ -88,13 +107,12 @@ func (fs *fieldSums) add(v []float32, f int32, x float32, k, F int) {
 		fs.rows = append(fs.rows, f)
 		clear(row)
 	}
-	fs.lin += float64(v[0]) * float64(x)
 	vec.Axpy(row, x, v[1:1+n])
 	var sq float32
 	for _, o := range v[1+int(f)*k : 1+int(f+1)*k] {
 		sq += o * o
 	}
-	fs.diag += float64(sq) * float64(x) * float64(x)
+	return float64(v[0]) * float64(x), float64(sq) * float64(x) * float64(x)
 }
 
 // pairs is Σ_{f,g∈fs.rows} ⟨S[f][g], S[g][f]⟩: each unordered pair of
@@ -120,7 +138,7 @@ func (fs *fieldSums) pairs(k, F int) float64 {
 }
 
 func (m ffmScorer) Score(out []float32, b *Batch, s *Scratch) {
-	k, F, w := m.k, m.F, 1+m.F*m.k
+	k, F := m.k, m.F
 	n := F * k
 	buf := s.float32s(3 * F * n)
 	var sh, row fieldSums
@@ -131,9 +149,7 @@ func (m ffmScorer) Score(out []float32, b *Batch, s *Scratch) {
 	clear(used)
 	rows := s.int32s(2 * F)
 	sh.rows, row.rows = rows[:0:F], rows[F:F:2*F]
-	for i, u := range b.SharedPos {
-		sh.add(b.Vals[int(u)*w:int(u+1)*w], b.SharedFields[i], x32(b.SharedValues, i), k, F)
-	}
+	sh.addAll(b, true, 0, len(b.SharedPos), k, F)
 	clear(tr)
 	for _, g := range sh.rows {
 		for f := range F {
@@ -143,10 +159,7 @@ func (m ffmScorer) Score(out []float32, b *Batch, s *Scratch) {
 	shared := m.bias + sh.lin + 0.5*(sh.pairs(k, F)-sh.diag)
 	for r := range out {
 		row.reset()
-		for i := b.RowSplits[r]; i < b.RowSplits[r+1]; i++ {
-			u := int(b.Pos[i])
-			row.add(b.Vals[u*w:(u+1)*w], b.Fields[i], x32(b.Values, int(i)), k, F)
-		}
+		row.addAll(b, false, int(b.RowSplits[r]), int(b.RowSplits[r+1]), k, F)
 		cross := 0.0
 		for _, f := range row.rows {
 			cross += float64(vec.Dot(row.sums[int(f)*n:][:n], tr[int(f)*n:][:n]))
