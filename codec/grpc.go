@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"unsafe"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
@@ -21,7 +22,9 @@ type Frame []byte
 // through gRPC, its buffer goes back to the pool once the transport has
 // written it (not when SendMsg returns: the transport writes later), so
 // a shard's large lookup responses reuse memory rather than allocate,
-// zero and collect megabytes a request.
+// zero and collect megabytes a request. Nothing may keep the message
+// past that: not grpc.EnableTracing (it formats messages later), not a
+// stats handler holding OutPayload.Payload. Cumulus uses neither.
 type PooledFrame struct{ B []byte }
 
 type grpcCodec struct{}
@@ -86,10 +89,22 @@ func GetFrameBuffer(n int) []byte {
 	return framePool.get(max(n, 64<<10))[:0]
 }
 
-// PutFrameBuffer gives b, or the buffer b is a part of, back to the pool
-// once nothing uses any of its bytes: a frame received (Unmarshal), a
-// GetFrameBuffer's.
+// PutFrameBuffer gives b back to the pool once nothing uses any of its
+// bytes: a frame received (Unmarshal), a GetFrameBuffer's. b must start
+// where the buffer does: a buffer given back from a few bytes in is
+// handed out from there, and would shrink with each use.
 func PutFrameBuffer(b []byte) { framePool.Put(&b) }
+
+// PutReplyBody is PutFrameBuffer for the body of a lookup stream's reply
+// (ParseMuxReply's) received into a buffer of the pool: the whole frame,
+// header included, goes back. Only such a body may be given.
+func PutReplyBody(body []byte) {
+	if cap(body) < 1<<minFrameClass {
+		return // not from the pool (and, empty, no address to step back from)
+	}
+	frame := unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(body)), -muxReplyHeader)), cap(body)+muxReplyHeader)
+	PutFrameBuffer(frame[:0])
+}
 
 // get returns a buffer of length n.
 func (p *frameBuffers) get(n int) []byte {
@@ -113,7 +128,7 @@ func (p *frameBuffers) Get(n int) *[]byte {
 // capacity fills.
 func (p *frameBuffers) Put(b *[]byte) {
 	c := bits.Len(uint(cap(*b))) - 1
-	if c < minFrameClass || c > maxFrameClass {
+	if c < minFrameClass || cap(*b) > 1<<maxFrameClass+frameSlack {
 		return
 	}
 	p[c].Put(b)

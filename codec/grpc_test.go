@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
 )
 
 // TestFrameBuffers: a buffer from GetFrameBuffer holds what was asked,
@@ -54,6 +55,25 @@ func TestFrameBuffers(t *testing.T) {
 	}
 	if !reused {
 		t.Error("a part of a buffer never came back for a buffer of its class")
+	}
+	// A reply received, its body given back round after round, keeps its
+	// whole buffer: the frame, not the body, goes back to the pool.
+	msg := AppendMuxReply(nil, 7, 0, make([]byte, 600<<10))
+	caps := map[int]int{}
+	for range 50 {
+		var f Frame
+		if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(msg)}, &f); err != nil {
+			t.Fatal(err)
+		}
+		_, _, body, err := ParseMuxReply(f)
+		if err != nil || len(body) != 600<<10 {
+			t.Fatalf("parsed %d bytes, %v", len(body), err)
+		}
+		caps[cap(f)]++
+		PutReplyBody(body)
+	}
+	if len(caps) != 1 || caps[1<<20+frameSlack] == 0 {
+		t.Errorf("the frames received had capacities %v, want all %d", caps, 1<<20+frameSlack)
 	}
 	// Plain frames and a message of another type.
 	plain, err := c.Marshal(&Frame{1, 2})

@@ -23,10 +23,18 @@ func (f *formats) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 	return f.Service.Lookup(ctx, req)
 }
 
+// Recycle passes answers back to the wrapped service, as the router
+// does to a shard's: FetchRecords's records are read through the pool.
+func (f *formats) Recycle(b []byte) {
+	if r, ok := f.Service.(interface{ Recycle([]byte) }); ok {
+		r.Recycle(b)
+	}
+}
+
 // FetchRecords fetches ids' records from the shards of model's live
 // version as a request would, and returns ids and each one's values
-// (width each, as the scorer would read them), and the lookup request formats sent
-// (codec: 1 float32 values, 2 records as stored). With older, the shards'
+// (width each, as the scorer would read them), and the lookup request
+// formats sent (codec: 1 float32 values, 2 records as stored). With older, the shards'
 // offers of stored encodings are withdrawn first, as an older shard
 // makes none, and restored after. For tests outside the package; nothing
 // else may use the router meanwhile (the backends' services are swapped

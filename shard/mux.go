@@ -166,6 +166,7 @@ func (s *Shard) serveStream(stream grpc.ServerStream) error {
 			defer running.Done()
 			var header [16]byte
 			reply, err := s.lookup(cctx, body, codec.AppendMuxReply(header[:0], id, 0, nil))
+			codec.PutFrameBuffer(r.msg) // the request: nothing reads it after the lookup
 			cancel()
 			if err != nil {
 				st := status.Convert(err)
@@ -424,8 +425,9 @@ func (c *MuxClient) Lookup(ctx context.Context, req []byte) ([]byte, error) {
 }
 
 // Recycle gives the buffer of an answer of Lookup's back to the codec's
-// pool: the caller uses none of its bytes any more.
-func (c *MuxClient) Recycle(b []byte) { codec.PutFrameBuffer(b) }
+// pool: the caller uses none of its bytes any more. b must be an answer
+// this client's Lookup returned.
+func (c *MuxClient) Recycle(b []byte) { codec.PutReplyBody(b) }
 
 // forget removes call id; false if a reply or the stream's end took it.
 func (st *muxStream) forget(id uint64) bool {

@@ -388,7 +388,9 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 	// cost memory up front), in a pooled buffer: a lookup stream's writer
 	// sends it as a codec.PooledFrame, which gives it back once written.
 	var at int
-	buf := append(codec.GetFrameBuffer(len(prefix)+16+(n+7)/8+min(4*n*w, 4<<20)), prefix...)
+	// (At most 4 MiB up front: the pool's classes are powers of two, and
+	// a little more would take 8.)
+	buf := append(codec.GetFrameBuffer(min(len(prefix)+16+(n+7)/8+4*n*w, 4<<20)), prefix...)
 	if sc.stored = sc.req.Stored; sc.stored {
 		sc.vals, at = codec.StartStoredResponse(buf, n, w, ver.m.Enc())
 	} else {
