@@ -149,7 +149,7 @@ func dialGRPC(addr string, tls *tlsconf.Source) (shard.Service, io.Closer, error
 		// Limits.MaxValues values.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(model.MaxDenseBytes+1<<20)),
 		grpc.WithInitialWindowSize(shard.StreamWindow), grpc.WithInitialConnWindowSize(4*shard.StreamWindow),
-		grpc.WithReadBufferSize(shard.SocketBuffer), grpc.WithWriteBufferSize(shard.SocketBuffer), grpc.WithSharedWriteBuffer(true),
+		grpc.WithReadBufferSize(shard.SocketBuffer), grpc.WithWriteBufferSize(shard.SocketBuffer),
 		experimental.WithBufferPool(codec.FramePool),
 		// A shard that stops answering (a stopped process, a partition)
 		// is found out within seconds: its lookup stream breaks and its

@@ -305,7 +305,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	// few messages on a router's lookup stream otherwise.
 	sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
 		grpc.InitialWindowSize(StreamWindow), grpc.InitialConnWindowSize(4 * StreamWindow),
-		grpc.WriteBufferSize(SocketBuffer), grpc.ReadBufferSize(SocketBuffer), grpc.SharedWriteBuffer(true),
+		grpc.WriteBufferSize(SocketBuffer), grpc.ReadBufferSize(SocketBuffer),
 		experimental.BufferPool(codec.FramePool),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true})}
 	if opts.TLS != nil {
@@ -384,7 +384,7 @@ const KeepaliveTime = 10 * time.Second
 // SocketBuffer is how many bytes a shard's or a router's gRPC
 // transport reads or writes a system call: a wide lookup's answer is
 // megabytes (FFM: 324 bytes a key), sent at gRPC's default of 32 KiB a
-// write in a hundred calls. Write buffers are shared (held only while
+// write in a hundred calls. gRPC shares write buffers (held only while
 // writing), so an idle connection does not keep one.
 const SocketBuffer = 256 << 10
 
