@@ -42,7 +42,10 @@ func browser(t testing.TB) (ctx context.Context, problems func() []string) {
 		t.Skip("chromium is not installed (apt-get install chromium)")
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU,
-		chromedp.WindowSize(1400, 1000), chromedp.UserDataDir(t.TempDir()))
+		chromedp.WindowSize(1400, 1000), chromedp.UserDataDir(t.TempDir()),
+		// Its singleton socket's directory too (org.chromium.Chromium.*,
+		// which it leaves behind in $TMPDIR).
+		chromedp.Env("TMPDIR="+t.TempDir()))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
