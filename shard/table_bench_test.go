@@ -155,7 +155,7 @@ func BenchmarkChain(b *testing.B) {
 
 // BenchmarkWide times the lookup of a request's wide records (FFM: 20
 // fields of dim 4, 81 fp32 values a key; DNN embeddings of dim 16, 17
-// values), Zipf 1.1 over 1M keys in one partition, 10,000 distinct keys
+// values; in int8, DNN's are 32-byte records kept with their keys), Zipf 1.1 over 1M keys in one partition, 10,000 distinct keys
 // a request (64 different requests), as float32s and as stored: the search and the
 // copy of each found record into the response.
 func BenchmarkWide(b *testing.B) {
@@ -180,7 +180,7 @@ func BenchmarkWide(b *testing.B) {
 		name  string
 		width int
 		enc   codec.Encoding
-	}{{"dnn-fp32", 17, codec.EncFP32}, {"ffm-fp32", 81, codec.EncFP32}, {"ffm-int8", 81, codec.EncInt8}} {
+	}{{"dnn-fp32", 17, codec.EncFP32}, {"dnn-int8", 17, codec.EncInt8}, {"ffm-fp32", 81, codec.EncFP32}, {"ffm-int8", 81, codec.EncInt8}} {
 		vals := make([]float32, n*c.width)
 		for i := range vals {
 			vals[i] = float32(i%1000) / 1000
