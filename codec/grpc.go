@@ -67,9 +67,9 @@ const (
 
 // frameBuffers is a sync.Pool per size class: buffers of class c have a
 // capacity of at least 1<<c bytes. Each is made frameSlack bytes larger,
-// so that a part of one that starts a header's length in (a lookup
-// stream's reply less its header, given back by the router) is still
-// filed in its class.
+// a margin: a part of one given back from a few bytes in (which
+// PutFrameBuffer's callers must not do; PutReplyBody steps back over a
+// reply's header) still files in its class.
 type frameBuffers [maxFrameClass + 1]sync.Pool
 
 var framePool = new(frameBuffers)

@@ -301,7 +301,7 @@ func checkFinite(keys []uint64, values []float32, width int) error {
 // withTombstones returns copies of keys and values (width per key) with
 // a tombstone record after them for each of deletes.
 func withTombstones(keys []uint64, values []float32, deletes []uint64, width int) ([]uint64, []float32) {
-	keys = append(slices.Clip(slices.Clone(keys)), deletes...)
+	keys = slices.Concat(keys, deletes)
 	values = slices.Grow(slices.Clone(values), len(deletes)*width)
 	for range deletes {
 		values = append(values, codec.Tombstone)

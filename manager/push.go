@@ -399,11 +399,10 @@ rows:
 // rows are merged (last) as the loader writes it, on all cores.
 func (w *pushWindow) delta() *loader.Split {
 	s := w.split()
-	index := make(map[uint32]int, len(s.touched))
-	for t, p := range s.touched {
-		index[p] = t
-	}
-	return &loader.Split{Touched: s.touched, Rows: func(p uint32) ([]uint64, []float32, []uint64) { return s.last(index[p]) }}
+	return &loader.Split{Touched: s.touched, Rows: func(p uint32) ([]uint64, []float32, []uint64) {
+		t, _ := slices.BinarySearch(s.touched, p) // the loader asks only for partitions in touched
+		return s.last(t)
+	}}
 }
 
 // heldBytes is what a held model's pushes weigh: the pending delta's

@@ -550,8 +550,8 @@ func (r *Router) ask(ctx context.Context, vr *versionRoute, w *work, c *call) {
 	default:
 		b.calls.cancelled.Observe(d.Seconds())
 	}
-	if r, ok := b.svc.(interface{ Recycle([]byte) }); ok && err == nil {
-		r.Recycle(raw) // merged: resp's bytes are read no more
+	if rc, ok := b.svc.(interface{ Recycle([]byte) }); ok && err == nil {
+		rc.Recycle(raw) // merged: resp's bytes are read no more
 	}
 	w.finished <- c
 }
