@@ -12,6 +12,7 @@ trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null' EXIT
 devbench() {
   local name=$1 repo=$2 port=$3
   shift 3
+  : > "$work/dev.out" # before it starts: the wait for ready must not read the last run's
   "${D:-$C}" dev --repo "$repo" --http-addr 127.0.0.1:$port --grpc-addr 127.0.0.1:$((port + 1)) \
     --admin-addr 127.0.0.1:$((port + 2)) "$@" > "$work/dev.out" 2> "$work/dev.err" &
   pid=$!

@@ -27,6 +27,7 @@ export CUMULUS_ADMIN_TOKEN=overload
 server=(); client=()
 [ -n "${SERVER_CPUS:-}" ] && server=(taskset -c "$SERVER_CPUS")
 [ -n "${CLIENT_CPUS:-}" ] && client=(taskset -c "$CLIENT_CPUS")
+: > "$work/dev.out" # before it starts: the wait for ready must not read the last run's
 "${server[@]}" "$C" dev --repo "$repo" --request-timeout 2s "$@" --http-addr 127.0.0.1:29000 --grpc-addr 127.0.0.1:29001 \
   --admin-addr 127.0.0.1:29002 > "$work/dev.out" 2> "$work/dev.err" &
 pid=$!

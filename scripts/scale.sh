@@ -63,6 +63,7 @@ empty_in() { "$C" admin shards "${admin[@]}" | awk '$1 == "shard-x" && $5 == "em
 : > "$work/raw.txt"
 echo "run        qps p50 p99 errors balance-seconds"
 for _ in $(seq "$rounds"); do
+  : > "$work/dev.out" # before it starts: the wait for ready must not read the last run's
   "$C" dev --repo "$repo" --replicas 1 --shards 4 --memory-budget 2GB --http-addr 127.0.0.1:29030 --grpc-addr 127.0.0.1:29031 \
     --admin-addr 127.0.0.1:29032 "${moves[@]}" "${rate[@]}" --log-level warn > "$work/dev.out" 2> "$work/dev.err" &
   dev=$!

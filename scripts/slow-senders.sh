@@ -27,6 +27,7 @@ if [ ! -d "$repo/bench" ]; then
   "$C" model gen --name bench --type lr --params 1000000 --repo "$repo" > /dev/null
 fi
 export CUMULUS_ADMIN_TOKEN=slow
+: > "$work/dev.out" # before it starts: the wait for ready must not read the last run's
 "$S" dev --repo "$repo" --http-addr 127.0.0.1:29100 --grpc-addr 127.0.0.1:29101 \
   --admin-addr 127.0.0.1:29102 > "$work/dev.out" 2> "$work/dev.err" &
 pid=$!

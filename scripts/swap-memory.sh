@@ -23,6 +23,7 @@ if [ ! -d "$work/v2-held" ]; then
   mv "$repo/big/2" "$work/v2-held"
 fi
 export CUMULUS_ADMIN_TOKEN=swap-memory
+: > "$work/dev.out" # before it starts: the wait for ready must not read the last run's
 "$C" dev --repo "$repo" --keep-versions "$keep" "$@" --http-addr 127.0.0.1:28000 --grpc-addr 127.0.0.1:28001 \
   --admin-addr 127.0.0.1:28002 > "$work/dev.out" 2> "$work/dev.err" &
 pid=$!

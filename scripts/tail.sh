@@ -59,6 +59,7 @@ ghzrun() { # calls, then ghz's flags
 }
 run() { # name, dev flags...
   local name=$1; shift
+  : > "$work/dev.out" # before it starts: the wait for ready must not read the last run's
   "$C" dev --repo "$repo" --replicas 2 "$@" --http-addr 127.0.0.1:29010 --grpc-addr 127.0.0.1:29011 \
     --admin-addr 127.0.0.1:29012 > "$work/dev.out" 2> "$work/dev.err" &
   pid=$!

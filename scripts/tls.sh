@@ -28,6 +28,7 @@ pid=
 trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null' EXIT
 run() { # name, dev flags...
   local name=$1; shift
+  : > "$work/dev.out" # before it starts: the wait for ready must not read the last run's
   "$C" dev --repo "$repo" "$@" --http-addr 127.0.0.1:29050 --grpc-addr 127.0.0.1:29051 \
     --admin-addr 127.0.0.1:29052 --log-level warn > "$work/dev.out" 2> "$work/dev.err" &
   pid=$!
