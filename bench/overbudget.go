@@ -56,14 +56,15 @@ type Tiering int
 
 const (
 	Resident Tiering = iota // all in resident memory: the baseline
-	Mapped                  // a mapping; the page cache keeps what it keeps
-	HotTier                 // a mapping under a hot tier of hotBytes learned from the warm batches
+	Mapped                  // searched through a mapping, page faults and all, as shards did before they read from disk
+	Disk                    // the shard's way: the directory resident, records read with pread, a value cache of cacheBytes learned from the warm batches
 )
 
 // MappedLookups times batched lookups over a partition file held as t,
-// after warm batches that let the page cache (or the hot tier) learn the
-// traffic. Lookups go through shard.StackWeights, the shard's own path.
-func MappedLookups(path string, n int, seed uint64, t Tiering, hotBytes int64, batch, batches, warm int) ([]LookupLatency, error) {
+// after warm batches that let the page cache (or the value cache) learn
+// the traffic. Resident and Disk lookups go through shard.StackWeights,
+// the shard's own path.
+func MappedLookups(path string, n int, seed uint64, t Tiering, cacheBytes int64, batch, batches, warm int) ([]LookupLatency, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -88,6 +89,21 @@ func MappedLookups(path string, n int, seed uint64, t Tiering, hotBytes int64, b
 	}
 	p.Owner = mem
 	base := shard.NewTable(p)
+	if t == Disk && !base.EnableCache(cacheBytes-base.ResidentBytes()) {
+		return nil, fmt.Errorf("bench: no value cache fits in %d bytes beside the directory's %d", cacheBytes, base.ResidentBytes())
+	}
+	lookup := func(keys []uint64, w []float32, found []bool, sc *shard.StackScratch) {
+		shard.StackWeights([]*shard.Table{base}, keys, w, found, sc)
+	}
+	if t == Mapped {
+		idx := make([]int32, batch)
+		lookup = func(keys []uint64, w []float32, found []bool, _ *shard.StackScratch) {
+			base.FindWeights(keys, idx, w)
+			for j, r := range idx {
+				found[j] = r >= 0
+			}
+		}
+	}
 	gen := codec.GenInfo{Seed: seed, IDs: "hashed"}
 	found := make([]bool, batch)
 	w := make([]float32, batch)
@@ -97,31 +113,23 @@ func MappedLookups(path string, n int, seed uint64, t Tiering, hotBytes int64, b
 		// Batches are drawn as they are used: holding 200 × 20k keys
 		// would itself eat the memory budget.
 		draw := func(i int) []uint64 { return idsOf(queryBatches(d, n, batch, 1, seed+uint64(i)), gen)[0] }
-		// Warm up. With a hot tier, learn as a shard does: observe the
-		// samples after every batch and rebuild the tier every 10 batches,
-		// so later warm batches already run on it.
-		layers := []*shard.Table{base}
-		var heat shard.Heat
+		// Warm up. From disk, the value cache learns as a shard's does,
+		// from the samples, here after every batch.
 		for i := range warm {
-			shard.StackWeights(layers, draw(i), w, found, &sc)
-			if t != HotTier {
-				continue
-			}
-			heat.Observe(base)
-			if i%10 == 9 || i == warm-1 {
-				hot, err := heat.Build(base, hotBytes)
-				if err != nil {
-					return nil, err
-				}
-				layers = []*shard.Table{hot, base}
+			lookup(draw(i), w, found, &sc)
+			if t == Disk {
+				base.Learn()
 			}
 		}
 		lat := make([]time.Duration, batches)
 		for i := range batches {
 			keys := draw(warm + i)
 			t0 := time.Now()
-			shard.StackWeights(layers, keys, w, found, &sc)
+			lookup(keys, w, found, &sc)
 			lat[i] = time.Since(t0)
+			if t == Disk {
+				base.Learn() // off the clock, as the shard's loader does it
+			}
 			for j, ok := range found {
 				if !ok {
 					return nil, fmt.Errorf("bench: key %d of batch %d not found", keys[j], i)

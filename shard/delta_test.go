@@ -247,22 +247,16 @@ func TestViewsThroughABranch(t *testing.T) {
 }
 
 // TestStackFile: a stack's tables are found by file version (the base,
-// each delta), never the hot tier, and a version the stack lacks is not.
+// each delta), and a version the stack lacks is not.
 func TestStackFile(t *testing.T) {
 	base := &Table{fv: 1}
-	hot := &Table{hotOf: base}
 	var deltas []*Table
 	for v := uint64(40); v >= 3; v -= 3 {
 		deltas = append(deltas, &Table{fv: v})
 	}
-	stale := &Table{hotOf: &Table{fv: 1}} // a hot tier of the mapped base a promotion replaced
-	for _, stack := range [][]*Table{{base}, {hot, base}, append(slices.Clone(deltas), base), append(slices.Clone(deltas), hot, base), append(slices.Clone(deltas), stale, hot, base)} {
+	for _, stack := range [][]*Table{{base}, append(slices.Clone(deltas), base)} {
 		for _, want := range stack {
-			got := stackFile(stack, want.fv)
-			if want.hotOf != nil {
-				continue // not a file's table: its fv is found as the base
-			}
-			if got != want {
+			if got := stackFile(stack, want.fv); got != want {
 				t.Fatalf("a stack of %d: file version %d found %v", len(stack), want.fv, got)
 			}
 		}
@@ -280,7 +274,7 @@ func TestStackFile(t *testing.T) {
 	// 41 is held by none.
 	older := []*Table{deltas[len(deltas)-2], deltas[len(deltas)-1], base} // 7, 4, 1
 	snap := &snapshot{models: map[string]map[uint64]*version{"m": {
-		40: {layers: [][]*Table{{base}, append(slices.Clone(deltas), hot, base)}},
+		40: {layers: [][]*Table{{base}, append(slices.Clone(deltas), base)}},
 		7:  {layers: [][]*Table{{base}, older}},
 	}}}
 	for _, want := range append(slices.Clone(deltas), base) {

@@ -23,15 +23,19 @@ import (
 //	delay=50ms,fraction=0.01     answer 50ms late
 //	error=unavailable,fraction=0.1  fail with that gRPC code (lower_snake)
 //	stall,fraction=0.001         never answer: ends when the caller cancels
+//	diskdelay=5ms,fraction=0.5   each read from disk (of a partition over
+//	                             the memory budget) waits 5ms first
 //
-// They apply after admission, as a real slow lookup would.
+// They apply after admission, as a real slow lookup would; diskdelay
+// applies to each read, as a slow disk would, and only lookups that read
+// from disk see it.
 type Faults struct {
 	spec   string
 	faults []fault
 }
 
 type fault struct {
-	kind     string // delay, error, stall
+	kind     string // delay, error, stall, diskdelay
 	delay    time.Duration
 	code     codes.Code
 	fraction float64
@@ -66,10 +70,10 @@ func parseFault(s string) (fault, error) {
 	kind, arg, hasArg := strings.Cut(strings.TrimSpace(fields[0]), "=")
 	ft.kind = kind
 	switch kind {
-	case "delay":
+	case "delay", "diskdelay":
 		d, err := time.ParseDuration(arg)
 		if !hasArg || err != nil || d <= 0 {
-			return ft, errors.New("delay needs a positive duration: delay=50ms")
+			return ft, fmt.Errorf("%s needs a positive duration: %s=50ms", kind, kind)
 		}
 		ft.delay = d
 	case "error":
@@ -83,7 +87,7 @@ func parseFault(s string) (fault, error) {
 			return ft, errors.New("stall takes no argument")
 		}
 	default:
-		return ft, errors.New("unknown kind: want delay=DURATION, error=CODE or stall")
+		return ft, errors.New("unknown kind: want delay=DURATION, error=CODE, stall or diskdelay=DURATION")
 	}
 	seen := false
 	for _, kv := range fields[1:] {
@@ -119,6 +123,19 @@ var codeNames, codeList = func() (map[string]codes.Code, []string) {
 	return m, l
 }()
 
+// diskReads is r with f's diskdelay, if it has one.
+func (f *Faults) diskReads(r *ColdReads) *ColdReads {
+	if f == nil {
+		return r
+	}
+	for _, ft := range f.faults {
+		if ft.kind == "diskdelay" {
+			return r.withDelay(ft.delay, ft.fraction)
+		}
+	}
+	return r
+}
+
 // String is the spec f was parsed from; "" for none.
 func (f *Faults) String() string {
 	if f == nil {
@@ -135,6 +152,9 @@ func (f *Faults) apply(ctx context.Context, count func(kind string)) error {
 		return nil
 	}
 	for _, ft := range f.faults {
+		if ft.kind == "diskdelay" {
+			continue // diskReads
+		}
 		if ft.fraction < 1 && rand.Float64() >= ft.fraction {
 			continue
 		}

@@ -11,11 +11,12 @@ import (
 )
 
 func TestParseFaults(t *testing.T) {
-	f, err := ParseFaults(" delay=50ms,fraction=0.01; error=resource_exhausted ,fraction=0.5;stall,fraction=1")
+	f, err := ParseFaults(" delay=50ms,fraction=0.01; error=resource_exhausted ,fraction=0.5;stall,fraction=1;diskdelay=5ms,fraction=0.25")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []fault{{kind: "delay", delay: 50 * time.Millisecond, fraction: 0.01}, {kind: "error", code: codes.ResourceExhausted, fraction: 0.5}, {kind: "stall", fraction: 1}}
+	want := []fault{{kind: "delay", delay: 50 * time.Millisecond, fraction: 0.01}, {kind: "error", code: codes.ResourceExhausted, fraction: 0.5}, {kind: "stall", fraction: 1},
+		{kind: "diskdelay", delay: 5 * time.Millisecond, fraction: 0.25}}
 	if len(f.faults) != len(want) {
 		t.Fatalf("%d faults, want %d", len(f.faults), len(want))
 	}
@@ -23,6 +24,9 @@ func TestParseFaults(t *testing.T) {
 		if f.faults[i] != want[i] {
 			t.Errorf("fault %d = %+v, want %+v", i, f.faults[i], want[i])
 		}
+	}
+	if r := f.diskReads(nil); r == nil || r.delay != 5*time.Millisecond || r.fraction != 0.25 {
+		t.Errorf("diskdelay: reads %+v", r)
 	}
 	if f, err := ParseFaults("  "); f != nil || err != nil || f.String() != "" {
 		t.Errorf("empty spec: %v, %v", f, err)
@@ -33,7 +37,7 @@ func TestParseFaults(t *testing.T) {
 	for _, bad := range []string{
 		"delay", "delay=", "delay=-1s", "delay=0s", "delay=fast", "error", "error=Unavailable", "error=ok", "stall=1s",
 		"slow", "delay=1ms,fraction=0", "delay=1ms,fraction=1.5", "delay=1ms,fraction=NaN", "delay=1ms,fraction=x",
-		"delay=1ms,fraction=0.5,fraction=0.5", "delay=1ms,every=2", "delay=1ms;", ";", strings.Repeat("stall;", 200),
+		"delay=1ms,fraction=0.5,fraction=0.5", "delay=1ms,every=2", "delay=1ms;", ";", "diskdelay", "diskdelay=0s", strings.Repeat("stall;", 200),
 	} {
 		if _, err := ParseFaults(bad); err == nil {
 			t.Errorf("ParseFaults(%q) accepted", bad)

@@ -1,36 +1,37 @@
 package shard
 
 import (
-	"cmp"
-	"fmt"
-	"log/slog"
-	"maps"
-	"slices"
+	"context"
 	"sync/atomic"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/codec"
 )
 
-// A partition served from a mapped file keeps its hottest records in a
-// small resident table — the hot tier — learned from traffic. Pages are
-// the wrong unit to cache: records are placed by hash, so the hot keys of
-// Zipf traffic are spread over every page, and caching a third of the
-// pages keeps a third of the hot keys. The hot tier keeps exactly the hot
-// keys, 12 bytes each for LR.
+// A partition served from disk learns its hot keys from traffic: lookups
+// sample the keys they ask of it into a lock-free ring (sampler), and
+// the shard's loader drains the samples every HotInterval into the
+// table's value cache (cache.go), which admits a key by frequency. Keys
+// are the unit cached, not pages: records are placed by hash, so the hot
+// keys of Zipf traffic are spread over every page, and caching a third
+// of the pages keeps a third of the hot keys.
 
 const (
-	sampleEvery = 8       // one lookup key in 8 is sampled
+	sampleEvery = 2       // one lookup key in 2 is sampled
 	sampleRing  = 1 << 16 // samples held between drains
 )
 
 // sampler is a lock-free ring of sampled keys. Writers race benignly:
 // a sample overwritten before it is drained is simply lost.
 type sampler struct {
-	ring [sampleRing]atomic.Uint64
-	pos  atomic.Uint64
-	read uint64 // drain position; drain's goroutine only
+	ring  [sampleRing]atomic.Uint64
+	pos   atomic.Uint64
+	calls atomic.Uint64
+	read  uint64 // drain position; drain's goroutine only
 }
 
 // Sample records some of keys if t is served from a mapped file, for
-// the hot tier. It allocates nothing and takes no lock.
+// its value cache. It allocates nothing and takes no lock.
 func (t *Table) Sample(keys []uint64) {
 	s := t.sample
 	if s == nil {
@@ -38,158 +39,186 @@ func (t *Table) Sample(keys []uint64) {
 	}
 	// The first key sampled moves from call to call: a fixed stride from
 	// 0 would see only the same positions of a repeated key order.
-	for j := int(s.pos.Load() % sampleEvery); j < len(keys); j += sampleEvery {
+	for j := int(s.calls.Add(1) % sampleEvery); j < len(keys); j += sampleEvery {
 		s.ring[(s.pos.Add(1)-1)%sampleRing].Store(keys[j])
 	}
 }
 
-// drain adds the samples taken since the last drain to counts and
-// returns how many there were.
-func (s *sampler) drain(counts map[uint64]uint32) int {
+// drain calls fn on each key sampled since the last drain.
+func (s *sampler) drain(fn func(key uint64)) {
 	end := s.pos.Load()
-	start := max(s.read, end-min(end, sampleRing))
-	for i := start; i < end; i++ {
-		counts[s.ring[i%sampleRing].Load()]++
+	for i := max(s.read, end-min(end, sampleRing)); i < end; i++ {
+		fn(s.ring[i%sampleRing].Load())
 	}
 	s.read = end
-	return int(end - start)
 }
 
-// heat is what the hot tier knows of one base's traffic.
-type heat struct {
-	counts     map[uint64]uint32
-	sinceDecay int // samples since counts were last halved
-	sinceBuild int // samples since the hot tier was last built
-}
-
-// add drains new samples. Old traffic fades by traffic, not by time: the
-// counts are halved whenever as many samples have arrived as there are
-// keys counted, so a quiet shard does not forget its hot set.
-func (h *heat) add(s *sampler) {
-	n := s.drain(h.counts)
-	h.sinceDecay += n
-	h.sinceBuild += n
-	if h.sinceDecay > max(len(h.counts), sampleRing) {
-		for key, c := range h.counts {
-			if c /= 2; c == 0 {
-				delete(h.counts, key)
-			} else {
-				h.counts[key] = c
-			}
-		}
-		h.sinceDecay = 0
+// learn drains t's samples into its cache: each counts in the cache's
+// sketch, and those the cache lacks and admits are read (with r's
+// turns) and cached. keys is scratch, returned for reuse. The loader's
+// only (one goroutine a table).
+func (t *Table) learn(ctx context.Context, r *ColdReads, keys []uint64) []uint64 {
+	c := t.cache.Load()
+	if c == nil || t.sample == nil {
+		return keys
 	}
-}
-
-// hotKeys returns up to k keys of counts, most frequent first.
-func hotKeys(counts map[uint64]uint32, k int) []uint64 {
-	keys := slices.SortedFunc(maps.Keys(counts), func(a, b uint64) int {
-		return cmp.Compare(counts[b], counts[a]) // most frequent first
+	keys = keys[:0]
+	t.sample.drain(func(key uint64) {
+		h := codec.KeyHash(key)
+		c.freq.add(h)
+		if !c.has(h) && c.admits(h) >= 0 {
+			keys = append(keys, key)
+		}
 	})
-	return keys[:min(k, len(keys))]
-}
-
-// BuildHot makes a resident table of base's records for keys (those base
-// holds), in base's format. It reads base, so for a mapped base it faults
-// pages in: call it off the request path.
-func BuildHot(base *Table, keys []uint64) (*Table, error) {
-	idx := make([]int32, len(keys))
-	base.Find(keys, idx)
-	var ks []uint64
-	var vals []float32
-	v := make([]float32, base.width)
-	for j, r := range idx {
-		if r < 0 {
+	if len(keys) == 0 {
+		return keys
+	}
+	// Read each key once, admitted or not by then (a key sampled twice,
+	// or two keys wanting one slot).
+	vals := make([]byte, len(keys)*t.vlen)
+	out := make([]int32, len(keys))
+	if _, err := t.readCold(ctx, keys, out, vals, nil, r); err != nil {
+		return keys
+	}
+	for q, k := range keys {
+		h := codec.KeyHash(k)
+		if out[q] < 0 || c.has(h) {
 			continue
 		}
-		base.Decode(int(r), v)
-		ks = append(ks, keys[j])
-		vals = append(vals, v...)
+		if i := c.admits(h); i >= 0 {
+			c.put(i, h, vals[q*t.vlen:(q+1)*t.vlen])
+		}
 	}
-	hot, err := ResidentTable(base.width, base.enc, ks, vals)
-	if err != nil {
-		return nil, fmt.Errorf("shard: building the hot tier: %w", err)
-	}
-	hot.hotOf = base
-	return hot, nil
+	return keys
 }
 
-// hotState is the hot tier's bookkeeping: the loader goroutine's only.
-type hotState struct {
-	heat map[*Table]*heat
+// useCache returns t's value cache, registered as read until its done,
+// or nil.
+func (t *Table) useCache() *valueCache {
+	for {
+		c := t.cache.Load()
+		if c == nil {
+			return nil
+		}
+		c.readers.Add(1)
+		if t.cache.Load() == c {
+			return c
+		}
+		c.readers.Add(-1) // dropped meanwhile: it may be freed
+	}
 }
 
-// maintainHot drains samples and rebuilds the hot tier of every mapped
-// base, sharing what the budget leaves after the resident tables.
-func (s *Shard) maintainHot() {
+func (c *valueCache) done() { c.readers.Add(-1) }
+
+// dropCache takes t's value cache away; its memory goes once no lookup
+// reads it. Loader goroutine only.
+func (s *Shard) dropCache(t *Table) {
+	if c := t.cache.Swap(nil); c != nil {
+		s.deadCaches = append(s.deadCaches, c)
+		s.freeCaches(reclaimWait)
+	}
+}
+
+// freeCaches frees the dropped caches no lookup reads, waiting up to
+// wait for those read; the others are freed on a later call.
+func (s *Shard) freeCaches(wait time.Duration) {
+	deadline := time.Now().Add(wait)
+	kept := s.deadCaches[:0]
+	for _, c := range s.deadCaches {
+		for c.readers.Load() != 0 && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Microsecond)
+		}
+		if c.readers.Load() == 0 {
+			c.free()
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	clear(s.deadCaches[len(kept):])
+	s.deadCaches = kept
+}
+
+// maintainCaches sizes and feeds the value cache of every partition
+// served from disk, sharing what the budget leaves after the resident
+// tables. A cache is made once and kept while its share holds; one over
+// its share is dropped (and its memory given back) before another is
+// made, so caches never take more than the budget, even for a moment.
+func (s *Shard) maintainCaches(ctx context.Context) {
 	snap := s.snap.Load()
 	var bases []*Table
 	snap.tables(func(t *Table) {
-		if t.Mapped {
+		if t.Mapped && t.sample != nil {
 			bases = append(bases, t)
 		}
 	})
 	if len(bases) == 0 || s.opts.MemoryBudget == 0 {
-		s.hot.heat = nil
+		s.residentHot.Store(0)
 		return
 	}
-	if s.hot.heat == nil {
-		s.hot.heat = map[*Table]*heat{}
-	}
-	live := map[*Table]bool{}
-	for _, b := range bases {
-		live[b] = true
-		if s.hot.heat[b] == nil {
-			s.hot.heat[b] = &heat{counts: map[uint64]uint32{}}
-		}
-		s.hot.heat[b].add(b.sample)
-	}
-	for b := range s.hot.heat {
-		if !live[b] {
-			delete(s.hot.heat, b) // its version is gone
-		}
-	}
 	share := (s.opts.MemoryBudget - s.residentBytes(false)) / int64(len(bases))
-	rebuilt := false
 	for _, b := range bases {
-		h := s.hot.heat[b]
-		k := int(share / b.recordBytes())
-		if k <= 0 || h.sinceBuild == 0 {
-			continue // no room, or nothing new to learn from
+		if c := b.cache.Load(); c != nil && c.Bytes() > share {
+			s.dropCache(b)
 		}
-		h.sinceBuild = 0
-		hot, err := BuildHot(b, hotKeys(h.counts, k))
-		if err != nil {
-			slog.Warn("shard: hot tier not rebuilt", "shard", s.opts.ID, "err", err)
-			continue
-		}
-		s.install(s.snap.Load().withHot(b, hot))
-		rebuilt = true
 	}
-	if rebuilt {
-		s.reclaim(reclaimWait) // the replaced hot tiers go now
+	s.freeCaches(0)
+	var total int64
+	for _, b := range bases {
+		if b.cache.Load() == nil {
+			if c := newValueCache(share, b.vlen, b.n); c != nil {
+				b.cache.Store(c)
+			}
+		}
+		if c := b.cache.Load(); c != nil {
+			total += c.Bytes()
+		}
+	}
+	s.residentHot.Store(total)
+	for _, b := range bases {
+		s.learnKeys = b.learn(ctx, s.cold, s.learnKeys)
 	}
 }
 
-// Heat learns one mapped table's hot keys from the traffic sampled on
-// it, as the shard's loader does; tools and benchmarks use it directly.
-type Heat struct{ h heat }
-
-// Observe drains base's samples. Call it often: base keeps only the last
-// 65,536 samples between calls.
-func (h *Heat) Observe(base *Table) {
-	if h.h.counts == nil {
-		h.h.counts = map[uint64]uint32{}
+// EnableCache gives a table served from disk a value cache of at most
+// bytes, as a shard's loader does; tools and benchmarks use it with
+// Learn. It reports whether one fits.
+func (t *Table) EnableCache(bytes int64) bool {
+	if t.sample == nil {
+		return false
 	}
-	if base.sample != nil {
-		h.h.add(base.sample)
+	c := newValueCache(bytes, t.vlen, t.n)
+	if old := t.cache.Swap(c); old != nil {
+		old.free() // tools' use: no lookup under way
 	}
+	return c != nil
 }
 
-// Build makes a hot tier of the hottest records of base that fit in bytes.
-func (h *Heat) Build(base *Table, bytes int64) (*Table, error) {
-	if base.sample == nil {
-		return nil, fmt.Errorf("shard: table is not mapped; it has no hot tier")
+// Learn feeds the keys sampled since the last call to t's value cache,
+// as the shard's loader does every HotInterval. Call it often: t keeps
+// only the last 65,536 samples between calls.
+func (t *Table) Learn() { t.learn(context.Background(), nil, nil) }
+
+// ResidentBytes is the table's resident memory: all of it, or for a
+// table served from disk its directory, value cache apart.
+func (t *Table) ResidentBytes() int64 {
+	if t.Mapped {
+		return int64(len(t.dir))
 	}
-	return BuildHot(base, hotKeys(h.h.counts, int(bytes/base.recordBytes())))
+	return t.size
+}
+
+// CacheBytes is the memory of t's value cache, if it has one.
+func (t *Table) CacheBytes() int64 {
+	if c := t.cache.Load(); c != nil {
+		return c.Bytes()
+	}
+	return 0
+}
+
+// CachedKeys is how many keys t's value cache holds.
+func (t *Table) CachedKeys() int {
+	if c := t.cache.Load(); c != nil {
+		return c.Len()
+	}
+	return 0
 }

@@ -13,7 +13,7 @@ import (
 // wrote it, newest first. A version reads it through a view, the set of
 // its chain's deltas: a key's answer is its newest entry in the view (a
 // tombstone there deletes it), and a key with none falls through to what
-// lies below the deltas (the base, or a hot tier above a mapped base). So
+// lies below the deltas (the base, resident or served from disk). So
 // a lookup probes one index and the base, however long the chain: it no
 // longer probes each delta's table in turn.
 //

@@ -74,14 +74,10 @@ func (s *Shard) install(next *snapshot) {
 
 // countResident adds t's bytes, times sign, to the resident count it
 // belongs to.
+// (all of a resident table; a table served from disk, its directory:
+// its value cache is counted as the loader sizes it).
 func (s *Shard) countResident(t *Table, sign int64) {
-	switch {
-	case t.Mapped:
-	case t.hotOf != nil:
-		s.residentHot.Add(sign * t.Bytes())
-	default:
-		s.resident.Add(sign * t.Bytes())
-	}
+	s.resident.Add(sign * t.ResidentBytes())
 }
 
 // diffStacks calls fn on each table of each stack slot that b holds and
@@ -155,6 +151,9 @@ func (s *Shard) reclaim(wait time.Duration) {
 
 // release gives the table's memory back now. No lookup may use t after.
 func (t *Table) release() {
+	if c := t.cache.Swap(nil); c != nil {
+		c.free() // no lookup reaches t, so none reads its cache
+	}
 	if b, ok := t.owner.(*tablemem.Buffer); ok {
 		b.Free()
 	}

@@ -311,6 +311,7 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 			if err == nil {
 				// ReadPartition verifies the SHA-256 of the bytes it read,
 				// so a file changed since the load is refused here.
+				s.cacheRoom(l[len(l)-1].Bytes())
 				pt, err = s.readPartition(base, uint32(p))
 			}
 			if f, _ := base.File(uint32(p)); err == nil && f.SHA256 != l[len(l)-1].sha {
@@ -370,7 +371,7 @@ func (s *Shard) makeRoom(n int64, as map[string]topo.Assignment) {
 					if s.fits(n) {
 						return
 					}
-					if t.Mapped || t.hotOf != nil || serving[t] {
+					if t.Mapped || serving[t] {
 						continue
 					}
 					if err := s.demote(name, t.fv, uint32(p), t); err != nil {

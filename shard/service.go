@@ -81,6 +81,9 @@ type scratch struct {
 	found   []uint64
 	vals    []byte // found keys' values, as the response carries them
 	stored  bool   // vals carries records as stored (codec.FlagStored)
+	cold    []byte // values read from disk (or its cache), a record's value bytes each
+	miss    []int32
+	reads   *ColdReads // the shard's turns at the disk; nil: no bound
 }
 
 // StoredEncodings are the encodings whose records this shard sends as
@@ -89,23 +92,27 @@ var StoredEncodings = []string{"fp16", "int8"}
 
 // appendRecord appends record r of t to the response: as stored, less
 // its key, or as float32s.
-func (sc *scratch) appendRecord(t *Table, r int) {
+func (sc *scratch) appendRecord(t *Table, r int) { sc.appendValue(t, t.valAt(r)) }
+
+// appendValue appends a record's value bytes v, of a table of t's
+// format, to the response: as stored, or as float32s.
+func (sc *scratch) appendValue(t *Table, v []byte) {
 	if sc.stored {
-		sc.vals = append(sc.vals, t.valAt(r)...)
+		sc.vals = append(sc.vals, v...)
 		return
 	}
-	sc.vals = t.AppendValues(sc.vals, r)
+	sc.vals = codec.AppendValues(sc.vals, v, t.width, t.enc)
 }
 
 // lookupStack answers keys from a partition's stack: the view of its
 // deltas first, if it has one (v; layers are then what lies below the
 // deltas), then each layer in turn — deltas newest first when the stack
-// has no view, a hot tier, the base, which may be mapped. The first to
-// have a key decides, and a tombstone there means the feature was
+// has no view, then the base, which may be served from disk. The first
+// to have a key decides, and a tombstone there means the feature was
 // deleted.
 // i is the index of keys[0] in the whole request; it returns the index
-// after the last key, or ctx's error if ctx ends before a mapped layer is
-// read (reading it may wait on the disk).
+// after the last key, or ctx's error if ctx ends before or while a layer
+// served from disk is read.
 func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, keys []uint64, w, i int) (int, error) {
 	if v != nil && len(layers) == 1 && !layers[0].Mapped {
 		return sc.lookupView(v, layers[0], keys, w, i), nil
@@ -118,11 +125,9 @@ func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, ke
 		sc.ws, sc.ws2 = resize(sc.ws, n), resize(sc.ws2, n)
 		ws = sc.ws
 	}
-	// The base learns from every key, not only from those the layers
-	// above miss: otherwise cached keys would fade from the hot tier.
-	layers[len(layers)-1].Sample(keys)
 	var over []*Table // the view's tables, by layer
 	sc.pending = sc.pending[:0]
+	sc.cold = sc.cold[:0]
 	if v != nil {
 		over = v.find(keys, sc.layer, sc.idx, ws)
 		for j, l := range sc.layer {
@@ -139,7 +144,8 @@ func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, ke
 		}
 	}
 	// Each layer sees only the keys the layers above it did not have: a
-	// mapped base under a hot tier is asked only for the cold keys.
+	// base served from disk is asked (and learns its cache from) only
+	// the keys no delta wrote.
 	for li, t := range layers {
 		if len(sc.pending) == 0 {
 			break
@@ -154,13 +160,24 @@ func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, ke
 			pw = sc.ws2[:len(sc.pkeys)]
 		}
 		if t.Mapped {
+			// Served from disk: the values land in sc.cold, and a found
+			// key's index is its value's place there.
 			if err := ctx.Err(); err != nil {
 				return 0, err
 			}
-			t.findCold(sc.pkeys, found)
+			t.Sample(sc.pkeys)
+			at := len(sc.cold) / t.vlen
+			sc.cold = slices.Grow(sc.cold, len(sc.pkeys)*t.vlen)[:(at+len(sc.pkeys))*t.vlen]
+			var err error
+			if sc.miss, err = t.readCold(ctx, sc.pkeys, found, sc.cold[at*t.vlen:], sc.miss, sc.reads); err != nil {
+				return 0, err
+			}
 			for q, r := range found {
-				if pw != nil && r >= 0 {
-					pw[q] = t.Weight(int(r))
+				if r >= 0 {
+					found[q] = r + int32(at)
+					if pw != nil {
+						pw[q] = math.Float32frombits(binary.LittleEndian.Uint32(sc.cold[(at+q)*t.vlen:]))
+					}
 				}
 			}
 		} else {
@@ -197,12 +214,16 @@ func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, ke
 				t = over[li-len(layers)]
 			}
 			r := int(sc.idx[j])
-			if codec.IsTombstone(t.Weight(r)) {
-				i++
-				continue
+			var val []byte
+			if t.Mapped {
+				val = sc.cold[r*t.vlen : (r+1)*t.vlen]
+			} else {
+				val = t.valAt(r)
 			}
-			sc.appendRecord(t, r)
-			sc.found[i>>6] |= 1 << (i & 63)
+			if !codec.IsTombstone(math.Float32frombits(binary.LittleEndian.Uint32(val))) {
+				sc.appendValue(t, val)
+				sc.found[i>>6] |= 1 << (i & 63)
+			}
 		}
 		i++
 	}
@@ -213,7 +234,7 @@ func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, ke
 // stack for its partition, which ver holds, to sc.vals and marks them in
 // sc.found; i is the index of the section's first key in the request. It
 // returns the index after its last key, or ctx's error if ctx ends before
-// a mapped layer is read.
+// or while a layer served from disk is read.
 func (sc *scratch) lookupSection(ctx context.Context, ver *version, sec codec.Section, w, i int) (int, error) {
 	layers := ver.layers[sec.Partition]
 	if v := ver.views[sec.Partition]; v != nil || len(layers) > 1 || layers[0].Mapped {
@@ -368,6 +389,7 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 	}
 	sc := scratches.Get()
 	defer scratches.Put(sc)
+	sc.reads = s.faults.Load().diskReads(s.cold)
 	if err := sc.req.Decode(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}

@@ -63,9 +63,10 @@ type Options struct {
 	// MaxRequestBytes bounds one lookup request. Default 64 MiB.
 	MaxRequestBytes int
 	// MemoryBudget bounds the bytes of tables held resident (huge-page
-	// memory). A partition that does not fit is served from a read-only
-	// mapping of the shard's own copy of its file (see DataDir): the
-	// kernel keeps its hot pages in memory and reads the rest from disk.
+	// memory) and of the value caches of those that are not. A partition
+	// that does not fit is served from disk: from the shard's own copy
+	// of its file (see DataDir), its directory resident, its records
+	// read with pread, its most asked values cached (cache.go).
 	// 0 means no bound: everything resident.
 	MemoryBudget int64
 	// Weight is the shard's share of partitions, reported to the manager
@@ -97,8 +98,8 @@ type Options struct {
 	DataDir string
 	// Registry receives the shard's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
-	// HotInterval is how often the hot tiers of mapped partitions are
-	// rebuilt from sampled traffic. Default 2s.
+	// HotInterval is how often the value caches of partitions served
+	// from disk learn from sampled traffic. Default 2s.
 	HotInterval time.Duration
 	// DrainQuiet is how long a draining shard waits with no lookup
 	// arriving before it stops (see Drain). Default 1s.
@@ -221,8 +222,9 @@ type Shard struct {
 	pending chan map[string]topo.Assignment // latest assignments, capacity 1
 	retired []retiredSnap                   // replaced, not yet reclaimed; loader goroutine only
 	swaps   uint64                          // snapshots installed; loader goroutine only
-	// resident and residentHot are the bytes of the current snapshot's
-	// resident tables, hot tiers apart; written by the loader.
+	// resident is the bytes of the current snapshot's resident tables,
+	// residentHot those of the value caches of the others; written by
+	// the loader.
 	resident, residentHot atomic.Int64
 	// unplaced is the bytes of resident tables loaded and not yet
 	// installed; loader goroutine only.
@@ -238,9 +240,11 @@ type Shard struct {
 	cur        map[string]topo.Assignment // the map reconciled to
 	acked      map[string]topo.HeldRecord // model → the held report last made
 	passLoads  int                        // partition files loaded by this reconcile; loader goroutine only
-	hot        hotState
-	identities codec.IdentityCache // the chains loaded last: a delta's identities extend its parent's
-	ready      bool                // health says SERVING
+	learnKeys  []uint64                   // the value caches' scratch; loader goroutine only
+	deadCaches []*valueCache              // dropped, freed once no lookup reads them; loader goroutine only
+	cold       *ColdReads                 // bounds the reads from disk of all lookups
+	identities codec.IdentityCache        // the chains loaded last: a delta's identities extend its parent's
+	ready      bool                       // health says SERVING
 	// reported is when loadVersion last reported progress; loader
 	// goroutine only.
 	reported time.Time
@@ -281,6 +285,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		acked:      map[string]topo.HeldRecord{},
 		slots:      admit.NewGate(int64(opts.MaxInflight), opts.MaxQueueTime), bytes: admit.NewGate(opts.MaxInflightBytes, opts.MaxQueueTime)}
 	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})
+	s.cold = NewColdReads(coldReaders)
 	s.quiet = make(chan struct{})
 	label := prometheus.Labels{"shard": opts.ID}
 	s.metrics = metrics{
@@ -362,7 +367,9 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 			case as = <-s.pending:
 			case <-retry.C:
 			case <-hotTick.C:
-				s.maintainHot()
+				learn, cancel := context.WithTimeout(ctx, opts.HotInterval)
+				s.maintainCaches(learn)
+				cancel()
 				continue
 			case <-s.reg.Wrote():
 				s.setReady(as)
@@ -564,7 +571,8 @@ func (s *Shard) heldReports() map[string]string {
 
 // residentBytes is the size of the tables held in resident memory and
 // of the overlays of their deltas;
-// with hot false, hot tiers (which give way to anything else) are left out.
+// with hot false, value caches (which give way to anything else) are
+// left out.
 // It is kept as snapshots are installed (reclaim.go), not summed.
 func (s *Shard) residentBytes(hot bool) int64 {
 	n := s.resident.Load() + s.overlayBytes.Load()
@@ -574,10 +582,22 @@ func (s *Shard) residentBytes(hot bool) int64 {
 	return n
 }
 
-// fits reports whether n more resident bytes stay within the budget. Hot
-// tiers do not count: they shrink at their next rebuild.
+// fits reports whether n more resident bytes stay within the budget.
+// Value caches do not count: cacheRoom drops them to make the room.
 func (s *Shard) fits(n int64) bool {
 	return s.opts.MemoryBudget == 0 || s.residentBytes(false)+s.unplaced+n <= s.opts.MemoryBudget
+}
+
+// cacheRoom drops the value caches if n more resident bytes would not
+// fit beside them: resident tables come first, and the loader sizes the
+// caches again to what is left at its next HotInterval. Loader goroutine
+// only.
+func (s *Shard) cacheRoom(n int64) {
+	if s.opts.MemoryBudget == 0 || s.residentBytes(true)+n <= s.opts.MemoryBudget {
+		return
+	}
+	s.snap.Load().tables(s.dropCache)
+	s.residentHot.Store(0)
 }
 
 // loadPartition loads into resident memory if the budget allows and
@@ -586,6 +606,8 @@ func (s *Shard) loadPartition(m *codec.Manifest, p uint32, mapped bool) (*Table,
 	read := s.readPartition
 	if f, _ := m.File(p); mapped || !s.fits(f.Size) {
 		read = s.mapCopy
+	} else {
+		s.cacheRoom(f.Size)
 	}
 	pt, err := read(m, p)
 	if err != nil {

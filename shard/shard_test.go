@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -372,10 +373,10 @@ func TestStagedMappedWhole(t *testing.T) {
 	b.check(2, 2)
 }
 
-// TestHotTier: a partition far over the budget is served mapped; traffic
-// that keeps asking for a few features puts exactly those in a resident
-// hot tier above the mapped base, and every answer stays exact.
-func TestHotTier(t *testing.T) {
+// TestValueCache: a partition far over the budget is served from disk;
+// traffic that keeps asking for a few features brings exactly those into
+// its value cache, within the budget, and every answer stays exact.
+func TestValueCache(t *testing.T) {
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
@@ -386,7 +387,7 @@ func TestHotTier(t *testing.T) {
 	if _, err := repo.Publish("m", m, 1, ""); err != nil {
 		t.Fatal(err)
 	}
-	budget := int64(64 << 10) // room for ~5,000 records of a 4.9 MB partition
+	budget := int64(192 << 10) // the directory of a 4.9 MB partition (100 KB) and a cache of ~5,000 records
 	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget, HotInterval: 20 * time.Millisecond, DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -401,18 +402,19 @@ func TestHotTier(t *testing.T) {
 		if _, err := lookup(s, 1, 1, slices.Clone(hotKeys)); err != nil {
 			return err
 		}
-		sn := s.acquire() // a lookup's view: the loader frees replaced tiers as soon as none reads them
+		sn := s.acquire()
 		defer sn.done()
 		v := sn.get("m", 1)
-		if len(v.layers[0]) != 2 || v.layers[0][0].hotOf == nil || !v.layers[0][1].Mapped {
-			return errors.New("no hot tier yet")
+		if len(v.layers[0]) != 1 || !v.layers[0][0].Mapped {
+			return errors.New("not served from disk")
 		}
-		hot := v.layers[0][0]
-		idx := make([]int32, len(hotKeys))
-		hot.Find(hotKeys, idx)
-		for _, r := range idx {
-			if r < 0 {
-				return errors.New("hot tier lacks some hot keys")
+		c := v.layers[0][0].cache.Load()
+		if c == nil {
+			return errors.New("no value cache yet")
+		}
+		for _, k := range hotKeys {
+			if !c.has(codec.KeyHash(k)) {
+				return fmt.Errorf("the cache lacks hot key %d (it holds %d keys)", k, c.Len())
 			}
 		}
 		return nil
@@ -437,6 +439,80 @@ func TestHotTier(t *testing.T) {
 				t.Errorf("key %d: %v, want %v", key, got, key%1000)
 			}
 			k++
+		}
+	}
+}
+
+// TestSlowDisk: with every read from disk slowed (diskdelay), lookups of
+// a partition served from disk end with their deadline, not after their
+// reads; lookups whose callers gave up stop reading, so reads do not
+// pile up; and once the disk is fast again, answers are exact.
+func TestSlowDisk(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
+	for k := uint64(1); k <= 400000; k++ {
+		m.Keys = append(m.Keys, k)
+		m.Values = append(m.Values, float32(k%1000))
+	}
+	if _, err := repo.Publish("m", m, 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: 192 << 10, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	putMap(t, cli, repo, 1, 1, 0)
+	keys := make([]uint64, 5000)
+	for i := range keys {
+		keys[i] = uint64(1 + 79*i)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		_, err := lookup(s, 1, 1, slices.Clone(keys[:10]))
+		return err
+	})
+	f, err := ParseFaults("diskdelay=200ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetFaults(f)
+	// 5,000 reads of 200ms, 64 at a time, would take 16 s: each lookup
+	// must end with its 300ms deadline instead.
+	req := codec.AppendLookupRequest(nil, "m", 1, sectionsOf(slices.Clone(keys), 1))
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			_, errs[i] = s.Lookup(ctx, req)
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("lookups past their deadline still reading after 10 s")
+	}
+	for _, err := range errs {
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("a lookup over a slow disk: %v, want DeadlineExceeded", err)
+		}
+	}
+	// No read is left in flight, nor waiting for a turn.
+	if n := len(s.cold.slots); n != 0 {
+		t.Fatalf("%d reads still hold turns after every lookup ended", n)
+	}
+	s.SetFaults(nil)
+	r, err := lookup(s, 1, 1, slices.Clone(keys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range keys {
+		if !r.Found(i) {
+			t.Fatalf("key %d not found", keys[i])
 		}
 	}
 }

@@ -60,7 +60,7 @@ func (s *snapshot) get(model string, v uint64) *version {
 func (s *snapshot) file(model string, fileVersion uint64, p uint32) *Table {
 	// Version fileVersion itself, if held, has the file's table on top.
 	if ver := s.models[model][fileVersion]; ver != nil && int(p) < len(ver.layers) {
-		if l := ver.layers[p]; len(l) > 0 && l[0].fv == fileVersion && l[0].hotOf == nil {
+		if l := ver.layers[p]; len(l) > 0 && l[0].fv == fileVersion {
 			return l[0]
 		}
 	}
@@ -76,8 +76,7 @@ func (s *snapshot) file(model string, fileVersion uint64, p uint32) *Table {
 
 // stackFile finds the table of file version fv in a stack, by a binary
 // search: a stack is its chain's links newest first, and a delta is
-// always newer than its parent, so file versions fall down it; but for
-// a hot tier, which sits just above the base and is no file's table.
+// always newer than its parent, so file versions fall down it.
 // Loading a version looks up each link of its chain for each of its
 // partitions: a scan of each stack made that quadratic in the chain's
 // length, a fifth of a shard's CPU at 200 deltas of a million keys a
@@ -87,14 +86,11 @@ func stackFile(stack []*Table, fv uint64) *Table {
 	if n == 0 {
 		return nil
 	}
-	if base := stack[n-1]; base.fv == fv && base.hotOf == nil {
+	if base := stack[n-1]; base.fv == fv {
 		return base
 	}
 	deltas := stack[:n-1]
-	for len(deltas) > 0 && deltas[len(deltas)-1].hotOf != nil {
-		deltas = deltas[:len(deltas)-1] // (promote can leave a stale one below the new)
-	}
-	if i, ok := slices.BinarySearchFunc(deltas, fv, func(t *Table, fv uint64) int { return cmp.Compare(fv, t.fv) }); ok && deltas[i].hotOf == nil {
+	if i, ok := slices.BinarySearchFunc(deltas, fv, func(t *Table, fv uint64) int { return cmp.Compare(fv, t.fv) }); ok {
 		return deltas[i]
 	}
 	return nil
@@ -209,22 +205,6 @@ func (s *snapshot) restacked(fn func(l []*Table) []*Table) *snapshot {
 			}
 		}
 		return nv
-	})
-}
-
-// withHot returns a copy of s in which every stack whose base is base
-// has hot as its hot tier, just above the base (below any deltas: the
-// hot tier copies the base's values), replacing any earlier hot tier.
-func (s *snapshot) withHot(base, hot *Table) *snapshot {
-	return s.restacked(func(l []*Table) []*Table {
-		if len(l) == 0 || l[len(l)-1] != base {
-			return nil
-		}
-		upper := l[:len(l)-1]
-		if len(upper) > 0 && upper[len(upper)-1].hotOf == base {
-			upper = upper[:len(upper)-1]
-		}
-		return append(slices.Clone(upper), hot, base)
 	})
 }
 

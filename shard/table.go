@@ -7,7 +7,7 @@ import (
 	"math/bits"
 	"os"
 	"slices"
-	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/cumulus-serving/cumulus/codec"
@@ -48,13 +48,13 @@ type Table struct {
 	// Mapped is true when the table is served from a file mapping rather
 	// than resident memory.
 	Mapped bool
-	sample *sampler // keys looked up, for the hot tier; mapped tables only
-	hotOf  *Table   // for a hot tier: the mapped table it caches
-	file   *os.File // mapped tables: the file, for findCold
-	recOff int64    // where the keys (in format 2, the records) start in file
-	valOff int64    // split tables: where the values start in file
-	sha    string   // SHA-256 of the partition file, as its manifest records it
-	fv     uint64   // the version whose file it is (0 for a hot tier)
+	sample *sampler                   // keys looked up, for the value cache; mapped tables only
+	file   *os.File                   // mapped tables: the file, for readCold
+	cache  atomic.Pointer[valueCache] // mapped tables: their value cache, if any
+	recOff int64                      // where the keys (in format 2, the records) start in file
+	valOff int64                      // split tables: where the values start in file
+	sha    string                     // SHA-256 of the partition file, as its manifest records it
+	fv     uint64                     // the version whose file it is
 	// refs counts the stack slots of the current snapshot holding the
 	// table; dropped is the swap that last took it to zero (reclaim.go).
 	// Loader goroutine only.
@@ -197,73 +197,3 @@ func (t *Table) Width() int { return t.width }
 
 // Bytes is the table's size: directory and records.
 func (t *Table) Bytes() int64 { return t.size }
-
-// recordBytes is what one record costs in a table of t's format, its
-// share of the directory rounded up: what the hot tier sizes by.
-func (t *Table) recordBytes() int64 { return int64(t.vlen + 8 + 1) }
-
-// coldReaders is how many goroutines read a mapped table at once. A page
-// fault blocks its thread unseen by the scheduler, so faults on a mapping
-// proceed GOMAXPROCS at a time; pread is a system call, during which the
-// scheduler runs other goroutines, so the disk sees this many reads.
-const coldReaders = 64
-
-// findCold is Find for a mapped table: each key's bucket is read with
-// pread, from many goroutines. Found records are in the page cache
-// afterwards, so decoding them through the mapping does not wait on disk.
-func (t *Table) findCold(keys []uint64, out []int32) {
-	if t.file == nil || len(keys) < 2*coldReaders {
-		t.Find(keys, out)
-		return
-	}
-	chunk := (len(keys) + coldReaders - 1) / coldReaders
-	var wg sync.WaitGroup
-	for lo := 0; lo < len(keys); lo += chunk {
-		hi := min(lo+chunk, len(keys))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t.preadFind(keys[lo:hi], out[lo:hi])
-		}()
-	}
-	wg.Wait()
-}
-
-func (t *Table) preadFind(keys []uint64, out []int32) {
-	var buf [64 * 16]byte
-	var val []byte // split tables: a found key's value, read to bring it into the page cache
-	for j, k := range keys {
-		h := codec.KeyHash(k)
-		b, _ := bits.Mul64(h, t.nb)
-		lo, hi := int(t.dirAt(b)), int(t.dirAt(b+1))
-		out[j] = -1
-		n := (hi - lo) * t.rs
-		if n == 0 {
-			continue
-		}
-		if n > len(buf) { // an unusually full bucket: read it through the mapping
-			out[j] = int32(t.findOne(h))
-			continue
-		}
-		if _, err := t.file.ReadAt(buf[:n], t.recOff+int64(lo*t.rs)); err != nil {
-			out[j] = int32(t.findOne(h))
-			continue
-		}
-		for i := 0; i < hi-lo; i++ {
-			if binary.LittleEndian.Uint64(buf[i*t.rs:]) == h {
-				out[j] = int32(lo + i)
-				break
-			}
-		}
-		if r := out[j]; r >= 0 && t.split {
-			// Keys apart from values: the bucket read brought in keys
-			// only; the value is read too, so that decoding it through
-			// the mapping does not wait on the disk. (Format 2 records
-			// came in whole with their bucket.)
-			if val == nil {
-				val = make([]byte, t.vlen)
-			}
-			t.file.ReadAt(val, t.valOff+int64(r)*int64(t.vs))
-		}
-	}
-}

@@ -2,6 +2,8 @@ package shard
 
 import (
 	"bytes"
+	"context"
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -155,23 +157,39 @@ func TestFindWeights(t *testing.T) {
 	}
 }
 
-func TestFindColdMatchesFind(t *testing.T) {
-	for _, shape := range []model.Shape{{Type: model.LR}, {Type: model.FM, Dim: 32}} {
-		findColdMatchesFind(t, shape)
+func TestReadColdMatchesFind(t *testing.T) {
+	for _, c := range []struct {
+		shape model.Shape
+		enc   string
+	}{
+		{model.Shape{Type: model.LR}, ""},
+		{model.Shape{Type: model.FM, Dim: 4}, ""},
+		{model.Shape{Type: model.FM, Dim: 32}, ""},
+		{model.Shape{Type: model.FM, Dim: 32}, "fp16"},
+		{model.Shape{Type: model.FM, Dim: 7}, "int8"},
+		{model.Shape{Type: model.FFM, Dim: 4, Fields: 5}, "int8"},
+	} {
+		readColdMatchesFind(t, c.shape, c.enc)
 	}
 }
 
-// findColdMatchesFind: for LR, records whole; for FM of dim 32, keys
-// apart from values (format 3), so cold reads read the keys only.
-func findColdMatchesFind(t *testing.T, shape model.Shape) {
+// readColdMatchesFind: narrow records (LR, FM of dim 4) kept whole, the
+// value read with its bucket; wide ones (FM of dim 32) keys apart from
+// values (format 3), so cold reads read the keys, then the value. Read
+// from disk, then through the value cache once it learned the keys,
+// every answer equals the resident one, value bytes included, in every
+// encoding.
+func readColdMatchesFind(t *testing.T, shape model.Shape, enc string) {
 	repo := loader.Repo{Dir: t.TempDir()}
 	m := &loader.Sparse{Shape: shape}
 	for k := uint64(0); k < 200000; k++ {
 		m.Keys = append(m.Keys, k*k+k)
 		m.Values = append(m.Values, float32(k))
-		m.Values = append(m.Values, make([]float32, shape.Dim)...)
+		for d := range shape.Width() - 1 {
+			m.Values = append(m.Values, float32(k%97)/97-float32(d)/64)
+		}
 	}
-	man, err := repo.Publish("m", m, 1, "")
+	man, err := repo.PublishEncoded("m", m, 1, enc, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,36 +205,92 @@ func findColdMatchesFind(t *testing.T, shape model.Shape) {
 	keys := make([]uint64, 20000)
 	for j := range keys {
 		k := rng.Uint64N(200000)
+		if j%3 == 0 {
+			k = rng.Uint64N(300) // a hot set, asked for again and again
+		}
 		keys[j] = k*k + k + uint64(j%2) // odd j: almost always absent
 	}
-	cold, warm := make([]int32, len(keys)), make([]int32, len(keys))
-	tb.findCold(keys, cold)
+	warm := make([]int32, len(keys))
 	tb.Find(keys, warm)
-	hits := 0
-	for j := range keys {
-		if cold[j] != warm[j] {
-			t.Fatalf("key %d: findCold %d, Find %d", keys[j], cold[j], warm[j])
+	check := func(what string, r *ColdReads) {
+		t.Helper()
+		cold := make([]int32, len(keys))
+		vals := make([]byte, len(keys)*tb.vlen)
+		if _, err := tb.readCold(context.Background(), keys, cold, vals, nil, r); err != nil {
+			t.Fatal(err)
 		}
-		if cold[j] >= 0 {
+		hits := 0
+		for j := range keys {
+			if (cold[j] >= 0) != (warm[j] >= 0) {
+				t.Fatalf("%s %v, key %d: readCold %d, Find %d", what, shape, keys[j], cold[j], warm[j])
+			}
+			if cold[j] < 0 {
+				continue
+			}
 			hits++
+			if got, want := vals[j*tb.vlen:(j+1)*tb.vlen], tb.valAt(int(warm[j])); !bytes.Equal(got, want) {
+				t.Fatalf("%s %v, key %d: value %x, want %x", what, shape, keys[j], got, want)
+			}
+		}
+		if hits < 9000 {
+			t.Fatalf("%s: only %d hits: the test is not exercising present keys", what, hits)
 		}
 	}
-	if hits < 9000 {
-		t.Fatalf("only %d hits: the test is not exercising present keys", hits)
+	check("from disk", NewColdReads(8))
+	stackMatches(t, NewTable(must(repo.ReadPartition(man, 0))), tb, keys, shape, enc)
+	// The cache learns from these keys: the hot ones come to it, and it
+	// keeps within the bytes it is given.
+	budget := 8000 * slotBytes(tb.vlen)
+	if !tb.EnableCache(budget) {
+		t.Fatal("no cache fits")
 	}
-	// The hot tier learned from these keys keeps within the bytes it is
-	// given, records of either format counted whole.
-	var h Heat
-	for range 4 {
+	for range 8 {
 		tb.Sample(keys)
-		h.Observe(tb)
+		tb.Learn()
 	}
-	const budget = 100_000
-	hot, err := h.Build(tb, budget)
+	if got := tb.CacheBytes(); got > budget || got < budget/4 {
+		t.Errorf("%v: a cache of %d bytes for a budget of %d", shape, got, budget)
+	}
+	cached := 0
+	for k := range uint64(300) {
+		if tb.cache.Load().has(codec.KeyHash(k*k + k)) {
+			cached++
+		}
+	}
+	if cached < 290 {
+		t.Errorf("%v: the cache holds %d of the 300 hot keys (and %d keys in all)", shape, cached, tb.CachedKeys())
+	}
+	check("through the cache", nil)
+}
+
+// stackMatches: a stack lookup (the shard's path) answers the same
+// bytes from the table on disk as from the same file resident, as
+// float32s and as stored.
+func stackMatches(t *testing.T, res, disk *Table, keys []uint64, shape model.Shape, enc string) {
+	t.Helper()
+	for _, stored := range []bool{false, true} {
+		var out [2][]byte
+		for i, tb := range []*Table{res, disk} {
+			var sc scratch
+			sc.stored = stored
+			sc.found = make([]uint64, (len(keys)+63)/64)
+			if _, err := sc.lookupStack(context.Background(), nil, []*Table{tb}, keys, shape.Width(), 0); err != nil {
+				t.Fatal(err)
+			}
+			out[i] = append(binary.LittleEndian.AppendUint64(nil, uint64(len(sc.found))), sc.vals...)
+			for _, w := range sc.found {
+				out[i] = binary.LittleEndian.AppendUint64(out[i], w)
+			}
+		}
+		if !bytes.Equal(out[0], out[1]) {
+			t.Fatalf("%v %s stored=%v: the stack's answer from disk differs from the resident one", shape, enc, stored)
+		}
+	}
+}
+
+func must[T any](v T, err error) T {
 	if err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
-	if hot.Bytes() > budget || hot.Len() < budget/(2*int(tb.recordBytes())) {
-		t.Errorf("%s: hot tier of %d records, %d bytes, for a budget of %d", shape, hot.Len(), hot.Bytes(), budget)
-	}
+	return v
 }

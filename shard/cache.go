@@ -1,0 +1,238 @@
+package shard
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/cumulus-serving/cumulus/internal/tablemem"
+)
+
+// A partition served from disk keeps the values of its most asked keys
+// in a value cache: a fixed array of slots, set-associative (a key's
+// set is 8 slots side by side, found from the low bits of its h), that
+// the request path reads without locks and only the shard's loader
+// writes. It never grows: its memory is taken once, within the budget.
+//
+// What a set keeps is decided by frequency, TinyLFU-style: the loader
+// counts sampled lookups in a small sketch, and a key asked for but not
+// cached replaces the least frequent key of its set only if it has been
+// asked for more often. One-off keys (most of a uniform stream, the long
+// tail of a Zipf one) never push out the hot ones, and the cache holds
+// the keys that recur, not the pages they happen to sit on.
+//
+// A slot is rewritten under a sequence number (odd while the loader
+// writes): a reader copies the value between two reads of it and of the
+// slot's h, and takes it only if neither changed, so it never sees one
+// key's h with another's value.
+
+// cacheWays is the slots of a set: their hs fill one cache line.
+const cacheWays = 8
+
+// Its memory is outside the Go heap (tablemem), as tables' is: a cache
+// is most of a shard's heap-like memory when partitions are served from
+// disk, and in the heap the collector would let garbage grow to the
+// cache's size again before collecting it.
+type valueCache struct {
+	hs    []atomic.Uint64 // slot i's h; 0 when empty
+	seq   []atomic.Uint32 // odd while slot i is rewritten
+	words []atomic.Uint32 // slot i's value bytes, vw words from i×vw
+	vw    int             // words a value
+	vlen  int             // value bytes
+	mask  uint64          // sets − 1
+	freq  sketch          // the loader's only
+	n     atomic.Int64    // slots filled
+	mem   *tablemem.Buffer
+	// readers counts lookups reading the cache (Table.useCache): memory
+	// is freed only once a dropped cache has none.
+	readers atomic.Int64
+}
+
+// slotBytes is what one slot of a cache for values of vlen bytes costs.
+func slotBytes(vlen int) int64 { return int64(12 + 4*((vlen+3)/4)) }
+
+// cacheBytes is what a cache of sets sets costs, sketch included.
+func cacheBytes(sets, vlen int) int64 {
+	n := int64(sets * cacheWays)
+	return 8*n + sketchBytes(sets*cacheWays) + (4*n+7)&^7 + (4*n*int64((vlen+3)/4)+7)&^7
+}
+
+// newValueCache makes the largest cache for values of vlen bytes that
+// costs at most bytes, holding at most keys keys; nil if not one set fits.
+func newValueCache(bytes int64, vlen, keys int) *valueCache {
+	sets := 1
+	for sets*2*cacheWays <= keys && cacheBytes(sets*2, vlen) <= bytes {
+		sets *= 2
+	}
+	if cacheBytes(sets, vlen) > bytes {
+		return nil
+	}
+	vw := (vlen + 3) / 4
+	n := sets * cacheWays
+	counters := sketchCounters(n)
+	// One region, each part 8-byte aligned: hs, the sketch's words, seq,
+	// the values.
+	mem := tablemem.Alloc(int(cacheBytes(sets, vlen)))
+	b := mem.Bytes
+	carve := func(bytes int) unsafe.Pointer {
+		p := unsafe.Pointer(unsafe.SliceData(b))
+		b = b[(bytes+7)&^7:]
+		return p
+	}
+	c := &valueCache{vw: vw, vlen: vlen, mask: uint64(sets - 1), mem: mem}
+	c.hs = unsafe.Slice((*atomic.Uint64)(carve(8*n)), n)
+	c.freq.init(unsafe.Slice((*uint64)(carve(counters/2)), counters/16), n)
+	c.seq = unsafe.Slice((*atomic.Uint32)(carve(4*n)), n)
+	c.words = unsafe.Slice((*atomic.Uint32)(carve(4*n*vw)), n*vw)
+	return c
+}
+
+// free gives the cache's memory back. Nothing may read it after.
+func (c *valueCache) free() { c.mem.Free() }
+
+// Bytes is the cache's memory.
+func (c *valueCache) Bytes() int64 { return cacheBytes(int(c.mask+1), c.vlen) }
+
+// Len is how many keys it holds.
+func (c *valueCache) Len() int { return int(c.n.Load()) }
+
+func (c *valueCache) set(h uint64) int { return int(h&c.mask) * cacheWays }
+
+// get copies h's value into dst (vlen bytes) and reports whether the
+// cache holds h. Any goroutine; no lock, no allocation.
+func (c *valueCache) get(h uint64, dst []byte) bool {
+	if h == 0 {
+		return false
+	}
+	s := c.set(h)
+	for i := s; i < s+cacheWays; i++ {
+		if c.hs[i].Load() != h {
+			continue
+		}
+		q := c.seq[i].Load()
+		if q&1 != 0 {
+			return false
+		}
+		w := c.words[i*c.vw : (i+1)*c.vw]
+		full := c.vlen / 4
+		for k := range full {
+			binary.LittleEndian.PutUint32(dst[4*k:], w[k].Load())
+		}
+		if full < c.vw { // a value not a whole number of words: its last bytes
+			var b [4]byte
+			binary.LittleEndian.PutUint32(b[:], w[full].Load())
+			copy(dst[4*full:c.vlen], b[:])
+		}
+		return c.seq[i].Load() == q && c.hs[i].Load() == h
+	}
+	return false
+}
+
+// has reports whether the cache holds h. The loader's only.
+func (c *valueCache) has(h uint64) bool {
+	s := c.set(h)
+	for i := s; i < s+cacheWays; i++ {
+		if c.hs[i].Load() == h {
+			return true
+		}
+	}
+	return false
+}
+
+// admits reports which slot h would take: an empty one, else its set's
+// least frequent key's if h has been asked for more often; -1 if none.
+// The loader's only.
+func (c *valueCache) admits(h uint64) int {
+	if h == 0 {
+		return -1 // 0 marks an empty slot
+	}
+	s := c.set(h)
+	victim, least := -1, 0
+	for i := s; i < s+cacheWays; i++ {
+		x := c.hs[i].Load()
+		if x == 0 {
+			return i
+		}
+		if f := c.freq.estimate(x); victim < 0 || f < least {
+			victim, least = i, f
+		}
+	}
+	if c.freq.estimate(h) > least {
+		return victim
+	}
+	return -1
+}
+
+// put writes h and its value into slot i (from admits). The loader's only.
+func (c *valueCache) put(i int, h uint64, val []byte) {
+	c.seq[i].Add(1) // odd: readers of slot i give up
+	if c.hs[i].Load() == 0 {
+		c.n.Add(1)
+	}
+	c.hs[i].Store(h)
+	w := c.words[i*c.vw : (i+1)*c.vw]
+	var b [4]byte
+	for k := range w {
+		n := copy(b[:], val[min(4*k, len(val)):])
+		clear(b[n:])
+		w[k].Store(binary.LittleEndian.Uint32(b[:]))
+	}
+	c.seq[i].Add(1)
+}
+
+// sketch estimates how often keys were asked for: a count-min sketch of
+// 4-bit counters, four per key, halved every 10 counts per slot of the
+// cache it serves so that old traffic fades. About 1 byte a cache slot.
+type sketch struct {
+	words   []uint64 // 16 counters each
+	shift   uint     // 64 − log2(counters)
+	adds    int
+	resetAt int
+}
+
+func sketchCounters(slots int) int { return 1 << max(10, bits.Len(uint(slots))+1) }
+func sketchBytes(slots int) int64  { return int64(sketchCounters(slots) / 2) }
+
+// init sets the sketch up for a cache of slots slots, its counters in
+// words (sketchCounters(slots)/16 of them, zero).
+func (s *sketch) init(words []uint64, slots int) {
+	s.words = words
+	s.shift = uint(64 - bits.Len(uint(16*len(words)-1)))
+	s.resetAt = 10 * slots
+}
+
+// sketchSeeds spread one h over four counters.
+var sketchSeeds = [4]uint64{0x9e3779b97f4a7c15, 0xbf58476d1ce4e5b9, 0x94d049bb133111eb, 0xd6e8feb86659fd93}
+
+func (s *sketch) counter(h uint64, i int) (word int, shift uint) {
+	c := (h * sketchSeeds[i]) >> s.shift
+	return int(c >> 4), uint(c&15) * 4
+}
+
+// add counts one request for h.
+func (s *sketch) add(h uint64) {
+	for i := range sketchSeeds {
+		w, sh := s.counter(h, i)
+		if s.words[w]>>sh&15 < 15 {
+			s.words[w] += 1 << sh
+		}
+	}
+	if s.adds++; s.adds >= s.resetAt {
+		for i, w := range s.words {
+			s.words[i] = w >> 1 & 0x7777777777777777
+		}
+		s.adds /= 2
+	}
+}
+
+// estimate is how often h was asked for, as far as the sketch knows
+// (never less than the truth since the last halving).
+func (s *sketch) estimate(h uint64) int {
+	least := 15
+	for i := range sketchSeeds {
+		w, sh := s.counter(h, i)
+		least = min(least, int(s.words[w]>>sh&15))
+	}
+	return least
+}
