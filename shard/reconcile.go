@@ -127,15 +127,16 @@ func (s *Shard) loadVersion(ctx context.Context, a topo.Assignment, v uint64, pa
 		s.refuse(name, v, vkey, err)
 		return
 	}
-	// A version loaded beside the live one (staged, or standby again) is
-	// mapped whole unless all it needs fits the budget: filling the
-	// budget's headroom with part of it would raise memory while nothing
-	// serves it. Once live, promote brings it into resident memory a
-	// partition at a time as the old version's tables go.
-	mapped := false
-	if a.Live != 0 && v != a.Live {
-		mapped = !s.fits(s.bytesToLoad(chain, missing))
-	}
+	// A version is served from disk whole unless all it needs fits the
+	// budget. Beside the live one (staged, or standby again), filling
+	// the budget's headroom with part of it would raise memory while
+	// nothing serves it; live, the budget serves more lookups as value
+	// caches of the hottest keys of every partition than as some
+	// partitions whole, cold keys and all. Once it fits (the old
+	// version's tables gone), promote brings it into resident memory a
+	// partition at a time. A version already served from disk takes new
+	// partitions (a rebalance) onto disk too.
+	mapped := !s.fits(s.bytesToLoad(chain, missing)) || (held != nil && held.onDisk())
 	// A type with a dense part: the shard holds it (verified against the
 	// map's SHA-256) with the version, for routers to fetch.
 	var dense *denseFile
@@ -288,8 +289,16 @@ func (s *Shard) promote(ctx context.Context, as map[string]topo.Assignment) {
 			continue
 		}
 		v := s.snap.Load().get(name, a.Live)
-		if v == nil {
+		if v == nil || !v.onDisk() {
 			continue
+		}
+		// Whole or not at all: a version half resident leaves its other
+		// half's lookups no cache (see loadVersion).
+		if need := v.diskBytes(); !s.fits(need) {
+			s.makeRoom(need, as)
+			if !s.fits(need) {
+				continue
+			}
 		}
 		for p, l := range v.layers {
 			// Deltas are small and loaded resident; the base is what may

@@ -96,6 +96,29 @@ func stackFile(stack []*Table, fv uint64) *Table {
 	return nil
 }
 
+// onDisk reports whether any of the version's partitions is served
+// from disk.
+func (v *version) onDisk() bool {
+	for _, l := range v.layers {
+		if len(l) > 0 && l[len(l)-1].Mapped {
+			return true
+		}
+	}
+	return false
+}
+
+// diskBytes is what the version's partitions served from disk would
+// take resident, beyond what they take now.
+func (v *version) diskBytes() int64 {
+	var n int64
+	for _, l := range v.layers {
+		if len(l) > 0 && l[len(l)-1].Mapped {
+			n += l[len(l)-1].Bytes() - l[len(l)-1].ResidentBytes()
+		}
+	}
+	return n
+}
+
 // placed is one partition's stack, the view of its deltas, and its
 // content identity.
 type placed struct {
