@@ -9,29 +9,36 @@ import (
 )
 
 // A partition served from disk learns its hot keys from traffic: lookups
-// sample the keys they ask of it into a lock-free ring (sampler), and
-// the shard's loader drains the samples every HotInterval into the
-// table's value cache (cache.go), which admits a key by frequency. Keys
-// are the unit cached, not pages: records are placed by hash, so the hot
-// keys of Zipf traffic are spread over every page, and caching a third
-// of the pages keeps a third of the hot keys.
+// sample the keys they ask of it into a lock-free ring (sampler, one a
+// shard), and the shard's loader drains the samples every HotInterval
+// into each table's value cache (cache.go), which admits a key by
+// frequency. Keys are the unit cached, not pages: records are placed by
+// hash, so the hot keys of Zipf traffic are spread over every page, and
+// caching a third of the pages keeps a third of the hot keys.
 
 const (
 	sampleEvery = 2       // one lookup key in 2 is sampled
-	sampleRing  = 1 << 16 // samples held between drains
+	sampleRing  = 1 << 16 // samples held between drains: 1 MiB a shard
 )
 
-// sampler is a lock-free ring of sampled keys. Writers race benignly:
-// a sample overwritten before it is drained is simply lost.
+// sampler is a lock-free ring of sampled (table, key) pairs. Writers race
+// benignly: a sample overwritten before it is drained is simply lost,
+// and one torn between two writers names a key of another table, which
+// that table lacks.
 type sampler struct {
-	ring  [sampleRing]atomic.Uint64
+	ring  [sampleRing]sampleSlot
 	pos   atomic.Uint64
 	calls atomic.Uint64
 	read  uint64 // drain position; drain's goroutine only
 }
 
-// Sample records some of keys if t is served from a mapped file, for
-// its value cache. It allocates nothing and takes no lock.
+type sampleSlot struct {
+	t   atomic.Pointer[Table]
+	key atomic.Uint64
+}
+
+// Sample records some of keys if t is served from disk, for its value
+// cache. It allocates nothing and takes no lock.
 func (t *Table) Sample(keys []uint64) {
 	s := t.sample
 	if s == nil {
@@ -40,47 +47,51 @@ func (t *Table) Sample(keys []uint64) {
 	// The first key sampled moves from call to call: a fixed stride from
 	// 0 would see only the same positions of a repeated key order.
 	for j := int(s.calls.Add(1) % sampleEvery); j < len(keys); j += sampleEvery {
-		s.ring[(s.pos.Add(1)-1)%sampleRing].Store(keys[j])
+		slot := &s.ring[(s.pos.Add(1)-1)%sampleRing]
+		slot.t.Store(t)
+		slot.key.Store(keys[j])
 	}
 }
 
-// drain calls fn on each key sampled since the last drain.
-func (s *sampler) drain(fn func(key uint64)) {
+// drain calls fn on each sample taken since the last drain.
+func (s *sampler) drain(fn func(t *Table, key uint64)) {
 	end := s.pos.Load()
 	for i := max(s.read, end-min(end, sampleRing)); i < end; i++ {
-		fn(s.ring[i%sampleRing].Load())
+		slot := &s.ring[i%sampleRing]
+		if t := slot.t.Load(); t != nil {
+			fn(t, slot.key.Load())
+		}
 	}
 	s.read = end
 }
 
-// learn drains t's samples into its cache: each counts in the cache's
-// sketch, and those the cache lacks and admits are read (with r's
-// turns) and cached. keys is scratch, returned for reuse. The loader's
-// only (one goroutine a table).
-func (t *Table) learn(ctx context.Context, r *ColdReads, keys []uint64) []uint64 {
+// learn counts keys, sampled lookups of t, in its cache's sketch, and
+// reads (with r's turns) and caches those the cache lacks and admits.
+// The loader's only (one goroutine a table).
+func (t *Table) learn(ctx context.Context, r *ColdReads, keys []uint64) {
 	c := t.cache.Load()
-	if c == nil || t.sample == nil {
-		return keys
+	if c == nil {
+		return
 	}
-	keys = keys[:0]
-	t.sample.drain(func(key uint64) {
+	want := keys[:0] // (in place: each key is read before it is overwritten)
+	for _, key := range keys {
 		h := codec.KeyHash(key)
 		c.freq.add(h)
 		if !c.has(h) && c.admits(h) >= 0 {
-			keys = append(keys, key)
+			want = append(want, key)
 		}
-	})
-	if len(keys) == 0 {
-		return keys
+	}
+	if len(want) == 0 {
+		return
 	}
 	// Read each key once, admitted or not by then (a key sampled twice,
 	// or two keys wanting one slot).
-	vals := make([]byte, len(keys)*t.vlen)
-	out := make([]int32, len(keys))
-	if _, err := t.readCold(ctx, keys, out, vals, nil, r); err != nil {
-		return keys
+	vals := make([]byte, len(want)*t.vlen)
+	out := make([]int32, len(want))
+	if _, err := t.readCold(ctx, want, out, vals, nil, r); err != nil {
+		return
 	}
-	for q, k := range keys {
+	for q, k := range want {
 		h := codec.KeyHash(k)
 		if out[q] < 0 || c.has(h) {
 			continue
@@ -89,7 +100,6 @@ func (t *Table) learn(ctx context.Context, r *ColdReads, keys []uint64) []uint64
 			c.put(i, h, vals[q*t.vlen:(q+1)*t.vlen])
 		}
 	}
-	return keys
 }
 
 // useCache returns t's value cache, registered as read until its done,
@@ -138,44 +148,63 @@ func (s *Shard) freeCaches(wait time.Duration) {
 	s.deadCaches = kept
 }
 
+// idleTicks is how many HotIntervals without a lookup a table served
+// from disk keeps its value cache: a standby version's, or a retired
+// one's, gives its memory to those serving.
+const idleTicks = 3
+
 // maintainCaches sizes and feeds the value cache of every partition
-// served from disk, sharing what the budget leaves after the resident
-// tables. A cache is made once and kept while its share holds; one over
-// its share is dropped (and its memory given back) before another is
-// made, so caches never take more than the budget, even for a moment.
+// served from disk that lookups asked in the last idleTicks intervals,
+// sharing what the budget leaves after the resident tables. A cache is
+// made once and kept while its share holds; one over its share is
+// dropped (and its memory given back once no lookup reads it) before
+// another is made, so caches never take more than the budget.
 func (s *Shard) maintainCaches(ctx context.Context) {
-	snap := s.snap.Load()
-	var bases []*Table
-	snap.tables(func(t *Table) {
-		if t.Mapped && t.sample != nil {
-			bases = append(bases, t)
+	heard := map[*Table][]uint64{}
+	s.samples.drain(func(t *Table, key uint64) { heard[t] = append(heard[t], key) })
+	var active, idle []*Table
+	s.snap.Load().tables(func(t *Table) {
+		if !t.Mapped {
+			return
+		}
+		if t.idle++; len(heard[t]) > 0 {
+			t.idle = 0
+		}
+		if t.idle < idleTicks && s.opts.MemoryBudget > 0 {
+			active = append(active, t)
+		} else {
+			idle = append(idle, t)
 		}
 	})
-	if len(bases) == 0 || s.opts.MemoryBudget == 0 {
+	for _, t := range idle {
+		s.dropCache(t)
+	}
+	if len(active) == 0 {
+		s.freeCaches(0)
 		s.residentHot.Store(0)
 		return
 	}
-	share := (s.opts.MemoryBudget - s.residentBytes(false)) / int64(len(bases))
-	for _, b := range bases {
-		if c := b.cache.Load(); c != nil && c.Bytes() > share {
-			s.dropCache(b)
+	share := (s.opts.MemoryBudget - s.residentBytes(false)) / int64(len(active))
+	for _, t := range active {
+		if c := t.cache.Load(); c != nil && c.Bytes() > share {
+			s.dropCache(t)
 		}
 	}
 	s.freeCaches(0)
 	var total int64
-	for _, b := range bases {
-		if b.cache.Load() == nil {
-			if c := newValueCache(share, b.vlen, b.n); c != nil {
-				b.cache.Store(c)
+	for _, t := range active {
+		if t.cache.Load() == nil {
+			if c := newValueCache(share, t.vlen, t.n); c != nil {
+				t.cache.Store(c)
 			}
 		}
-		if c := b.cache.Load(); c != nil {
+		if c := t.cache.Load(); c != nil {
 			total += c.Bytes()
 		}
 	}
 	s.residentHot.Store(total)
-	for _, b := range bases {
-		s.learnKeys = b.learn(ctx, s.cold, s.learnKeys)
+	for _, t := range active {
+		t.learn(ctx, s.cold, heard[t])
 	}
 }
 
@@ -195,8 +224,13 @@ func (t *Table) EnableCache(bytes int64) bool {
 
 // Learn feeds the keys sampled since the last call to t's value cache,
 // as the shard's loader does every HotInterval. Call it often: t keeps
-// only the last 65,536 samples between calls.
-func (t *Table) Learn() { t.learn(context.Background(), nil, nil) }
+// only the last 65,536 samples between calls. For tools: a table a
+// shard loaded shares its samples with the shard's other tables.
+func (t *Table) Learn() {
+	var keys []uint64
+	t.sample.drain(func(_ *Table, key uint64) { keys = append(keys, key) })
+	t.learn(context.Background(), nil, keys)
+}
 
 // ResidentBytes is the table's resident memory: all of it, or for a
 // table served from disk its directory, value cache apart.

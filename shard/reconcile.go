@@ -410,7 +410,7 @@ func (s *Shard) demote(model string, fileVersion uint64, p uint32, t *Table) err
 		return err
 	}
 	mt := NewTable(pt)
-	mt.sha, mt.fv = t.sha, t.fv
+	mt.sha, mt.fv, mt.sample = t.sha, t.fv, s.samples
 	s.moveInOverlays(t, mt)
 	s.install(s.snap.Load().replaced(t, mt))
 	s.reclaim(reclaimWait) // the resident copy goes before the live partition comes in

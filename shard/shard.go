@@ -240,7 +240,7 @@ type Shard struct {
 	cur        map[string]topo.Assignment // the map reconciled to
 	acked      map[string]topo.HeldRecord // model → the held report last made
 	passLoads  int                        // partition files loaded by this reconcile; loader goroutine only
-	learnKeys  []uint64                   // the value caches' scratch; loader goroutine only
+	samples    *sampler                   // lookups of the tables served from disk, for their value caches
 	deadCaches []*valueCache              // dropped, freed once no lookup reads them; loader goroutine only
 	cold       *ColdReads                 // bounds the reads from disk of all lookups
 	identities codec.IdentityCache        // the chains loaded last: a delta's identities extend its parent's
@@ -285,7 +285,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		acked:      map[string]topo.HeldRecord{},
 		slots:      admit.NewGate(int64(opts.MaxInflight), opts.MaxQueueTime), bytes: admit.NewGate(opts.MaxInflightBytes, opts.MaxQueueTime)}
 	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})
-	s.cold = NewColdReads(coldReaders)
+	s.cold, s.samples = NewColdReads(coldReaders), new(sampler)
 	s.quiet = make(chan struct{})
 	label := prometheus.Labels{"shard": opts.ID}
 	s.metrics = metrics{
@@ -613,5 +613,9 @@ func (s *Shard) loadPartition(m *codec.Manifest, p uint32, mapped bool) (*Table,
 	if err != nil {
 		return nil, err
 	}
-	return NewTable(pt), nil
+	t := NewTable(pt)
+	if t.Mapped {
+		t.sample = s.samples
+	}
+	return t, nil
 }

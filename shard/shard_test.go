@@ -443,6 +443,13 @@ func TestValueCache(t *testing.T) {
 			k++
 		}
 	}
+	// Lookups stop: the idle partition's cache gives its memory back.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if c := s.snap.Load().get("m", 1).layers[0][0].cache.Load(); c != nil || s.residentHot.Load() != 0 {
+			return fmt.Errorf("an idle cache kept: %d bytes counted", s.residentHot.Load())
+		}
+		return nil
+	})
 }
 
 // TestSlowDisk: with every read from disk slowed (diskdelay), lookups of

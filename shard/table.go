@@ -49,6 +49,7 @@ type Table struct {
 	// than resident memory.
 	Mapped bool
 	sample *sampler                   // keys looked up, for the value cache; mapped tables only
+	idle   int                        // HotIntervals since the last sampled lookup; loader goroutine only
 	file   *os.File                   // mapped tables: the file, for readCold
 	cache  atomic.Pointer[valueCache] // mapped tables: their value cache, if any
 	recOff int64                      // where the keys (in format 2, the records) start in file
