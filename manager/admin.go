@@ -207,8 +207,7 @@ type ModelDetail struct {
 	Shards  []ShardDetail `json:"shards"`
 	// OverBudget, when set, says the model does not fit: shards it is
 	// placed on are assigned more than their memory budgets, with no
-	// other shard having room (what is beyond is served from mapped
-	// files).
+	// other shard having room (such shards serve it from disk).
 	OverBudget string `json:"over_budget,omitempty"`
 }
 
@@ -602,7 +601,7 @@ type ShardSummary struct {
 	// Assigned is the partition replicas assigned to it, every model;
 	// Bytes their resident size (each model's live and canary chains, an
 	// equal part per partition: see budget.go). Budget is the memory budget it reports (0: none); Bytes
-	// beyond it are served from mapped files, and mean the models
+	// beyond it are served from disk, and mean the models
 	// assigned to it do not fit the cluster's budgets.
 	Assigned int   `json:"assigned"`
 	Bytes    int64 `json:"bytes"`

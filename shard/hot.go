@@ -17,8 +17,9 @@ import (
 // caching a third of the pages keeps a third of the hot keys.
 
 const (
-	sampleEvery = 2       // one lookup key in 2 is sampled
-	sampleRing  = 1 << 16 // samples held between drains: 1 MiB a shard
+	sampleEvery = 2       // at most one lookup key in 2 is sampled
+	sampleRing  = 1 << 17 // samples held between drains: 2 MiB a shard
+	sampleCall  = 1 << 12 // most samples one lookup takes, spread over its keys
 )
 
 // sampler is a lock-free ring of sampled (table, key) pairs. Writers race
@@ -44,12 +45,22 @@ func (t *Table) Sample(keys []uint64) {
 	if s == nil {
 		return
 	}
-	// The first key sampled moves from call to call: a fixed stride from
-	// 0 would see only the same positions of a repeated key order.
-	for j := int(s.calls.Add(1) % sampleEvery); j < len(keys); j += sampleEvery {
-		slot := &s.ring[(s.pos.Add(1)-1)%sampleRing]
+	// One reservation of ring slots a call (lookups run at once: a
+	// shared counter bumped per key would bounce between cores). The
+	// first key sampled moves from call to call: a fixed stride from 0
+	// would see only the same positions of a repeated key order.
+	every := max(sampleEvery, (len(keys)+sampleCall-1)/sampleCall)
+	first := int(s.calls.Add(1) % uint64(every))
+	if first >= len(keys) {
+		return
+	}
+	n := uint64((len(keys) - first + every - 1) / every)
+	at := s.pos.Add(n) - n
+	for j := first; j < len(keys); j += every {
+		slot := &s.ring[at%sampleRing]
 		slot.t.Store(t)
 		slot.key.Store(keys[j])
+		at++
 	}
 }
 
@@ -148,13 +159,13 @@ func (s *Shard) freeCaches(wait time.Duration) {
 	s.deadCaches = kept
 }
 
-// idleTicks is how many HotIntervals without a lookup a table served
-// from disk keeps its value cache: a standby version's, or a retired
-// one's, gives its memory to those serving.
-const idleTicks = 3
+// idleAfter is how long without a lookup a table served from disk keeps
+// its value cache (or 3 HotIntervals, if longer): a standby version's,
+// or a retired one's, gives its memory to those serving.
+const idleAfter = 2 * time.Second
 
 // maintainCaches sizes and feeds the value cache of every partition
-// served from disk that lookups asked in the last idleTicks intervals,
+// served from disk that lookups asked lately (idleAfter),
 // sharing what the budget leaves after the resident tables. A cache is
 // made once and kept while its share holds; one over its share is
 // dropped (and its memory given back once no lookup reads it) before
@@ -163,14 +174,15 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	heard := map[*Table][]uint64{}
 	s.samples.drain(func(t *Table, key uint64) { heard[t] = append(heard[t], key) })
 	var active, idle []*Table
+	now := time.Now()
 	s.snap.Load().tables(func(t *Table) {
 		if !t.Mapped {
 			return
 		}
-		if t.idle++; len(heard[t]) > 0 {
-			t.idle = 0
+		if len(heard[t]) > 0 {
+			t.heardAt = now
 		}
-		if t.idle < idleTicks && s.opts.MemoryBudget > 0 {
+		if now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0 {
 			active = append(active, t)
 		} else {
 			idle = append(idle, t)

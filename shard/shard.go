@@ -88,8 +88,8 @@ type Options struct {
 	// LoadRate. Reading and checking a partition is CPU work, and four
 	// in-process shards loading at once crowded out their lookups.
 	LoadTurn chan struct{}
-	// DataDir holds the copies of partitions served mapped: never the
-	// repository's files, which may change under a mapping. Copies are
+	// DataDir holds the copies of partitions served from disk: never the
+	// repository's files, which may change under a reader. Copies are
 	// unlinked once mapped, so it needs disk space but holds no files;
 	// Start creates it and removes copies a crashed run left (a copy
 	// being written is locked and left alone). Put it on a disk, not
@@ -99,7 +99,7 @@ type Options struct {
 	// Registry receives the shard's metrics; nil registers nowhere.
 	Registry prometheus.Registerer
 	// HotInterval is how often the value caches of partitions served
-	// from disk learn from sampled traffic. Default 2s.
+	// from disk learn from sampled traffic. Default 500ms.
 	HotInterval time.Duration
 	// DrainQuiet is how long a draining shard waits with no lookup
 	// arriving before it stops (see Drain). Default 1s.
@@ -174,7 +174,7 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("shard: %w", err)
 	}
 	if o.HotInterval == 0 {
-		o.HotInterval = 2 * time.Second
+		o.HotInterval = 500 * time.Millisecond
 	}
 	if o.DataDir == "" {
 		o.DataDir, o.tempDataDir = defaultDataDir(o.Cluster, o.ID), true

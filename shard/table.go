@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/cumulus-serving/cumulus/codec"
@@ -47,15 +48,15 @@ type Table struct {
 	owner any // keeps the bytes alive: the partition's Owner
 	// Mapped is true when the table is served from a file mapping rather
 	// than resident memory.
-	Mapped bool
-	sample *sampler                   // keys looked up, for the value cache; mapped tables only
-	idle   int                        // HotIntervals since the last sampled lookup; loader goroutine only
-	file   *os.File                   // mapped tables: the file, for readCold
-	cache  atomic.Pointer[valueCache] // mapped tables: their value cache, if any
-	recOff int64                      // where the keys (in format 2, the records) start in file
-	valOff int64                      // split tables: where the values start in file
-	sha    string                     // SHA-256 of the partition file, as its manifest records it
-	fv     uint64                     // the version whose file it is
+	Mapped  bool
+	sample  *sampler                   // keys looked up, for the value cache; mapped tables only
+	heardAt time.Time                  // its last sampled lookup; loader goroutine only
+	file    *os.File                   // mapped tables: the file, for readCold
+	cache   atomic.Pointer[valueCache] // mapped tables: their value cache, if any
+	recOff  int64                      // where the keys (in format 2, the records) start in file
+	valOff  int64                      // split tables: where the values start in file
+	sha     string                     // SHA-256 of the partition file, as its manifest records it
+	fv      uint64                     // the version whose file it is
 	// refs counts the stack slots of the current snapshot holding the
 	// table; dropped is the swap that last took it to zero (reclaim.go).
 	// Loader goroutine only.

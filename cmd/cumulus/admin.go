@@ -648,7 +648,7 @@ func printShards(b []byte) error {
 		return err
 	}
 	if len(over) > 0 {
-		fmt.Printf("over budget: %s (the models do not fit the shards' budgets: what is beyond is served from mapped files; add shards or raise budgets)\n", strings.Join(over, ", "))
+		fmt.Printf("over budget: %s (the models do not fit the shards' budgets: what is beyond is served from disk; add shards or raise budgets)\n", strings.Join(over, ", "))
 	}
 	return nil
 }

@@ -150,7 +150,7 @@ the probes and /metrics alone, in plain HTTP whatever the TLS flags.`,
 	registerEtcdTLS(cmd.Flags(), &etcdTLS)
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address routers dial (default: the listen address)")
-	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes (e.g. 8GB); partitions beyond it are served from mapped files, and a version being loaded beside the live one stays within it (default: half the machine's memory or cgroup limit; 0: no bound)")
+	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes and value caches (e.g. 8GB); a shard assigned more serves it from disk (directories resident, records read with pread, the most asked values cached), and a version being loaded beside the live one stays within it (default: half the machine's memory or cgroup limit; 0: no bound)")
 	cmd.Flags().Var(&loadRate, "load-rate", loadRateUsage)
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory, on disk, for the shard's own copies of partitions it serves mapped (default: cumulus-shard-CLUSTER-ID in the temporary directory, removed at exit)")
 	cmd.Flags().Float64Var(&weight, "weight", 0, "this shard's share of the partitions, in GiB of memory budget (default: its --memory-budget in GiB); give it on every shard or none")

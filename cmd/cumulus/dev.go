@@ -199,7 +199,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 	hedging.register(cmd)
 	cmd.Flags().Var(&fault, "fault", "shard-0 only: "+faultUsage)
 	cmd.Flags().Var(&loadRate, "load-rate", "per shard (the shards load one partition at a time between them): "+loadRateUsage)
-	cmd.Flags().Var(&budget, "memory-budget", "per shard: resident table bytes (e.g. 1.5GB); partitions beyond it are served from mapped files (default: half the machine's memory or cgroup limit, shared by the shards; 0: no bound)")
+	cmd.Flags().Var(&budget, "memory-budget", "per shard: resident table bytes and value caches (e.g. 1.5GB); a shard assigned more serves it from disk, the most asked values cached (default: half the machine's memory or cgroup limit, shared by the shards; 0: no bound)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for etcd's data (DIR/etcd) and each shard's copies of partitions it serves mapped (DIR/shard-N); kept on exit (default: a temporary directory, removed on exit)")
 	policy.register(cmd, 2*time.Second)
 	cluster.register(cmd)

@@ -21,7 +21,7 @@ type Shard struct {
 	// Bounded says Room bounds the replicas of this model the shard may
 	// take: what fits in its memory budget beside what other models take
 	// there. Replicas beyond every shard's room go by weight all the same
-	// (a shard past its budget serves from mapped files): the caller
+	// (a shard past its budget serves from disk): the caller
 	// shows the model as not fitting.
 	Bounded bool
 	Room    int
