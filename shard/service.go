@@ -83,7 +83,9 @@ type scratch struct {
 	stored  bool   // vals carries records as stored (codec.FlagStored)
 	cold    []byte // values read from disk (or its cache), a record's value bytes each
 	miss    []int32
-	reads   *ColdReads // the shard's turns at the disk; nil: no bound
+	hits    int        // keys of partitions served from disk answered by their caches
+	reads   int        // and read from disk
+	turns   *ColdReads // the shard's turns at the disk; nil: no bound
 }
 
 // StoredEncodings are the encodings whose records this shard sends as
@@ -169,9 +171,11 @@ func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, ke
 			at := len(sc.cold) / t.vlen
 			sc.cold = slices.Grow(sc.cold, len(sc.pkeys)*t.vlen)[:(at+len(sc.pkeys))*t.vlen]
 			var err error
-			if sc.miss, err = t.readCold(ctx, sc.pkeys, found, sc.cold[at*t.vlen:], sc.miss, sc.reads); err != nil {
+			if sc.miss, err = t.readCold(ctx, sc.pkeys, found, sc.cold[at*t.vlen:], sc.miss, sc.turns); err != nil {
 				return 0, err
 			}
+			sc.hits += len(sc.pkeys) - len(sc.miss)
+			sc.reads += len(sc.miss)
 			for q, r := range found {
 				if r >= 0 {
 					found[q] = r + int32(at)
@@ -389,7 +393,7 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 	}
 	sc := scratches.Get()
 	defer scratches.Put(sc)
-	sc.reads = s.faults.Load().diskReads(s.cold)
+	sc.turns, sc.hits, sc.reads = s.faults.Load().diskReads(s.cold), 0, 0
 	if err := sc.req.Decode(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -433,6 +437,10 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 		}
 	}
 	s.metrics.keys.Add(float64(n))
+	if sc.hits+sc.reads > 0 {
+		s.metrics.cacheHits.Add(float64(sc.hits))
+		s.metrics.diskReads.Add(float64(sc.reads))
+	}
 	codec.FinishLookupResponse(sc.vals, at, n, sc.found)
 	return sc.vals, nil
 }

@@ -191,10 +191,13 @@ type metrics struct {
 	loadFails prometheus.Counter
 	refused   prometheus.Counter
 	faults    *prometheus.CounterVec
+	cacheHits prometheus.Counter
+	diskReads prometheus.Counter
+	cached    prometheus.GaugeFunc
 }
 
 func (m *metrics) all() []prometheus.Collector {
-	return []prometheus.Collector{m.keys, m.loads, m.loadFails, m.refused, m.faults}
+	return []prometheus.Collector{m.keys, m.loads, m.loadFails, m.refused, m.faults, m.cacheHits, m.diskReads, m.cached}
 }
 
 // Shard is a running parameter-store process.
@@ -294,6 +297,10 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		loadFails: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_partition_load_failures_total", Help: "Partition loads refused.", ConstLabels: label}),
 		refused:   prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_lookups_refused_total", Help: "Lookups refused as overload (ResourceExhausted).", ConstLabels: label}),
 		faults:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cumulus_shard_faults_injected_total", Help: "Faults injected into lookups on purpose (--fault), by kind.", ConstLabels: label}, []string{"kind"}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_cache_hits_total", Help: "Keys of partitions served from disk answered by their value caches.", ConstLabels: label}),
+		diskReads: prometheus.NewCounter(prometheus.CounterOpts{Name: "cumulus_shard_disk_reads_total", Help: "Keys of partitions served from disk read from disk (not in the value cache).", ConstLabels: label}),
+		cached: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cumulus_shard_cache_bytes", Help: "Memory of the value caches of partitions served from disk (within --memory-budget).", ConstLabels: label},
+			func() float64 { return float64(s.residentHot.Load()) }),
 	}
 	s.faults.Store(opts.Faults)
 	if opts.Registry != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -442,6 +443,11 @@ func TestValueCache(t *testing.T) {
 			}
 			k++
 		}
+	}
+	// The metrics tell cache hits from reads from disk.
+	hits, reads := testutil.ToFloat64(s.metrics.cacheHits), testutil.ToFloat64(s.metrics.diskReads)
+	if hits < float64(len(hotKeys)) || reads == 0 || testutil.ToFloat64(s.metrics.cached) == 0 {
+		t.Errorf("metrics: %v cache hits, %v disk reads, %v cache bytes", hits, reads, testutil.ToFloat64(s.metrics.cached))
 	}
 	// Lookups stop: the idle partition's cache gives its memory back.
 	testenv.Eventually(t, 10*time.Second, func() error {
