@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/partition"
 	"github.com/cumulus-serving/cumulus/internal/tablemem"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
@@ -284,5 +285,102 @@ func TestStackFile(t *testing.T) {
 	}
 	if snap.file("m", 41, 1) != nil || snap.file("m", 40, 0) != nil || snap.file("m", 40, 2) != nil || snap.file("x", 40, 1) != nil {
 		t.Fatal("a file no stack holds was found")
+	}
+}
+
+// TestDeltaOnDiskBase: a version over budget, a full version and a delta
+// on it, is served from disk whole but for its delta, which stays
+// resident and is read through the overlay: rewritten keys answer the
+// delta's values, deleted ones are absent, new ones present, the rest the
+// base's, read from disk or its value cache. FM, so every value goes the
+// way wide records do (LR answers from the weights found).
+func TestDeltaOnDiskBase(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	shape := model.Shape{Type: model.FM, Dim: 2}
+	row := func(v float32) []float32 { return []float32{v, v / 2, -v} }
+	base := &loader.Sparse{Shape: shape}
+	want := map[uint64][]float32{}
+	for k := uint64(1); k <= 200_000; k++ {
+		base.Keys = append(base.Keys, k)
+		base.Values = append(base.Values, row(float32(k%101))...)
+		want[k] = row(float32(k % 101))
+	}
+	if _, err := repo.Publish("m", base, 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	up := &loader.Sparse{Shape: shape}
+	for k := uint64(10); k <= 5000; k += 10 {
+		up.Keys = append(up.Keys, k)
+		up.Values = append(up.Values, row(-float32(k))...)
+		want[k] = row(-float32(k))
+	}
+	for k := uint64(500_001); k <= 500_100; k++ {
+		up.Keys = append(up.Keys, k)
+		up.Values = append(up.Values, row(3)...)
+		want[k] = row(3)
+	}
+	var dels []uint64
+	for k := uint64(15); k <= 5000; k += 100 {
+		dels = append(dels, k)
+		delete(want, k)
+	}
+	if _, err := repo.PublishDelta("m", loader.Delta{Upserts: up, Deletes: dels}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: 256 << 10, HotInterval: 20 * time.Millisecond, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	putMap(t, cli, repo, 1, 2, 0)
+	keys := make([]uint64, 0, 12000)
+	for k := uint64(1); k <= 6000; k++ {
+		keys = append(keys, k, 500_000+k%200)
+	}
+	check := func() error {
+		sections := sectionsOf(keys, 1)
+		raw, err := s.Lookup(context.Background(), codec.AppendLookupRequest(nil, "m", 2, sections))
+		if err != nil {
+			return err
+		}
+		var r codec.LookupResponse
+		if err := r.Decode(raw, len(keys), 3, codec.EncFP32); err != nil {
+			return err
+		}
+		v := 0
+		for i, k := range sections[0].Keys {
+			w, ok := want[k]
+			if r.Found(i) != ok {
+				return fmt.Errorf("key %d: found %v, want %v", k, r.Found(i), ok)
+			}
+			if ok {
+				for d := range w {
+					if got := r.Value(v, d); got != w[d] {
+						return fmt.Errorf("key %d value %d: %v, want %v", k, d, got, w[d])
+					}
+				}
+				v++
+			}
+		}
+		return nil
+	}
+	testenv.Eventually(t, 10*time.Second, check)
+	ver := s.snap.Load().get("m", 2)
+	if l := ver.layers[0]; len(l) != 2 || !l[1].Mapped || l[0].Mapped || ver.views[0] == nil {
+		t.Fatalf("want a resident delta, read through a view, on a base from disk: %d layers, view %v", len(l), ver.views[0] != nil)
+	}
+	// Again once the base's cache has learned the keys.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if err := check(); err != nil {
+			t.Fatal(err)
+		}
+		if c := ver.layers[0][1].cache.Load(); c == nil || c.Len() < 1000 {
+			return errors.New("the base's cache has not learned yet")
+		}
+		return nil
+	})
+	if err := check(); err != nil {
+		t.Fatal(err)
 	}
 }

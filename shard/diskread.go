@@ -83,9 +83,6 @@ func (r *ColdReads) release() {
 // miss is scratch; it is returned for reuse.
 func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals []byte, miss []int32, r *ColdReads) ([]int32, error) {
 	c := t.useCache()
-	if c != nil {
-		defer c.done()
-	}
 	miss = miss[:0]
 	for q, k := range keys {
 		if c != nil && c.get(codec.KeyHash(k), vals[q*t.vlen:]) {
@@ -94,6 +91,9 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 		}
 		out[q] = -1
 		miss = append(miss, int32(q))
+	}
+	if c != nil {
+		c.done() // not held across the reads: a dropped cache goes at once
 	}
 	if len(miss) == 0 {
 		return miss, nil
@@ -104,7 +104,7 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 		var buf []byte
 		for {
 			m := int(next.Add(1) - 1)
-			if m >= len(miss) {
+			if m >= len(miss) || failed.Load() != nil {
 				return
 			}
 			if err := r.acquire(ctx); err != nil {

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -69,7 +70,7 @@ func (s *sampler) drain(fn func(t *Table, key uint64)) {
 	end := s.pos.Load()
 	for i := max(s.read, end-min(end, sampleRing)); i < end; i++ {
 		slot := &s.ring[i%sampleRing]
-		if t := slot.t.Load(); t != nil {
+		if t := slot.t.Swap(nil); t != nil { // (not kept reachable once released)
 			fn(t, slot.key.Load())
 		}
 	}
@@ -84,24 +85,32 @@ func (t *Table) learn(ctx context.Context, r *ColdReads, keys []uint64) {
 	if c == nil {
 		return
 	}
-	want := keys[:0] // (in place: each key is read before it is overwritten)
 	for _, key := range keys {
-		h := codec.KeyHash(key)
-		c.freq.add(h)
-		if !c.has(h) && c.admits(h) >= 0 {
-			want = append(want, key)
+		c.freq.add(codec.KeyHash(key))
+	}
+	// Then the keys to read: each once, those the cache would admit now
+	// (its sketch counting this drain), at most as many as it has slots
+	// empty or an eighth of them, so that learning takes few of the
+	// disk's turns from lookups.
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	most := max(len(c.hs)-c.Len(), len(c.hs)/8)
+	want := keys[:0] // (in place: each key is looked at before it is overwritten)
+	for _, key := range keys {
+		if h := codec.KeyHash(key); !c.has(h) && c.admits(h) >= 0 {
+			if want = append(want, key); len(want) == most {
+				break
+			}
 		}
 	}
 	if len(want) == 0 {
 		return
 	}
-	// Read each key once, admitted or not by then (a key sampled twice,
-	// or two keys wanting one slot).
 	vals := make([]byte, len(want)*t.vlen)
 	out := make([]int32, len(want))
-	if _, err := t.readCold(ctx, want, out, vals, nil, r); err != nil {
-		return
-	}
+	// What was read before an error (the loader's deadline, a slow disk)
+	// is admitted all the same: out marks it.
+	t.readCold(ctx, want, out, vals, nil, r)
 	for q, k := range want {
 		h := codec.KeyHash(k)
 		if out[q] < 0 || c.has(h) {
@@ -133,10 +142,10 @@ func (c *valueCache) done() { c.readers.Add(-1) }
 
 // dropCache takes t's value cache away; its memory goes once no lookup
 // reads it. Loader goroutine only.
+// Callers free the dropped caches (freeCaches) when done dropping.
 func (s *Shard) dropCache(t *Table) {
 	if c := t.cache.Swap(nil); c != nil {
 		s.deadCaches = append(s.deadCaches, c)
-		s.freeCaches(reclaimWait)
 	}
 }
 
@@ -147,7 +156,7 @@ func (s *Shard) freeCaches(wait time.Duration) {
 	kept := s.deadCaches[:0]
 	for _, c := range s.deadCaches {
 		for c.readers.Load() != 0 && time.Now().Before(deadline) {
-			time.Sleep(100 * time.Microsecond)
+			time.Sleep(100 * time.Microsecond) // a lookup copying from it: microseconds
 		}
 		if c.readers.Load() == 0 {
 			c.free()
@@ -192,7 +201,7 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 		s.dropCache(t)
 	}
 	if len(active) == 0 {
-		s.freeCaches(0)
+		s.freeCaches(reclaimWait)
 		s.residentHot.Store(0)
 		return
 	}
@@ -202,7 +211,11 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 			s.dropCache(t)
 		}
 	}
-	s.freeCaches(0)
+	// Caches are made only once those dropped are freed: the budget
+	// holds them all.
+	if s.freeCaches(reclaimWait); len(s.deadCaches) > 0 {
+		return
+	}
 	var total int64
 	for _, t := range active {
 		if t.cache.Load() == nil {
@@ -221,11 +234,15 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 }
 
 // EnableCache gives a table served from disk a value cache of at most
-// bytes, as a shard's loader does; tools and benchmarks use it with
-// Learn. It reports whether one fits.
+// bytes, as a shard's loader does, and a sample ring of its own; tools
+// and benchmarks use it with Learn, not on a table a shard serves. It
+// reports whether one fits.
 func (t *Table) EnableCache(bytes int64) bool {
-	if t.sample == nil {
+	if !t.Mapped {
 		return false
+	}
+	if t.sample == nil {
+		t.sample = new(sampler)
 	}
 	c := newValueCache(bytes, t.vlen, t.n)
 	if old := t.cache.Swap(c); old != nil {
@@ -236,7 +253,7 @@ func (t *Table) EnableCache(bytes int64) bool {
 
 // Learn feeds the keys sampled since the last call to t's value cache,
 // as the shard's loader does every HotInterval. Call it often: t keeps
-// only the last 65,536 samples between calls. For tools: a table a
+// only the last 131,072 samples between calls. For tools: a table a
 // shard loaded shares its samples with the shard's other tables.
 func (t *Table) Learn() {
 	var keys []uint64

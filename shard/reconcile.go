@@ -376,7 +376,9 @@ func (s *Shard) makeRoom(n int64, as map[string]topo.Assignment) {
 				continue
 			}
 			for p, l := range ver.layers {
-				for _, t := range l {
+				// The base only: deltas are small, and a version's
+				// deltas stay resident, read through its overlay.
+				for _, t := range l[max(0, len(l)-1):] {
 					if s.fits(n) {
 						return
 					}
@@ -452,7 +454,10 @@ func (s *Shard) loadStack(chain []*codec.Manifest, p uint32, mapped bool) ([]*Ta
 			continue
 		}
 		t0 := time.Now()
-		t, err := s.loadPartition(c, p, mapped)
+		// Served from disk, a version keeps its deltas resident all the
+		// same (small, and read through its overlay): only its base, the
+		// last link, is read from disk.
+		t, err := s.loadPartition(c, p, mapped && i == len(links)-1)
 		if err != nil {
 			for _, t := range layers[:i] {
 				if t.refs == 0 { // loaded here, held nowhere

@@ -211,17 +211,18 @@ func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, ke
 				i++
 				continue
 			}
-			var t *Table
-			if li < len(layers) {
-				t = layers[li]
-			} else {
-				t = over[li-len(layers)]
-			}
 			r := int(sc.idx[j])
+			var t *Table
 			var val []byte
-			if t.Mapped {
+			switch {
+			case li >= len(layers): // a delta, through the view: r is its record
+				t = over[li-len(layers)]
+				val = t.valAt(r)
+			case layers[li].Mapped: // read from disk: r is its value's place in sc.cold
+				t = layers[li]
 				val = sc.cold[r*t.vlen : (r+1)*t.vlen]
-			} else {
+			default:
+				t = layers[li]
 				val = t.valAt(r)
 			}
 			if !codec.IsTombstone(math.Float32frombits(binary.LittleEndian.Uint32(val))) {
@@ -349,7 +350,7 @@ func (s *Shard) countFault(kind string) { s.metrics.faults.WithLabelValues(kind)
 
 // scratches keeps lookup scratch across garbage collections (see
 // internal/scratch).
-var scratches = scratchlist.New(8, func() *scratch { return new(scratch) }, func(sc *scratch) bool { return cap(sc.vals) <= 1<<24 })
+var scratches = scratchlist.New(8, func() *scratch { return new(scratch) }, func(sc *scratch) bool { return cap(sc.vals) <= 1<<24 && cap(sc.cold) <= 1<<24 })
 
 // Lookup implements Service on what the shard holds now. It stops, with
 // the context's error, between partitions and before reading a mapped

@@ -600,10 +600,11 @@ func (s *Shard) fits(n int64) bool {
 // caches again to what is left at its next HotInterval. Loader goroutine
 // only.
 func (s *Shard) cacheRoom(n int64) {
-	if s.opts.MemoryBudget == 0 || s.residentBytes(true)+n <= s.opts.MemoryBudget {
+	if s.opts.MemoryBudget == 0 || s.residentBytes(true)+s.unplaced+n <= s.opts.MemoryBudget {
 		return
 	}
 	s.snap.Load().tables(s.dropCache)
+	s.freeCaches(reclaimWait)
 	s.residentHot.Store(0)
 }
 

@@ -88,7 +88,7 @@ func NewTable(p *codec.Partition) *Table {
 		split: p.KeyStride != p.RecordSize, nb: uint64(p.Buckets), n: p.Count,
 		width: p.Width, enc: p.Encoding, size: int64(len(p.Dir)) + int64(p.Count)*int64(p.RecordSize), owner: p.Owner}
 	if b, ok := p.Owner.(*tablemem.Buffer); ok && b.Mapped {
-		t.Mapped, t.sample = true, new(sampler)
+		t.Mapped = true // (its sample ring is the shard's, or EnableCache's)
 		t.file, t.recOff = b.File, p.KeysOffset
 		t.valOff = p.KeysOffset + int64(len(p.Keys))
 		// The directory (0.25 bytes a record) stays resident, so finding
