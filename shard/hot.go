@@ -18,9 +18,8 @@ import (
 // caching a third of the pages keeps a third of the hot keys.
 
 const (
-	sampleEvery = 2       // at most one lookup key in 2 is sampled
-	sampleRing  = 1 << 17 // samples held between drains: 2 MiB a shard
-	sampleCall  = 1 << 12 // most samples one lookup takes, spread over its keys
+	sampleRing = 1 << 17 // samples held between drains: 2 MiB a shard
+	sampleCall = 1 << 14 // most samples one lookup takes, spread over its keys
 )
 
 // sampler is a lock-free ring of sampled (table, key) pairs. Writers race
@@ -50,11 +49,11 @@ func (t *Table) Sample(keys []uint64) {
 	// shared counter bumped per key would bounce between cores). The
 	// first key sampled moves from call to call: a fixed stride from 0
 	// would see only the same positions of a repeated key order.
-	every := max(sampleEvery, (len(keys)+sampleCall-1)/sampleCall)
-	first := int(s.calls.Add(1) % uint64(every))
-	if first >= len(keys) {
+	every := (len(keys) + sampleCall - 1) / sampleCall
+	if every == 0 {
 		return
 	}
+	first := int(s.calls.Add(1) % uint64(every))
 	n := uint64((len(keys) - first + every - 1) / every)
 	at := s.pos.Add(n) - n
 	for j := first; j < len(keys); j += every {
