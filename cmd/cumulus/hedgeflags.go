@@ -63,4 +63,4 @@ func (f *faultFlag) Set(s string) (err error) {
 }
 func (f *faultFlag) Type() string { return "spec" }
 
-const faultUsage = "inject faults into lookups, for tests and drills: ';'-separated KIND[=ARG],fraction=F, each drawn per lookup: delay=50ms,fraction=0.01 (answer late), error=unavailable,fraction=0.1 (fail with that gRPC code, lower_snake), stall,fraction=0.001 (never answer)"
+const faultUsage = "inject faults into lookups, for tests and drills: ';'-separated KIND[=ARG],fraction=F, each drawn per lookup: delay=50ms,fraction=0.01 (answer late), error=unavailable,fraction=0.1 (fail with that gRPC code, lower_snake), stall,fraction=0.001 (never answer), diskdelay=5ms (each read from disk of a partition over the memory budget waits first, as a slow disk)"
