@@ -376,10 +376,14 @@ func TestStagedMappedWhole(t *testing.T) {
 	b.check(2, 2)
 }
 
-// TestValueCache: a partition far over the budget is served from disk;
-// traffic that keeps asking for a few features brings exactly those into
-// its value cache, within the budget, and every answer stays exact.
-func TestValueCache(t *testing.T) {
+// diskShardBudget is room for the directory of diskShard's 4.9 MB
+// partition (100 KB) and a cache of ~5,000 records.
+const diskShardBudget = 192 << 10
+
+// diskShard serves version 1 of an LR model of keys 1..400,000 (key k's
+// weight k%1000) in one partition, far over its budget: from disk.
+func diskShard(t *testing.T) *Shard {
+	t.Helper()
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
@@ -390,13 +394,21 @@ func TestValueCache(t *testing.T) {
 	if _, err := repo.Publish("m", m, 1, ""); err != nil {
 		t.Fatal(err)
 	}
-	budget := int64(192 << 10) // the directory of a 4.9 MB partition (100 KB) and a cache of ~5,000 records
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget, HotInterval: 20 * time.Millisecond, DataDir: t.TempDir()})
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: diskShardBudget, HotInterval: 20 * time.Millisecond, DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(s.Close)
 	putMap(t, cli, repo, 1, 1, 0)
+	return s
+}
+
+// TestValueCache: a partition far over the budget is served from disk;
+// traffic that keeps asking for a few features brings exactly those into
+// its value cache, within the budget, and every answer stays exact.
+func TestValueCache(t *testing.T) {
+	const budget = diskShardBudget
+	s := diskShard(t)
 	hotKeys := make([]uint64, 1000)
 	for i := range hotKeys {
 		hotKeys[i] = uint64(1000 + 7*i)
@@ -463,22 +475,7 @@ func TestValueCache(t *testing.T) {
 // reads; lookups whose callers gave up stop reading, so reads do not
 // pile up; and once the disk is fast again, answers are exact.
 func TestSlowDisk(t *testing.T) {
-	cli := testenv.Etcd(t)
-	repo := loader.Repo{Dir: t.TempDir()}
-	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
-	for k := uint64(1); k <= 400000; k++ {
-		m.Keys = append(m.Keys, k)
-		m.Values = append(m.Values, float32(k%1000))
-	}
-	if _, err := repo.Publish("m", m, 1, ""); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: 192 << 10, DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	putMap(t, cli, repo, 1, 1, 0)
+	s := diskShard(t)
 	keys := make([]uint64, 5000)
 	for i := range keys {
 		keys[i] = uint64(1 + 79*i)
