@@ -157,4 +157,7 @@ func (t *Table) release() {
 	if b, ok := t.owner.(*tablemem.Buffer); ok {
 		b.Free()
 	}
+	if t.dirMem != nil {
+		t.dirMem.Free()
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/bits"
 	"os"
-	"slices"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -53,6 +52,7 @@ type Table struct {
 	heardAt time.Time                  // its last sampled lookup; loader goroutine only
 	file    *os.File                   // mapped tables: the file, for readCold
 	cache   atomic.Pointer[valueCache] // mapped tables: their value cache, if any
+	dirMem  *tablemem.Buffer           // mapped tables: dir's memory
 	recOff  int64                      // where the keys (in format 2, the records) start in file
 	valOff  int64                      // split tables: where the values start in file
 	sha     string                     // SHA-256 of the partition file, as its manifest records it
@@ -92,8 +92,12 @@ func NewTable(p *codec.Partition) *Table {
 		t.file, t.recOff = b.File, p.KeysOffset
 		t.valOff = p.KeysOffset + int64(len(p.Keys))
 		// The directory (0.25 bytes a record) stays resident, so finding
-		// a bucket never waits on the disk.
-		t.dir = slices.Clone(p.Dir)
+		// a bucket never waits on the disk: outside the Go heap, as
+		// resident tables are (it counts in the budget, and in the heap
+		// the collector would let garbage grow to its size again).
+		t.dirMem = tablemem.Alloc(len(p.Dir))
+		t.dir = t.dirMem.Bytes
+		copy(t.dir, p.Dir)
 	}
 	return t
 }
