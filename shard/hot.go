@@ -178,15 +178,18 @@ const idleAfter = 2 * time.Second
 // made once and kept while its share holds; one over its share is
 // dropped (and its memory given back once no lookup reads it) before
 // another is made, so caches never take more than the budget.
+//
+// It costs the tables served from disk (onDisk) and the samples, not
+// everything held: a shard with none on disk does nothing.
 func (s *Shard) maintainCaches(ctx context.Context) {
+	if len(s.onDisk) == 0 && len(s.deadCaches) == 0 && s.residentHot.Load() == 0 {
+		return
+	}
 	heard := map[*Table][]uint64{}
 	s.samples.drain(func(t *Table, key uint64) { heard[t] = append(heard[t], key) })
 	var active, idle []*Table
 	now := time.Now()
-	s.snap.Load().tables(func(t *Table) {
-		if !t.Mapped {
-			return
-		}
+	for t := range s.onDisk {
 		if len(heard[t]) > 0 {
 			t.heardAt = now
 		}
@@ -195,7 +198,7 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 		} else {
 			idle = append(idle, t)
 		}
-	})
+	}
 	for _, t := range idle {
 		s.dropCache(t)
 	}

@@ -76,8 +76,16 @@ func (s *Shard) install(next *snapshot) {
 // belongs to.
 // (all of a resident table; a table served from disk, its directory:
 // its value cache is counted as the loader sizes it).
+// It also keeps onDisk, the tables the snapshot serves from disk.
 func (s *Shard) countResident(t *Table, sign int64) {
 	s.resident.Add(sign * t.ResidentBytes())
+	switch {
+	case !t.Mapped:
+	case sign > 0:
+		s.onDisk[t] = struct{}{}
+	default:
+		delete(s.onDisk, t)
+	}
 }
 
 // diffStacks calls fn on each table of each stack slot that b holds and

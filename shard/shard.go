@@ -244,6 +244,7 @@ type Shard struct {
 	acked      map[string]topo.HeldRecord // model → the held report last made
 	passLoads  int                        // partition files loaded by this reconcile; loader goroutine only
 	samples    *sampler                   // lookups of the tables served from disk, for their value caches
+	onDisk     map[*Table]struct{}        // the current snapshot's tables served from disk; loader goroutine only
 	deadCaches []*valueCache              // dropped, freed once no lookup reads them; loader goroutine only
 	cold       *ColdReads                 // bounds the reads from disk of all lookups
 	identities codec.IdentityCache        // the chains loaded last: a delta's identities extend its parent's
@@ -288,7 +289,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		acked:      map[string]topo.HeldRecord{},
 		slots:      admit.NewGate(int64(opts.MaxInflight), opts.MaxQueueTime), bytes: admit.NewGate(opts.MaxInflightBytes, opts.MaxQueueTime)}
 	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})
-	s.cold, s.samples = NewColdReads(coldReaders), new(sampler)
+	s.cold, s.samples, s.onDisk = NewColdReads(coldReaders), new(sampler), map[*Table]struct{}{}
 	s.quiet = make(chan struct{})
 	label := prometheus.Labels{"shard": opts.ID}
 	s.metrics = metrics{
@@ -603,7 +604,9 @@ func (s *Shard) cacheRoom(n int64) {
 	if s.opts.MemoryBudget == 0 || s.residentBytes(true)+s.unplaced+n <= s.opts.MemoryBudget {
 		return
 	}
-	s.snap.Load().tables(s.dropCache)
+	for t := range s.onDisk {
+		s.dropCache(t)
+	}
 	s.freeCaches(reclaimWait)
 	s.residentHot.Store(0)
 }

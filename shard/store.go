@@ -245,23 +245,6 @@ func (s *snapshot) replaced(old, new *Table) *snapshot {
 	})
 }
 
-// tables calls fn on every distinct table held.
-func (s *snapshot) tables(fn func(*Table)) {
-	seen := map[*Table]bool{}
-	for _, vs := range s.models {
-		for _, v := range vs {
-			for _, l := range v.layers {
-				for _, t := range l {
-					if !seen[t] {
-						seen[t] = true
-						fn(t)
-					}
-				}
-			}
-		}
-	}
-}
-
 // report lists what the snapshot holds, for the shard's registration.
 func (s *snapshot) report() []topo.Loaded {
 	var out []topo.Loaded

@@ -186,12 +186,6 @@ func (t *Table) Decode(i int, dst []float32) {
 	codec.DecodeValues(dst, t.valAt(i), t.enc)
 }
 
-// AppendValues appends record i's Width values to dst as little-endian
-// float32s (codec.AppendValues).
-func (t *Table) AppendValues(dst []byte, i int) []byte {
-	return codec.AppendValues(dst, t.valAt(i), t.width, t.enc)
-}
-
 // Weight is record i's linear weight.
 func (t *Table) Weight(i int) float32 { return t.weightAt(i) }
 
