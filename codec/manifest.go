@@ -180,7 +180,7 @@ func (m *Manifest) Validate() error {
 		if len(f.SHA256) != 64 {
 			return fmt.Errorf("codec: manifest: file %s has no SHA-256", f.Path)
 		}
-		if f.Keys < 0 || f.Keys > 1<<32-1 || f.Size != PartitionFileSize(int(f.Keys), m.Width(), m.Enc(), DefaultBlockSize) {
+		if f.Keys < 0 || f.Keys > 1<<32-1 || !PartitionSizeValid(f.Size, int(f.Keys), m.Width(), m.Enc(), DefaultBlockSize) {
 			return fmt.Errorf("codec: manifest: file %s size %d does not match %d keys of width %d", f.Path, f.Size, f.Keys, m.Width())
 		}
 		if f.Offset < 0 || (f.Offset != 0 && m.Format != PackedFormat) || f.Offset > math.MaxInt64-f.Size {

@@ -43,6 +43,9 @@ import (
 //	            format 3 stores the same records split: first every key
 //	            (n × 8 bytes), then every value (n × (R − 8) bytes: the
 //	            record less its key), in the same order
+//	            format 4 stores quotiented keys: each record is its value
+//	              bytes, then the top K bytes of h's place in its bucket
+//	              (the low half of h × nb); R = the record less its key + K
 //	            block checksums: one CRC-32C per B-byte block of everything above
 //	end - 16    trailer: uint64 block count, uint32 CRC-32C of the checksum
 //	              table, magic "CMLE"
@@ -55,13 +58,28 @@ import (
 // Writers choose format 3 for records wider than a cache line (SplitKeys:
 // FFM, DNN embeddings, FM of dim 16 and more in fp32): a lookup's search
 // then reads keys only, eight to a line, and a found key's value once.
-// Narrow records (LR, small FM) stay in format 2, where the weight shares
-// its key's line. Both formats are read; the file's size is the same.
+// Narrow records (LR, small FM) are stored whole: in format 4 (quotiented
+// keys) when the partition has at least 256 buckets, else in format 2.
+// Formats 2 and 3 have the same size; all three are read.
+//
+// Quotiented keys (format 4): a record's bucket already fixes the high
+// half of h × nb, so the record stores only the low half's top K bytes,
+// q = low >> (64 − 8K): K = 6 from 2^16 buckets, 7 from 2^8. Two keys of
+// a bucket differ in low by at least nb (≥ 2^(64−8K)), so q is exact and
+// ordered like h; h is ⌈(b·2^64 + q·2^(64−8K)) / nb⌉. An fp32 LR
+// parameter then costs 4 + 6 + 0.25 = 10.25 bytes. The key sits last in
+// the record, so the 8 bytes that end the record read as one
+// little-endian word whose top 8K bits are q (QuotientMask): a lookup
+// compares that word, junk low bits and all, with its own low half
+// masked (below ⟺ q below), so a search is one load and one comparison
+// a record, as with 8-byte keys. Keys are compared only inside their
+// bucket.
 const (
 	partMagic       = "CMLSPRT1"
 	trailerMagic    = "CMLE"
 	partFormat      = 2 // records whole
 	splitFormat     = 3 // keys apart from values
+	quotFormat      = 4 // records whole, keys quotiented
 	partHeaderSize  = 64
 	partTrailerSize = 16
 	// DefaultBlockSize is the checksum block size writers use.
@@ -164,9 +182,67 @@ func Buckets(n int) int { return max(1, (n+RecordsPerBucket-1)/RecordsPerBucket)
 
 func dirBytes(n int) int64 { return (int64(Buckets(n)+1)*4 + 7) &^ 7 }
 
-// PartitionFileSize is the exact size of a partition file.
+// QuotientBytes is how many bytes of a key a quotiented record of a
+// partition of nb buckets stores (6 or 7), or 0 where it stores the
+// whole 8-byte h (fewer than 256 buckets).
+func QuotientBytes(nb int) int {
+	switch {
+	case nb >= 1<<16:
+		return 6
+	case nb >= 1<<8:
+		return 7
+	}
+	return 0
+}
+
+// Quotiented reports whether writers store n records of width values in
+// encoding e with quotiented keys (format 4): narrow records of a
+// partition with at least 256 buckets.
+func Quotiented(n, width int, e Encoding) bool {
+	return !SplitKeys(width, e) && QuotientBytes(Buckets(n)) > 0
+}
+
+// QuotientMask is the bits of a quotiented record's key word that hold
+// its q, for a partition of nb buckets (≥ 256).
+func QuotientMask(nb int) uint64 { return ^uint64(0) << (64 - 8*QuotientBytes(nb)) }
+
+// Unquotient is the h of the record in bucket b (< nb) whose key word,
+// masked by QuotientMask, is w: the one h with h × nb in [b·2^64 + w,
+// b·2^64 + w + 2^(64−8K)), an interval no longer than nb.
+func Unquotient(b, w uint64, nb int) uint64 {
+	q, r := bits.Div64(b, w, uint64(nb))
+	if r != 0 {
+		q++
+	}
+	return q
+}
+
+// StoredRecordSize is the bytes a record of width values in encoding e
+// takes in a partition of n records, as writers store it.
+func StoredRecordSize(n, width int, e Encoding) int {
+	if Quotiented(n, width, e) {
+		return RecordSize(width, e) - 8 + QuotientBytes(Buckets(n))
+	}
+	return RecordSize(width, e)
+}
+
+// PartitionFileSize is the exact size of a partition file as writers
+// write it.
 func PartitionFileSize(count, width int, e Encoding, blockSize int) int64 {
-	body := int64(partHeaderSize) + dirBytes(count) + int64(count)*int64(RecordSize(width, e))
+	return fileSize(count, StoredRecordSize(count, width, e), blockSize)
+}
+
+// PartitionSizeValid reports whether size is that of a partition file of
+// count records of width values in encoding e in a format this build
+// reads: as writers write it now, or with whole keys (formats 2 and 3,
+// all that earlier builds wrote).
+func PartitionSizeValid(size int64, count, width int, e Encoding, blockSize int) bool {
+	return size == PartitionFileSize(count, width, e, blockSize) || size == fileSize(count, RecordSize(width, e), blockSize)
+}
+
+// fileSize is the size of a partition file of count records of rs bytes.
+func fileSize(count, rs, blockSize int) int64 {
+	body := int64(partHeaderSize) + dirBytes(count) + int64(count)*int64(rs)
 	blocks := (body + int64(blockSize) - 1) / int64(blockSize)
 	return body + 4*blocks + partTrailerSize
 }
@@ -193,7 +269,7 @@ func WritePartition(w io.Writer, partition uint32, width int, e Encoding, keys [
 	for i, k := range keys {
 		hs[i] = KeyHash(k)
 	}
-	return writeSorted(w, partition, width, e, SplitKeys(width, e), hs, func(rec []byte, i int) {
+	return writeSorted(w, partition, width, e, writeFormat(len(hs), width, e), hs, func(rec []byte, i int) {
 		EncodeRecord(rec, hs[i], values[i*width:(i+1)*width], e)
 	})
 }
@@ -217,13 +293,25 @@ func WriteRecords(w io.Writer, partition uint32, width int, e Encoding, records 
 	for i := range hs {
 		hs[i] = binary.LittleEndian.Uint64(records[i*rs:])
 	}
-	return writeSorted(w, partition, width, e, SplitKeys(width, e), hs, func(rec []byte, i int) { copy(rec, records[i*rs:(i+1)*rs]) })
+	return writeSorted(w, partition, width, e, writeFormat(len(hs), width, e), hs, func(rec []byte, i int) { copy(rec, records[i*rs:(i+1)*rs]) })
+}
+
+// writeFormat is the format writers write n records of width values in
+// encoding e in.
+func writeFormat(n, width int, e Encoding) int {
+	switch {
+	case SplitKeys(width, e):
+		return splitFormat
+	case Quotiented(n, width, e):
+		return quotFormat
+	}
+	return partFormat
 }
 
 // writeSorted writes a partition file of the records whose key hashes
-// are hs, in file order, keys apart from values if split (format 3);
-// record(rec, i) fills record i.
-func writeSorted(w io.Writer, partition uint32, width int, e Encoding, split bool, hs []uint64, record func(rec []byte, i int)) (FileSum, error) {
+// are hs, in file order, in format f (quotFormat only with at least 256
+// buckets); record(rec, i) fills record i, its whole key first.
+func writeSorted(w io.Writer, partition uint32, width int, e Encoding, f int, hs []uint64, record func(rec []byte, i int)) (FileSum, error) {
 	n := len(hs)
 	nb := Buckets(n)
 	// Counting sort by bucket yields the directory; each bucket (16 on
@@ -254,19 +342,24 @@ func writeSorted(w io.Writer, partition uint32, width int, e Encoding, split boo
 	}
 
 	rs := RecordSize(width, e)
-	bw := newBlockWriter(w, DefaultBlockSize, PartitionFileSize(n, width, e, DefaultBlockSize))
+	kb := 0 // quotiented: the key bytes a record stores
+	if f == quotFormat {
+		kb = QuotientBytes(nb)
+	}
+	stored := rs
+	if kb > 0 {
+		stored = rs - 8 + kb
+	}
+	bw := newBlockWriter(w, DefaultBlockSize, fileSize(n, stored, DefaultBlockSize))
 	var h [partHeaderSize]byte
 	copy(h[0:8], partMagic)
-	binary.LittleEndian.PutUint32(h[8:], partFormat)
-	if split {
-		binary.LittleEndian.PutUint32(h[8:], splitFormat)
-	}
+	binary.LittleEndian.PutUint32(h[8:], uint32(f))
 	binary.LittleEndian.PutUint32(h[12:], uint32(e))
 	binary.LittleEndian.PutUint32(h[16:], uint32(width))
 	binary.LittleEndian.PutUint32(h[20:], partition)
 	binary.LittleEndian.PutUint64(h[24:], uint64(n))
 	binary.LittleEndian.PutUint32(h[32:], DefaultBlockSize)
-	binary.LittleEndian.PutUint32(h[36:], uint32(rs))
+	binary.LittleEndian.PutUint32(h[36:], uint32(stored))
 	binary.LittleEndian.PutUint64(h[40:], uint64(nb))
 	binary.LittleEndian.PutUint32(h[60:], crc32.Checksum(h[:60], castagnoli))
 	bw.write(h[:])
@@ -276,7 +369,20 @@ func writeSorted(w io.Writer, partition uint32, width int, e Encoding, split boo
 	}
 	bw.write(d)
 	rec := make([]byte, rs)
-	if !split {
+	if kb > 0 {
+		// The value bytes, then the top kb bytes of h's place in its
+		// bucket (little-endian: the low half's last kb bytes).
+		var q [8]byte
+		for _, i := range order {
+			record(rec, int(i))
+			_, low := bits.Mul64(hs[i], uint64(nb))
+			binary.LittleEndian.PutUint64(q[:], low)
+			bw.write(rec[8:])
+			bw.write(q[8-kb:])
+		}
+		return bw.finish()
+	}
+	if f != splitFormat {
 		for _, i := range order {
 			record(rec, int(i))
 			bw.write(rec)

@@ -89,8 +89,9 @@ func TestPartitionRoundTrip(t *testing.T) {
 		if p.Count != c.n || p.Width != c.width || p.Number != 3 || p.Encoding != c.e {
 			t.Fatalf("header %+v", p)
 		}
-		// Records wider than a cache line are written keys apart (format 3).
-		if want := 2 + btoi(RecordSize(c.width, c.e) > 64); p.Format != want || int64(len(b)) != PartitionFileSize(c.n, c.width, c.e, DefaultBlockSize) {
+		// Records wider than a cache line are written keys apart (format
+		// 3), narrow ones of at least 256 buckets with quotiented keys (4).
+		if want := 2 + btoi(RecordSize(c.width, c.e) > 64) + 2*btoi(Quotiented(c.n, c.width, c.e)); p.Format != want || int64(len(b)) != PartitionFileSize(c.n, c.width, c.e, DefaultBlockSize) {
 			t.Fatalf("%+v: format %d, want %d; %d bytes", c, p.Format, want, len(b))
 		}
 		want := map[uint64][]float32{}
@@ -140,7 +141,7 @@ func TestWideFormat2StillRead(t *testing.T) {
 		vals[i] = float32(rng.NormFloat64())
 	}
 	var buf bytes.Buffer
-	if _, err := writeSorted(&buf, 0, width, EncFP32, false, hs, func(rec []byte, i int) { EncodeRecord(rec, hs[i], vals[i*width:(i+1)*width], EncFP32) }); err != nil {
+	if _, err := writeSorted(&buf, 0, width, EncFP32, partFormat, hs, func(rec []byte, i int) { EncodeRecord(rec, hs[i], vals[i*width:(i+1)*width], EncFP32) }); err != nil {
 		t.Fatal(err)
 	}
 	p, err := ParsePartition(buf.Bytes())
@@ -264,6 +265,8 @@ func FuzzParsePartition(f *testing.F) {
 	f.Add(b)
 	b, _, _ = writeTestPartition(f, 4, 17, EncFP32) // format 3
 	f.Add(b)
+	b, _, _ = writeTestPartition(f, 4081, 1, EncFP32) // format 4, 7-byte keys
+	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, err := ParsePartition(b)
 		if err != nil {
@@ -309,6 +312,8 @@ func FuzzVerifyStream(f *testing.F) {
 	b, _, _ := writeTestPartition(f, 20, 2, EncFP16)
 	f.Add(b)
 	b, _, _ = writeTestPartition(f, 3, 17, EncFP32) // format 3
+	f.Add(b)
+	b, _, _ = writeTestPartition(f, 4081, 2, EncInt8) // format 4
 	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		sum, err := VerifyStream(bytes.NewReader(b), int64(len(b))) // must not panic or over-allocate

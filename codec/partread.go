@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	"math"
+	"sort"
 	"sync"
 
 	"github.com/x448/float16"
@@ -25,20 +26,29 @@ type Partition struct {
 	Width      int
 	Count      int
 	Encoding   Encoding
-	RecordSize int
+	RecordSize int // a record with its whole 8-byte key, as format 2 stores it
 	Buckets    int
-	Format     int    // 2: records whole; 3: keys apart from values (SplitKeys)
-	Dir        []byte // (Buckets+1) × uint32
-	// Keys holds record i's key hash at Keys[i×KeyStride:]: the records
-	// themselves in format 2 (KeyStride = RecordSize), the keys alone in
-	// format 3 (KeyStride = 8).
+	// Format is 2: records whole; 3: keys apart from values (SplitKeys);
+	// 4: records whole, keys quotiented (Quotiented).
+	Format int
+	Dir    []byte // (Buckets+1) × uint32
+	// Keys holds record i's key word, 8 bytes at Keys[i×KeyStride:]: its
+	// h in formats 2 (the record itself, KeyStride = RecordSize) and 3
+	// (the keys alone, KeyStride = 8); in format 4 the 8 bytes that end
+	// the record, whose bits KeyMask are q, h's place in its bucket
+	// (KeyStride = StoredSize).
 	Keys      []byte
 	KeyStride int
+	KeyMask   uint64 // the bits of a key word that are the key: all but in format 4
 	// Vals holds record i's value bytes (the record less its key) at
 	// Vals[i×ValStride:], RecordSize − 8 of them (ValueBytes).
 	Vals      []byte
 	ValStride int
-	// KeysOffset is where Keys starts in the file.
+	// StoredSize is the bytes a record takes in the file: RecordSize, or
+	// less in format 4.
+	StoredSize int
+	// KeysOffset is where the records (format 3: the keys) start in the
+	// file.
 	KeysOffset int64
 	// Owner keeps the bytes' backing memory alive (a mapping, say); whoever
 	// keeps views of the partition keeps Owner too. Nil for heap bytes.
@@ -48,8 +58,21 @@ type Partition struct {
 	table     []byte // the block checksums
 }
 
-// Hash returns record i's h.
-func (p *Partition) Hash(i int) uint64 { return binary.LittleEndian.Uint64(p.Keys[i*p.KeyStride:]) }
+// Hash returns record i's h. In format 4 it finds i's bucket first, a
+// binary search of the directory: for tools, not lookups.
+func (p *Partition) Hash(i int) uint64 {
+	w := binary.LittleEndian.Uint64(p.Keys[i*p.KeyStride:])
+	if p.Format != quotFormat {
+		return w
+	}
+	return Unquotient(uint64(p.BucketOf(i)), w&p.KeyMask, p.Buckets)
+}
+
+// BucketOf is the bucket holding record i (< Count).
+func (p *Partition) BucketOf(i int) int {
+	// The first bucket that ends past i.
+	return sort.Search(p.Buckets, func(b int) bool { return binary.LittleEndian.Uint32(p.Dir[4*(b+1):]) > uint32(i) })
+}
 
 // ValueBytes returns record i's value bytes: the record less its key.
 func (p *Partition) ValueBytes(i int) []byte {
@@ -106,31 +129,35 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 		return nil, fmt.Errorf("%w: partition file: header checksum mismatch", ErrCorrupt)
 	}
 	format := binary.LittleEndian.Uint32(h[8:])
-	if format != partFormat && format != splitFormat {
-		return nil, fmt.Errorf("%w: partition file: format version %d, this build reads %d and %d (re-import or regenerate the model)", ErrCorrupt, format, partFormat, splitFormat)
+	if format != partFormat && format != splitFormat && format != quotFormat {
+		return nil, fmt.Errorf("%w: partition file: format version %d, this build reads %d to %d (re-import or regenerate the model)", ErrCorrupt, format, partFormat, quotFormat)
 	}
 	p := &Partition{
 		Format:     int(format),
 		Encoding:   Encoding(binary.LittleEndian.Uint32(h[12:])),
 		Width:      int(binary.LittleEndian.Uint32(h[16:])),
 		Number:     binary.LittleEndian.Uint32(h[20:]),
-		RecordSize: int(binary.LittleEndian.Uint32(h[36:])),
+		StoredSize: int(binary.LittleEndian.Uint32(h[36:])),
 		blockSize:  int(binary.LittleEndian.Uint32(h[32:])),
+		KeyMask:    ^uint64(0),
 	}
 	count := binary.LittleEndian.Uint64(h[24:])
 	nb := binary.LittleEndian.Uint64(h[40:])
+	if p.Width > 0 && p.Width <= 1<<16 && p.Encoding <= EncInt8 {
+		p.RecordSize = RecordSize(p.Width, p.Encoding)
+	}
 	switch {
 	case p.Encoding > EncInt8:
 		return nil, fmt.Errorf("%w: partition file: unknown encoding %d", ErrCorrupt, p.Encoding)
-	case p.Width <= 0 || p.Width > 1<<16 || p.RecordSize != RecordSize(p.Width, p.Encoding):
-		return nil, fmt.Errorf("%w: partition file: width %d and record size %d disagree", ErrCorrupt, p.Width, p.RecordSize)
-	case p.blockSize < 4096 || p.blockSize > maxBlockSize || count > uint64(len(b))/12:
+	case p.RecordSize == 0 || p.StoredSize != storedSize(format, p.RecordSize, nb):
+		return nil, fmt.Errorf("%w: partition file: width %d and record size %d disagree", ErrCorrupt, p.Width, p.StoredSize)
+	case p.blockSize < 4096 || p.blockSize > maxBlockSize || count > uint64(len(b))/minRecordSize:
 		return nil, fmt.Errorf("%w: partition file: implausible header (count %d, block size %d)", ErrCorrupt, count, p.blockSize)
 	case nb != uint64(Buckets(int(count))):
 		return nil, fmt.Errorf("%w: partition file: %d buckets for %d records", ErrCorrupt, nb, count)
 	}
 	p.Count, p.Buckets = int(count), int(nb)
-	if want := PartitionFileSize(p.Count, p.Width, p.Encoding, p.blockSize); int64(len(b)) != want {
+	if want := fileSize(p.Count, p.StoredSize, p.blockSize); int64(len(b)) != want {
 		return nil, fmt.Errorf("%w: partition file: size %d, header implies %d (truncated or padded)", ErrCorrupt, len(b), want)
 	}
 	t := b[len(b)-partTrailerSize:]
@@ -138,7 +165,7 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 		return nil, fmt.Errorf("%w: partition file: bad trailer magic", ErrCorrupt)
 	}
 	dirEnd := partHeaderSize + dirBytes(p.Count)
-	bodyEnd := dirEnd + int64(p.Count)*int64(p.RecordSize)
+	bodyEnd := dirEnd + int64(p.Count)*int64(p.StoredSize)
 	nblocks := (bodyEnd + int64(p.blockSize) - 1) / int64(p.blockSize)
 	if binary.LittleEndian.Uint64(t[0:]) != uint64(nblocks) {
 		return nil, fmt.Errorf("%w: partition file: trailer block count mismatch", ErrCorrupt)
@@ -149,11 +176,17 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 	}
 	p.Dir = b[partHeaderSize : partHeaderSize+4*(p.Buckets+1)]
 	p.KeysOffset = dirEnd
-	if p.Format == splitFormat {
+	switch p.Format {
+	case splitFormat:
 		keysEnd := dirEnd + 8*int64(p.Count)
 		p.Keys, p.KeyStride = b[dirEnd:keysEnd], 8
 		p.Vals, p.ValStride = b[keysEnd:bodyEnd], p.RecordSize-8
-	} else {
+	case quotFormat:
+		// Each record's key word is its last 8 bytes.
+		p.Keys, p.KeyStride = b[min(dirEnd+int64(p.StoredSize)-8, bodyEnd):bodyEnd], p.StoredSize
+		p.Vals, p.ValStride = b[dirEnd:bodyEnd], p.StoredSize
+		p.KeyMask = QuotientMask(p.Buckets)
+	default:
 		p.Keys, p.KeyStride = b[dirEnd:bodyEnd], p.RecordSize
 		p.Vals, p.ValStride = b[min(dirEnd+8, bodyEnd):bodyEnd], p.RecordSize
 	}
@@ -174,39 +207,92 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 // Tombstone, is the one NaN allowed.)
 var ErrNotFinite = errors.New("a parameter is not finite")
 
+// minRecordSize is the smallest record a file can hold: fp32 LR with a
+// 6-byte quotiented key.
+const minRecordSize = 10
+
+// storedSize is the bytes a record of rs (with its whole key) takes in a
+// file of format f with nb buckets, or 0 if f cannot hold it.
+func storedSize(f uint32, rs int, nb uint64) int {
+	switch f {
+	case partFormat, splitFormat:
+		return rs
+	case quotFormat:
+		if k := QuotientBytes(int(min(nb, 1<<30))); k > 0 {
+			return rs - 8 + k
+		}
+	}
+	return 0
+}
+
 // finiteCheck checks the records of a partition file as VerifyStream
 // reads it, block by block: every value finite, but a tombstone weight.
-// It reads units of rs bytes: whole records (format 2) or values
-// (format 3, keys apart: keyed false). Units may straddle blocks; a
-// partial one waits in part.
+// It reads units of rs bytes: whole records (formats 2 and 4) or values
+// (format 3, keys apart). A unit's value bytes start at voff: after the
+// key in format 2 (keyed), at once in the others. Units may straddle
+// blocks; a partial one waits in part.
 type finiteCheck struct {
 	enc        Encoding
+	format     uint32
 	width, rs  int
+	voff, vlen int
 	keyed      bool  // a unit starts with its key
 	start, end int64 // the units' byte range in the file
 	keys       int64 // format 3: where the keys start in the file
-	// keyOf reads record i's key (format 3, where the key is not beside
-	// its value), to name the feature of a bad value; nil: not named.
+	count, nb  int
+	// keyOf reads record i's h (formats 3 and 4, where the key is not
+	// whole beside its value), to name the feature of a bad value; nil:
+	// not named.
 	keyOf func(i int) (uint64, bool)
 	part  []byte
 	rec   int // records checked
 }
 
 func newFiniteCheck(h []byte, count uint64) *finiteCheck {
-	c := &finiteCheck{enc: Encoding(binary.LittleEndian.Uint32(h[12:])), width: int(binary.LittleEndian.Uint32(h[16:])),
-		rs: int(binary.LittleEndian.Uint32(h[36:])), keyed: true}
-	if c.enc > EncInt8 || c.width <= 0 || c.width > 1<<16 || c.rs != RecordSize(c.width, c.enc) {
+	c := &finiteCheck{enc: Encoding(binary.LittleEndian.Uint32(h[12:])), format: binary.LittleEndian.Uint32(h[8:]),
+		width: int(binary.LittleEndian.Uint32(h[16:])), rs: int(binary.LittleEndian.Uint32(h[36:])),
+		nb: int(min(binary.LittleEndian.Uint64(h[40:]), 1<<32)), count: int(min(count, 1<<32))}
+	if c.enc > EncInt8 || c.width <= 0 || c.width > 1<<16 || c.rs != storedSize(c.format, RecordSize(c.width, c.enc), uint64(c.nb)) {
 		return nil // a bad header: the load refuses it, naming it
 	}
+	c.vlen = RecordSize(c.width, c.enc) - 8
 	c.start = partHeaderSize + dirBytes(int(count))
 	c.end = c.start + int64(count)*int64(c.rs)
-	if binary.LittleEndian.Uint32(h[8:]) == splitFormat {
+	switch c.format {
+	case partFormat:
+		c.keyed, c.voff = true, 8
+	case splitFormat:
 		c.keys = c.start
 		c.start += 8 * int64(count) // the values, past the keys
-		c.rs, c.keyed = c.rs-8, false
+		c.rs = c.vlen
 	}
 	c.part = make([]byte, 0, c.rs)
 	return c
+}
+
+// readKey reads record i's h from a file of c's layout through r, for an
+// error's message (formats 3 and 4).
+func (c *finiteCheck) readKey(r io.ReaderAt, i int) (uint64, bool) {
+	var k [8]byte
+	switch c.format {
+	case splitFormat:
+		_, err := r.ReadAt(k[:], c.keys+8*int64(i))
+		return binary.LittleEndian.Uint64(k[:]), err == nil
+	case quotFormat:
+		// Record i's bucket: the first whose directory entry ends past i.
+		var err error
+		b := sort.Search(c.nb, func(b int) bool {
+			if _, e := r.ReadAt(k[:4], partHeaderSize+4*int64(b+1)); e != nil {
+				err = e
+			}
+			return binary.LittleEndian.Uint32(k[:4]) > uint32(i)
+		})
+		if _, e := r.ReadAt(k[:], c.start+int64(i+1)*int64(c.rs)-8); e != nil || err != nil || b >= c.nb {
+			return 0, false
+		}
+		return Unquotient(uint64(b), binary.LittleEndian.Uint64(k[:])&QuotientMask(c.nb), c.nb), true
+	}
+	return 0, false
 }
 
 // feed checks the records in blk, the file's bytes from offset lo.
@@ -242,10 +328,7 @@ func (c *finiteCheck) feed(lo int64, blk []byte) error {
 
 func (c *finiteCheck) record(unit []byte) error {
 	defer func() { c.rec++ }()
-	rec := unit // the value bytes
-	if c.keyed {
-		rec = unit[8:]
-	}
+	rec := unit[c.voff : c.voff+c.vlen] // the value bytes
 	bad := func(what string, v float64) error {
 		which := fmt.Sprintf("record %d", c.rec)
 		if c.keyed {
@@ -346,7 +429,7 @@ func VerifyStream(r io.ReaderAt, size int64) (string, error) {
 	bs := int64(binary.LittleEndian.Uint32(h[32:]))
 	nblocks := int64(binary.LittleEndian.Uint64(t[0:]))
 	if string(h[:8]) != partMagic || crc32.Checksum(h[:60], castagnoli) != binary.LittleEndian.Uint32(h[60:]) ||
-		string(t[12:]) != trailerMagic || bs < 4096 || bs > maxBlockSize || nblocks <= 0 || nblocks > size/bs+1 || count > uint64(size)/12 {
+		string(t[12:]) != trailerMagic || bs < 4096 || bs > maxBlockSize || nblocks <= 0 || nblocks > size/bs+1 || count > uint64(size)/minRecordSize {
 		return "", fmt.Errorf("%w: partition file: bad header or trailer", ErrCorrupt)
 	}
 	body := size - partTrailerSize - 4*nblocks
@@ -362,11 +445,7 @@ func VerifyStream(r io.ReaderAt, size int64) (string, error) {
 	}
 	fin := newFiniteCheck(h[:], count)
 	if fin != nil {
-		fin.keyOf = func(i int) (uint64, bool) {
-			var k [8]byte
-			_, err := r.ReadAt(k[:], fin.keys+8*int64(i))
-			return binary.LittleEndian.Uint64(k[:]), err == nil && fin.keys > 0
-		}
+		fin.keyOf = func(i int) (uint64, bool) { return fin.readKey(r, i) }
 	}
 	sha := sha256.New()
 	buf := make([]byte, min(bs, body)) // a small file's, not a block's: a delta of a thousand files must not zero a block each
