@@ -372,13 +372,13 @@ func writeSorted(w io.Writer, partition uint32, width int, e Encoding, f int, hs
 	if kb > 0 {
 		// The value bytes, then the top kb bytes of h's place in its
 		// bucket (little-endian: the low half's last kb bytes).
-		var q [8]byte
+		out := make([]byte, stored)
 		for _, i := range order {
 			record(rec, int(i))
 			_, low := bits.Mul64(hs[i], uint64(nb))
-			binary.LittleEndian.PutUint64(q[:], low)
-			bw.write(rec[8:])
-			bw.write(q[8-kb:])
+			binary.LittleEndian.PutUint64(out[stored-8:], low)
+			copy(out, rec[8:]) // over low's bytes below the key's
+			bw.write(out)
 		}
 		return bw.finish()
 	}

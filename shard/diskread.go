@@ -147,7 +147,8 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 // scratch, returned for reuse.
 func (t *Table) readOne(key uint64, val, buf []byte) (int32, []byte, error) {
 	h := codec.KeyHash(key)
-	b, _ := bits.Mul64(h, t.nb)
+	b, frac := bits.Mul64(h, t.nb)
+	probe := t.probe(h, frac)
 	lo, hi := int(t.dirAt(b)), int(t.dirAt(b+1))
 	n := (hi - lo) * t.rs
 	if n <= 0 {
@@ -157,13 +158,17 @@ func (t *Table) readOne(key uint64, val, buf []byte) (int32, []byte, error) {
 	if err != nil {
 		return -1, buf, err
 	}
+	ko, vo := 0, 8 // the key word's and the value's offsets in a record
+	if t.quot {
+		ko, vo = t.ko, 0
+	}
 	for i := 0; i < hi-lo; i++ {
-		if binary.LittleEndian.Uint64(bucket[i*t.rs:]) != h {
+		if binary.LittleEndian.Uint64(bucket[i*t.rs+ko:])&t.kmask != probe {
 			continue
 		}
 		r := lo + i
 		if !t.split { // the record came whole with its bucket
-			copy(val, bucket[i*t.rs+8:i*t.rs+8+t.vlen])
+			copy(val, bucket[i*t.rs+vo:i*t.rs+vo+t.vlen])
 			return int32(r), buf, nil
 		}
 		v, buf, err := t.readAt(t.valOff+int64(r)*int64(t.vs), t.vlen, buf)

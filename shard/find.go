@@ -11,7 +11,7 @@ import (
 // pfGroup is one group of keys in flight in findScan's pipeline.
 type pfGroup struct {
 	n      int
-	hs     [group]uint64
+	hs     [group]uint64 // the keys' probes
 	frac   [group]uint64
 	bucket [group]uint64
 	lo, hi [group]int32
@@ -67,7 +67,7 @@ func (t *Table) findScan(keys []uint64, out []int32, w []float32) {
 			for j, k := range ks {
 				h := codec.KeyHash(k)
 				b, f := bits.Mul64(h, t.nb)
-				s.hs[j], s.frac[j], s.bucket[j] = h, f, b
+				s.hs[j], s.frac[j], s.bucket[j] = t.probe(h, f), f, b
 				prefetch.Line(dir + uintptr(4*b))
 			}
 		}

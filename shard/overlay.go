@@ -183,9 +183,7 @@ func (o *overlay) merge(t *Table) int {
 		o.rehash(sl, 2*(o.keys+t.n))
 	}
 	sl := o.slots.Load()
-	for i := range t.n {
-		o.insert(sl, d, t.hAt(i), uint32(layer), uint32(i), t.weightAt(i))
-	}
+	t.eachHash(func(i int, h uint64) { o.insert(sl, d, h, uint32(layer), uint32(i), t.weightAt(i)) })
 	o.layerOf[t] = layer
 	o.counts = append(o.counts, t.n)
 	return layer

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/bits"
 	"os"
+	"sort"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -16,12 +17,19 @@ import (
 )
 
 // Table is one partition's immutable lookup table, used in place on the
-// partition file's bytes (codec formats 2 and 3): records sorted by
+// partition file's bytes (codec formats 2 to 4): records sorted by
 // h = codec.KeyHash(key) behind a directory of one uint32 per ~16
-// records. An fp32 LR parameter costs 12.25 bytes: its 8-byte h, its
-// 4-byte weight and a quarter of a directory entry. Records wider than a
-// cache line are stored keys apart from values (format 3): the search
-// below reads the keys, eight to a line, and a found key's value once.
+// records. An fp32 LR parameter costs 10.25 bytes: its 4-byte weight,
+// 6 bytes of its key (format 4: the bits of h's place in its bucket
+// that the bucket does not imply) and a quarter of a directory entry;
+// 12.25 with a whole 8-byte h (format 2, fewer than 256 buckets).
+// Records wider than a cache line are stored keys apart from values
+// (format 3): the search below reads the keys, eight to a line, and a
+// found key's value once.
+//
+// Every search compares key words (keyAt: 8 bytes, masked to the key's
+// bits) with a key's probe (probe: h, or in format 4 its place in its
+// bucket, masked alike), and in format 4 only inside the key's bucket.
 //
 // A lookup reads the directory entry of h's bucket and guesses h's place
 // in the bucket by interpolation (h is uniform, so the guess is usually
@@ -33,8 +41,11 @@ import (
 // measurements.
 type Table struct {
 	dir   []byte
-	rec   []byte // the keys the search reads: record i's h at rec[i×rs:]
+	rec   []byte // the keys the search reads: record i's key word at rec[i×rs:]
 	rs    int
+	kmask uint64 // the key word's bits that are the key (codec.Partition.KeyMask)
+	quot  bool   // format 4: key words are places in a bucket, compared within it
+	ko    int    // format 4: the key word's offset in a record, for reads from disk
 	vals  []byte // record i's value bytes (the record less its key) at vals[i×vs:]
 	vs    int
 	vlen  int  // value bytes a record: RecordSize − 8
@@ -53,7 +64,7 @@ type Table struct {
 	file    *os.File                   // mapped tables: the file, for readCold
 	cache   atomic.Pointer[valueCache] // mapped tables: their value cache, if any
 	dirMem  *tablemem.Buffer           // mapped tables: dir's memory
-	recOff  int64                      // where the keys (in format 2, the records) start in file
+	recOff  int64                      // where the keys (in formats 2 and 4, the records) start in file
 	valOff  int64                      // split tables: where the values start in file
 	sha     string                     // SHA-256 of the partition file, as its manifest records it
 	fv      uint64                     // the version whose file it is
@@ -84,9 +95,9 @@ func ResidentTable(width int, e codec.Encoding, keys []uint64, vals []float32) (
 
 // NewTable wraps a verified partition. The table keeps p's bytes alive.
 func NewTable(p *codec.Partition) *Table {
-	t := &Table{dir: p.Dir, rec: p.Keys, rs: p.KeyStride, vals: p.Vals, vs: p.ValStride, vlen: p.RecordSize - 8,
-		split: p.KeyStride != p.RecordSize, nb: uint64(p.Buckets), n: p.Count,
-		width: p.Width, enc: p.Encoding, size: int64(len(p.Dir)) + int64(p.Count)*int64(p.RecordSize), owner: p.Owner}
+	t := &Table{dir: p.Dir, rec: p.Keys, rs: p.KeyStride, kmask: p.KeyMask, quot: p.Format == 4, ko: p.StoredSize - 8,
+		vals: p.Vals, vs: p.ValStride, vlen: p.RecordSize - 8, split: p.Format == 3, nb: uint64(p.Buckets), n: p.Count,
+		width: p.Width, enc: p.Encoding, size: int64(len(p.Dir)) + int64(p.Count)*int64(p.StoredSize), owner: p.Owner}
 	if b, ok := p.Owner.(*tablemem.Buffer); ok && b.Mapped {
 		t.Mapped = true // (its sample ring is the shard's, or EnableCache's)
 		t.file, t.recOff = b.File, p.KeysOffset
@@ -103,7 +114,44 @@ func NewTable(p *codec.Partition) *Table {
 }
 
 func (t *Table) dirAt(b uint64) uint32 { return binary.LittleEndian.Uint32(t.dir[4*b:]) }
-func (t *Table) hAt(i int) uint64      { return binary.LittleEndian.Uint64(t.rec[i*t.rs:]) }
+
+// keyAt is record i's key word, masked to the key's bits: what a search
+// compares with a key's probe.
+func (t *Table) keyAt(i int) uint64 { return binary.LittleEndian.Uint64(t.rec[i*t.rs:]) & t.kmask }
+
+// probe is what the search compares key words with for the key of hash
+// h, whose place in its bucket is frac (the low half of h × nb).
+func (t *Table) probe(h, frac uint64) uint64 {
+	if t.quot {
+		return frac & t.kmask
+	}
+	return h
+}
+
+// hashAt is record i's h. In format 4 it finds i's bucket first, a
+// binary search of the directory: for tests and tools, not lookups.
+func (t *Table) hashAt(i int) uint64 {
+	if !t.quot {
+		return binary.LittleEndian.Uint64(t.rec[i*t.rs:])
+	}
+	b := sort.Search(int(t.nb), func(b int) bool { return t.dirAt(uint64(b)+1) > uint32(i) })
+	return codec.Unquotient(uint64(b), t.keyAt(i), int(t.nb))
+}
+
+// eachHash calls fn with every record and its h, in order.
+func (t *Table) eachHash(fn func(i int, h uint64)) {
+	if !t.quot {
+		for i := range t.n {
+			fn(i, binary.LittleEndian.Uint64(t.rec[i*t.rs:]))
+		}
+		return
+	}
+	for b := range t.nb {
+		for i := int(t.dirAt(b)); i < int(t.dirAt(b+1)); i++ {
+			fn(i, codec.Unquotient(b, t.keyAt(i), int(t.nb)))
+		}
+	}
+}
 func (t *Table) weightAt(i int) float32 {
 	return math.Float32frombits(binary.LittleEndian.Uint32(t.vals[i*t.vs:]))
 }
@@ -127,18 +175,19 @@ func (t *Table) findOne(h uint64) int {
 		return -1
 	}
 	g, _ := bits.Mul64(frac, uint64(hi-lo))
-	return t.scan(h, lo+int(g), lo, hi)
+	return t.scan(t.probe(h, frac), lo+int(g), lo, hi)
 }
 
-// scan looks for h in records [lo, hi) starting at guess i.
+// scan looks for the key of probe h in its bucket's records [lo, hi),
+// starting at guess i.
 func (t *Table) scan(h uint64, i, lo, hi int) int {
-	x := t.hAt(i)
+	x := t.keyAt(i)
 	if x == h {
 		return i
 	}
 	if x < h {
 		for i++; i < hi; i++ {
-			if x = t.hAt(i); x >= h {
+			if x = t.keyAt(i); x >= h {
 				if x == h {
 					return i
 				}
@@ -148,7 +197,7 @@ func (t *Table) scan(h uint64, i, lo, hi int) int {
 		return -1
 	}
 	for i--; i >= lo; i-- {
-		if x = t.hAt(i); x <= h {
+		if x = t.keyAt(i); x <= h {
 			if x == h {
 				return i
 			}

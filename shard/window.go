@@ -52,16 +52,18 @@ type windowScan struct {
 	out   *int32
 	w     *float32 // nil: no weights wanted
 	dir   unsafe.Pointer
-	rec   unsafe.Pointer
+	rec   unsafe.Pointer // record 0's key word (Table.rec)
 	rs    uintptr
 	nb    uint64
-	last  int64 // the last possible window start: count - window
 	count int64
+	mask  uint64 // Table.kmask
+	quot  int64  // 1: format 4, windows inside the key's bucket (Table.quot)
+	woff  int64  // a record's weight, from its key word
 	// The keys in flight, by key index mod ringSize.
-	h      [ringSize]uint64 // KeyHash(key)
+	probe  [ringSize]uint64 // Table.probe of KeyHash(key)
 	frac   [ringSize]uint64 // low half of h × nb: the place inside the bucket
 	bucket [ringSize]uint64 // high half: the bucket
-	start  [ringSize]int64  // the first record of the key's window
+	start  [ringSize]int64  // the first record of the key's window; -1: none
 	// The first outsideCap keys marked outside, by index; nout counts
 	// them all.
 	outs [outsideCap]int32
@@ -87,7 +89,7 @@ func (t *Table) findWindow(keys []uint64, out []int32, w []float32) {
 		if w != nil {
 			a.w, ws = &w[lo], w[lo:hi]
 		}
-		scanWindows(&a)
+		a.scan()
 		if a.nout <= outsideCap {
 			for _, j := range a.outs[:a.nout] {
 				t.resolve(int(j), keys[lo:hi], out[lo:hi], ws)
@@ -107,11 +109,14 @@ func (t *Table) findWindow(keys []uint64, out []int32, w []float32) {
 func (t *Table) windowed() bool { return t.rs <= maxWindowRecord && t.n >= window }
 
 // tableArgs sets the fields of scanWindows' argument block that come from
-// t. In place: the block is ~4 KiB, and returning it by value cost a
+// t. In place: the block is ~5 KiB, and returning it by value cost a
 // zeroing and a copy on every lookup.
 func (t *Table) tableArgs(a *windowScan) {
 	a.dir, a.rec = unsafe.Pointer(unsafe.SliceData(t.dir)), unsafe.Pointer(unsafe.SliceData(t.rec))
-	a.rs, a.nb, a.last, a.count = uintptr(t.rs), t.nb, int64(t.n-window), int64(t.n)
+	a.rs, a.nb, a.count, a.mask, a.woff = uintptr(t.rs), t.nb, int64(t.n), t.kmask, 8
+	if t.quot {
+		a.quot, a.woff = 1, int64(-t.ko)
+	}
 }
 
 // resolve finds keys[j], which scanWindows left outside, with findOne.
@@ -145,8 +150,12 @@ func scanWindowsGo(a *windowScan) {
 	for i := -hashAhead; i < a.n; i++ {
 		if k := i + hashAhead; k < a.n {
 			s := k % ringSize
-			a.h[s] = codec.KeyHash(keys[k])
-			a.bucket[s], a.frac[s] = bits.Mul64(a.h[s], a.nb)
+			h := codec.KeyHash(keys[k])
+			a.bucket[s], a.frac[s] = bits.Mul64(h, a.nb)
+			a.probe[s] = h
+			if a.quot != 0 {
+				a.probe[s] = a.frac[s] & a.mask
+			}
 			prefetch.Line(uintptr(unsafe.Add(a.dir, 4*a.bucket[s])))
 		}
 		if k := i + placeAhead; k >= 0 && k < a.n {
@@ -154,20 +163,30 @@ func scanWindowsGo(a *windowScan) {
 			// Both ends of the bucket in one load: bucket < nb, and the
 			// directory holds nb+1 entries.
 			e := *(*uint64)(unsafe.Add(a.dir, 4*a.bucket[s]))
-			lo, hi := e&0xffffffff, e>>32
-			g, _ := bits.Mul64(a.frac[s], hi-lo)
-			a.start[s] = max(min(int64(lo+g)-window/2, a.last), 0)
-			// The window's first, second and last lines: 8 records of
-			// ≤ 16 bytes span at most three.
-			p := uintptr(unsafe.Add(a.rec, uintptr(a.start[s])*a.rs))
-			prefetch.Line(p)
-			prefetch.Line(p + 64)
-			prefetch.Line(p + window*a.rs - 1)
+			lo, hi := int64(e&0xffffffff), int64(e>>32)
+			g, _ := bits.Mul64(a.frac[s], uint64(hi-lo))
+			guess := lo + int64(g)
+			lo, hi = a.bounds(s)
+			a.start[s] = -1 // no window fits: the key is resolved outside
+			if hi-lo >= window {
+				a.start[s] = max(min(guess-window/2, hi-window), lo)
+				// The window's first, second and last lines: 8 records
+				// of ≤ 16 bytes span at most three.
+				p := uintptr(unsafe.Add(a.rec, uintptr(a.start[s])*a.rs))
+				prefetch.Line(p)
+				prefetch.Line(p + 64)
+				prefetch.Line(p + window*a.rs - 1)
+			}
 		}
 		if i < 0 {
 			continue
 		}
-		h, start := a.h[i%ringSize], a.start[i%ringSize]
+		s := i % ringSize
+		h, start := a.probe[s], a.start[s]
+		if start < 0 {
+			a.outside(out, i)
+			continue
+		}
 		p := unsafe.Add(a.rec, uintptr(start)*a.rs)
 		var c uintptr // records in the window below h
 		for r := range uintptr(window) {
@@ -175,18 +194,19 @@ func scanWindowsGo(a *windowScan) {
 			c += uintptr(b)
 		}
 		r := unsafe.Add(p, c*a.rs)
+		inside := c < window // the place is a record the window may cover
+		if !inside {
+			_, hi := a.bounds(s)
+			inside = start+window < hi
+		}
 		switch {
-		case start+int64(c) < a.count && *(*uint64)(r) == h:
+		case inside && *(*uint64)(r)&a.mask == h:
 			out[i] = int32(start + int64(c))
 			if w != nil {
-				w[i] = *(*float32)(unsafe.Add(r, 8))
+				w[i] = *(*float32)(unsafe.Add(r, a.woff))
 			}
-		case c == 0 || c == window:
-			out[i] = outside
-			if a.nout < outsideCap {
-				a.outs[a.nout] = int32(i)
-			}
-			a.nout++
+		case a.beyond(s, start, c):
+			a.outside(out, i)
 		default:
 			out[i] = -1
 			if w != nil {
@@ -194,4 +214,42 @@ func scanWindowsGo(a *windowScan) {
 			}
 		}
 	}
+}
+
+// bounds is the records the window of the key in ring slot s may cover:
+// its bucket's (format 4, whose key words compare only inside their
+// bucket) or the table's.
+func (a *windowScan) bounds(s int) (lo, hi int64) {
+	if a.quot == 0 {
+		return 0, a.count
+	}
+	e := *(*uint64)(unsafe.Add(a.dir, 4*a.bucket[s]))
+	return int64(e & 0xffffffff), int64(e >> 32)
+}
+
+// beyond reports whether the key in ring slot s, not found at its place
+// start+c in its window, may lie outside the window: c is 0 or window,
+// and the window does not end there at its bounds.
+func (a *windowScan) beyond(s int, start int64, c uintptr) bool {
+	lo, hi := a.bounds(s)
+	return c == 0 && start > lo || c == window && start+window < hi
+}
+
+// scan runs the scanWindows for a's table: its keys whole or quotiented.
+func (a *windowScan) scan() {
+	if a.quot != 0 {
+		scanWindowsQ(a)
+		return
+	}
+	scanWindows(a)
+}
+
+// outside marks key i as outside its window, listing it while the list
+// has room.
+func (a *windowScan) outside(out []int32, i int) {
+	out[i] = outside
+	if a.nout < outsideCap {
+		a.outs[a.nout] = int32(i)
+	}
+	a.nout++
 }

@@ -2,4 +2,5 @@
 
 package shard
 
-func scanWindows(a *windowScan) { scanWindowsGo(a) }
+func scanWindows(a *windowScan)  { scanWindowsGo(a) }
+func scanWindowsQ(a *windowScan) { scanWindowsGo(a) }

@@ -24,7 +24,10 @@ func TestFindPathsMatchMap(t *testing.T) {
 		{window, 1, codec.EncFP32, true},
 		{window + 1, 1, codec.EncFP32, true},
 		{100, 1, codec.EncFP32, true},
+		{4080, 1, codec.EncFP32, true}, // the most records with whole keys
+		{4081, 1, codec.EncFP32, true}, // 256 buckets: 7-byte quotiented keys
 		{60000, 1, codec.EncFP32, true},
+		{1<<20 + 1, 1, codec.EncFP32, true}, // 65,536 buckets: 6-byte keys
 		{60000, 2, codec.EncFP16, true},
 		{60000, 1, codec.EncInt8, true},
 		{60000, 4, codec.EncFP32, false},
@@ -54,11 +57,15 @@ func TestFindPathsMatchMap(t *testing.T) {
 		query := []uint64{0, math.MaxUint64, 2, math.MaxUint64 - 2}
 		for len(query) < 20000 { // ~600 keys outside their window: several rounds of resolveOutside
 			k := keys[rng.IntN(len(keys))]
-			switch rng.IntN(4) {
+			switch rng.IntN(5) {
 			case 0:
 				k++ // usually absent, next to a present key
 			case 1:
 				k = rng.Uint64()
+			case 2:
+				// Absent, with an h next to a present key's: the same
+				// bucket, the nearest place a quotiented key can have.
+				k = codec.KeyUnhash(codec.KeyHash(k) + 1 - 2*uint64(rng.IntN(2)))
 			}
 			query = append(query, k, k) // every key twice in the batch
 		}
@@ -81,7 +88,7 @@ func TestFindPathsMatchMap(t *testing.T) {
 			want := float32(0)
 			if present {
 				want = vals[i*tc.width]
-				if tb.hAt(int(idx[j])) != codec.KeyHash(q) {
+				if tb.hashAt(int(idx[j])) != codec.KeyHash(q) {
 					t.Fatalf("key %d: found record %d holds another key", q, idx[j])
 				}
 			}
@@ -93,11 +100,18 @@ func TestFindPathsMatchMap(t *testing.T) {
 }
 
 // scanWindows (assembly on amd64) does exactly what its Go reference
-// does, including windows clamped at both ends of the table and keys
-// whose place lies outside their window.
+// does, including windows clamped at both ends of the table (of the
+// bucket, with quotiented keys), buckets too small for a window, and keys
+// whose place lies outside their window: with whole keys (format 2) and
+// quotiented ones of 7 and 6 bytes (format 4).
 func TestScanWindowsMatchesGo(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 5))
-	const n = 20000
+	for _, n := range []int{4000, 20000, 1<<20 + 1} {
+		scanWindowsMatchesGo(t, n)
+	}
+}
+
+func scanWindowsMatchesGo(t *testing.T, n int) {
+	rng := rand.New(rand.NewPCG(5, uint64(n)))
 	keys := make([]uint64, n)
 	for i := range keys {
 		keys[i] = rng.Uint64()
@@ -141,7 +155,7 @@ func TestScanWindowsMatchesGo(t *testing.T) {
 			wA, wB = nil, nil
 		}
 		a, b := args(q, outA, wA), args(q, outB, wB)
-		scanWindows(a)
+		a.scan()
 		scanWindowsGo(b)
 		if a.nout != b.nout || a.outs != b.outs {
 			t.Fatalf("round %d: outside list %d %v, Go %d %v", round, a.nout, a.outs[:a.nout], b.nout, b.outs[:b.nout])
@@ -158,12 +172,12 @@ func TestScanWindowsMatchesGo(t *testing.T) {
 				continue
 			}
 			if want := int32(tb.findOne(codec.KeyHash(q[j]))); outA[j] != want {
-				t.Fatalf("round %d key %d: %d, findOne %d", round, q[j], outA[j], want)
+				t.Fatalf("n=%d round %d key %d: %d, findOne %d", n, round, q[j], outA[j], want)
 			}
 		}
 	}
 	if outsides == 0 {
-		t.Fatal("no key fell outside its window: that path went untested")
+		t.Fatalf("n=%d: no key fell outside its window: that path went untested", n)
 	}
 }
 
@@ -185,7 +199,7 @@ func TestFindManyOutside(t *testing.T) {
 		var a windowScan
 		tb.tableArgs(&a)
 		a.keys, a.n, a.out = &k, 1, &out[0]
-		scanWindows(&a)
+		a.scan()
 		if out[0] == outside {
 			far = append(far, i)
 		}
