@@ -149,7 +149,7 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 	switch {
 	case p.Encoding > EncInt8:
 		return nil, fmt.Errorf("%w: partition file: unknown encoding %d", ErrCorrupt, p.Encoding)
-	case p.RecordSize == 0 || p.StoredSize != storedSize(format, p.RecordSize, nb):
+	case p.RecordSize == 0 || storedSize(format, p.RecordSize, nb) == 0 || p.StoredSize != storedSize(format, p.RecordSize, nb):
 		return nil, fmt.Errorf("%w: partition file: width %d and record size %d disagree", ErrCorrupt, p.Width, p.StoredSize)
 	case p.blockSize < 4096 || p.blockSize > maxBlockSize || count > uint64(len(b))/minRecordSize:
 		return nil, fmt.Errorf("%w: partition file: implausible header (count %d, block size %d)", ErrCorrupt, count, p.blockSize)
@@ -212,7 +212,8 @@ var ErrNotFinite = errors.New("a parameter is not finite")
 const minRecordSize = 10
 
 // storedSize is the bytes a record of rs (with its whole key) takes in a
-// file of format f with nb buckets, or 0 if f cannot hold it.
+// file of format f with nb buckets, or 0 if f cannot hold it (callers
+// refuse 0: a header may say 0).
 func storedSize(f uint32, rs int, nb uint64) int {
 	switch f {
 	case partFormat, splitFormat:
@@ -239,7 +240,7 @@ type finiteCheck struct {
 	keyed      bool  // a unit starts with its key
 	start, end int64 // the units' byte range in the file
 	keys       int64 // format 3: where the keys start in the file
-	count, nb  int
+	nb         int
 	// keyOf reads record i's h (formats 3 and 4, where the key is not
 	// whole beside its value), to name the feature of a bad value; nil:
 	// not named.
@@ -251,9 +252,12 @@ type finiteCheck struct {
 func newFiniteCheck(h []byte, count uint64) *finiteCheck {
 	c := &finiteCheck{enc: Encoding(binary.LittleEndian.Uint32(h[12:])), format: binary.LittleEndian.Uint32(h[8:]),
 		width: int(binary.LittleEndian.Uint32(h[16:])), rs: int(binary.LittleEndian.Uint32(h[36:])),
-		nb: int(min(binary.LittleEndian.Uint64(h[40:]), 1<<32)), count: int(min(count, 1<<32))}
-	if c.enc > EncInt8 || c.width <= 0 || c.width > 1<<16 || c.rs != storedSize(c.format, RecordSize(c.width, c.enc), uint64(c.nb)) {
-		return nil // a bad header: the load refuses it, naming it
+		nb: int(min(binary.LittleEndian.Uint64(h[40:]), 1<<32))}
+	if c.enc > EncInt8 || c.width <= 0 || c.width > 1<<16 {
+		return nil
+	}
+	if want := storedSize(c.format, RecordSize(c.width, c.enc), uint64(c.nb)); want == 0 || c.rs != want {
+		return nil
 	}
 	c.vlen = RecordSize(c.width, c.enc) - 8
 	c.start = partHeaderSize + dirBytes(int(count))
@@ -444,9 +448,10 @@ func VerifyStream(r io.ReaderAt, size int64) (string, error) {
 		return "", fmt.Errorf("%w: partition file: checksum table corrupt", ErrCorrupt)
 	}
 	fin := newFiniteCheck(h[:], count)
-	if fin != nil {
-		fin.keyOf = func(i int) (uint64, bool) { return fin.readKey(r, i) }
+	if fin == nil {
+		return "", fmt.Errorf("%w: partition file: the header's format, encoding, width and record size disagree", ErrCorrupt)
 	}
+	fin.keyOf = func(i int) (uint64, bool) { return fin.readKey(r, i) }
 	sha := sha256.New()
 	buf := make([]byte, min(bs, body)) // a small file's, not a block's: a delta of a thousand files must not zero a block each
 	for i := int64(0); i < nblocks; i++ {
