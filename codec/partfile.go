@@ -256,6 +256,22 @@ type FileSum struct {
 // WritePartition writes a partition file to w: keys with width float32
 // values each, factors stored in encoding e. Duplicate keys are refused.
 func WritePartition(w io.Writer, partition uint32, width int, e Encoding, keys []uint64, values []float32) (FileSum, error) {
+	return writePartition(w, partition, width, e, keys, values, writeFormat(len(keys), width, e))
+}
+
+// WriteWholeKeys is WritePartition with whole 8-byte keys (format 2, or 3
+// for records wider than a cache line) at any size: files as builds
+// before format 4 wrote them, which those builds read, 1 or 2 bytes a
+// record larger.
+func WriteWholeKeys(w io.Writer, partition uint32, width int, e Encoding, keys []uint64, values []float32) (FileSum, error) {
+	f := partFormat
+	if SplitKeys(width, e) {
+		f = splitFormat
+	}
+	return writePartition(w, partition, width, e, keys, values, f)
+}
+
+func writePartition(w io.Writer, partition uint32, width int, e Encoding, keys []uint64, values []float32, f int) (FileSum, error) {
 	if width <= 0 || width > 1<<16 {
 		return FileSum{}, fmt.Errorf("codec: partition width %d outside 1..65536", width)
 	}
@@ -269,7 +285,7 @@ func WritePartition(w io.Writer, partition uint32, width int, e Encoding, keys [
 	for i, k := range keys {
 		hs[i] = KeyHash(k)
 	}
-	return writeSorted(w, partition, width, e, writeFormat(len(hs), width, e), hs, func(rec []byte, i int) {
+	return writeSorted(w, partition, width, e, f, hs, func(rec []byte, i int) {
 		EncodeRecord(rec, hs[i], values[i*width:(i+1)*width], e)
 	})
 }

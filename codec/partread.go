@@ -59,19 +59,48 @@ type Partition struct {
 }
 
 // Hash returns record i's h. In format 4 it finds i's bucket first, a
-// binary search of the directory: for tools, not lookups.
+// binary search of the directory: for tools, not lookups (EachHash walks
+// them all in order).
 func (p *Partition) Hash(i int) uint64 {
-	w := binary.LittleEndian.Uint64(p.Keys[i*p.KeyStride:])
-	if p.Format != quotFormat {
-		return w
-	}
-	return Unquotient(uint64(p.BucketOf(i)), w&p.KeyMask, p.Buckets)
+	return HashAt(p.Dir, p.Buckets, p.Format == quotFormat, p.keyWord, i)
 }
 
-// BucketOf is the bucket holding record i (< Count).
-func (p *Partition) BucketOf(i int) int {
-	// The first bucket that ends past i.
-	return sort.Search(p.Buckets, func(b int) bool { return binary.LittleEndian.Uint32(p.Dir[4*(b+1):]) > uint32(i) })
+// EachHash calls fn with every record and its h, in order.
+func (p *Partition) EachHash(fn func(i int, h uint64)) {
+	WalkHashes(p.Dir, p.Buckets, p.Format == quotFormat, p.keyWord, fn)
+}
+
+// keyWord is record i's key word, masked to its key's bits.
+func (p *Partition) keyWord(i int) uint64 {
+	return binary.LittleEndian.Uint64(p.Keys[i*p.KeyStride:]) & p.KeyMask
+}
+
+// HashAt is the h of record i of a table whose directory dir has nb
+// buckets, and whose record i's key word, masked to its key's bits, is
+// word(i): the word itself, or if quot (format 4) the h it quotients,
+// found through i's bucket (a binary search of the directory).
+func HashAt(dir []byte, nb int, quot bool, word func(i int) uint64, i int) uint64 {
+	if !quot {
+		return word(i)
+	}
+	// i's bucket: the first that ends past i.
+	b := sort.Search(nb, func(b int) bool { return binary.LittleEndian.Uint32(dir[4*(b+1):]) > uint32(i) })
+	return Unquotient(uint64(b), word(i), nb)
+}
+
+// WalkHashes calls fn with every record of a table (as HashAt describes
+// it) and its h, in order, bucket by bucket.
+func WalkHashes(dir []byte, nb int, quot bool, word func(i int) uint64, fn func(i int, h uint64)) {
+	for b := range nb {
+		lo, hi := binary.LittleEndian.Uint32(dir[4*b:]), binary.LittleEndian.Uint32(dir[4*(b+1):])
+		for i := int(lo); i < int(hi); i++ {
+			if quot {
+				fn(i, Unquotient(uint64(b), word(i), nb))
+			} else {
+				fn(i, word(i))
+			}
+		}
+	}
 }
 
 // ValueBytes returns record i's value bytes: the record less its key.

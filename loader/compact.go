@@ -75,14 +75,13 @@ func (r Repo) mergeChain(chain []*codec.Manifest, p uint32, tombstones bool) ([]
 		if err != nil {
 			return nil, err
 		}
-		for j := range pt.Count {
-			h := pt.Hash(j)
+		pt.EachHash(func(j int, h uint64) {
 			if !tombstones && codec.IsTombstone(math.Float32frombits(binary.LittleEndian.Uint32(pt.ValueBytes(j)))) {
 				delete(newest, h)
-				continue
+				return
 			}
-			newest[h] = pt.AppendRecord(nil, j)
-		}
+			newest[h] = append(binary.LittleEndian.AppendUint64(nil, h), pt.ValueBytes(j)...)
+		})
 		freePartition(pt)
 	}
 	var out []byte

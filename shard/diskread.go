@@ -158,17 +158,13 @@ func (t *Table) readOne(key uint64, val, buf []byte) (int32, []byte, error) {
 	if err != nil {
 		return -1, buf, err
 	}
-	ko, vo := 0, 8 // the key word's and the value's offsets in a record
-	if t.quot {
-		ko, vo = t.ko, 0
-	}
 	for i := 0; i < hi-lo; i++ {
-		if binary.LittleEndian.Uint64(bucket[i*t.rs+ko:])&t.kmask != probe {
+		if binary.LittleEndian.Uint64(bucket[i*t.rs+t.ko:])&t.kmask != probe {
 			continue
 		}
 		r := lo + i
 		if !t.split { // the record came whole with its bucket
-			copy(val, bucket[i*t.rs+vo:i*t.rs+vo+t.vlen])
+			copy(val, bucket[i*t.rs+t.vo:i*t.rs+t.vo+t.vlen])
 			return int32(r), buf, nil
 		}
 		v, buf, err := t.readAt(t.valOff+int64(r)*int64(t.vs), t.vlen, buf)

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/bits"
 	"os"
-	"sort"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -45,7 +44,8 @@ type Table struct {
 	rs    int
 	kmask uint64 // the key word's bits that are the key (codec.Partition.KeyMask)
 	quot  bool   // format 4: key words are places in a bucket, compared within it
-	ko    int    // format 4: the key word's offset in a record, for reads from disk
+	ko    int    // where a record's key word starts in it (rec[i×rs] is record i's + ko)
+	vo    int    // where a record's value bytes start in it (formats 2 and 4)
 	vals  []byte // record i's value bytes (the record less its key) at vals[i×vs:]
 	vs    int
 	vlen  int  // value bytes a record: RecordSize − 8
@@ -61,6 +61,7 @@ type Table struct {
 	Mapped  bool
 	sample  *sampler                   // keys looked up, for the value cache; mapped tables only
 	heardAt time.Time                  // its last sampled lookup; loader goroutine only
+	warmed  bool                       // its cache was warmed while staged (warm.go); loader goroutine only
 	file    *os.File                   // mapped tables: the file, for readCold
 	cache   atomic.Pointer[valueCache] // mapped tables: their value cache, if any
 	dirMem  *tablemem.Buffer           // mapped tables: dir's memory
@@ -95,9 +96,12 @@ func ResidentTable(width int, e codec.Encoding, keys []uint64, vals []float32) (
 
 // NewTable wraps a verified partition. The table keeps p's bytes alive.
 func NewTable(p *codec.Partition) *Table {
-	t := &Table{dir: p.Dir, rec: p.Keys, rs: p.KeyStride, kmask: p.KeyMask, quot: p.Format == 4, ko: p.StoredSize - 8,
+	t := &Table{dir: p.Dir, rec: p.Keys, rs: p.KeyStride, kmask: p.KeyMask, quot: p.Format == 4, vo: 8,
 		vals: p.Vals, vs: p.ValStride, vlen: p.RecordSize - 8, split: p.Format == 3, nb: uint64(p.Buckets), n: p.Count,
 		width: p.Width, enc: p.Encoding, size: int64(len(p.Dir)) + int64(p.Count)*int64(p.StoredSize), owner: p.Owner}
+	if t.quot {
+		t.ko, t.vo = p.StoredSize-8, 0 // the value, then the key: its word is the record's last 8 bytes
+	}
 	if b, ok := p.Owner.(*tablemem.Buffer); ok && b.Mapped {
 		t.Mapped = true // (its sample ring is the shard's, or EnableCache's)
 		t.file, t.recOff = b.File, p.KeysOffset
@@ -128,29 +132,13 @@ func (t *Table) probe(h, frac uint64) uint64 {
 	return h
 }
 
-// hashAt is record i's h. In format 4 it finds i's bucket first, a
-// binary search of the directory: for tests and tools, not lookups.
-func (t *Table) hashAt(i int) uint64 {
-	if !t.quot {
-		return binary.LittleEndian.Uint64(t.rec[i*t.rs:])
-	}
-	b := sort.Search(int(t.nb), func(b int) bool { return t.dirAt(uint64(b)+1) > uint32(i) })
-	return codec.Unquotient(uint64(b), t.keyAt(i), int(t.nb))
-}
+// hashAt is record i's h (codec.HashAt: in format 4 a binary search of
+// the directory): for tests and tools, not lookups.
+func (t *Table) hashAt(i int) uint64 { return codec.HashAt(t.dir, int(t.nb), t.quot, t.keyAt, i) }
 
 // eachHash calls fn with every record and its h, in order.
 func (t *Table) eachHash(fn func(i int, h uint64)) {
-	if !t.quot {
-		for i := range t.n {
-			fn(i, binary.LittleEndian.Uint64(t.rec[i*t.rs:]))
-		}
-		return
-	}
-	for b := range t.nb {
-		for i := int(t.dirAt(b)); i < int(t.dirAt(b+1)); i++ {
-			fn(i, codec.Unquotient(b, t.keyAt(i), int(t.nb)))
-		}
-	}
+	codec.WalkHashes(t.dir, int(t.nb), t.quot, t.keyAt, fn)
 }
 func (t *Table) weightAt(i int) float32 {
 	return math.Float32frombits(binary.LittleEndian.Uint32(t.vals[i*t.vs:]))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"io"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -15,8 +16,16 @@ import (
 
 func buildTable(t testing.TB, keys []uint64, width int, e codec.Encoding, values []float32) *Table {
 	t.Helper()
+	return buildTableWith(t, codec.WritePartition, keys, width, e, values)
+}
+
+// buildTableWith is buildTable with the file written by write
+// (codec.WriteWholeKeys: whole keys at any size, as earlier builds wrote).
+func buildTableWith(t testing.TB, write func(io.Writer, uint32, int, codec.Encoding, []uint64, []float32) (codec.FileSum, error),
+	keys []uint64, width int, e codec.Encoding, values []float32) *Table {
+	t.Helper()
 	var buf bytes.Buffer
-	if _, err := codec.WritePartition(&buf, 0, width, e, keys, values); err != nil {
+	if _, err := write(&buf, 0, width, e, keys, values); err != nil {
 		t.Fatal(err)
 	}
 	p, err := codec.ParsePartition(buf.Bytes())

@@ -113,9 +113,9 @@ func (t *Table) windowed() bool { return t.rs <= maxWindowRecord && t.n >= windo
 // zeroing and a copy on every lookup.
 func (t *Table) tableArgs(a *windowScan) {
 	a.dir, a.rec = unsafe.Pointer(unsafe.SliceData(t.dir)), unsafe.Pointer(unsafe.SliceData(t.rec))
-	a.rs, a.nb, a.count, a.mask, a.woff = uintptr(t.rs), t.nb, int64(t.n), t.kmask, 8
+	a.rs, a.nb, a.count, a.mask, a.woff = uintptr(t.rs), t.nb, int64(t.n), t.kmask, int64(t.vo-t.ko)
 	if t.quot {
-		a.quot, a.woff = 1, int64(-t.ko)
+		a.quot = 1
 	}
 }
 

@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"io"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -19,18 +20,21 @@ func TestFindPathsMatchMap(t *testing.T) {
 		n, width int
 		e        codec.Encoding
 		windowed bool
+		whole    bool // whole keys at any size (format 2), as earlier builds wrote
 	}{
-		{7, 1, codec.EncFP32, false},
-		{window, 1, codec.EncFP32, true},
-		{window + 1, 1, codec.EncFP32, true},
-		{100, 1, codec.EncFP32, true},
-		{4080, 1, codec.EncFP32, true}, // the most records with whole keys
-		{4081, 1, codec.EncFP32, true}, // 256 buckets: 7-byte quotiented keys
-		{60000, 1, codec.EncFP32, true},
-		{1<<20 + 1, 1, codec.EncFP32, true}, // 65,536 buckets: 6-byte keys
-		{60000, 2, codec.EncFP16, true},
-		{60000, 1, codec.EncInt8, true},
-		{60000, 4, codec.EncFP32, false},
+		{60000, 1, codec.EncFP32, true, true},
+		{60000, 4, codec.EncFP32, false, true},
+		{7, 1, codec.EncFP32, false, false},
+		{window, 1, codec.EncFP32, true, false},
+		{window + 1, 1, codec.EncFP32, true, false},
+		{100, 1, codec.EncFP32, true, false},
+		{4080, 1, codec.EncFP32, true, false}, // the most records with whole keys
+		{4081, 1, codec.EncFP32, true, false}, // 256 buckets: 7-byte quotiented keys
+		{60000, 1, codec.EncFP32, true, false},
+		{1<<20 + 1, 1, codec.EncFP32, true, false}, // 65,536 buckets: 6-byte keys
+		{60000, 2, codec.EncFP16, true, false},
+		{60000, 1, codec.EncInt8, true, false},
+		{60000, 4, codec.EncFP32, false, false},
 	}
 	for _, tc := range cases {
 		rng := rand.New(rand.NewPCG(uint64(tc.n), uint64(tc.width)))
@@ -50,7 +54,14 @@ func TestFindPathsMatchMap(t *testing.T) {
 		for i := range vals {
 			vals[i] = float32(rng.NormFloat64())
 		}
-		tb := buildTable(t, keys, tc.width, tc.e, vals)
+		write := codec.WritePartition
+		if tc.whole {
+			write = codec.WriteWholeKeys
+		}
+		tb := buildTableWith(t, write, keys, tc.width, tc.e, vals)
+		if tb.quot != (!tc.whole && codec.Quotiented(tc.n, tc.width, tc.e)) {
+			t.Fatalf("n=%d width=%d %v: quotiented keys %v", tc.n, tc.width, tc.e, tb.quot)
+		}
 		if got := tb.windowed(); got != tc.windowed {
 			t.Fatalf("n=%d width=%d %v: windowed=%v, want %v", tc.n, tc.width, tc.e, got, tc.windowed)
 		}
@@ -106,11 +117,12 @@ func TestFindPathsMatchMap(t *testing.T) {
 // quotiented ones of 7 and 6 bytes (format 4).
 func TestScanWindowsMatchesGo(t *testing.T) {
 	for _, n := range []int{4000, 20000, 1<<20 + 1} {
-		scanWindowsMatchesGo(t, n)
+		scanWindowsMatchesGo(t, n, codec.WritePartition)
 	}
+	scanWindowsMatchesGo(t, 20000, codec.WriteWholeKeys)
 }
 
-func scanWindowsMatchesGo(t *testing.T, n int) {
+func scanWindowsMatchesGo(t *testing.T, n int, write func(io.Writer, uint32, int, codec.Encoding, []uint64, []float32) (codec.FileSum, error)) {
 	rng := rand.New(rand.NewPCG(5, uint64(n)))
 	keys := make([]uint64, n)
 	for i := range keys {
@@ -123,7 +135,7 @@ func scanWindowsMatchesGo(t *testing.T, n int) {
 	for i := range vals {
 		vals[i] = float32(i)
 	}
-	tb := buildTable(t, keys, 1, codec.EncFP32, vals)
+	tb := buildTableWith(t, write, keys, 1, codec.EncFP32, vals)
 	args := func(q []uint64, out []int32, w []float32) *windowScan {
 		var a windowScan
 		tb.tableArgs(&a)
