@@ -174,8 +174,10 @@ const idleAfter = 2 * time.Second
 
 // maintainCaches sizes and feeds the value cache of every partition
 // served from disk that lookups asked lately (idleAfter),
-// sharing what the budget leaves after the resident tables. A cache is
-// made once and kept while its share holds; one over its share is
+// sharing what the budget leaves after the resident tables and the warm
+// caches of staged versions (warm.go). A cache is made once and kept
+// while its share holds, and grows, keeping what it holds, while twice
+// its size fits its share and the budget's room; one over its share is
 // dropped (and its memory given back once no lookup reads it) before
 // another is made, so caches never take more than the budget.
 //
@@ -187,15 +189,20 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	}
 	heard := map[*Table][]uint64{}
 	s.samples.drain(func(t *Table, key uint64) { heard[t] = append(heard[t], key) })
+	staged := s.stagedTables()
 	var active, idle []*Table
+	var warm int64 // the warm caches of staged versions: kept, not shared
 	now := time.Now()
 	for t := range s.onDisk {
 		if len(heard[t]) > 0 {
 			t.heardAt = now
 		}
-		if now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0 {
+		switch c := t.cache.Load(); {
+		case now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0:
 			active = append(active, t)
-		} else {
+		case staged[t] && c != nil && s.opts.MemoryBudget > 0:
+			warm += c.Bytes()
+		default:
 			idle = append(idle, t)
 		}
 	}
@@ -204,10 +211,10 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	}
 	if len(active) == 0 {
 		s.freeCaches(reclaimWait)
-		s.residentHot.Store(0)
+		s.residentHot.Store(warm)
 		return
 	}
-	share := (s.opts.MemoryBudget - s.residentBytes(false)) / int64(len(active))
+	share := (s.opts.MemoryBudget - s.residentBytes(false) - warm) / int64(len(active))
 	for _, t := range active {
 		if c := t.cache.Load(); c != nil && c.Bytes() > share {
 			s.dropCache(t)
@@ -218,7 +225,7 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	if s.freeCaches(reclaimWait); len(s.deadCaches) > 0 {
 		return
 	}
-	var total int64
+	total := warm
 	for _, t := range active {
 		if t.cache.Load() == nil {
 			if c := newValueCache(share, t.vlen, t.n); c != nil {
@@ -227,6 +234,15 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 		}
 		if c := t.cache.Load(); c != nil {
 			total += c.Bytes()
+		}
+	}
+	// Grow caches made small (warmed beside the live ones, or made when
+	// more partitions shared the budget), while the budget holds the old
+	// beside the new until the old is freed.
+	for _, t := range active {
+		if c := t.cache.Load(); c != nil {
+			room := s.opts.MemoryBudget - s.residentBytes(false) - total
+			total += s.grow(t, c, min(share, room))
 		}
 	}
 	s.residentHot.Store(total)

@@ -13,7 +13,8 @@ import (
 )
 
 // reconcile brings what the shard holds to what the serving map asks of
-// it: load what is missing (live first, then staged, then standby), drop
+// it: load what is missing (live first, then staged, then standby), warm
+// the value caches of a staged version served from disk, drop
 // what the map no longer keeps, then promote mapped partitions of live
 // versions while the memory budget allows. The shard never chooses a
 // version itself.
@@ -44,6 +45,9 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 			s.loadVersion(ctx, a, v, want[name][v])
 		}
 	}
+	// A staged version is reported held once warm: committed, it serves
+	// its hot keys from memory at once.
+	s.warmStaged(ctx, as)
 	s.report() // what was loaded, before promotions that may take long
 	// Failures of versions the map no longer keeps on this shard will
 	// never be retried: forget them.

@@ -480,6 +480,18 @@ func (s *Shard) info() (string, map[string]string) {
 		subs = s.heldReports()
 	} else {
 		info.Schema, info.Applied, info.Loaded = topo.ShardInfoLegacySchema, s.applied, s.Loaded()
+		snap := s.snap.Load()
+		for i, l := range info.Loaded {
+			if a, ok := s.cur[l.Model]; ok && l.Version == a.Staged {
+				cold := s.coldParts(snap, l.Model, a)
+				for j := len(l.Have) - 1; j >= 0; j-- {
+					if cold[int(l.Have[j])] {
+						l.Have, l.IDs = slices.Delete(l.Have, j, j+1), slices.Delete(l.IDs, j, j+1)
+					}
+				}
+				info.Loaded[i] = l
+			}
+		}
 	}
 	// What fails now, not a history: a load that later succeeds, or is no
 	// longer asked for, leaves the report.
@@ -530,10 +542,12 @@ func (s *Shard) heldReports() map[string]string {
 		for i, v := range kept {
 			held[i], infos[i] = snap.get(name, v), a.Info(v)
 		}
+		cold := s.coldParts(snap, name, a)
 		// Held with the identity the map names, and no other.
 		has := func(i int, p int) bool {
 			ver, info := held[i], infos[i]
-			return ver != nil && info != nil && p < len(ver.layers) && ver.layers[p] != nil && p < len(info.IDs) && ver.ids[p] == info.IDs[p]
+			return ver != nil && info != nil && p < len(ver.layers) && ver.layers[p] != nil && p < len(info.IDs) && ver.ids[p] == info.IDs[p] &&
+				!(kept[i] == a.Staged && cold[p])
 		}
 		var parts []uint32
 		for p, reps := range a.Replicas {

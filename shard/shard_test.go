@@ -384,6 +384,14 @@ const diskShardBudget = 192 << 10
 // weight k%1000) in one partition, far over its budget: from disk.
 func diskShard(t *testing.T) *Shard {
 	t.Helper()
+	s, _, _ := diskShardOf(t, diskShardBudget)
+	return s
+}
+
+// diskShardOf is diskShard with the given memory budget, and its
+// etcd client and repository.
+func diskShardOf(t *testing.T, budget int64) (*Shard, *clientv3.Client, loader.Repo) {
+	t.Helper()
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
@@ -394,13 +402,13 @@ func diskShard(t *testing.T) *Shard {
 	if _, err := repo.Publish("m", m, 1, ""); err != nil {
 		t.Fatal(err)
 	}
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: diskShardBudget, HotInterval: 20 * time.Millisecond, DataDir: t.TempDir()})
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget, HotInterval: 20 * time.Millisecond, DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
 	putMap(t, cli, repo, 1, 1, 0)
-	return s
+	return s, cli, repo
 }
 
 // TestValueCache: a partition far over the budget is served from disk;

@@ -1,0 +1,235 @@
+package shard
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+)
+
+// A new version of a model served from disk would go live with empty
+// value caches, and serve every key from disk until they learned the
+// hot ones again: seconds of a tail many times the steady one. So a
+// version staged beside the live one is warmed first: for each of its
+// partitions served from disk, the keys the live version's cache of
+// that partition holds are read from the new file, most asked first, into
+// a cache of the staged table, which the sketch's counts follow. The
+// shard reports the staged version as held only once that is done (or
+// warmTimeout passed), so the manager commits it warm.
+//
+// A warm cache takes the budget's room beside the live caches; where
+// there is not room for both at their size, each live cache keeps its
+// most asked half (resized in memory, nothing read) and the staged one
+// gets the other half's room, filled with the most asked keys. Once
+// live, a cache smaller than its share grows (maintainCaches), keeping
+// what it holds. A delta staged on the
+// live version's base shares its tables, and so its caches: nothing to
+// warm.
+
+// warmTimeout bounds how long warming a staged version may hold its
+// report back: a slow disk delays a rollout by at most this.
+const warmTimeout = 20 * time.Second
+
+// warmPair is a partition of a staged version to warm: its base table
+// served from disk (to), the live version's (from), which has a cache.
+type warmPair struct {
+	p        int
+	to, from *Table
+}
+
+// toWarm is the partitions of model name's staged version (in a) not yet
+// warmed. Loader goroutine only.
+func (s *Shard) toWarm(sn *snapshot, name string, a topo.Assignment) []warmPair {
+	if s.opts.MemoryBudget == 0 || a.Staged == 0 || a.Live == 0 {
+		return nil
+	}
+	sv, lv := sn.get(name, a.Staged), sn.get(name, a.Live)
+	if sv == nil || lv == nil {
+		return nil
+	}
+	var pairs []warmPair
+	for p, l := range sv.layers {
+		if p >= len(lv.layers) || len(l) == 0 || len(lv.layers[p]) == 0 {
+			continue
+		}
+		to, from := l[len(l)-1], lv.layers[p][len(lv.layers[p])-1]
+		if to != from && to.Mapped && !to.warmed && to.cache.Load() == nil && from.cache.Load() != nil {
+			pairs = append(pairs, warmPair{p, to, from})
+		}
+	}
+	return pairs
+}
+
+// warmStaged warms the caches of the versions as stages beside their live
+// ones. Loader goroutine only.
+func (s *Shard) warmStaged(ctx context.Context, as map[string]topo.Assignment) {
+	var pairs []warmPair
+	sn := s.snap.Load()
+	for _, name := range slices.Sorted(maps.Keys(as)) {
+		pairs = append(pairs, s.toWarm(sn, name, as[name])...)
+	}
+	if len(pairs) == 0 {
+		return
+	}
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, warmTimeout)
+	defer cancel()
+	var want int64 // caches the size of the live ones
+	for _, pr := range pairs {
+		want += pr.from.cache.Load().Bytes()
+	}
+	halve := s.opts.MemoryBudget-s.residentBytes(true)-s.unplaced < want
+	keys := 0
+	for i, pr := range pairs {
+		if s.superseded(ctx) {
+			break // a newer map (a rollback, say) first
+		}
+		pr.to.warmed = true // once: a version staged long is not read again every map
+		from := pr.from.cache.Load()
+		size := from.Bytes()
+		if halve {
+			// No room for both: the live cache keeps its most asked
+			// half, the staged one gets the other half's room. The live
+			// one's old memory goes before the staged one's comes.
+			size /= 2
+			if b := s.resize(pr.from, from, size); b > 0 {
+				s.freeCaches(reclaimWait)
+				s.residentHot.Add(b - from.Bytes())
+			}
+		}
+		room := s.opts.MemoryBudget - s.residentBytes(true) - s.unplaced
+		c := newValueCache(min(size, room/int64(len(pairs)-i)), pr.to.vlen, pr.to.n)
+		if c == nil {
+			continue
+		}
+		keys += pr.to.fill(wctx, c, pr.from.cache.Load(), s.cold)
+		pr.to.cache.Store(c)
+		s.residentHot.Add(c.Bytes())
+	}
+	slog.Info("shard: warmed the value caches of a staged version", "shard", s.opts.ID, "partitions", len(pairs),
+		"keys", keys, "took", time.Since(start).Round(time.Millisecond), "complete", wctx.Err() == nil)
+}
+
+// fill reads into c, from t's file, the keys from holds, most asked
+// first, as many as c has slots, and counts each in c's sketch as often
+// as from's sketch does. It returns how many it cached; what was read
+// before ctx ended is kept. The loader's only (from is not written
+// meanwhile: only the loader writes caches).
+func (t *Table) fill(ctx context.Context, c, from *valueCache, r *ColdReads) int {
+	type hot struct {
+		h uint64
+		f int
+	}
+	var hs []hot
+	for i := range from.hs {
+		if h := from.hs[i].Load(); h != 0 {
+			hs = append(hs, hot{h, from.freq.estimate(h)})
+		}
+	}
+	slices.SortFunc(hs, func(a, b hot) int { return cmp.Compare(b.f, a.f) })
+	hs = hs[:min(len(hs), len(c.hs))]
+	ids := make([]uint64, len(hs))
+	for i, k := range hs {
+		ids[i] = codec.KeyUnhash(k.h)
+	}
+	vals := make([]byte, len(ids)*t.vlen)
+	out := make([]int32, len(ids))
+	t.readCold(ctx, ids, out, vals, nil, r)
+	n := 0
+	for q, k := range hs {
+		for range k.f {
+			c.freq.add(k.h)
+		}
+		if out[q] < 0 {
+			continue // not in the new version, or not read in time
+		}
+		if i := c.admits(k.h); i >= 0 {
+			c.put(i, k.h, vals[q*t.vlen:(q+1)*t.vlen])
+			n++
+		}
+	}
+	return n
+}
+
+// grow replaces t's cache c by a larger one of at most bytes if one of
+// twice c's size fits (resize); it returns the new cache's bytes, or 0.
+// Loader goroutine only.
+func (s *Shard) grow(t *Table, c *valueCache, bytes int64) int64 {
+	if cacheBytes(2*int(c.mask+1), c.vlen) > bytes {
+		return 0
+	}
+	return s.resize(t, c, bytes)
+}
+
+// resize replaces t's cache c by the largest of at most bytes, larger or
+// smaller, holding what of c's keys it admits (the most asked, where
+// smaller: c's sketch counts come along), read from c, not the disk; c
+// is dropped. It returns the new cache's bytes, or 0 (c kept) if that
+// would be c's size or no cache fits. Loader goroutine only.
+func (s *Shard) resize(t *Table, c *valueCache, bytes int64) int64 {
+	g := newValueCache(bytes, t.vlen, t.n)
+	if g == nil || g.Bytes() == c.Bytes() {
+		if g != nil {
+			g.free()
+		}
+		return 0
+	}
+	val := make([]byte, c.vlen)
+	for i := range c.hs {
+		h := c.hs[i].Load()
+		if h == 0 || !c.get(h, val) {
+			continue
+		}
+		for range c.freq.estimate(h) {
+			g.freq.add(h)
+		}
+		if j := g.admits(h); j >= 0 {
+			g.put(j, h, val)
+		}
+	}
+	t.cache.Store(g)
+	s.deadCaches = append(s.deadCaches, c)
+	return g.Bytes()
+}
+
+// stagedTables is the tables served from disk of the versions staged
+// beside live ones, whose warm caches maintainCaches keeps though no
+// lookup asks them. Loader goroutine only.
+func (s *Shard) stagedTables() map[*Table]bool {
+	var staged map[*Table]bool
+	sn := s.snap.Load()
+	for name, a := range s.cur {
+		v := sn.get(name, a.Staged)
+		if a.Staged == 0 || a.Live == 0 || v == nil {
+			continue
+		}
+		for _, l := range v.layers {
+			if len(l) > 0 && l[len(l)-1].warmed {
+				if staged == nil {
+					staged = map[*Table]bool{}
+				}
+				staged[l[len(l)-1]] = true
+			}
+		}
+	}
+	return staged
+}
+
+// coldParts is the partitions of model name's staged version still to be
+// warmed: not reported held yet, so that the manager commits the version
+// warm. Loader goroutine only.
+func (s *Shard) coldParts(sn *snapshot, name string, a topo.Assignment) map[int]bool {
+	var cold map[int]bool
+	for _, w := range s.toWarm(sn, name, a) {
+		if cold == nil {
+			cold = map[int]bool{}
+		}
+		cold[w.p] = true
+	}
+	return cold
+}

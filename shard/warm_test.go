@@ -1,0 +1,130 @@
+package shard
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/testenv"
+	"github.com/cumulus-serving/cumulus/internal/topo"
+	"github.com/cumulus-serving/cumulus/loader"
+	"github.com/cumulus-serving/cumulus/model"
+)
+
+// TestWarmStaged: a new version staged beside the live one, both served
+// from disk, is reported held only once its value cache holds the live
+// cache's hot keys with its own values, within the budget (the live
+// cache keeps its most asked half to make room). Committed, its first
+// lookups of the hot keys are all cache hits, and its cache then grows
+// to the live one's size once the old version's memory is gone.
+func TestWarmStaged(t *testing.T) {
+	const budget = 1 << 20 // each version's directory (100 KB) and a cache of 32,768 slots, halved when staging
+	s, cli, repo := diskShardOf(t, budget)
+	hotKeys := make([]uint64, 1000)
+	for i := range hotKeys {
+		hotKeys[i] = uint64(1000 + 7*i)
+	}
+	cacheOf := func(v uint64) *valueCache {
+		sn := s.acquire()
+		defer sn.done()
+		ver := sn.get("m", v)
+		if ver == nil || len(ver.layers[0]) == 0 {
+			return nil
+		}
+		return ver.layers[0][0].cache.Load()
+	}
+	holdsHot := func(c *valueCache) error {
+		if c == nil {
+			return errors.New("no value cache")
+		}
+		for _, k := range hotKeys {
+			if !c.has(codec.KeyHash(k)) {
+				return fmt.Errorf("the cache lacks hot key %d (it holds %d keys)", k, c.Len())
+			}
+		}
+		return nil
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if _, err := lookup(s, 1, 1, slices.Clone(hotKeys)); err != nil {
+			return err
+		}
+		return holdsHot(cacheOf(1))
+	})
+	live := cacheOf(1).Bytes()
+
+	// Version 2: other weights. Staged, it is held once warm.
+	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
+	for k := uint64(1); k <= 400000; k++ {
+		m.Keys = append(m.Keys, k)
+		m.Values = append(m.Values, float32(k%1000)+0.5)
+	}
+	if _, err := repo.Publish("m", m, 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	putMap(t, cli, repo, 1, 1, 2)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		resp, err := cli.Get(context.Background(), topo.DefaultCluster.ShardKey("s1"))
+		if err != nil || len(resp.Kvs) == 0 {
+			return errors.New("no registration")
+		}
+		var info topo.ShardInfo
+		if err := json.Unmarshal(resp.Kvs[0].Value, &info); err != nil {
+			return err
+		}
+		for _, l := range info.Loaded {
+			if l.Version == 2 && slices.Contains(l.Have, 0) {
+				return nil
+			}
+		}
+		return fmt.Errorf("version 2 not reported held yet: %+v", info.Loaded)
+	})
+	// Reported held: warm already, with version 2's values.
+	if err := holdsHot(cacheOf(2)); err != nil {
+		t.Fatalf("version 2 reported held before its cache was warm: %v", err)
+	}
+	val := make([]byte, 4)
+	if !cacheOf(2).get(codec.KeyHash(1007), val) || math.Float32frombits(binary.LittleEndian.Uint32(val)) != 7.5 {
+		t.Fatalf("version 2's cache holds key 1007 as %v, want 7.5", math.Float32frombits(binary.LittleEndian.Uint32(val)))
+	}
+	if err := holdsHot(cacheOf(1)); err != nil || cacheOf(1).Bytes() >= live {
+		t.Fatalf("the live cache (%d bytes, before %d) lost its hot keys making room: %v", cacheOf(1).Bytes(), live, err)
+	}
+	if got := s.residentBytes(true); got > budget {
+		t.Fatalf("%d bytes resident and cached, over the budget %d", got, budget)
+	}
+
+	// Committed (version 1 retired): the first lookups of the hot keys
+	// are cache hits.
+	putMap(t, cli, repo, 1, 2, 0)
+	hits := testutil.ToFloat64(s.metrics.cacheHits)
+	r, err := lookup(s, 2, 1, slices.Clone(hotKeys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(s.metrics.cacheHits) - hits; got < float64(len(hotKeys)) {
+		t.Fatalf("%v of the %d hot keys' first lookups after the commit were cache hits", got, len(hotKeys))
+	}
+	if r.Value(1, 0) != 7.5 {
+		t.Fatalf("key 1007 reads %v from version 2, want 7.5", r.Value(1, 0))
+	}
+	// The old version's directory and cache go; the new cache grows into
+	// the room, keeping its keys.
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if _, err := lookup(s, 2, 1, slices.Clone(hotKeys)); err != nil {
+			return err
+		}
+		if c := cacheOf(2); c == nil || c.Bytes() < live {
+			return fmt.Errorf("version 2's cache has not grown to %d bytes yet", live)
+		}
+		return holdsHot(cacheOf(2))
+	})
+}
