@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -24,7 +25,10 @@ type GenSpec struct {
 	Partitions  uint32 // default 8
 	Encoding    string // factors: fp32 (default), fp16 or int8
 	Seed        uint64
-	Dense       bool // ids 0..Params-1 instead of hashed 64-bit ids
+	// ValueSeed, if set, draws the values from it instead of Seed: the
+	// same features with other values, as a model's next full version.
+	ValueSeed uint64
+	Dense     bool // ids 0..Params-1 instead of hashed 64-bit ids
 	// Layers are the hidden layers' widths of a type with a dense part
 	// (model.Shape.HasDense); default 256, 128.
 	Layers []int
@@ -101,7 +105,7 @@ func (r Repo) Generate(spec GenSpec) (*codec.Manifest, error) {
 	}
 	w, err := r.NewVersion(Spec{
 		Name: spec.Name, Shape: spec.Shape, Bias: -1.5, Partitions: spec.Partitions, Encoding: spec.Encoding,
-		Source:    fmt.Sprintf("cumulus model gen --type %s --params %d --seed %d --ids %s (%s)", spec.Type, spec.Params, spec.Seed, gi.IDs, spec.Shape),
+		Source:    fmt.Sprintf("cumulus model gen --type %s --params %d --seed %d --value-seed %d --ids %s (%s)", spec.Type, spec.Params, spec.Seed, cmp.Or(spec.ValueSeed, spec.Seed), gi.IDs, spec.Shape),
 		Generator: &gi,
 	})
 	if err != nil {
@@ -138,6 +142,7 @@ func (w *VersionWriter) generate(spec GenSpec, gi codec.GenInfo) error {
 		}
 	}
 	width := spec.Width()
+	vseed := cmp.Or(spec.ValueSeed, spec.Seed)
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for p := range spec.Partitions {
@@ -148,9 +153,9 @@ func (w *VersionWriter) generate(spec GenSpec, gi codec.GenInfo) error {
 			}
 			vals := make([]float32, 0, len(keys)*width)
 			for _, id := range keys {
-				vals = append(vals, genValue(spec.Seed, id, 0, 0.5))
+				vals = append(vals, genValue(vseed, id, 0, 0.5))
 				for j := 1; j < width; j++ {
-					vals = append(vals, genValue(spec.Seed, id, j, 0.1))
+					vals = append(vals, genValue(vseed, id, j, 0.1))
 				}
 			}
 			if spec.Progress != nil {

@@ -395,6 +395,23 @@ func TestGenerate(t *testing.T) {
 	if _, err := repo.GenerateDeltas("g", 1, 200001, 9); err == nil || !strings.Contains(err.Error(), "1 to 200000") {
 		t.Errorf("more keys a delta than features: %v", err)
 	}
+
+	// A next full version: the same features, other values.
+	m2, err := repo.Generate(GenSpec{Name: "g", Shape: model.Shape{Type: model.FM, Dim: 4}, Params: 200000, Partitions: 3, Seed: 7, ValueSeed: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := repo.ReadPartition(m, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := repo.ReadPartition(m2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Count != b.Count || a.Hash(0) != b.Hash(0) || a.Hash(a.Count-1) != b.Hash(b.Count-1) || slices.Equal(a.ValueBytes(0), b.ValueBytes(0)) {
+		t.Errorf("--value-seed: %d and %d features, first %x and %x, values %x and %x", a.Count, b.Count, a.Hash(0), b.Hash(0), a.ValueBytes(0), b.ValueBytes(0))
+	}
 }
 
 // TestChainCap: deltas stack up to MaxChain on a full version; a delta

@@ -205,6 +205,7 @@ func modelGenCommand() *cobra.Command {
 	cmd.Flags().Int64Var(&spec.Params, "params", 1_000_000, "number of features")
 	cmd.Flags().Uint32Var(&spec.Partitions, "partitions", 8, "number of partitions")
 	cmd.Flags().Uint64Var(&spec.Seed, "seed", 1, "random seed")
+	cmd.Flags().Uint64Var(&spec.ValueSeed, "value-seed", 0, "draw the values from this seed instead (0: --seed): the same features with other values, as a next full version")
 	cmd.Flags().StringVar(&spec.Encoding, "encoding", "fp32", "factor storage (fm, ffm): fp32, fp16 or int8")
 	cmd.Flags().StringVar(&ids, "ids", "hashed", "hashed (64-bit ids, as hashed features are) or dense (0..params-1)")
 	cmd.Flags().StringVar(&repo, "repo", "", "model repository directory (required)")
