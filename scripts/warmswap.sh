@@ -38,7 +38,7 @@ echo "model: $params LR features, $partitions partitions, $((model >> 20)) MiB a
 export CUMULUS_ADMIN_TOKEN=warmswap
 : > "$work/dev.out" # before it starts: the wait for ready must not read the last run's
 "$C" dev --repo "$repo" --shards "$shards" --memory-budget "$budget" --http-addr 127.0.0.1:29230 --grpc-addr 127.0.0.1:29231 \
-  --admin-addr 127.0.0.1:29232 > "$work/dev.out" 2> "$work/dev.err" &
+  --admin-addr 127.0.0.1:29232 ${DEV_FLAGS:-} > "$work/dev.out" 2> "$work/dev.err" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; [ -d "$repo/bench/2" ] && mv "$repo/bench/2" "$work/v2-held"' EXIT
 until grep -q '^ready' "$work/dev.out"; do kill -0 $pid; sleep 0.2; done
@@ -50,8 +50,23 @@ load() {
 live() { "$C" admin --addr 127.0.0.1:29232 --json models | python3 -c 'import json,sys; print(json.load(sys.stdin)["models"][0]["live"])'; }
 load --requests "$warm" --duration 10m > /dev/null
 steady=$(load --duration "$window")
+# SLICES=N: also N back-to-back 2s loads from publication, each one's p99
+# printed, to see when the tail rises and falls.
+if [ "${SLICES:-0}" -gt 0 ]; then
+  (for i in $(seq "$SLICES"); do echo "slice $i $(date +%s.%N) $(load --duration 2s)"; done) > "$work/slices.out" &
+  slicer=$!
+fi
 mv "$work/v2-held" "$repo/bench/2" # publish version 2
 t0=$(date +%s.%N)
+if [ "${SLICES:-0}" -gt 0 ]; then
+  "$C" admin --addr 127.0.0.1:29232 rescan > /dev/null
+  until [ "$(live)" = 2 ]; do kill -0 $slicer 2>/dev/null || break; sleep 0.1; done
+  t1=$(date +%s.%N)
+  wait $slicer
+  awk -v t0="$t0" -v t1="$t1" '{ printf "  %5.1fs %s\n", $3 - t0, $0 }' "$work/slices.out" | cut -c1-90
+  echo "version 2 live $(python3 -c "print(round($t1-$t0,1))") s after publication; steady: $steady"
+  exit 0
+fi
 load --duration "$window" > "$work/during.out" &
 loader=$!
 "$C" admin --addr 127.0.0.1:29232 rescan > /dev/null
