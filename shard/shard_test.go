@@ -411,6 +411,20 @@ func diskShardOf(t *testing.T, budget int64) (*Shard, *clientv3.Client, loader.R
 	return s, cli, repo
 }
 
+// cacheHolds says which of keys value cache c lacks, if any (or that
+// there is no cache).
+func cacheHolds(c *valueCache, keys []uint64) error {
+	if c == nil {
+		return errors.New("no value cache")
+	}
+	for _, k := range keys {
+		if !c.has(codec.KeyHash(k)) {
+			return fmt.Errorf("the cache lacks hot key %d (it holds %d keys)", k, c.Len())
+		}
+	}
+	return nil
+}
+
 // TestValueCache: a partition far over the budget is served from disk;
 // traffic that keeps asking for a few features brings exactly those into
 // its value cache, within the budget, and every answer stays exact.
@@ -431,16 +445,7 @@ func TestValueCache(t *testing.T) {
 		if len(v.layers[0]) != 1 || !v.layers[0][0].Mapped {
 			return errors.New("not served from disk")
 		}
-		c := v.layers[0][0].cache.Load()
-		if c == nil {
-			return errors.New("no value cache yet")
-		}
-		for _, k := range hotKeys {
-			if !c.has(codec.KeyHash(k)) {
-				return fmt.Errorf("the cache lacks hot key %d (it holds %d keys)", k, c.Len())
-			}
-		}
-		return nil
+		return cacheHolds(v.layers[0][0].cache.Load(), hotKeys)
 	})
 	if s.residentBytes(true) > budget {
 		t.Fatalf("%d resident bytes over the budget %d", s.residentBytes(true), budget)

@@ -42,17 +42,7 @@ func TestWarmStaged(t *testing.T) {
 		}
 		return ver.layers[0][0].cache.Load()
 	}
-	holdsHot := func(c *valueCache) error {
-		if c == nil {
-			return errors.New("no value cache")
-		}
-		for _, k := range hotKeys {
-			if !c.has(codec.KeyHash(k)) {
-				return fmt.Errorf("the cache lacks hot key %d (it holds %d keys)", k, c.Len())
-			}
-		}
-		return nil
-	}
+	holdsHot := func(c *valueCache) error { return cacheHolds(c, hotKeys) }
 	testenv.Eventually(t, 20*time.Second, func() error {
 		if _, err := lookup(s, 1, 1, slices.Clone(hotKeys)); err != nil {
 			return err
