@@ -128,7 +128,7 @@ for r in r1 r2; do
   # 2-core machine running nine processes, a request's bytes took more
   # than the default 200ms to arrive while the restarted shard loaded
   # (DeadlineExceeded, "did not arrive within its receive time"; seen in
-  # 2 runs of 4, at the build before this line too), which is the front
+  # 5 runs of 6, at the build before this line too), which is the front
   # door's guard against slow senders, tested on its own elsewhere.
   on $r "$C" router --id $r $(etcdtls $r) $(tls $r) --client-ca "$pki/ca.crt" --grpc-addr "${ip[$r]}:8001" \
     --http-addr "${ip[$r]}:8000" --probe-addr "${ip[$r]}:8003" --receive-timeout 2s > "$work/logs/$r.log" 2>&1 &
