@@ -64,7 +64,8 @@ import (
 //
 // Quotiented keys (format 4): a record's bucket already fixes the high
 // half of h × nb, so the record stores only the low half's top K bytes,
-// q = low >> (64 − 8K): K = 6 from 2^16 buckets, 7 from 2^8. Two keys of
+// q = low >> (64 − 8K): K = 6 from 2^16 buckets (which a file of 2^19
+// records or more has: quotBuckets), 7 from 2^8. Two keys of
 // a bucket differ in low by at least nb (≥ 2^(64−8K)), so q is exact and
 // ordered like h; h is ⌈(b·2^64 + q·2^(64−8K)) / nb⌉. An fp32 LR
 // parameter then costs 4 + 6 + 0.25 = 10.25 bytes. The key sits last in
@@ -180,7 +181,27 @@ func unxorshift(x uint64, s uint) uint64 {
 // Buckets is the directory size for n records.
 func Buckets(n int) int { return max(1, (n+RecordsPerBucket-1)/RecordsPerBucket) }
 
-func dirBytes(n int) int64 { return (int64(Buckets(n)+1)*4 + 7) &^ 7 }
+// quotBuckets is the directory size for n records with quotiented keys:
+// from 2^19 records at least 2^16 buckets, so that keys take 6 bytes,
+// not 7, for at most 0.25 more bytes of directory a record (10.5 B/param
+// at worst, where 7-byte keys would cost 11.25).
+func quotBuckets(n int) int {
+	if n >= 1<<19 {
+		return max(Buckets(n), 1<<16)
+	}
+	return Buckets(n)
+}
+
+// bucketsOf is the directory size of n records in format f.
+func bucketsOf(n, f int) int {
+	if f == quotFormat {
+		return quotBuckets(n)
+	}
+	return Buckets(n)
+}
+
+// dirBytes is the directory's size for nb buckets, padded to 8 bytes.
+func dirBytes(nb int) int64 { return (int64(nb+1)*4 + 7) &^ 7 }
 
 // QuotientBytes is how many bytes of a key a quotiented record of a
 // partition of nb buckets stores (6 or 7), or 0 where it stores the
@@ -221,7 +242,7 @@ func Unquotient(b, w uint64, nb int) uint64 {
 // takes in a partition of n records, as writers store it.
 func StoredRecordSize(n, width int, e Encoding) int {
 	if Quotiented(n, width, e) {
-		return RecordSize(width, e) - 8 + QuotientBytes(Buckets(n))
+		return RecordSize(width, e) - 8 + QuotientBytes(quotBuckets(n))
 	}
 	return RecordSize(width, e)
 }
@@ -229,7 +250,7 @@ func StoredRecordSize(n, width int, e Encoding) int {
 // PartitionFileSize is the exact size of a partition file as writers
 // write it.
 func PartitionFileSize(count, width int, e Encoding, blockSize int) int64 {
-	return fileSize(count, StoredRecordSize(count, width, e), blockSize)
+	return fileSize(count, bucketsOf(count, writeFormat(count, width, e)), StoredRecordSize(count, width, e), blockSize)
 }
 
 // PartitionSizeValid reports whether size is that of a partition file of
@@ -237,12 +258,13 @@ func PartitionFileSize(count, width int, e Encoding, blockSize int) int64 {
 // reads: as writers write it now, or with whole keys (formats 2 and 3,
 // all that earlier builds wrote).
 func PartitionSizeValid(size int64, count, width int, e Encoding, blockSize int) bool {
-	return size == PartitionFileSize(count, width, e, blockSize) || size == fileSize(count, RecordSize(width, e), blockSize)
+	return size == PartitionFileSize(count, width, e, blockSize) || size == fileSize(count, Buckets(count), RecordSize(width, e), blockSize)
 }
 
-// fileSize is the size of a partition file of count records of rs bytes.
-func fileSize(count, rs, blockSize int) int64 {
-	body := int64(partHeaderSize) + dirBytes(count) + int64(count)*int64(rs)
+// fileSize is the size of a partition file of count records of rs bytes
+// behind nb buckets.
+func fileSize(count, nb, rs, blockSize int) int64 {
+	body := int64(partHeaderSize) + dirBytes(nb) + int64(count)*int64(rs)
 	blocks := (body + int64(blockSize) - 1) / int64(blockSize)
 	return body + 4*blocks + partTrailerSize
 }
@@ -329,7 +351,7 @@ func writeFormat(n, width int, e Encoding) int {
 // buckets); record(rec, i) fills record i, its whole key first.
 func writeSorted(w io.Writer, partition uint32, width int, e Encoding, f int, hs []uint64, record func(rec []byte, i int)) (FileSum, error) {
 	n := len(hs)
-	nb := Buckets(n)
+	nb := bucketsOf(n, f)
 	// Counting sort by bucket yields the directory; each bucket (16 on
 	// average) is then sorted by h.
 	dir := make([]uint32, nb+1)
@@ -366,7 +388,7 @@ func writeSorted(w io.Writer, partition uint32, width int, e Encoding, f int, hs
 	if kb > 0 {
 		stored = rs - 8 + kb
 	}
-	bw := newBlockWriter(w, DefaultBlockSize, fileSize(n, stored, DefaultBlockSize))
+	bw := newBlockWriter(w, DefaultBlockSize, fileSize(n, nb, stored, DefaultBlockSize))
 	var h [partHeaderSize]byte
 	copy(h[0:8], partMagic)
 	binary.LittleEndian.PutUint32(h[8:], uint32(f))
@@ -379,7 +401,7 @@ func writeSorted(w io.Writer, partition uint32, width int, e Encoding, f int, hs
 	binary.LittleEndian.PutUint64(h[40:], uint64(nb))
 	binary.LittleEndian.PutUint32(h[60:], crc32.Checksum(h[:60], castagnoli))
 	bw.write(h[:])
-	d := make([]byte, dirBytes(n))
+	d := make([]byte, dirBytes(nb))
 	for b, off := range dir {
 		binary.LittleEndian.PutUint32(d[4*b:], off)
 	}

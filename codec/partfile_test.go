@@ -400,7 +400,7 @@ func TestRecordValuesOnTheWire(t *testing.T) {
 // two checksum blocks; a delta's deletion marker passes.
 func TestVerifyFinite(t *testing.T) {
 	const n, width = 4000, 81 // fp32 records of 332 bytes: some straddle the 1 MiB blocks
-	start := int64(partHeaderSize) + dirBytes(n)
+	start := int64(partHeaderSize) + dirBytes(Buckets(n))
 	straddling := int((DefaultBlockSize - start) / int64(RecordSize(width, EncFP32))) // crosses the first block's end
 	verify := func(e Encoding, at int, v float32, j int) error {
 		keys := make([]uint64, n)

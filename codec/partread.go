@@ -182,18 +182,18 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 		return nil, fmt.Errorf("%w: partition file: width %d and record size %d disagree", ErrCorrupt, p.Width, p.StoredSize)
 	case p.blockSize < 4096 || p.blockSize > maxBlockSize || count > uint64(len(b))/minRecordSize:
 		return nil, fmt.Errorf("%w: partition file: implausible header (count %d, block size %d)", ErrCorrupt, count, p.blockSize)
-	case nb != uint64(Buckets(int(count))):
+	case nb != uint64(bucketsOf(int(count), int(format))):
 		return nil, fmt.Errorf("%w: partition file: %d buckets for %d records", ErrCorrupt, nb, count)
 	}
 	p.Count, p.Buckets = int(count), int(nb)
-	if want := fileSize(p.Count, p.StoredSize, p.blockSize); int64(len(b)) != want {
+	if want := fileSize(p.Count, p.Buckets, p.StoredSize, p.blockSize); int64(len(b)) != want {
 		return nil, fmt.Errorf("%w: partition file: size %d, header implies %d (truncated or padded)", ErrCorrupt, len(b), want)
 	}
 	t := b[len(b)-partTrailerSize:]
 	if string(t[12:]) != trailerMagic {
 		return nil, fmt.Errorf("%w: partition file: bad trailer magic", ErrCorrupt)
 	}
-	dirEnd := partHeaderSize + dirBytes(p.Count)
+	dirEnd := partHeaderSize + dirBytes(p.Buckets)
 	bodyEnd := dirEnd + int64(p.Count)*int64(p.StoredSize)
 	nblocks := (bodyEnd + int64(p.blockSize) - 1) / int64(p.blockSize)
 	if binary.LittleEndian.Uint64(t[0:]) != uint64(nblocks) {
@@ -289,7 +289,7 @@ func newFiniteCheck(h []byte, count uint64) *finiteCheck {
 		return nil
 	}
 	c.vlen = RecordSize(c.width, c.enc) - 8
-	c.start = partHeaderSize + dirBytes(int(count))
+	c.start = partHeaderSize + dirBytes(c.nb)
 	c.end = c.start + int64(count)*int64(c.rs)
 	switch c.format {
 	case partFormat:

@@ -19,7 +19,7 @@ import (
 // bucket's boundary (h and h+1 in different buckets), where the stored
 // place is smallest and largest.
 func quotientKeys(n int, seed uint64) []uint64 {
-	nb := uint64(Buckets(n))
+	nb := uint64(quotBuckets(n))
 	rng := rand.New(rand.NewPCG(seed, uint64(n)))
 	seen := map[uint64]bool{}
 	var keys []uint64
@@ -59,6 +59,8 @@ func TestQuotientedKeys(t *testing.T) {
 		{4081, 1, 7, EncFP32},
 		{70000, 3, 7, EncFP16},
 		{20000, 9, 7, EncInt8},
+		{1<<19 - 1, 1, 7, EncFP32}, // 32,768 buckets
+		{1 << 19, 1, 6, EncFP32},   // 65,536 buckets, not 32,768: 6-byte keys
 		{1<<20 + 1, 1, 6, EncFP32},
 	} {
 		keys := quotientKeys(c.n, 1)
@@ -80,7 +82,7 @@ func TestQuotientedKeys(t *testing.T) {
 		if c.keyBytes == 0 {
 			wantFormat, wantSize = 2, RecordSize(c.width, c.e)
 		}
-		if p.Format != wantFormat || p.StoredSize != wantSize || QuotientBytes(p.Buckets) != c.keyBytes ||
+		if p.Format != wantFormat || p.StoredSize != wantSize || QuotientBytes(p.Buckets) != c.keyBytes || p.Buckets != bucketsOf(c.n, p.Format) ||
 			sum.Size != PartitionFileSize(c.n, c.width, c.e, DefaultBlockSize) || !PartitionSizeValid(sum.Size, c.n, c.width, c.e, DefaultBlockSize) {
 			t.Fatalf("%+v: format %d, record %d bytes, %d buckets; file %d bytes", c, p.Format, p.StoredSize, p.Buckets, sum.Size)
 		}
@@ -182,7 +184,7 @@ func TestQuotientedFinite(t *testing.T) {
 	}
 	slices.Sort(hs)
 	stored := StoredRecordSize(n, width, EncFP16)
-	start := int64(partHeaderSize) + dirBytes(n)
+	start := int64(partHeaderSize) + dirBytes(Buckets(n))
 	straddling := int((DefaultBlockSize - start) / int64(stored))
 	for _, at := range []int{0, 17, straddling, n - 1} {
 		target := KeyUnhash(hs[at])
