@@ -241,10 +241,8 @@ func Unquotient(b, w uint64, nb int) uint64 {
 // StoredRecordSize is the bytes a record of width values in encoding e
 // takes in a partition of n records, as writers store it.
 func StoredRecordSize(n, width int, e Encoding) int {
-	if Quotiented(n, width, e) {
-		return RecordSize(width, e) - 8 + QuotientBytes(quotBuckets(n))
-	}
-	return RecordSize(width, e)
+	f := writeFormat(n, width, e)
+	return storedSize(uint32(f), RecordSize(width, e), uint64(bucketsOf(n, f)))
 }
 
 // PartitionFileSize is the exact size of a partition file as writers
@@ -380,14 +378,7 @@ func writeSorted(w io.Writer, partition uint32, width int, e Encoding, f int, hs
 	}
 
 	rs := RecordSize(width, e)
-	kb := 0 // quotiented: the key bytes a record stores
-	if f == quotFormat {
-		kb = QuotientBytes(nb)
-	}
-	stored := rs
-	if kb > 0 {
-		stored = rs - 8 + kb
-	}
+	stored := storedSize(uint32(f), rs, uint64(nb))
 	bw := newBlockWriter(w, DefaultBlockSize, fileSize(n, nb, stored, DefaultBlockSize))
 	var h [partHeaderSize]byte
 	copy(h[0:8], partMagic)
@@ -407,9 +398,9 @@ func writeSorted(w io.Writer, partition uint32, width int, e Encoding, f int, hs
 	}
 	bw.write(d)
 	rec := make([]byte, rs)
-	if kb > 0 {
-		// The value bytes, then the top kb bytes of h's place in its
-		// bucket (little-endian: the low half's last kb bytes).
+	if f == quotFormat {
+		// The value bytes, then the top bytes of h's place in its bucket
+		// (little-endian: the low half's last stored − (rs − 8) bytes).
 		out := make([]byte, stored)
 		for _, i := range order {
 			record(rec, int(i))

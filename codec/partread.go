@@ -178,7 +178,7 @@ func ParsePartitionStructure(b []byte) (*Partition, error) {
 	switch {
 	case p.Encoding > EncInt8:
 		return nil, fmt.Errorf("%w: partition file: unknown encoding %d", ErrCorrupt, p.Encoding)
-	case p.RecordSize == 0 || storedSize(format, p.RecordSize, nb) == 0 || p.StoredSize != storedSize(format, p.RecordSize, nb):
+	case p.RecordSize == 0 || p.StoredSize == 0 || p.StoredSize != storedSize(format, p.RecordSize, nb):
 		return nil, fmt.Errorf("%w: partition file: width %d and record size %d disagree", ErrCorrupt, p.Width, p.StoredSize)
 	case p.blockSize < 4096 || p.blockSize > maxBlockSize || count > uint64(len(b))/minRecordSize:
 		return nil, fmt.Errorf("%w: partition file: implausible header (count %d, block size %d)", ErrCorrupt, count, p.blockSize)
@@ -259,25 +259,27 @@ func storedSize(f uint32, rs int, nb uint64) int {
 // reads it, block by block: every value finite, but a tombstone weight.
 // It reads units of rs bytes: whole records (formats 2 and 4) or values
 // (format 3, keys apart). A unit's value bytes start at voff: after the
-// key in format 2 (keyed), at once in the others. Units may straddle
-// blocks; a partial one waits in part.
+// key in format 2, at once in the others. Units may straddle blocks; a
+// partial one waits in part.
 type finiteCheck struct {
 	enc        Encoding
 	format     uint32
 	width, rs  int
 	voff, vlen int
-	keyed      bool  // a unit starts with its key
 	start, end int64 // the units' byte range in the file
 	keys       int64 // format 3: where the keys start in the file
 	nb         int
-	// keyOf reads record i's h (formats 3 and 4, where the key is not
-	// whole beside its value), to name the feature of a bad value; nil:
-	// not named.
-	keyOf func(i int) (uint64, bool)
-	part  []byte
-	rec   int // records checked
+	// r reads the file, for the h of a record whose key is not whole
+	// beside its value (formats 3 and 4), to name the feature of a bad
+	// value (readKey).
+	r    io.ReaderAt
+	part []byte
+	rec  int // records checked
 }
 
+// newFiniteCheck is the check of a file of header h and count records,
+// or nil if the header's format, encoding, width and record size
+// disagree.
 func newFiniteCheck(h []byte, count uint64) *finiteCheck {
 	c := &finiteCheck{enc: Encoding(binary.LittleEndian.Uint32(h[12:])), format: binary.LittleEndian.Uint32(h[8:]),
 		width: int(binary.LittleEndian.Uint32(h[16:])), rs: int(binary.LittleEndian.Uint32(h[36:])),
@@ -293,7 +295,7 @@ func newFiniteCheck(h []byte, count uint64) *finiteCheck {
 	c.end = c.start + int64(count)*int64(c.rs)
 	switch c.format {
 	case partFormat:
-		c.keyed, c.voff = true, 8
+		c.voff = 8 // a unit starts with its key
 	case splitFormat:
 		c.keys = c.start
 		c.start += 8 * int64(count) // the values, past the keys
@@ -303,9 +305,10 @@ func newFiniteCheck(h []byte, count uint64) *finiteCheck {
 	return c
 }
 
-// readKey reads record i's h from a file of c's layout through r, for an
-// error's message (formats 3 and 4).
-func (c *finiteCheck) readKey(r io.ReaderAt, i int) (uint64, bool) {
+// readKey reads record i's h from the file (c.r), for an error's message
+// (formats 3 and 4).
+func (c *finiteCheck) readKey(i int) (uint64, bool) {
+	r := c.r
 	var k [8]byte
 	switch c.format {
 	case splitFormat:
@@ -330,9 +333,6 @@ func (c *finiteCheck) readKey(r io.ReaderAt, i int) (uint64, bool) {
 
 // feed checks the records in blk, the file's bytes from offset lo.
 func (c *finiteCheck) feed(lo int64, blk []byte) error {
-	if c == nil {
-		return nil
-	}
 	hi := lo + int64(len(blk))
 	if hi <= c.start || lo >= c.end {
 		return nil
@@ -364,9 +364,9 @@ func (c *finiteCheck) record(unit []byte) error {
 	rec := unit[c.voff : c.voff+c.vlen] // the value bytes
 	bad := func(what string, v float64) error {
 		which := fmt.Sprintf("record %d", c.rec)
-		if c.keyed {
+		if c.voff > 0 {
 			which = fmt.Sprintf("record %d (feature id %d)", c.rec, KeyUnhash(binary.LittleEndian.Uint64(unit)))
-		} else if h, ok := c.keyOf(c.rec); ok {
+		} else if h, ok := c.readKey(c.rec); ok {
 			which = fmt.Sprintf("record %d (feature id %d)", c.rec, KeyUnhash(h))
 		}
 		return fmt.Errorf("%w: partition file: %s: %s is %v", ErrNotFinite, which, what, v)
@@ -480,7 +480,7 @@ func VerifyStream(r io.ReaderAt, size int64) (string, error) {
 	if fin == nil {
 		return "", fmt.Errorf("%w: partition file: the header's format, encoding, width and record size disagree", ErrCorrupt)
 	}
-	fin.keyOf = func(i int) (uint64, bool) { return fin.readKey(r, i) }
+	fin.r = r
 	sha := sha256.New()
 	buf := make([]byte, min(bs, body)) // a small file's, not a block's: a delta of a thousand files must not zero a block each
 	for i := int64(0); i < nblocks; i++ {
