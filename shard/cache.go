@@ -226,6 +226,14 @@ func (s *sketch) add(h uint64) {
 	}
 }
 
+// addTimes counts n requests for h: a count carried over from another
+// cache's sketch.
+func (s *sketch) addTimes(h uint64, n int) {
+	for range n {
+		s.add(h)
+	}
+}
+
 // estimate is how often h was asked for, as far as the sketch knows
 // (never less than the truth since the last halving).
 func (s *sketch) estimate(h uint64) int {

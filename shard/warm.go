@@ -142,9 +142,7 @@ func (t *Table) fill(ctx context.Context, c, from *valueCache, r *ColdReads) int
 	t.readCold(ctx, ids, out, vals, nil, r)
 	n := 0
 	for q, k := range hs {
-		for range k.f {
-			c.freq.add(k.h)
-		}
+		c.freq.addTimes(k.h, k.f)
 		if out[q] < 0 {
 			continue // not in the new version, or not read in time
 		}
@@ -185,9 +183,7 @@ func (s *Shard) resize(t *Table, c *valueCache, bytes int64) int64 {
 		if h == 0 || !c.get(h, val) {
 			continue
 		}
-		for range c.freq.estimate(h) {
-			g.freq.add(h)
-		}
+		g.freq.addTimes(h, c.freq.estimate(h))
 		if j := g.admits(h); j >= 0 {
 			g.put(j, h, val)
 		}
