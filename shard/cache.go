@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/cumulus-serving/cumulus/codec"
+	"github.com/cumulus-serving/cumulus/internal/prefetch"
 	"github.com/cumulus-serving/cumulus/internal/tablemem"
 )
 
@@ -25,7 +27,8 @@ import (
 // A slot is rewritten under a sequence number (odd while the loader
 // writes): a reader copies the value between two reads of it and of the
 // slot's h, and takes it only if neither changed, so it never sees one
-// key's h with another's value.
+// key's h with another's value. The sequence number is the word before
+// the value, so a hit reads two cache lines, its set's hs and its slot.
 
 // cacheWays is the slots of a set: their hs fill one cache line.
 const cacheWays = 8
@@ -35,14 +38,16 @@ const cacheWays = 8
 // disk, and in the heap the collector would let garbage grow to the
 // cache's size again before collecting it.
 type valueCache struct {
-	hs    []atomic.Uint64 // slot i's h; 0 when empty
-	seq   []atomic.Uint32 // odd while slot i is rewritten
-	words []atomic.Uint32 // slot i's value bytes, vw words from i×vw
-	vw    int             // words a value
-	vlen  int             // value bytes
-	mask  uint64          // sets − 1
-	freq  sketch          // the loader's only
-	n     atomic.Int64    // slots filled
+	hs []atomic.Uint64 // slot i's h; 0 when empty
+	// words holds slot i at i×sw: its sequence number (odd while it is
+	// rewritten), then its value bytes, vw words.
+	words []atomic.Uint32
+	vw    int          // words a value
+	sw    int          // words a slot: vw + 1
+	vlen  int          // value bytes
+	mask  uint64       // sets − 1
+	freq  sketch       // the loader's only
+	n     atomic.Int64 // slots filled
 	mem   *tablemem.Buffer
 	// readers counts lookups reading the cache (Table.useCache): memory
 	// is freed only once a dropped cache has none.
@@ -55,7 +60,7 @@ func slotBytes(vlen int) int64 { return int64(12 + 4*((vlen+3)/4)) }
 // cacheBytes is what a cache of sets sets costs, sketch included.
 func cacheBytes(sets, vlen int) int64 {
 	n := int64(sets * cacheWays)
-	return 8*n + sketchBytes(sets*cacheWays) + (4*n+7)&^7 + (4*n*int64((vlen+3)/4)+7)&^7
+	return 8*n + sketchBytes(sets*cacheWays) + (4*n*int64(1+(vlen+3)/4)+7)&^7
 }
 
 // newValueCache makes the largest cache for values of vlen bytes that
@@ -71,8 +76,8 @@ func newValueCache(bytes int64, vlen, keys int) *valueCache {
 	vw := (vlen + 3) / 4
 	n := sets * cacheWays
 	counters := sketchCounters(n)
-	// One region, each part 8-byte aligned: hs, the sketch's words, seq,
-	// the values.
+	// One region, each part 8-byte aligned: hs (first: a set's hs are
+	// one cache line), the sketch's words, the slots.
 	mem := tablemem.Alloc(int(cacheBytes(sets, vlen)))
 	b := mem.Bytes
 	carve := func(bytes int) unsafe.Pointer {
@@ -80,11 +85,10 @@ func newValueCache(bytes int64, vlen, keys int) *valueCache {
 		b = b[(bytes+7)&^7:]
 		return p
 	}
-	c := &valueCache{vw: vw, vlen: vlen, mask: uint64(sets - 1), mem: mem}
+	c := &valueCache{vw: vw, sw: vw + 1, vlen: vlen, mask: uint64(sets - 1), mem: mem}
 	c.hs = unsafe.Slice((*atomic.Uint64)(carve(8*n)), n)
 	c.freq.init(unsafe.Slice((*uint64)(carve(counters/2)), counters/16), n)
-	c.seq = unsafe.Slice((*atomic.Uint32)(carve(4*n)), n)
-	c.words = unsafe.Slice((*atomic.Uint32)(carve(4*n*vw)), n*vw)
+	c.words = unsafe.Slice((*atomic.Uint32)(carve(4*n*c.sw)), n*c.sw)
 	return c
 }
 
@@ -102,31 +106,82 @@ func (c *valueCache) set(h uint64) int { return int(h&c.mask) * cacheWays }
 // get copies h's value into dst (vlen bytes) and reports whether the
 // cache holds h. Any goroutine; no lock, no allocation.
 func (c *valueCache) get(h uint64, dst []byte) bool {
+	i := c.way(h)
+	return i >= 0 && c.read(int(i), h, dst)
+}
+
+// way is the slot holding h, or −1.
+func (c *valueCache) way(h uint64) int32 {
 	if h == 0 {
-		return false
+		return -1 // 0 marks an empty slot
 	}
 	s := c.set(h)
 	for i := s; i < s+cacheWays; i++ {
-		if c.hs[i].Load() != h {
+		if c.hs[i].Load() == h {
+			return int32(i)
+		}
+	}
+	return -1
+}
+
+// read copies slot i's value into dst and reports whether it is h's: the
+// slot was not being rewritten, and still holds h after the copy.
+func (c *valueCache) read(i int, h uint64, dst []byte) bool {
+	w := c.words[i*c.sw : (i+1)*c.sw]
+	q := w[0].Load()
+	if q&1 != 0 {
+		return false
+	}
+	full := c.vlen / 4
+	for k := range full {
+		binary.LittleEndian.PutUint32(dst[4*k:], w[1+k].Load())
+	}
+	if full < c.vw { // a value not a whole number of words: its last bytes
+		var b [4]byte
+		binary.LittleEndian.PutUint32(b[:], w[1+full].Load())
+		copy(dst[4*full:c.vlen], b[:])
+	}
+	return w[0].Load() == q && c.hs[i].Load() == h
+}
+
+// cacheAhead is how many keys ahead getAll fetches a key's set, and
+// then again its slot: each line has that many keys' work to arrive in.
+const cacheAhead = 8
+
+// getAll is get for a batch: key q's value goes to vals[q×vlen:] and
+// out[q] is q, or −1 if the cache lacks it. Keys are taken in three
+// stages, each cacheAhead keys behind the one before: hash and prefetch
+// the set's hs, find the slot and prefetch it, copy the value. So a hit
+// costs two cache misses overlapped with others' instead of three taken
+// in turn (get's). Any goroutine; no lock, no allocation.
+func (c *valueCache) getAll(keys []uint64, out []int32, vals []byte) {
+	var ring [4 * cacheAhead]uint64 // the hs of keys q to q+2×cacheAhead
+	const mask = len(ring) - 1
+	hs := uintptr(unsafe.Pointer(unsafe.SliceData(c.hs)))
+	slots := uintptr(unsafe.Pointer(unsafe.SliceData(c.words)))
+	n := len(keys)
+	for q := -2 * cacheAhead; q < n; q++ {
+		if j := q + 2*cacheAhead; j < n {
+			h := codec.KeyHash(keys[j])
+			ring[j&mask] = h
+			prefetch.Line(hs + uintptr(8*c.set(h)))
+		}
+		if j := q + cacheAhead; j >= 0 && j < n {
+			i := c.way(ring[j&mask])
+			out[j] = i
+			if i >= 0 {
+				prefetch.Range(slots+uintptr(4*int(i)*c.sw), uintptr(4*c.sw))
+			}
+		}
+		if q < 0 {
 			continue
 		}
-		q := c.seq[i].Load()
-		if q&1 != 0 {
-			return false
+		if i := out[q]; i >= 0 && c.read(int(i), ring[q&mask], vals[q*c.vlen:]) {
+			out[q] = int32(q)
+		} else {
+			out[q] = -1
 		}
-		w := c.words[i*c.vw : (i+1)*c.vw]
-		full := c.vlen / 4
-		for k := range full {
-			binary.LittleEndian.PutUint32(dst[4*k:], w[k].Load())
-		}
-		if full < c.vw { // a value not a whole number of words: its last bytes
-			var b [4]byte
-			binary.LittleEndian.PutUint32(b[:], w[full].Load())
-			copy(dst[4*full:c.vlen], b[:])
-		}
-		return c.seq[i].Load() == q && c.hs[i].Load() == h
 	}
-	return false
 }
 
 // has reports whether the cache holds h. The loader's only.
@@ -166,19 +221,19 @@ func (c *valueCache) admits(h uint64) int {
 
 // put writes h and its value into slot i (from admits). The loader's only.
 func (c *valueCache) put(i int, h uint64, val []byte) {
-	c.seq[i].Add(1) // odd: readers of slot i give up
+	w := c.words[i*c.sw : (i+1)*c.sw]
+	w[0].Add(1) // odd: readers of slot i give up
 	if c.hs[i].Load() == 0 {
 		c.n.Add(1)
 	}
 	c.hs[i].Store(h)
-	w := c.words[i*c.vw : (i+1)*c.vw]
 	var b [4]byte
-	for k := range w {
+	for k := range w[1:] {
 		n := copy(b[:], val[min(4*k, len(val)):])
 		clear(b[n:])
-		w[k].Store(binary.LittleEndian.Uint32(b[:]))
+		w[1+k].Store(binary.LittleEndian.Uint32(b[:]))
 	}
-	c.seq[i].Add(1)
+	w[0].Add(1)
 }
 
 // sketch estimates how often keys were asked for: a count-min sketch of

@@ -83,17 +83,19 @@ func (r *ColdReads) release() {
 // miss is scratch; it is returned for reuse.
 func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals []byte, miss []int32, r *ColdReads) ([]int32, error) {
 	c := t.useCache()
-	miss = miss[:0]
-	for q, k := range keys {
-		if c != nil && c.get(codec.KeyHash(k), vals[q*t.vlen:]) {
-			out[q] = int32(q)
-			continue
-		}
-		out[q] = -1
-		miss = append(miss, int32(q))
-	}
 	if c != nil {
+		c.getAll(keys, out, vals)
 		c.done() // not held across the reads: a dropped cache goes at once
+	} else {
+		for q := range out[:len(keys)] {
+			out[q] = -1
+		}
+	}
+	miss = miss[:0]
+	for q := range keys {
+		if out[q] < 0 {
+			miss = append(miss, int32(q))
+		}
 	}
 	if len(miss) == 0 {
 		return miss, nil
