@@ -173,9 +173,13 @@ func (s *Shard) freeCaches(wait time.Duration) {
 const idleAfter = 2 * time.Second
 
 // maintainCaches sizes and feeds the value cache of every partition
-// served from disk that lookups asked lately (idleAfter),
-// sharing what the budget leaves after the resident tables and the warm
-// caches of staged versions (warm.go). A cache is made once and kept
+// served from disk that lookups asked lately (idleAfter) of a version
+// served (live or canary), sharing what the budget leaves after the
+// resident tables and the warm caches of staged versions (warm.go). A
+// table of another version asked lately (the version a rollout or a
+// rollback replaced, whose last lookups are still counted, or one a
+// pinned request asks) keeps its cache while the budget has room beside
+// the served ones', and gets none: it must not halve their shares. A cache is made once and kept
 // while its share holds, and grows, keeping what it holds, while twice
 // its size fits its share and the budget's room; one over its share is
 // dropped (and its memory given back once no lookup reads it) before
@@ -189,8 +193,8 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	}
 	heard := map[*Table][]uint64{}
 	s.samples.drain(func(t *Table, key uint64) { heard[t] = append(heard[t], key) })
-	staged := s.stagedTables()
-	var active, idle []*Table
+	staged, served := s.stagedTables(), s.servedTables()
+	var active, lingering, idle []*Table
 	var warm int64 // the warm caches of staged versions: kept, not shared
 	now := time.Now()
 	for t := range s.onDisk {
@@ -198,8 +202,10 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 			t.heardAt = now
 		}
 		switch c := t.cache.Load(); {
-		case now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0:
+		case now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0 && served[t]:
 			active = append(active, t)
+		case now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0 && c != nil:
+			lingering = append(lingering, t)
 		case staged[t] && c != nil && s.opts.MemoryBudget > 0:
 			warm += c.Bytes()
 		default:
@@ -210,6 +216,9 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 		s.dropCache(t)
 	}
 	if len(active) == 0 {
+		for _, t := range lingering {
+			s.dropCache(t)
+		}
 		s.freeCaches(reclaimWait)
 		s.residentHot.Store(warm)
 		return
@@ -234,6 +243,13 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 		}
 		if c := t.cache.Load(); c != nil {
 			total += c.Bytes()
+		}
+	}
+	for _, t := range lingering {
+		if c := t.cache.Load(); s.residentBytes(false)+total+c.Bytes() <= s.opts.MemoryBudget {
+			total += c.Bytes()
+		} else {
+			s.dropCache(t)
 		}
 	}
 	// Grow caches made small (warmed beside the live ones, or made when

@@ -45,8 +45,10 @@ func (s *Shard) reconcile(ctx context.Context, as map[string]topo.Assignment) {
 			s.loadVersion(ctx, a, v, want[name][v])
 		}
 	}
-	// A staged version is reported held once warm: committed, it serves
-	// its hot keys from memory at once.
+	// A version rolled back to is warmed from the one it replaced, at
+	// once; a staged version is reported held once warm: committed, it
+	// serves its hot keys from memory at once.
+	s.warmLive(ctx, as)
 	s.warmStaged(ctx, as)
 	s.report() // what was loaded, before promotions that may take long
 	// Failures of versions the map no longer keeps on this shard will

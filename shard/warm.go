@@ -35,6 +35,9 @@ import (
 // report back: a slow disk delays a rollout by at most this.
 const warmTimeout = 20 * time.Second
 
+// warmChunk is the keys warmLive reads into one cache at a turn.
+const warmChunk = 2048
+
 // warmPair is a partition of a staged version to warm: its base table
 // served from disk (to), the live version's (from), which has a cache.
 type warmPair struct {
@@ -107,7 +110,7 @@ func (s *Shard) warmStaged(ctx context.Context, as map[string]topo.Assignment) {
 		if c == nil {
 			continue
 		}
-		keys += pr.to.fill(wctx, c, pr.from.cache.Load(), s.cold)
+		keys += pr.to.fill(wctx, c, hotKeys(pr.from.cache.Load()), s.cold)
 		pr.to.cache.Store(c)
 		s.residentHot.Add(c.Bytes())
 	}
@@ -115,23 +118,31 @@ func (s *Shard) warmStaged(ctx context.Context, as map[string]topo.Assignment) {
 		"keys", keys, "took", time.Since(start).Round(time.Millisecond), "complete", wctx.Err() == nil)
 }
 
-// fill reads into c, from t's file, the keys from holds, most asked
-// first, as many as c has slots, and counts each in c's sketch as often
-// as from's sketch does. It returns how many it cached; what was read
-// before ctx ended is kept. The loader's only (from is not written
-// meanwhile: only the loader writes caches).
-func (t *Table) fill(ctx context.Context, c, from *valueCache, r *ColdReads) int {
-	type hot struct {
-		h uint64
-		f int
-	}
-	var hs []hot
-	for i := range from.hs {
-		if h := from.hs[i].Load(); h != 0 {
-			hs = append(hs, hot{h, from.freq.estimate(h)})
+// hotKey is a key a cache holds, with how often its sketch says it was
+// asked for.
+type hotKey struct {
+	h uint64
+	f int
+}
+
+// hotKeys is the keys c holds, most asked first. The loader's only (c is
+// not written meanwhile: only the loader writes caches).
+func hotKeys(c *valueCache) []hotKey {
+	var hs []hotKey
+	for i := range c.hs {
+		if h := c.hs[i].Load(); h != 0 {
+			hs = append(hs, hotKey{h, c.freq.estimate(h)})
 		}
 	}
-	slices.SortFunc(hs, func(a, b hot) int { return cmp.Compare(b.f, a.f) })
+	slices.SortFunc(hs, func(a, b hotKey) int { return cmp.Compare(b.f, a.f) })
+	return hs
+}
+
+// fill reads into c, from t's file, the keys of hs (hotKeys), in turn,
+// as many as c has slots, and counts each in c's sketch as often as hs
+// says. It returns how many it cached; what was read before ctx ended is
+// kept. The loader's only.
+func (t *Table) fill(ctx context.Context, c *valueCache, hs []hotKey, r *ColdReads) int {
 	hs = hs[:min(len(hs), len(c.hs))]
 	ids := make([]uint64, len(hs))
 	for i, k := range hs {
@@ -152,6 +163,105 @@ func (t *Table) fill(ctx context.Context, c, from *valueCache, r *ColdReads) int
 		}
 	}
 	return n
+}
+
+// warmLive gives each partition of a live version served from disk
+// whose value cache is missing (or a quarter as full) one warmed from
+// the cache another version of the model held for that partition, one
+// neither live nor staged. That is a rollback's case: the version rolled
+// back to stood by, its caches given back (idleAfter), and goes live at
+// once, so it cannot be warmed before its commit. The keys the version
+// live until then was asked for are read from the new live version's
+// files instead, in a fraction of a second rather than the seconds
+// learning them again takes, and the old version's cache, asked no more,
+// gives up its room first. Loader goroutine only.
+func (s *Shard) warmLive(ctx context.Context, as map[string]topo.Assignment) {
+	if s.opts.MemoryBudget == 0 {
+		return
+	}
+	sn := s.snap.Load()
+	var pairs []warmPair
+	for _, name := range slices.Sorted(maps.Keys(as)) {
+		a := as[name]
+		lv := sn.get(name, a.Live)
+		if lv == nil {
+			continue
+		}
+		for p, l := range lv.layers {
+			if len(l) == 0 || !l[len(l)-1].Mapped {
+				continue
+			}
+			to, from, most := l[len(l)-1], (*Table)(nil), 0
+			for v, ver := range sn.models[name] {
+				if v == a.Live || v == a.Staged || p >= len(ver.layers) || len(ver.layers[p]) == 0 {
+					continue
+				}
+				t := ver.layers[p][len(ver.layers[p])-1]
+				if c := t.cache.Load(); t != to && c != nil && c.Len() > most {
+					from, most = t, c.Len()
+				}
+			}
+			if c := to.cache.Load(); from != nil && (c == nil || c.Len() < most/4) {
+				pairs = append(pairs, warmPair{p, to, from})
+			}
+		}
+	}
+	if len(pairs) == 0 {
+		return
+	}
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, warmTimeout)
+	defer cancel()
+	// The old caches go first, then each new one is made and put in
+	// use empty; all are then filled in turns of warmChunk keys, most
+	// asked first, so that every partition's hottest keys are hits within
+	// milliseconds of the commit.
+	type filling struct {
+		to   *Table
+		c    *valueCache
+		hot  []hotKey
+		size int64 // the old cache's
+	}
+	fills := make([]filling, 0, len(pairs))
+	for _, pr := range pairs {
+		from := pr.from.cache.Load()
+		fills = append(fills, filling{to: pr.to, hot: hotKeys(from), size: from.Bytes()})
+		for _, t := range []*Table{pr.from, pr.to} {
+			if c := t.cache.Load(); c != nil {
+				s.dropCache(t)
+				s.residentHot.Add(-c.Bytes()) // freed, or in deadCaches: maintainCaches makes no cache while any is
+			}
+		}
+	}
+	s.freeCaches(reclaimWait)
+	room := s.opts.MemoryBudget - s.residentBytes(true) - s.unplaced
+	for _, c := range s.deadCaches {
+		room -= c.Bytes()
+	}
+	for i := range fills {
+		f := &fills[i]
+		f.c = newValueCache(min(f.size, room/int64(len(fills)-i)), f.to.vlen, f.to.n)
+		if f.c == nil {
+			continue
+		}
+		room -= f.c.Bytes()
+		f.hot = f.hot[:min(len(f.hot), len(f.c.hs))]
+		f.to.cache.Store(f.c)
+		f.to.heardAt = time.Now() // live: not idle before its first lookups are counted
+		s.residentHot.Add(f.c.Bytes())
+	}
+	keys := 0
+	for off, more := 0, true; more && wctx.Err() == nil; off += warmChunk {
+		more = false
+		for _, f := range fills {
+			if f.c != nil && off < len(f.hot) {
+				keys += f.to.fill(wctx, f.c, f.hot[off:min(off+warmChunk, len(f.hot))], s.cold)
+				more = true
+			}
+		}
+	}
+	slog.Info("shard: warmed the value caches of a version gone live cold (a rollback)", "shard", s.opts.ID,
+		"partitions", len(pairs), "keys", keys, "took", time.Since(start).Round(time.Millisecond), "complete", wctx.Err() == nil)
 }
 
 // grow replaces t's cache c by a larger one of at most bytes if one of
@@ -214,6 +324,27 @@ func (s *Shard) stagedTables() map[*Table]bool {
 		}
 	}
 	return staged
+}
+
+// servedTables is the tables served from disk of the versions lookups
+// are sent to: live and canary ones. Loader goroutine only.
+func (s *Shard) servedTables() map[*Table]bool {
+	served := map[*Table]bool{}
+	sn := s.snap.Load()
+	for name, a := range s.cur {
+		for _, v := range []uint64{a.Live, a.Canary} {
+			if ver := sn.get(name, v); v != 0 && ver != nil {
+				for _, l := range ver.layers {
+					for _, t := range l {
+						if t.Mapped {
+							served[t] = true
+						}
+					}
+				}
+			}
+		}
+	}
+	return served
 }
 
 // coldParts is the partitions of model name's staged version still to be

@@ -118,3 +118,55 @@ func TestWarmStaged(t *testing.T) {
 		return holdsHot(cacheOf(2))
 	})
 }
+
+// TestWarmLive: a version served from disk that goes live with no value
+// cache (rolled back to, after standing by) is warmed at once from the
+// cache of the version it replaces, with its own values and within the
+// budget, without a lookup asking it first; and the same again the other
+// way.
+func TestWarmLive(t *testing.T) {
+	const budget = 1 << 20
+	s, cli, repo := diskShardOf(t, budget)
+	hotKeys := make([]uint64, 1000)
+	for i := range hotKeys {
+		hotKeys[i] = uint64(1000 + 7*i)
+	}
+	cacheOf := func(v uint64) *valueCache {
+		sn := s.acquire()
+		defer sn.done()
+		ver := sn.get("m", v)
+		if ver == nil || len(ver.layers[0]) == 0 {
+			return nil
+		}
+		return ver.layers[0][0].cache.Load()
+	}
+	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
+	for k := uint64(1); k <= 400000; k++ {
+		m.Keys = append(m.Keys, k)
+		m.Values = append(m.Values, float32(k%1000)+0.5)
+	}
+	if _, err := repo.Publish("m", m, 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	val := make([]byte, 4)
+	for _, step := range []struct{ live, standby uint64 }{{2, 1}, {1, 2}} {
+		// The live version is asked for the hot keys and caches them.
+		testenv.Eventually(t, 20*time.Second, func() error {
+			if _, err := lookup(s, step.standby, 1, slices.Clone(hotKeys)); err != nil {
+				return err
+			}
+			return cacheHolds(cacheOf(step.standby), hotKeys)
+		})
+		// Another goes live at once, not staged first: cold, as a
+		// rollback's version; it is asked nothing before its cache is read.
+		putMap(t, cli, repo, 1, step.live, 0, step.standby)
+		testenv.Eventually(t, 20*time.Second, func() error { return cacheHolds(cacheOf(step.live), hotKeys) })
+		want := float32(7) + 0.5*float32(step.live-1)
+		if !cacheOf(step.live).get(codec.KeyHash(1007), val) || math.Float32frombits(binary.LittleEndian.Uint32(val)) != want {
+			t.Fatalf("version %d's cache holds key 1007 as %v, want %v", step.live, math.Float32frombits(binary.LittleEndian.Uint32(val)), want)
+		}
+		if got := s.residentBytes(true); got > budget {
+			t.Fatalf("%d bytes resident and cached, over the budget %d", got, budget)
+		}
+	}
+}

@@ -24,10 +24,11 @@ import (
 func benchRollbackCommand() *cobra.Command {
 	var (
 		params              int64
+		partitions          uint32
 		shards, concurrency int
-		rounds              int
+		rounds, deltaKeys   int
 		budget              byteSize
-		settle              time.Duration
+		settle, warm        time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "rollback",
@@ -36,14 +37,23 @@ func benchRollbackCommand() *cobra.Command {
 (version 1 goes live) and drives rank200 load through the router's gRPC API
 throughout. It publishes version 2 (a rollout: loaded, staged, committed),
 then through the admin API rolls back to 1 and to 2 --rounds times (both on
-standby: only the map changes), unpins, and publishes version 3 (another
-rollout). For each it prints how long after the call (or the publication)
-returned the new version was committed, when every answer came from it,
-failed requests and latency around it. A rollout is timed from its
-publication returning: the manager's repository watch may have begun
-loading it before. (A version published before the live one and never
-live is retired, not a rollback target: the rollouts are of new
-versions.)`,
+standby: only the map changes), unpins, publishes version 3 (another
+rollout) and then version 4, a delta on 3 of --delta-keys features. Every
+version has version 1's features with other values, as a model retrained
+on the same data has, so a version served from disk (--memory-budget below
+a shard's share) finds its hot keys in the value caches warmed while it
+was staged.
+
+For each step it prints how long after the call (or the publication)
+returned the new version was committed and when every answer came from
+it, then two windows of the load: from the call until the commit (for a
+rollout, loading and staging), and from the commit until 1s after every
+answer came from the new version (going live); each with its failed
+requests, p50 and p99, and the p99's ratio to the steady one (version 1,
+--settle of load after --warm of it, before the first step). A rollout is timed from its publication
+returning: the manager's repository watch may have begun loading it
+before. (A version published before the live one and never live is
+retired, not a rollback target: the rollouts are of new versions.)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -55,7 +65,8 @@ versions.)`,
 			repo := loader.Repo{Dir: dir}
 			fmt.Printf("generating lr model \"bench\": %d features a version\n", params)
 			publish := func(seed uint64) (*codec.Manifest, error) {
-				return repo.Generate(loader.GenSpec{Name: "bench", Shape: model.Shape{Type: model.LR}, Params: params, Seed: 7 + seed})
+				return repo.Generate(loader.GenSpec{Name: "bench", Shape: model.Shape{Type: model.LR}, Params: params, Partitions: partitions,
+					Seed: 7, ValueSeed: 7 + seed})
 			}
 			first, err := publish(0)
 			if err != nil {
@@ -150,6 +161,18 @@ versions.)`,
 				c.Manager.Rescan()
 				return await(label, start, seed+1)
 			}
+			delta := func(label string, want uint64) error {
+				if _, err := repo.GenerateDeltas("bench", 1, deltaKeys, want); err != nil {
+					return err
+				}
+				start := time.Now()
+				c.Manager.Rescan()
+				return await(label, start, want)
+			}
+			select {
+			case <-time.After(warm): // connections made, caches learned
+			case <-ctx.Done():
+			}
 			begin := time.Now()
 			pause()
 			steadyEnd := time.Now()
@@ -168,13 +191,22 @@ versions.)`,
 			if err == nil {
 				err = rollout("rollout to 3 (publish, loads)", 2)
 			}
+			if err == nil {
+				err = delta(fmt.Sprintf("delta 4 (%d features)", deltaKeys), 4)
+			}
 			pause()
 			stopLoad()
 			calls := <-traced
 			if err != nil {
 				return err
 			}
-			bench.Summarize(calls, begin, steadyEnd).Print(os.Stdout, "steady (version 1)")
+			steady := bench.Summarize(calls, begin, steadyEnd)
+			steady.Print(os.Stdout, "steady (version 1)")
+			window := func(label string, from, to time.Time) {
+				w := bench.Summarize(calls, from, to)
+				fmt.Printf("  %-26s requests=%-6d failed=%-3d p50=%-9s p99=%-9s p99/steady=%.2f\n", label, w.Requests, w.Failed,
+					w.P50.Round(time.Microsecond), w.P99.Round(time.Microsecond), float64(w.P99)/float64(max(steady.P99, 1)))
+			}
 			end := time.Now()
 			for i, s := range steps {
 				next := end
@@ -186,21 +218,24 @@ versions.)`,
 				if to.After(next) {
 					to = next
 				}
-				w := bench.Summarize(calls, s.start, to)
 				fmt.Printf("%-28s committed after %-9s all answers from %d %s after that\n", s.label,
 					s.done.Sub(s.start).Round(time.Millisecond), s.want, conv.Round(time.Millisecond))
-				w.Print(os.Stdout, "  from the call to 1s after")
+				window("call to commit", s.start, s.done)
+				window("commit to 1s after", s.done, to)
 			}
 			last := steps[len(steps)-1]
-			bench.Summarize(calls, last.done.Add(time.Second), end).Print(os.Stdout, "after (version 3)")
+			bench.Summarize(calls, last.done.Add(time.Second), end).Print(os.Stdout, "after (version 4)")
 			return nil
 		},
 	}
 	cmd.Flags().Int64Var(&params, "params", 1_000_000, "features per version")
+	cmd.Flags().Uint32Var(&partitions, "partitions", 8, "partitions per version")
+	cmd.Flags().IntVar(&deltaKeys, "delta-keys", 10_000, "features the delta (version 4) changes")
 	cmd.Flags().IntVar(&shards, "shards", 4, "shard servers")
 	cmd.Flags().IntVar(&concurrency, "concurrency", 4, "requests in flight")
 	cmd.Flags().IntVar(&rounds, "rounds", 3, "rollbacks to 1 and back to 2")
 	cmd.Flags().Var(&budget, "memory-budget", "per shard resident table bytes (default: no bound)")
-	cmd.Flags().DurationVar(&settle, "settle", 2*time.Second, "load between steps")
+	cmd.Flags().DurationVar(&settle, "settle", 2*time.Second, "load between steps, and the steady window's length")
+	cmd.Flags().DurationVar(&warm, "warm", 2*time.Second, "load before the steady window")
 	return cmd
 }
