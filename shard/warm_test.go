@@ -20,6 +20,38 @@ import (
 	"github.com/cumulus-serving/cumulus/model"
 )
 
+// warmKeys is the hot keys the warming tests ask s for, and the value
+// cache of a version's partition 0 (nil if none).
+func warmKeys(s *Shard) (hotKeys []uint64, cacheOf func(v uint64) *valueCache) {
+	hotKeys = make([]uint64, 1000)
+	for i := range hotKeys {
+		hotKeys[i] = uint64(1000 + 7*i)
+	}
+	return hotKeys, func(v uint64) *valueCache {
+		sn := s.acquire()
+		defer sn.done()
+		ver := sn.get("m", v)
+		if ver == nil || len(ver.layers[0]) == 0 {
+			return nil
+		}
+		return ver.layers[0][0].cache.Load()
+	}
+}
+
+// publishOtherValues publishes version 2 of diskShardOf's model: the
+// same keys, each value 0.5 more.
+func publishOtherValues(t *testing.T, repo loader.Repo) {
+	t.Helper()
+	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
+	for k := uint64(1); k <= 400000; k++ {
+		m.Keys = append(m.Keys, k)
+		m.Values = append(m.Values, float32(k%1000)+0.5)
+	}
+	if _, err := repo.Publish("m", m, 1, ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestWarmStaged: a new version staged beside the live one, both served
 // from disk, is reported held only once its value cache holds the live
 // cache's hot keys with its own values, within the budget (the live
@@ -29,19 +61,7 @@ import (
 func TestWarmStaged(t *testing.T) {
 	const budget = 1 << 20 // each version's directory (100 KB) and a cache of 32,768 slots, halved when staging
 	s, cli, repo := diskShardOf(t, budget)
-	hotKeys := make([]uint64, 1000)
-	for i := range hotKeys {
-		hotKeys[i] = uint64(1000 + 7*i)
-	}
-	cacheOf := func(v uint64) *valueCache {
-		sn := s.acquire()
-		defer sn.done()
-		ver := sn.get("m", v)
-		if ver == nil || len(ver.layers[0]) == 0 {
-			return nil
-		}
-		return ver.layers[0][0].cache.Load()
-	}
+	hotKeys, cacheOf := warmKeys(s)
 	holdsHot := func(c *valueCache) error { return cacheHolds(c, hotKeys) }
 	testenv.Eventually(t, 20*time.Second, func() error {
 		if _, err := lookup(s, 1, 1, slices.Clone(hotKeys)); err != nil {
@@ -52,14 +72,7 @@ func TestWarmStaged(t *testing.T) {
 	live := cacheOf(1).Bytes()
 
 	// Version 2: other weights. Staged, it is held once warm.
-	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
-	for k := uint64(1); k <= 400000; k++ {
-		m.Keys = append(m.Keys, k)
-		m.Values = append(m.Values, float32(k%1000)+0.5)
-	}
-	if _, err := repo.Publish("m", m, 1, ""); err != nil {
-		t.Fatal(err)
-	}
+	publishOtherValues(t, repo)
 	putMap(t, cli, repo, 1, 1, 2)
 	testenv.Eventually(t, 30*time.Second, func() error {
 		resp, err := cli.Get(context.Background(), topo.DefaultCluster.ShardKey("s1"))
@@ -127,27 +140,8 @@ func TestWarmStaged(t *testing.T) {
 func TestWarmLive(t *testing.T) {
 	const budget = 1 << 20
 	s, cli, repo := diskShardOf(t, budget)
-	hotKeys := make([]uint64, 1000)
-	for i := range hotKeys {
-		hotKeys[i] = uint64(1000 + 7*i)
-	}
-	cacheOf := func(v uint64) *valueCache {
-		sn := s.acquire()
-		defer sn.done()
-		ver := sn.get("m", v)
-		if ver == nil || len(ver.layers[0]) == 0 {
-			return nil
-		}
-		return ver.layers[0][0].cache.Load()
-	}
-	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
-	for k := uint64(1); k <= 400000; k++ {
-		m.Keys = append(m.Keys, k)
-		m.Values = append(m.Values, float32(k%1000)+0.5)
-	}
-	if _, err := repo.Publish("m", m, 1, ""); err != nil {
-		t.Fatal(err)
-	}
+	hotKeys, cacheOf := warmKeys(s)
+	publishOtherValues(t, repo)
 	val := make([]byte, 4)
 	for _, step := range []struct{ live, standby uint64 }{{2, 1}, {1, 2}} {
 		// The live version is asked for the hot keys and caches them.
