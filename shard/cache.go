@@ -151,9 +151,9 @@ const cacheAhead = 8
 // getAll is get for a batch: key q's value goes to vals[q×vlen:] and
 // out[q] is q, or −1 if the cache lacks it. Keys are taken in three
 // stages, each cacheAhead keys behind the one before: hash and prefetch
-// the set's hs, find the slot and prefetch it, copy the value. So a hit
-// costs two cache misses overlapped with others' instead of three taken
-// in turn (get's). Any goroutine; no lock, no allocation.
+// the set's hs, find the slot and prefetch it, copy the value. So a
+// hit's two cache misses overlap other keys' instead of coming one after
+// the other (get's). Any goroutine; no lock, no allocation.
 func (c *valueCache) getAll(keys []uint64, out []int32, vals []byte) {
 	var ring [4 * cacheAhead]uint64 // the hs of keys q to q+2×cacheAhead
 	const mask = len(ring) - 1

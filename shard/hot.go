@@ -179,8 +179,8 @@ const idleAfter = 2 * time.Second
 // table of another version asked lately (the version a rollout or a
 // rollback replaced, whose last lookups are still counted, or one a
 // pinned request asks) keeps its cache while the budget has room beside
-// the served ones', and gets none: it must not halve their shares. A cache is made once and kept
-// while its share holds, and grows, keeping what it holds, while twice
+// the served ones', and gets none: it must not halve their shares. A
+// cache is made once and kept while its share holds, and grows, keeping what it holds, while twice
 // its size fits its share and the budget's room; one over its share is
 // dropped (and its memory given back once no lookup reads it) before
 // another is made, so caches never take more than the budget.

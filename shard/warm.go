@@ -168,7 +168,7 @@ func (t *Table) fill(ctx context.Context, c *valueCache, hs []hotKey, r *ColdRea
 // warmLive gives each partition of a live version served from disk
 // whose value cache is missing (or a quarter as full) one warmed from
 // the cache another version of the model held for that partition, one
-// neither live nor staged. That is a rollback's case: the version rolled
+// neither live, canary nor staged. That is a rollback's case: the version rolled
 // back to stood by, its caches given back (idleAfter), and goes live at
 // once, so it cannot be warmed before its commit. The keys the version
 // live until then was asked for are read from the new live version's
@@ -193,7 +193,7 @@ func (s *Shard) warmLive(ctx context.Context, as map[string]topo.Assignment) {
 			}
 			to, from, most := l[len(l)-1], (*Table)(nil), 0
 			for v, ver := range sn.models[name] {
-				if v == a.Live || v == a.Staged || p >= len(ver.layers) || len(ver.layers[p]) == 0 {
+				if v == a.Live || v == a.Canary || v == a.Staged || p >= len(ver.layers) || len(ver.layers[p]) == 0 {
 					continue
 				}
 				t := ver.layers[p][len(ver.layers[p])-1]
