@@ -56,6 +56,34 @@ func TestRunAgainstDevCluster(t *testing.T) {
 	}
 }
 
+// TestTraceOpen: an open-loop trace sends at its rate whether or not
+// answers come, times each call from when it was due, and keeps every
+// call with the version that answered.
+func TestTraceOpen(t *testing.T) {
+	f := startFront(t, model.LR)
+	g, _ := bench.NewGenerator(bench.Workloads["rank200"], *f.m.Generator, f.m.Params, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	calls := bench.TraceOpen(ctx, bench.LoadOptions{Client: f.grpc, Model: "b", Generator: g, Distinct: 4}, 50)
+	// 50 a second for 1s: one due at once, then every 20ms; never more,
+	// and fewer only by those a starved sender had not caught up with.
+	if len(calls) < 25 || len(calls) > 51 {
+		t.Fatalf("%d calls in 1s at 50 a second", len(calls))
+	}
+	for i, c := range calls {
+		if c.Err != "" || c.Version != 1 || !c.End.After(c.Start) {
+			t.Fatalf("call %d: %+v", i, c)
+		}
+		if i > 0 && c.End.Before(calls[i-1].End) {
+			t.Fatal("calls not in the order they ended")
+		}
+	}
+	w := bench.Summarize(calls, calls[0].Start, calls[len(calls)-1].End.Add(time.Nanosecond))
+	if w.Requests != len(calls) || w.Failed != 0 || w.P99 < w.P50 || w.Versions[1] != len(calls) {
+		t.Fatalf("window %+v of %d calls", w, len(calls))
+	}
+}
+
 // front is a dev cluster serving model "b" behind a front on loopback,
 // and a gRPC client of it.
 type front struct {

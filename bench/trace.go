@@ -54,6 +54,50 @@ func Trace(ctx context.Context, o LoadOptions) []Call {
 	return calls
 }
 
+// TraceOpen is Trace in open loop: requests are sent rate a second,
+// evenly spaced, whether or not earlier ones were answered, as traffic
+// from many users arrives; each is timed from when it was due (a server
+// that falls behind shows in the latency) and has a deadline of 2s. It
+// runs until ctx ends and every request sent is answered.
+func TraceOpen(ctx context.Context, o LoadOptions, rate float64) []Call {
+	o.fill()
+	reqs := prebuild(o.Generator, o.Model, o.Distinct, o.Client)
+	var mu sync.Mutex
+	var calls []Call
+	var wg sync.WaitGroup
+	start, interval := time.Now(), time.Duration(float64(time.Second)/rate)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for i := 0; ; i++ {
+		due := start.Add(time.Duration(i) * interval)
+		t.Reset(time.Until(due))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), due.Add(2*time.Second))
+			defer cancel()
+			resp, err := o.Client.ModelInfer(cctx, reqs.get(i))
+			call := Call{Start: due, End: time.Now()}
+			if err != nil {
+				call.Err = status.Code(err).String()
+			} else {
+				call.Version, _ = strconv.ParseUint(resp.ModelVersion, 10, 64)
+			}
+			mu.Lock()
+			calls = append(calls, call)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	slices.SortFunc(calls, func(a, b Call) int { return a.End.Compare(b.End) })
+	return calls
+}
+
 // Window summarizes the calls that ended in [from, to).
 type Window struct {
 	Requests, Failed int

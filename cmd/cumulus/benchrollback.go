@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/cumulus-serving/cumulus/loader"
 	"github.com/cumulus-serving/cumulus/manager"
 	"github.com/cumulus-serving/cumulus/model"
+	"github.com/cumulus-serving/cumulus/shard"
 )
 
 func benchRollbackCommand() *cobra.Command {
@@ -27,8 +29,9 @@ func benchRollbackCommand() *cobra.Command {
 		partitions          uint32
 		shards, concurrency int
 		rounds, deltaKeys   int
-		budget              byteSize
+		budget, loadRate    byteSize
 		settle, warm        time.Duration
+		rate                float64
 	)
 	cmd := &cobra.Command{
 		Use:   "rollback",
@@ -52,10 +55,15 @@ answer came from the new version (going live); each with its failed
 requests, p50 and p99, and the p99's ratio to the steady one (version 1,
 --settle of load after --warm of it, before the first step). A rollout is timed from its publication
 returning: the manager's repository watch may have begun loading it
-before. (A version published before the live one and never live is
+before. With --rate the load is open loop, as traffic from many users
+arrives: a server with room to spare is measured, not one kept
+saturated. (A version published before the live one and never live is
 retired, not a rollback target: the rollouts are of new versions.)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !(rate >= 0) || math.IsInf(rate, 0) {
+				return fmt.Errorf("--rate %v: give requests a second, or 0 for a closed loop", rate)
+			}
 			ctx := cmd.Context()
 			dir, err := os.MkdirTemp("", "cumulus-bench-rollback-")
 			if err != nil {
@@ -73,7 +81,8 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 				return err
 			}
 			gen := first.Generator
-			c, srv, err := benchCluster(ctx, devcluster.Options{Repo: dir, Shards: shards, MemoryBudget: int64(budget), ScanInterval: time.Hour})
+			c, srv, err := benchCluster(ctx, devcluster.Options{Repo: dir, Shards: shards, MemoryBudget: int64(budget), ScanInterval: time.Hour,
+				Shard: func(_ int, o *shard.Options) { o.LoadRate = int64(loadRate) }})
 			if err != nil {
 				return err
 			}
@@ -103,11 +112,20 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			if err != nil {
 				return err
 			}
-			fmt.Printf("dev cluster: %d shards, memory budget %s per shard; rank200 load, concurrency %d\n", shards, &budget, concurrency)
+			load := fmt.Sprintf("concurrency %d", concurrency)
+			if rate > 0 {
+				load = fmt.Sprintf("open loop at %g a second", rate)
+			}
+			fmt.Printf("dev cluster: %d shards, memory budget %s per shard; rank200 load, %s\n", shards, &budget, load)
 			loadCtx, stopLoad := context.WithCancel(ctx)
 			traced := make(chan []bench.Call, 1)
 			go func() {
-				traced <- bench.Trace(loadCtx, bench.LoadOptions{Client: kserveClient(conn), Model: "bench", Generator: g, Concurrency: concurrency})
+				o := bench.LoadOptions{Client: kserveClient(conn), Model: "bench", Generator: g, Concurrency: concurrency}
+				if rate > 0 {
+					traced <- bench.TraceOpen(loadCtx, o, rate)
+				} else {
+					traced <- bench.Trace(loadCtx, o)
+				}
 			}()
 			type step struct {
 				label       string
@@ -232,9 +250,11 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 	cmd.Flags().Uint32Var(&partitions, "partitions", 8, "partitions per version")
 	cmd.Flags().IntVar(&deltaKeys, "delta-keys", 10_000, "features the delta (version 4) changes")
 	cmd.Flags().IntVar(&shards, "shards", 4, "shard servers")
-	cmd.Flags().IntVar(&concurrency, "concurrency", 4, "requests in flight")
+	cmd.Flags().IntVar(&concurrency, "concurrency", 4, "requests in flight (closed loop)")
+	cmd.Flags().Float64Var(&rate, "rate", 0, "open loop: requests sent a second, each timed from when it was due, with a deadline of 2s (0: closed loop at --concurrency)")
 	cmd.Flags().IntVar(&rounds, "rounds", 3, "rollbacks to 1 and back to 2")
 	cmd.Flags().Var(&budget, "memory-budget", "per shard resident table bytes (default: no bound)")
+	cmd.Flags().Var(&loadRate, "load-rate", "per shard: "+loadRateUsage)
 	cmd.Flags().DurationVar(&settle, "settle", 2*time.Second, "load between steps, and the steady window's length")
 	cmd.Flags().DurationVar(&warm, "warm", 2*time.Second, "load before the steady window")
 	return cmd
