@@ -103,11 +103,12 @@ type Window struct {
 	Requests, Failed int
 	P50, P99         time.Duration
 	Versions         map[uint64]int
+	Codes            map[string]int // Failed by gRPC code
 }
 
 // Summarize reads a window off a trace.
 func Summarize(calls []Call, from, to time.Time) Window {
-	w := Window{Versions: map[uint64]int{}}
+	w := Window{Versions: map[uint64]int{}, Codes: map[string]int{}}
 	var lat []time.Duration
 	for _, c := range calls {
 		if c.End.Before(from) || !c.End.Before(to) {
@@ -116,6 +117,7 @@ func Summarize(calls []Call, from, to time.Time) Window {
 		w.Requests++
 		if c.Err != "" {
 			w.Failed++
+			w.Codes[c.Err]++
 			continue
 		}
 		w.Versions[c.Version]++
@@ -147,6 +149,14 @@ func Converged(calls []Call, at, until time.Time, want uint64) time.Duration {
 
 // Print writes a window as one line.
 func (w Window) Print(out io.Writer, label string) {
-	fmt.Fprintf(out, "%-28s requests=%-6d failed=%-3d p50=%-9s p99=%-9s versions=%v\n", label, w.Requests, w.Failed,
-		w.P50.Round(time.Microsecond), w.P99.Round(time.Microsecond), w.Versions)
+	fmt.Fprintf(out, "%-28s requests=%-6d failed=%-3d p50=%-9s p99=%-9s versions=%v%s\n", label, w.Requests, w.Failed,
+		w.P50.Round(time.Microsecond), w.P99.Round(time.Microsecond), w.Versions, w.FailedCodes())
+}
+
+// FailedCodes is " failed by code: …" when calls failed, else "".
+func (w Window) FailedCodes() string {
+	if w.Failed == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" failed by code: %v", w.Codes)
 }

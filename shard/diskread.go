@@ -73,6 +73,11 @@ func (r *ColdReads) release() {
 	}
 }
 
+// readBufs is the cold readers' scratch for the bytes they read. Each
+// would otherwise allocate its own for every lookup: about a megabyte of
+// garbage a rank200 request, and the collector running all the time.
+var readBufs = sync.Pool{New: func() any { return new([]byte) }}
+
 // readCold is Find for a table served from disk, with the values: the
 // value bytes of keys[q] go to vals[q×vlen:] and out[q] is q, or −1 when
 // the table lacks it. Keys the value cache holds are copied from it; the
@@ -102,23 +107,31 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 	}
 	var next atomic.Int64
 	var failed atomic.Pointer[error]
+	// fail keeps the first error. (A worker's own err never has its
+	// address taken: it would move to the heap, two allocations a key.)
+	fail := func(err error) { failed.CompareAndSwap(nil, &err) }
 	work := func() {
-		var buf []byte
+		bp := readBufs.Get().(*[]byte)
+		defer func() {
+			if cap(*bp) <= 64<<10 {
+				readBufs.Put(bp)
+			}
+		}()
 		for {
 			m := int(next.Add(1) - 1)
 			if m >= len(miss) || failed.Load() != nil {
 				return
 			}
 			if err := r.acquire(ctx); err != nil {
-				failed.CompareAndSwap(nil, &err)
+				fail(err)
 				return
 			}
 			q := miss[m]
 			var err error
-			out[q], buf, err = t.readOne(keys[q], vals[int(q)*t.vlen:int(q+1)*t.vlen], buf)
+			out[q], *bp, err = t.readOne(keys[q], vals[int(q)*t.vlen:int(q+1)*t.vlen], *bp)
 			r.release()
 			if err != nil {
-				failed.CompareAndSwap(nil, &err)
+				fail(err)
 				return
 			}
 			if out[q] >= 0 {
