@@ -1,11 +1,13 @@
 package shard
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,6 +80,13 @@ func (r *ColdReads) release() {
 // garbage a rank200 request, and the collector running all the time.
 var readBufs = sync.Pool{New: func() any { return new([]byte) }}
 
+// putReadBuf gives a reader's buffer back, unless one read made it large.
+func putReadBuf(bp *[]byte) {
+	if cap(*bp) <= spanMax {
+		readBufs.Put(bp)
+	}
+}
+
 // readCold is Find for a table served from disk, with the values: the
 // value bytes of keys[q] go to vals[q×vlen:] and out[q] is q, or −1 when
 // the table lacks it. Keys the value cache holds are copied from it; the
@@ -112,11 +121,7 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 	fail := func(err error) { failed.CompareAndSwap(nil, &err) }
 	work := func() {
 		bp := readBufs.Get().(*[]byte)
-		defer func() {
-			if cap(*bp) <= 64<<10 {
-				readBufs.Put(bp)
-			}
-		}()
+		defer putReadBuf(bp)
 		for {
 			m := int(next.Add(1) - 1)
 			if m >= len(miss) || failed.Load() != nil {
@@ -173,23 +178,126 @@ func (t *Table) readOne(key uint64, val, buf []byte) (int32, []byte, error) {
 	if err != nil {
 		return -1, buf, err
 	}
-	for i := 0; i < hi-lo; i++ {
-		if binary.LittleEndian.Uint64(bucket[i*t.rs+t.ko:])&t.kmask != probe {
-			continue
-		}
-		r := lo + i
-		if !t.split { // the record came whole with its bucket
-			copy(val, bucket[i*t.rs+t.vo:i*t.rs+t.vo+t.vlen])
-			return int32(r), buf, nil
-		}
-		v, buf, err := t.readAt(t.valOff+int64(r)*int64(t.vs), t.vlen, buf)
-		if err != nil {
-			return -1, buf, err
-		}
-		copy(val, v)
-		return int32(r), buf, nil
+	i := t.match(bucket, probe)
+	switch {
+	case i < 0:
+		return -1, buf, nil
+	case !t.split: // the record came whole with its bucket
+		copy(val, bucket[i*t.rs+t.vo:i*t.rs+t.vo+t.vlen])
+		return int32(lo + i), buf, nil
 	}
-	return -1, buf, nil
+	v, buf, err := t.readAt(t.valOff+int64(lo+i)*int64(t.vs), t.vlen, buf)
+	if err != nil {
+		return -1, buf, err
+	}
+	copy(val, v)
+	return int32(lo + i), buf, nil
+}
+
+// match is the index in bucket, t's records, of the one whose key is
+// probe's, or −1.
+func (t *Table) match(bucket []byte, probe uint64) int {
+	for i := range len(bucket) / t.rs {
+		if binary.LittleEndian.Uint64(bucket[i*t.rs+t.ko:])&t.kmask == probe {
+			return i
+		}
+	}
+	return -1
+}
+
+// spanGap is the most readSpans reads between two keys' buckets to read
+// both at once (a page), and spanMax the most it reads at once.
+const (
+	spanGap = 4 << 10
+	spanMax = 64 << 10
+)
+
+// readSpans is readCold for many keys, not through the cache: keys[q]'s
+// value bytes go to vals[q×vlen:] and out[q] is q, or −1. Where records
+// hold their values, the buckets of keys near each other in the file
+// (at most spanGap apart) are read at once, up to spanMax a read, so
+// reading the thousands of hot keys that warm a partition's cache costs
+// a read per span of the file, not one per key. Keys apart from values
+// are read one by one (readCold). Reads take turns from r; it stops, with
+// ctx's error, once ctx ends.
+func (t *Table) readSpans(ctx context.Context, keys []uint64, out []int32, vals []byte, r *ColdReads) error {
+	if t.split {
+		for q := range keys {
+			out[q] = -1
+		}
+		_, err := t.readCold(ctx, keys, out, vals, nil, r)
+		return err
+	}
+	type loc struct {
+		q      int
+		lo, hi int // the bucket's records
+		probe  uint64
+	}
+	locs := make([]loc, len(keys))
+	for q, k := range keys {
+		h := codec.KeyHash(k)
+		b, frac := bits.Mul64(h, t.nb)
+		locs[q] = loc{q, int(t.dirAt(b)), int(t.dirAt(b + 1)), t.probe(h, frac)}
+		out[q] = -1
+	}
+	slices.SortFunc(locs, func(a, b loc) int { return cmp.Compare(a.lo, b.lo) })
+	var spans [][2]int // [i, j) of locs
+	for i := 0; i < len(locs); {
+		j := i + 1
+		for j < len(locs) && (locs[j].lo-locs[j-1].hi)*t.rs <= spanGap && (locs[j].hi-locs[i].lo)*t.rs <= spanMax {
+			j++
+		}
+		spans = append(spans, [2]int{i, j})
+		i = j
+	}
+	var next atomic.Int64
+	var failed atomic.Pointer[error]
+	fail := func(err error) { failed.CompareAndSwap(nil, &err) }
+	work := func() {
+		bp := readBufs.Get().(*[]byte)
+		defer putReadBuf(bp)
+		for {
+			s := int(next.Add(1) - 1)
+			if s >= len(spans) || failed.Load() != nil {
+				return
+			}
+			ls := locs[spans[s][0]:spans[s][1]]
+			lo, hi := ls[0].lo, ls[len(ls)-1].hi
+			if hi <= lo {
+				continue // empty buckets: absent
+			}
+			if err := r.acquire(ctx); err != nil {
+				fail(err)
+				return
+			}
+			span, buf, err := t.readAt(t.recOff+int64(lo*t.rs), (hi-lo)*t.rs, *bp)
+			*bp = buf
+			r.release()
+			if err != nil {
+				fail(err)
+				return
+			}
+			for _, l := range ls {
+				if i := t.match(span[(l.lo-lo)*t.rs:(l.hi-lo)*t.rs], l.probe); i >= 0 {
+					rec := span[(l.lo-lo+i)*t.rs:]
+					copy(vals[l.q*t.vlen:(l.q+1)*t.vlen], rec[t.vo:t.vo+t.vlen])
+					out[l.q] = int32(l.q)
+				}
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for range min(coldReaders, len(spans)) {
+		wg.Go(work)
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return *err
+	}
+	return nil
 }
 
 // readAt returns n bytes of t's file from off, read into buf (scratch,

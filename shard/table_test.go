@@ -246,6 +246,17 @@ func readColdMatchesFind(t *testing.T, shape model.Shape, enc string) {
 		}
 	}
 	check("from disk", NewColdReads(8))
+	// Many keys at once, buckets near each other read together.
+	spans := make([]int32, len(keys))
+	vals := make([]byte, len(keys)*tb.vlen)
+	if err := tb.readSpans(context.Background(), keys, spans, vals, NewColdReads(8)); err != nil {
+		t.Fatal(err)
+	}
+	for j := range keys {
+		if (spans[j] >= 0) != (warm[j] >= 0) || spans[j] >= 0 && !bytes.Equal(vals[j*tb.vlen:(j+1)*tb.vlen], tb.valAt(int(warm[j]))) {
+			t.Fatalf("readSpans %v, key %d: %d, Find %d", shape, keys[j], spans[j], warm[j])
+		}
+	}
 	stackMatches(t, NewTable(must(repo.ReadPartition(man, 0))), tb, keys, shape, enc)
 	// The cache learns from these keys: the hot ones come to it, and it
 	// keeps within the bytes it is given.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -35,7 +36,8 @@ import (
 // report back: a slow disk delays a rollout by at most this.
 const warmTimeout = 20 * time.Second
 
-// warmChunk is the keys warmLive reads into one cache at a turn.
+// warmChunk is the most asked keys warmLive reads into each cache
+// first, before the others.
 const warmChunk = 2048
 
 // warmPair is a partition of a staged version to warm: its base table
@@ -150,7 +152,7 @@ func (t *Table) fill(ctx context.Context, c *valueCache, hs []hotKey, r *ColdRea
 	}
 	vals := make([]byte, len(ids)*t.vlen)
 	out := make([]int32, len(ids))
-	t.readCold(ctx, ids, out, vals, nil, r)
+	t.readSpans(ctx, ids, out, vals, r) // what was read before an error is kept
 	n := 0
 	for q, k := range hs {
 		c.freq.addTimes(k.h, k.f)
@@ -213,9 +215,9 @@ func (s *Shard) warmLive(ctx context.Context, as map[string]topo.Assignment) {
 	wctx, cancel := context.WithTimeout(ctx, warmTimeout)
 	defer cancel()
 	// The old caches go first, then each new one is made and put in
-	// use empty; all are then filled in turns of warmChunk keys, most
-	// asked first, so that every partition's hottest keys are hits within
-	// milliseconds of the commit.
+	// use empty, and filled in two turns: every partition's warmChunk
+	// most asked keys first, so that they are hits within milliseconds of
+	// the commit, then the rest (read in spans of the file: readSpans).
 	type filling struct {
 		to   *Table
 		c    *valueCache
@@ -251,12 +253,10 @@ func (s *Shard) warmLive(ctx context.Context, as map[string]topo.Assignment) {
 		s.residentHot.Add(f.c.Bytes())
 	}
 	keys := 0
-	for off, more := 0, true; more && wctx.Err() == nil; off += warmChunk {
-		more = false
+	for _, turn := range [][2]int{{0, warmChunk}, {warmChunk, math.MaxInt}} {
 		for _, f := range fills {
-			if f.c != nil && off < len(f.hot) {
-				keys += f.to.fill(wctx, f.c, f.hot[off:min(off+warmChunk, len(f.hot))], s.cold)
-				more = true
+			if lo, hi := min(turn[0], len(f.hot)), min(turn[1], len(f.hot)); f.c != nil && lo < hi && wctx.Err() == nil {
+				keys += f.to.fill(wctx, f.c, f.hot[lo:hi], s.cold)
 			}
 		}
 	}
