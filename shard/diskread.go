@@ -114,52 +114,65 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 	if len(miss) == 0 {
 		return miss, nil
 	}
+	err := readAll(ctx, r, len(miss), func(m int, buf []byte) ([]byte, error) {
+		q := miss[m]
+		o, buf, err := t.readOne(keys[q], vals[int(q)*t.vlen:int(q+1)*t.vlen], buf)
+		if o >= 0 {
+			o = q
+		}
+		out[q] = o
+		return buf, err
+	})
+	return miss, err
+}
+
+// readAll calls read(i, buf) for every i below n, up to coldReaders at
+// once, each in a turn from r; buf is a reader's pooled scratch, which
+// read returns (grown, if it needed more). It stops at the first error,
+// or once ctx ends, and returns it (ctx's, if ctx ended).
+func readAll(ctx context.Context, r *ColdReads, n int, read func(i int, buf []byte) ([]byte, error)) error {
 	var next atomic.Int64
 	var failed atomic.Pointer[error]
-	// fail keeps the first error. (A worker's own err never has its
+	// fail keeps the first error. (A reader's own err never has its
 	// address taken: it would move to the heap, two allocations a key.)
 	fail := func(err error) { failed.CompareAndSwap(nil, &err) }
 	work := func() {
 		bp := readBufs.Get().(*[]byte)
 		defer putReadBuf(bp)
 		for {
-			m := int(next.Add(1) - 1)
-			if m >= len(miss) || failed.Load() != nil {
+			i := int(next.Add(1) - 1)
+			if i >= n || failed.Load() != nil {
 				return
 			}
 			if err := r.acquire(ctx); err != nil {
 				fail(err)
 				return
 			}
-			q := miss[m]
 			var err error
-			out[q], *bp, err = t.readOne(keys[q], vals[int(q)*t.vlen:int(q+1)*t.vlen], *bp)
+			*bp, err = read(i, *bp)
 			r.release()
 			if err != nil {
 				fail(err)
 				return
 			}
-			if out[q] >= 0 {
-				out[q] = q
-			}
 		}
 	}
-	if n := min(coldReaders, len(miss)); n == 1 {
+	if w := min(coldReaders, n); w == 1 {
 		work()
 	} else {
 		var wg sync.WaitGroup
-		for range n {
+		for range w {
 			wg.Go(work)
 		}
 		wg.Wait()
 	}
 	if err := failed.Load(); err != nil {
 		if ctx.Err() != nil {
-			return miss, ctx.Err()
+			return ctx.Err()
 		}
-		return miss, *err
+		return *err
 	}
-	return miss, nil
+	return nil
 }
 
 // readOne reads key's bucket from the file and, if the table holds key,
@@ -250,54 +263,25 @@ func (t *Table) readSpans(ctx context.Context, keys []uint64, out []int32, vals 
 		spans = append(spans, [2]int{i, j})
 		i = j
 	}
-	var next atomic.Int64
-	var failed atomic.Pointer[error]
-	fail := func(err error) { failed.CompareAndSwap(nil, &err) }
-	work := func() {
-		bp := readBufs.Get().(*[]byte)
-		defer putReadBuf(bp)
-		for {
-			s := int(next.Add(1) - 1)
-			if s >= len(spans) || failed.Load() != nil {
-				return
-			}
-			ls := locs[spans[s][0]:spans[s][1]]
-			lo, hi := ls[0].lo, ls[len(ls)-1].hi
-			if hi <= lo {
-				continue // empty buckets: absent
-			}
-			if err := r.acquire(ctx); err != nil {
-				fail(err)
-				return
-			}
-			span, buf, err := t.readAt(t.recOff+int64(lo*t.rs), (hi-lo)*t.rs, *bp)
-			*bp = buf
-			r.release()
-			if err != nil {
-				fail(err)
-				return
-			}
-			for _, l := range ls {
-				if i := t.match(span[(l.lo-lo)*t.rs:(l.hi-lo)*t.rs], l.probe); i >= 0 {
-					rec := span[(l.lo-lo+i)*t.rs:]
-					copy(vals[l.q*t.vlen:(l.q+1)*t.vlen], rec[t.vo:t.vo+t.vlen])
-					out[l.q] = int32(l.q)
-				}
+	return readAll(ctx, r, len(spans), func(i int, buf []byte) ([]byte, error) {
+		ls := locs[spans[i][0]:spans[i][1]]
+		lo, hi := ls[0].lo, ls[len(ls)-1].hi
+		if hi <= lo {
+			return buf, nil // empty buckets: absent
+		}
+		span, buf, err := t.readAt(t.recOff+int64(lo*t.rs), (hi-lo)*t.rs, buf)
+		if err != nil {
+			return buf, err
+		}
+		for _, l := range ls {
+			if k := t.match(span[(l.lo-lo)*t.rs:(l.hi-lo)*t.rs], l.probe); k >= 0 {
+				rec := span[(l.lo-lo+k)*t.rs:]
+				copy(vals[l.q*t.vlen:(l.q+1)*t.vlen], rec[t.vo:t.vo+t.vlen])
+				out[l.q] = int32(l.q)
 			}
 		}
-	}
-	var wg sync.WaitGroup
-	for range min(coldReaders, len(spans)) {
-		wg.Go(work)
-	}
-	wg.Wait()
-	if err := failed.Load(); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return *err
-	}
-	return nil
+		return buf, nil
+	})
 }
 
 // readAt returns n bytes of t's file from off, read into buf (scratch,

@@ -182,13 +182,11 @@ func TestReadColdMatchesFind(t *testing.T) {
 	}
 }
 
-// readColdMatchesFind: narrow records (LR, FM of dim 4) kept whole, the
-// value read with its bucket; wide ones (FM of dim 32) keys apart from
-// values (format 3), so cold reads read the keys, then the value. Read
-// from disk, then through the value cache once it learned the keys,
-// every answer equals the resident one, value bytes included, in every
-// encoding.
-func readColdMatchesFind(t *testing.T, shape model.Shape, enc string) {
+// diskTable publishes a model of shape in encoding enc, 200,000 keys
+// k²+k (weight k, factors from k), in one partition, and returns it as a
+// table served from disk, with the repository and manifest.
+func diskTable(t *testing.T, shape model.Shape, enc string) (*Table, loader.Repo, *codec.Manifest) {
+	t.Helper()
 	repo := loader.Repo{Dir: t.TempDir()}
 	m := &loader.Sparse{Shape: shape}
 	for k := uint64(0); k < 200000; k++ {
@@ -210,6 +208,17 @@ func readColdMatchesFind(t *testing.T, shape model.Shape, enc string) {
 	if !tb.Mapped || tb.file == nil {
 		t.Fatal("not a mapped table")
 	}
+	return tb, repo, man
+}
+
+// readColdMatchesFind: narrow records (LR, FM of dim 4) kept whole, the
+// value read with its bucket; wide ones (FM of dim 32) keys apart from
+// values (format 3), so cold reads read the keys, then the value. Read
+// from disk, then through the value cache once it learned the keys,
+// every answer equals the resident one, value bytes included, in every
+// encoding.
+func readColdMatchesFind(t *testing.T, shape model.Shape, enc string) {
+	tb, repo, man := diskTable(t, shape, enc)
 	rng := rand.New(rand.NewPCG(3, 3))
 	keys := make([]uint64, 20000)
 	for j := range keys {
@@ -319,21 +328,7 @@ func must[T any](v T, err error) T {
 // readers), not per key read: 2,000 reads take under 500 allocations.
 // (Each read allocated twice when a reader's error escaped to the heap.)
 func TestReadColdAllocs(t *testing.T) {
-	repo := loader.Repo{Dir: t.TempDir()}
-	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
-	for k := uint64(0); k < 200000; k++ {
-		m.Keys = append(m.Keys, k*k+k)
-		m.Values = append(m.Values, float32(k))
-	}
-	man, err := repo.PublishEncoded("m", m, 1, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := repo.MapPartitionCopy(man, 0, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb := NewTable(p)
+	tb, _, _ := diskTable(t, model.Shape{Type: model.LR}, "")
 	keys := make([]uint64, 2000)
 	for j := range keys {
 		k := uint64(97 * j)
@@ -342,6 +337,7 @@ func TestReadColdAllocs(t *testing.T) {
 	out := make([]int32, len(keys))
 	vals := make([]byte, len(keys)*tb.vlen)
 	var miss []int32
+	var err error
 	allocs := testing.AllocsPerRun(20, func() {
 		if miss, err = tb.readCold(context.Background(), keys, out, vals, miss, nil); err != nil {
 			t.Fatal(err)
