@@ -64,6 +64,9 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			if !(rate >= 0) || math.IsInf(rate, 0) {
 				return fmt.Errorf("--rate %v: give requests a second, or 0 for a closed loop", rate)
 			}
+			if err := loader.CheckGenDeltas(1, deltaKeys, params); err != nil {
+				return fmt.Errorf("--delta-keys: %w", err)
+			}
 			ctx := cmd.Context()
 			dir, err := os.MkdirTemp("", "cumulus-bench-rollback-")
 			if err != nil {
