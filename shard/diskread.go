@@ -75,9 +75,8 @@ func (r *ColdReads) release() {
 	}
 }
 
-// readBufs is the cold readers' scratch for the bytes they read. Each
-// would otherwise allocate its own for every lookup: about a megabyte of
-// garbage a rank200 request, and the collector running all the time.
+// readBufs is the cold readers' scratch for the bytes they read, pooled
+// so that a lookup's readers do not each allocate their own.
 var readBufs = sync.Pool{New: func() any { return new([]byte) }}
 
 // putReadBuf gives a reader's buffer back, unless one read made it large.
