@@ -278,8 +278,8 @@ type finiteCheck struct {
 }
 
 // newFiniteCheck is the check of a file of header h and count records,
-// or nil if the header's format, encoding, width and record size
-// disagree.
+// or nil if the header's format, encoding, width, record size and
+// buckets disagree (as ParsePartitionStructure refuses them).
 func newFiniteCheck(h []byte, count uint64) *finiteCheck {
 	c := &finiteCheck{enc: Encoding(binary.LittleEndian.Uint32(h[12:])), format: binary.LittleEndian.Uint32(h[8:]),
 		width: int(binary.LittleEndian.Uint32(h[16:])), rs: int(binary.LittleEndian.Uint32(h[36:])),
@@ -289,6 +289,9 @@ func newFiniteCheck(h []byte, count uint64) *finiteCheck {
 	}
 	if want := storedSize(c.format, RecordSize(c.width, c.enc), uint64(c.nb)); want == 0 || c.rs != want {
 		return nil
+	}
+	if count > 1<<32 || c.nb != bucketsOf(int(count), int(c.format)) {
+		return nil // the records' place in the file follows from the buckets
 	}
 	c.vlen = RecordSize(c.width, c.enc) - 8
 	c.start = partHeaderSize + dirBytes(c.nb)
@@ -478,7 +481,10 @@ func VerifyStream(r io.ReaderAt, size int64) (string, error) {
 	}
 	fin := newFiniteCheck(h[:], count)
 	if fin == nil {
-		return "", fmt.Errorf("%w: partition file: the header's format, encoding, width and record size disagree", ErrCorrupt)
+		return "", fmt.Errorf("%w: partition file: the header's format, encoding, width, record size and buckets disagree", ErrCorrupt)
+	}
+	if want := fileSize(int(count), fin.nb, int(binary.LittleEndian.Uint32(h[36:])), int(bs)); size != want {
+		return "", fmt.Errorf("%w: partition file: size %d, header implies %d (truncated or padded)", ErrCorrupt, size, want)
 	}
 	fin.r = r
 	sha := sha256.New()

@@ -159,6 +159,21 @@ func TestQuotientedFormatChecks(t *testing.T) {
 			t.Errorf("format %d, record size 0: VerifyStream: %v", f, err)
 		}
 	}
+	// A header whose bucket count is not the records' (a crafted file
+	// whose checksums are right would have its finite check read the
+	// wrong bytes): VerifyStream refuses it before reading a block, as
+	// ParsePartition does.
+	for _, nb := range []uint64{uint64(Buckets(4100)) - 1, 1 << 16} {
+		b := bytes.Clone(buf.Bytes())
+		binary.LittleEndian.PutUint64(b[40:], nb)
+		b = relabel(b, 2)
+		if _, err := VerifyStream(bytes.NewReader(b), int64(len(b))); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "buckets disagree") {
+			t.Errorf("%d buckets for 4,100 records: VerifyStream: %v", nb, err)
+		}
+		if _, err := ParsePartition(b); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%d buckets for 4,100 records: ParsePartition: %v", nb, err)
+		}
+	}
 	// A format 2 file of as many records (what earlier builds wrote) is
 	// still read, and its size is valid for a manifest.
 	p, err := ParsePartition(buf.Bytes())
