@@ -20,6 +20,13 @@ import (
 const (
 	sampleRing = 1 << 17 // samples held between drains: 2 MiB a shard
 	sampleCall = 1 << 14 // most samples one lookup takes, spread over its keys
+	// sampleDrain is how many samples a drain aims for: past it, lookups
+	// sample one key in every few, so that the loader's work does not
+	// grow with the traffic. Counting a sample costs the loader about
+	// 80 ns (the sketch's and the cache's lines); a whole ring a drain
+	// took a shard 11 ms of CPU, and four shards on two cores stalled
+	// every lookup for 30–50 ms each HotInterval.
+	sampleDrain = 1 << 15
 )
 
 // sampler is a lock-free ring of sampled (table, key) pairs. Writers race
@@ -27,10 +34,11 @@ const (
 // and one torn between two writers names a key of another table, which
 // that table lacks.
 type sampler struct {
-	ring  [sampleRing]sampleSlot
-	pos   atomic.Uint64
-	calls atomic.Uint64
-	read  uint64 // drain position; drain's goroutine only
+	ring   [sampleRing]sampleSlot
+	pos    atomic.Uint64
+	calls  atomic.Uint64
+	stride atomic.Uint64 // keys a sample at least (0: every key); set by drain
+	read   uint64        // drain position; drain's goroutine only
 }
 
 type sampleSlot struct {
@@ -49,8 +57,10 @@ func (t *Table) Sample(keys []uint64) {
 	// shared counter bumped per key would bounce between cores). The
 	// first key sampled moves from call to call: a fixed stride from 0
 	// would see only the same positions of a repeated key order.
-	every := (len(keys) + sampleCall - 1) / sampleCall
-	if every == 0 {
+	// A call of fewer keys than the stride is sampled as often as its
+	// share (first beyond its keys: none taken).
+	every := max((len(keys)+sampleCall-1)/sampleCall, int(min(s.stride.Load(), sampleRing)))
+	if len(keys) == 0 {
 		return
 	}
 	first := int(s.calls.Add(1) % uint64(every))
@@ -64,7 +74,9 @@ func (t *Table) Sample(keys []uint64) {
 	}
 }
 
-// drain calls fn on each sample taken since the last drain.
+// drain calls fn on each sample taken since the last drain, and sets
+// the stride so that the next drain finds about sampleDrain samples if
+// the traffic holds.
 func (s *sampler) drain(fn func(t *Table, key uint64)) {
 	end := s.pos.Load()
 	for i := max(s.read, end-min(end, sampleRing)); i < end; i++ {
@@ -73,7 +85,67 @@ func (s *sampler) drain(fn func(t *Table, key uint64)) {
 			fn(t, slot.key.Load())
 		}
 	}
+	asked := (end - s.read) * max(s.stride.Load(), 1) // keys the lookups had, about
+	s.stride.Store(max((asked+sampleDrain-1)/sampleDrain, 1))
 	s.read = end
+}
+
+// heard groups a drain's samples by table, in buffers the loader keeps
+// from tick to tick (a ring's worth, 3 MiB a shard): growing new ones
+// every tick was a megabyte of garbage a shard and tick.
+type heard struct {
+	drained []drainedSample
+	keys    []uint64
+	counts  map[*Table]int
+	tables  map[*Table][]uint64 // slices of keys
+}
+
+type drainedSample struct {
+	t   *Table
+	key uint64
+}
+
+// group drains s and returns each table's samples.
+func (h *heard) group(s *sampler) map[*Table][]uint64 {
+	if h.tables == nil {
+		h.drained, h.keys = make([]drainedSample, 0, sampleRing), make([]uint64, sampleRing)
+		h.counts, h.tables = map[*Table]int{}, map[*Table][]uint64{}
+	}
+	s.drain(func(t *Table, key uint64) { h.drained = append(h.drained, drainedSample{t, key}) })
+	// A lookup's samples lie together, so the maps are asked once a run
+	// of one table's, not once a sample.
+	runs := func(fn func(run []drainedSample)) {
+		for i := 0; i < len(h.drained); {
+			j := i + 1
+			for j < len(h.drained) && h.drained[j].t == h.drained[i].t {
+				j++
+			}
+			fn(h.drained[i:j])
+			i = j
+		}
+	}
+	runs(func(run []drainedSample) { h.counts[run[0].t] += len(run) })
+	at := 0
+	for t, n := range h.counts {
+		h.tables[t] = h.keys[at : at : at+n]
+		at += n
+	}
+	runs(func(run []drainedSample) {
+		keys := h.tables[run[0].t]
+		for _, d := range run {
+			keys = append(keys, d.key)
+		}
+		h.tables[run[0].t] = keys
+	})
+	return h.tables
+}
+
+// release forgets the tables grouped, so that none is kept reachable.
+func (h *heard) release() {
+	clear(h.drained)
+	h.drained = h.drained[:0]
+	clear(h.counts)
+	clear(h.tables)
 }
 
 // learn counts keys, sampled lookups of t, in its cache's sketch, and
@@ -84,19 +156,27 @@ func (t *Table) learn(ctx context.Context, r *ColdReads, keys []uint64) {
 	if c == nil {
 		return
 	}
+	// Count every sample, keeping those the cache lacks (in place: each
+	// key is looked at before it is overwritten). Served Zipf traffic is
+	// mostly hits, so what is left to sort is a few of the samples, not
+	// all: sorting all of them was half the loader's CPU.
+	missed := keys[:0]
 	for _, key := range keys {
-		c.freq.add(codec.KeyHash(key))
+		h := codec.KeyHash(key)
+		if c.freq.add(h); !c.has(h) {
+			missed = append(missed, key)
+		}
 	}
 	// Then the keys to read: each once, those the cache would admit now
 	// (its sketch counting this drain), at most as many as it has slots
 	// empty or an eighth of them, so that learning takes few of the
 	// disk's turns from lookups.
-	slices.Sort(keys)
-	keys = slices.Compact(keys)
+	slices.Sort(missed)
+	missed = slices.Compact(missed)
 	most := max(len(c.hs)-c.Len(), len(c.hs)/8)
-	want := keys[:0] // (in place: each key is looked at before it is overwritten)
-	for _, key := range keys {
-		if h := codec.KeyHash(key); !c.has(h) && c.admits(h) >= 0 {
+	want := missed[:0]
+	for _, key := range missed {
+		if h := codec.KeyHash(key); c.admits(h) >= 0 {
 			if want = append(want, key); len(want) == most {
 				break
 			}
@@ -191,8 +271,8 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	if len(s.onDisk) == 0 && len(s.deadCaches) == 0 && s.residentHot.Load() == 0 {
 		return
 	}
-	heard := map[*Table][]uint64{}
-	s.samples.drain(func(t *Table, key uint64) { heard[t] = append(heard[t], key) })
+	heard := s.heard.group(s.samples)
+	defer s.heard.release()
 	staged, served := s.stagedTables(), s.servedTables()
 	var active, lingering, idle []*Table
 	var warm int64 // the warm caches of staged versions: kept, not shared

@@ -245,6 +245,7 @@ type Shard struct {
 	passLoads  int                        // partition files loaded by this reconcile; loader goroutine only
 	samples    *sampler                   // lookups of the tables served from disk, for their value caches
 	onDisk     map[*Table]struct{}        // the current snapshot's tables served from disk; loader goroutine only
+	heard      heard                      // the samples' buffers; loader goroutine only
 	deadCaches []*valueCache              // dropped, freed once no lookup reads them; loader goroutine only
 	cold       *ColdReads                 // bounds the reads from disk of all lookups
 	identities codec.IdentityCache        // the chains loaded last: a delta's identities extend its parent's
