@@ -14,8 +14,15 @@ import (
 // A partition served from disk keeps the values of its most asked keys
 // in a value cache: a fixed array of slots, set-associative (a key's
 // set is 8 slots side by side, found from the low bits of its h), that
-// the request path reads without locks and only the shard's loader
-// writes. It never grows: its memory is taken once, within the budget.
+// the request path reads without locks. It never grows: its memory is
+// taken once, within the budget.
+//
+// Two kinds of writer: the shard's loader, which admits and evicts
+// (below), and lookups, which put a key they read from disk into an
+// empty slot of its set (offer), never evicting. So a cache made empty
+// (a rollback's, a new one) fills at the rate of the traffic, each hot
+// key read from disk about once, instead of every lookup reading it
+// until the loader's next turn.
 //
 // What a set keeps is decided by frequency, TinyLFU-style: the loader
 // counts sampled lookups in a small sketch, and a key asked for but not
@@ -24,11 +31,15 @@ import (
 // tail of a Zipf one) never push out the hot ones, and the cache holds
 // the keys that recur, not the pages they happen to sit on.
 //
-// A slot is rewritten under a sequence number (odd while the loader
-// writes): a reader copies the value between two reads of it and of the
-// slot's h, and takes it only if neither changed, so it never sees one
-// key's h with another's value. The sequence number is the word before
-// the value, so a hit reads two cache lines, its set's hs and its slot.
+// A slot is rewritten under a sequence number, odd while a writer
+// holds it (claimed by compare-and-swap, so writers exclude each other):
+// a reader copies the value between two reads of it and of the slot's h,
+// and takes it only if neither changed, so it never sees one key's h with
+// another's value. The sequence number is the word before the value, so
+// a hit reads two cache lines, its set's hs and its slot. A set's empty
+// slots are its last ones (slots are filled first empty first, and never
+// emptied), so lookups offering keys of one set race for one slot, and a
+// key is not put twice by two of them.
 
 // cacheWays is the slots of a set: their hs fill one cache line.
 const cacheWays = 8
@@ -184,7 +195,7 @@ func (c *valueCache) getAll(keys []uint64, out []int32, vals []byte) {
 	}
 }
 
-// has reports whether the cache holds h. The loader's only.
+// has reports whether the cache holds h.
 func (c *valueCache) has(h uint64) bool {
 	s := c.set(h)
 	for i := s; i < s+cacheWays; i++ {
@@ -219,10 +230,20 @@ func (c *valueCache) admits(h uint64) int {
 	return -1
 }
 
-// put writes h and its value into slot i (from admits). The loader's only.
+// put writes h and its value into slot i (from admits), waiting for a
+// lookup writing it (offer: nanoseconds). The loader's only.
 func (c *valueCache) put(i int, h uint64, val []byte) {
 	w := c.words[i*c.sw : (i+1)*c.sw]
-	w[0].Add(1) // odd: readers of slot i give up
+	q := w[0].Load()
+	for q&1 != 0 || !w[0].CompareAndSwap(q, q+1) { // odd: readers of slot i give up
+		q = w[0].Load()
+	}
+	c.write(i, h, val, q)
+}
+
+// write fills slot i, claimed at sequence q (now q+1), and releases it.
+func (c *valueCache) write(i int, h uint64, val []byte, q uint32) {
+	w := c.words[i*c.sw : (i+1)*c.sw]
 	if c.hs[i].Load() == 0 {
 		c.n.Add(1)
 	}
@@ -233,7 +254,41 @@ func (c *valueCache) put(i int, h uint64, val []byte) {
 		clear(b[n:])
 		w[1+k].Store(binary.LittleEndian.Uint32(b[:]))
 	}
-	w[0].Add(1)
+	w[0].Store(q + 2)
+}
+
+// offer puts h and its value in its set's first empty slot, if the set
+// has one and lacks h, and no other writer holds that slot; it never
+// evicts. Any goroutine: a lookup offers what it read from disk.
+func (c *valueCache) offer(h uint64, val []byte) {
+	if h == 0 {
+		return // 0 marks an empty slot
+	}
+	s, i := c.set(h), -1
+	for j := s; j < s+cacheWays; j++ {
+		if x := c.hs[j].Load(); x == h {
+			return
+		} else if x == 0 {
+			i = j
+			break
+		}
+	}
+	if i < 0 {
+		return
+	}
+	w := &c.words[i*c.sw]
+	q := w.Load()
+	if q&1 != 0 || !w.CompareAndSwap(q, q+1) {
+		return
+	}
+	// Claimed: a writer that held it before is done, and what it wrote
+	// is seen. If it filled the slot, leave it (the slot's sequence moves
+	// on, which readers take as a miss once).
+	if c.hs[i].Load() != 0 {
+		w.Store(q + 2)
+		return
+	}
+	c.write(i, h, val, q)
 }
 
 // sketch estimates how often keys were asked for: a count-min sketch of

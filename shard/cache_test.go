@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 
 	"github.com/cumulus-serving/cumulus/codec"
@@ -121,4 +122,136 @@ func BenchmarkCacheGet(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestCacheOffer: lookups put what they read into empty slots only,
+// never twice the same key, never a key's h with another's value, while
+// the loader admits and evicts beside them and readers read.
+func TestCacheOffer(t *testing.T) {
+	const vlen = 12
+	c := newValueCache(1<<14, vlen, 1<<30)
+	if c == nil {
+		t.Fatal("no cache fits")
+	}
+	t.Cleanup(c.free)
+	// One set: filled first empty first, then full; offers never evict.
+	var same []uint64 // keys of one set
+	for k := uint64(1); len(same) < cacheWays+2; k++ {
+		if h := codec.KeyHash(k); c.set(h) == c.set(codec.KeyHash(1)) {
+			same = append(same, k)
+		}
+	}
+	val := make([]byte, vlen)
+	for n, k := range same {
+		c.offer(codec.KeyHash(k), cacheValue(k, vlen))
+		c.offer(codec.KeyHash(k), cacheValue(k+1, vlen)) // again: kept as first put
+		want := min(n+1, cacheWays)
+		if c.Len() != want {
+			t.Fatalf("after offering %d keys of one set the cache holds %d, want %d", n+1, c.Len(), want)
+		}
+		if in := c.get(codec.KeyHash(k), val); in != (n < cacheWays) || in && !bytes.Equal(val, cacheValue(k, vlen)) {
+			t.Fatalf("offered key %d of a set of %d ways: held %v, value %v", n, cacheWays, in, val)
+		}
+	}
+
+	// At once: lookups offering keys while readers read; then the loader
+	// admitting (and evicting) beside them as well.
+	c2 := newValueCache(1<<16, vlen, 1<<30)
+	t.Cleanup(c2.free)
+	for _, loader := range []bool{false, true} {
+		if err := offerAtOnce(c2, vlen, loader); err != nil {
+			t.Fatal(err)
+		}
+		// Every set: empty slots last, values right, Len right; no key
+		// twice from offers alone. (The loader's put may repeat a key a
+		// lookup offered between its has and its put: harmless, both
+		// copies hold the key's value.)
+		held := 0
+		for s := 0; s < len(c2.hs); s += cacheWays {
+			seen := map[uint64]bool{}
+			empty := false
+			for i := s; i < s+cacheWays; i++ {
+				h := c2.hs[i].Load()
+				switch {
+				case h == 0:
+					empty = true
+				case empty:
+					t.Fatalf("loader %v: set %d: a key after an empty slot", loader, s/cacheWays)
+				case seen[h] && !loader:
+					t.Fatalf("set %d: key %d held twice", s/cacheWays, codec.KeyUnhash(h))
+				default:
+					seen[h] = true
+					held++
+					if !c2.read(i, h, val) || !bytes.Equal(val, cacheValue(codec.KeyUnhash(h), vlen)) {
+						t.Fatalf("loader %v: key %d holds %v", loader, codec.KeyUnhash(h), val)
+					}
+				}
+			}
+		}
+		if held != c2.Len() || held == 0 {
+			t.Fatalf("loader %v: %d keys held, Len %d", loader, held, c2.Len())
+		}
+	}
+}
+
+// offerAtOnce has four goroutines offer c random keys of 1..2^14 (each
+// key's value cacheValue), the loader put others if loader, and two
+// readers check every hit's value meanwhile.
+func offerAtOnce(c *valueCache, vlen int, loader bool) error {
+	done := make(chan struct{})
+	errs := make(chan error, 2)
+	var wg, readers sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 2))
+			for range 20000 {
+				k := 1 + rng.Uint64N(1<<14)
+				c.offer(codec.KeyHash(k), cacheValue(k, vlen))
+			}
+		})
+	}
+	if loader {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(9, 9))
+			for range 20000 {
+				k := 1 + rng.Uint64N(1<<14)
+				h := codec.KeyHash(k)
+				c.freq.add(h)
+				c.freq.add(h)
+				if i := c.admits(h); i >= 0 && !c.has(h) {
+					c.put(i, h, cacheValue(k, vlen))
+				}
+			}
+		})
+	}
+	for g := range 2 {
+		readers.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			keys := make([]uint64, 256)
+			out := make([]int32, len(keys))
+			vals := make([]byte, len(keys)*vlen)
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				for q := range keys {
+					keys[q] = 1 + rng.Uint64N(1<<14)
+				}
+				c.getAll(keys, out, vals)
+				for q, o := range out {
+					if o >= 0 && !bytes.Equal(vals[q*vlen:(q+1)*vlen], cacheValue(keys[q], vlen)) {
+						errs <- fmt.Errorf("loader %v: key %d read with value %v", loader, keys[q], vals[q*vlen:(q+1)*vlen])
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(done)
+	readers.Wait()
+	close(errs)
+	return <-errs
 }

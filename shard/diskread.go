@@ -92,6 +92,7 @@ func putReadBuf(bp *[]byte) {
 // others' buckets (and, keys apart from values, their values) are read
 // with pread, up to coldReaders at once, each read taking its turn from
 // r. The mapping is never read, so a lookup never waits on a page fault.
+// What it read goes to the cache's empty slots (offer).
 // It returns ctx's error, having stopped reading, once ctx ends.
 // miss is scratch; it is returned for reuse.
 func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals []byte, miss []int32, r *ColdReads) ([]int32, error) {
@@ -122,6 +123,14 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 		out[q] = o
 		return buf, err
 	})
+	if c := t.useCache(); c != nil {
+		for _, q := range miss {
+			if out[q] >= 0 {
+				c.offer(codec.KeyHash(keys[q]), vals[int(q)*t.vlen:int(q+1)*t.vlen])
+			}
+		}
+		c.done()
+	}
 	return miss, err
 }
 
