@@ -156,8 +156,8 @@ func (t *Table) fill(ctx context.Context, c *valueCache, hs []hotKey, r *ColdRea
 	n := 0
 	for q, k := range hs {
 		c.freq.addTimes(k.h, k.f)
-		if out[q] < 0 {
-			continue // not in the new version, or not read in time
+		if out[q] < 0 || c.has(k.h) {
+			continue // not in the new version, not read in time, or offered by a lookup meanwhile (the cache may be in use)
 		}
 		if i := c.admits(k.h); i >= 0 {
 			c.put(i, k.h, vals[q*t.vlen:(q+1)*t.vlen])
