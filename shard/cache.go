@@ -321,26 +321,24 @@ func (s *sketch) counter(h uint64, i int) (word int, shift uint) {
 }
 
 // add counts one request for h.
-func (s *sketch) add(h uint64) {
+func (s *sketch) add(h uint64) { s.addTimes(h, 1) }
+
+// addTimes counts n requests for h (a count carried over from another
+// cache's sketch: at most 15), each counter once.
+func (s *sketch) addTimes(h uint64, n int) {
+	if n <= 0 {
+		return
+	}
 	for i := range sketchSeeds {
 		w, sh := s.counter(h, i)
-		if s.words[w]>>sh&15 < 15 {
-			s.words[w] += 1 << sh
-		}
+		c := s.words[w] >> sh & 15
+		s.words[w] += uint64(min(15-c, uint64(n))) << sh
 	}
-	if s.adds++; s.adds >= s.resetAt {
+	if s.adds += n; s.adds >= s.resetAt {
 		for i, w := range s.words {
 			s.words[i] = w >> 1 & 0x7777777777777777
 		}
 		s.adds /= 2
-	}
-}
-
-// addTimes counts n requests for h: a count carried over from another
-// cache's sketch.
-func (s *sketch) addTimes(h uint64, n int) {
-	for range n {
-		s.add(h)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 
@@ -254,4 +255,34 @@ func offerAtOnce(c *valueCache, vlen int, loader bool) error {
 	readers.Wait()
 	close(errs)
 	return <-errs
+}
+
+// addTimes counts as that many adds do, saturating at 15; past
+// resetAt it halves the sketch as they would.
+func TestSketchAddTimes(t *testing.T) {
+	a, b := newValueCache(1<<14, 4, 1<<30), newValueCache(1<<14, 4, 1<<30)
+	t.Cleanup(a.free)
+	t.Cleanup(b.free)
+	rng := rand.New(rand.NewPCG(3, 4))
+	add := func(h uint64, n int) {
+		a.freq.addTimes(h, n)
+		for range n {
+			b.freq.add(h)
+		}
+	}
+	for a.freq.adds < a.freq.resetAt-16 {
+		add(rng.Uint64(), 1+rng.IntN(15))
+	}
+	if !slices.Equal(a.freq.words, b.freq.words) || a.freq.adds != b.freq.adds {
+		t.Fatal("addTimes counted otherwise than as many adds")
+	}
+	for range a.freq.resetAt { // halving a few times
+		h, n := rng.Uint64(), 1+rng.IntN(15)
+		if add(h, n); a.freq.estimate(h) < n/2 {
+			t.Fatalf("counted %d times, estimated %d", n, a.freq.estimate(h))
+		}
+	}
+	if a.freq.adds >= a.freq.resetAt {
+		t.Fatalf("%d adds since the last halving, at most %d", a.freq.adds, a.freq.resetAt)
+	}
 }
