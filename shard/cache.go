@@ -74,14 +74,35 @@ func cacheBytes(sets, vlen int) int64 {
 	return 8*n + sketchBytes(sets*cacheWays) + (4*n*int64(1+(vlen+3)/4)+7)&^7
 }
 
-// newValueCache makes the largest cache for values of vlen bytes that
-// costs at most bytes, holding at most keys keys; nil if not one set fits.
-func newValueCache(bytes int64, vlen, keys int) *valueCache {
+// cacheSets is the sets of the largest cache for values of vlen bytes
+// that costs at most bytes, holding at most keys keys; 0 if not one
+// fits. Sets are a power of two, so a cache leaves up to half of what
+// it is given unused.
+func cacheSets(bytes int64, vlen, keys int) int {
 	sets := 1
 	for sets*2*cacheWays <= keys && cacheBytes(sets*2, vlen) <= bytes {
 		sets *= 2
 	}
 	if cacheBytes(sets, vlen) > bytes {
+		return 0
+	}
+	return sets
+}
+
+// cacheFit is what the cache newValueCache(bytes, vlen, keys) makes
+// costs; 0 if none.
+func cacheFit(bytes int64, vlen, keys int) int64 {
+	if sets := cacheSets(bytes, vlen, keys); sets > 0 {
+		return cacheBytes(sets, vlen)
+	}
+	return 0
+}
+
+// newValueCache makes the largest cache for values of vlen bytes that
+// costs at most bytes, holding at most keys keys; nil if not one set fits.
+func newValueCache(bytes int64, vlen, keys int) *valueCache {
+	sets := cacheSets(bytes, vlen, keys)
+	if sets == 0 {
 		return nil
 	}
 	vw := (vlen + 3) / 4

@@ -274,6 +274,11 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	heard := s.heard.group(s.samples)
 	defer s.heard.release()
 	staged, served := s.stagedTables(), s.servedTables()
+	standby := s.standbyPairs(served)
+	kept := map[*Table]bool{}
+	for _, pr := range standby {
+		kept[pr.to] = true
+	}
 	var active, lingering, idle []*Table
 	var warm int64 // the warm caches of staged versions: kept, not shared
 	now := time.Now()
@@ -281,9 +286,14 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 		if len(heard[t]) > 0 {
 			t.heardAt = now
 		}
+		if served[t] {
+			t.standbyFrom, t.standbyPlan = 0, nil // warmed again once it stands by again
+		}
 		switch c := t.cache.Load(); {
 		case now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0 && served[t]:
 			active = append(active, t)
+		case kept[t] && s.opts.MemoryBudget > 0:
+			// keepStandby's
 		case now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0 && c != nil:
 			lingering = append(lingering, t)
 		case staged[t] && c != nil && s.opts.MemoryBudget > 0:
@@ -298,6 +308,9 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	if len(active) == 0 {
 		for _, t := range lingering {
 			s.dropCache(t)
+		}
+		for _, pr := range standby {
+			s.dropCache(pr.to) // no live cache to leave it room
 		}
 		s.freeCaches(reclaimWait)
 		s.residentHot.Store(warm)
@@ -315,6 +328,7 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 		return
 	}
 	total := warm
+	var growing int64 // what the live caches will take to grow, below
 	for _, t := range active {
 		if t.cache.Load() == nil {
 			if c := newValueCache(share, t.vlen, t.n); c != nil {
@@ -323,8 +337,12 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 		}
 		if c := t.cache.Load(); c != nil {
 			total += c.Bytes()
+			if b := cacheFit(share, t.vlen, t.n); b >= 2*c.Bytes() {
+				growing += b
+			}
 		}
 	}
+	total = s.keepStandby(ctx, standby, total, growing)
 	for _, t := range lingering {
 		if c := t.cache.Load(); s.residentBytes(false)+total+c.Bytes() <= s.opts.MemoryBudget {
 			total += c.Bytes()

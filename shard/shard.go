@@ -616,14 +616,28 @@ func (s *Shard) fits(n int64) bool {
 // caches again to what is left at its next HotInterval. Loader goroutine
 // only.
 func (s *Shard) cacheRoom(n int64) {
-	if s.opts.MemoryBudget == 0 || s.residentBytes(true)+s.unplaced+n <= s.opts.MemoryBudget {
+	fits := func() bool {
+		return s.opts.MemoryBudget == 0 || s.residentBytes(true)+s.unplaced+n <= s.opts.MemoryBudget
+	}
+	if fits() {
 		return
 	}
-	for t := range s.onDisk {
-		s.dropCache(t)
+	// The caches of versions not served go first (the newest standby's,
+	// kept in the room the live ones leave: a delta's overlay would
+	// otherwise drop every live cache), then, if that is not room
+	// enough, all.
+	served := s.servedTables()
+	for _, all := range []bool{false, true} {
+		for t := range s.onDisk {
+			if c := t.cache.Load(); c != nil && (all || !served[t]) {
+				s.dropCache(t)
+				s.residentHot.Add(-c.Bytes())
+			}
+		}
+		if s.freeCaches(reclaimWait); fits() {
+			return
+		}
 	}
-	s.freeCaches(reclaimWait)
-	s.residentHot.Store(0)
 }
 
 // loadPartition loads into resident memory if the budget allows and

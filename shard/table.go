@@ -60,16 +60,23 @@ type Table struct {
 	// Mapped is true when the table is served from a file mapping rather
 	// than resident memory.
 	Mapped  bool
-	sample  *sampler                   // keys looked up, for the value cache; mapped tables only
-	heardAt time.Time                  // its last sampled lookup; loader goroutine only
-	warmed  bool                       // its cache was warmed while staged (warm.go); loader goroutine only
-	file    *os.File                   // mapped tables: the file, for readCold
-	cache   atomic.Pointer[valueCache] // mapped tables: their value cache, if any
-	dirMem  *tablemem.Buffer           // mapped tables: dir's memory
-	recOff  int64                      // where the keys (in formats 2 and 4, the records) start in file
-	valOff  int64                      // split tables: where the values start in file
-	sha     string                     // SHA-256 of the partition file, as its manifest records it
-	fv      uint64                     // the version whose file it is
+	sample  *sampler  // keys looked up, for the value cache; mapped tables only
+	heardAt time.Time // its last sampled lookup; loader goroutine only
+	warmed  bool      // its cache was warmed while staged (warm.go); loader goroutine only
+	// standbyFrom is how many keys the live cache held when this
+	// table's cache was last warmed from it as the newest standby's
+	// (keepStandby), since it was last served; standbyPlan is the keys
+	// that warming has still to read, in file order. Loader goroutine
+	// only.
+	standbyFrom int
+	standbyPlan []hotKey
+	file        *os.File                   // mapped tables: the file, for readCold
+	cache       atomic.Pointer[valueCache] // mapped tables: their value cache, if any
+	dirMem      *tablemem.Buffer           // mapped tables: dir's memory
+	recOff      int64                      // where the keys (in formats 2 and 4, the records) start in file
+	valOff      int64                      // split tables: where the values start in file
+	sha         string                     // SHA-256 of the partition file, as its manifest records it
+	fv          uint64                     // the version whose file it is
 	// refs counts the stack slots of the current snapshot holding the
 	// table; dropped is the swap that last took it to zero (reclaim.go).
 	// Loader goroutine only.

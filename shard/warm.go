@@ -84,6 +84,17 @@ func (s *Shard) warmStaged(ctx context.Context, as map[string]topo.Assignment) {
 	start := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, warmTimeout)
 	defer cancel()
+	// The room is the staged caches' first: the caches of versions not
+	// served go (the newest standby's, kept for a rollback the rollout
+	// is about to make moot), but for those already warmed as staged.
+	served := s.servedTables()
+	for t := range s.onDisk {
+		if c := t.cache.Load(); c != nil && !served[t] && !t.warmed {
+			s.dropCache(t)
+			s.residentHot.Add(-c.Bytes())
+		}
+	}
+	s.freeCaches(reclaimWait)
 	var want int64 // caches the size of the live ones
 	for _, pr := range pairs {
 		want += pr.from.cache.Load().Bytes()
@@ -146,15 +157,25 @@ func hotKeys(c *valueCache) []hotKey {
 // kept. The loader's only.
 func (t *Table) fill(ctx context.Context, c *valueCache, hs []hotKey, r *ColdReads) int {
 	hs = hs[:min(len(hs), len(c.hs))]
-	ids := make([]uint64, len(hs))
-	for i, k := range hs {
+	// What c holds already (a cache warmed again, or grown) is counted,
+	// not read again.
+	want := make([]hotKey, 0, len(hs))
+	for _, k := range hs {
+		if c.has(k.h) {
+			c.freq.addTimes(k.h, k.f)
+		} else {
+			want = append(want, k)
+		}
+	}
+	ids := make([]uint64, len(want))
+	for i, k := range want {
 		ids[i] = codec.KeyUnhash(k.h)
 	}
 	vals := make([]byte, len(ids)*t.vlen)
 	out := make([]int32, len(ids))
 	t.readSpans(ctx, ids, out, vals, r) // what was read before an error is kept
 	n := 0
-	for q, k := range hs {
+	for q, k := range want {
 		c.freq.addTimes(k.h, k.f)
 		if out[q] < 0 || c.has(k.h) {
 			continue // not in the new version, not read in time, or offered by a lookup meanwhile (the cache may be in use)
@@ -228,12 +249,8 @@ func (s *Shard) warmLive(ctx context.Context, as map[string]topo.Assignment) {
 	for _, pr := range pairs {
 		from := pr.from.cache.Load()
 		fills = append(fills, filling{to: pr.to, hot: hotKeys(from), size: from.Bytes()})
-		for _, t := range []*Table{pr.from, pr.to} {
-			if c := t.cache.Load(); c != nil {
-				s.dropCache(t)
-				s.residentHot.Add(-c.Bytes()) // freed, or in deadCaches: maintainCaches makes no cache while any is
-			}
-		}
+		s.dropCache(pr.from)
+		s.residentHot.Add(-from.Bytes()) // freed, or in deadCaches: maintainCaches makes no cache while any is
 	}
 	s.freeCaches(reclaimWait)
 	room := s.opts.MemoryBudget - s.residentBytes(true) - s.unplaced
@@ -242,15 +259,25 @@ func (s *Shard) warmLive(ctx context.Context, as map[string]topo.Assignment) {
 	}
 	for i := range fills {
 		f := &fills[i]
-		f.c = newValueCache(min(f.size, room/int64(len(fills)-i)), f.to.vlen, f.to.n)
+		size := min(f.size, room/int64(len(fills)-i))
+		if old := f.to.cache.Load(); old != nil {
+			// Its cache as the newest standby: grown, keeping what it
+			// holds (it took only room the live cache left, so both fit).
+			if b := s.resize(f.to, old, size); b > 0 {
+				room -= b
+				s.residentHot.Add(b)
+			}
+			f.c = f.to.cache.Load()
+		} else if f.c = newValueCache(size, f.to.vlen, f.to.n); f.c != nil {
+			room -= f.c.Bytes()
+			f.to.cache.Store(f.c)
+			s.residentHot.Add(f.c.Bytes())
+		}
 		if f.c == nil {
 			continue
 		}
-		room -= f.c.Bytes()
 		f.hot = f.hot[:min(len(f.hot), len(f.c.hs))]
-		f.to.cache.Store(f.c)
 		f.to.heardAt = time.Now() // live: not idle before its first lookups are counted
-		s.residentHot.Add(f.c.Bytes())
 	}
 	keys := 0
 	for _, turn := range [][2]int{{0, warmChunk}, {warmChunk, math.MaxInt}} {
@@ -301,6 +328,111 @@ func (s *Shard) resize(t *Table, c *valueCache, bytes int64) int64 {
 	t.cache.Store(g)
 	s.deadCaches = append(s.deadCaches, c)
 	return g.Bytes()
+}
+
+// A rollback makes the newest standby version live at once. Served
+// from disk with no cache, it answered from disk until warmLive had
+// read its hot keys again: on a loaded shard, a few hundred milliseconds
+// of a tail tens of times the steady one, and of refused requests. So
+// the newest standby version keeps a cache too, in the room the live
+// caches leave: a cache's sets are a power of two, so a share leaves up
+// to half of itself unused. Once the live caches are made and grown, it
+// is warmed, as a staged version is, from the live cache's hot keys
+// read from its own file, and it is kept while that room holds it; it
+// never takes room the live caches would grow into. Rolled back to, a
+// version whose cache holds what the replaced one's did is not warmed
+// again (warmLive), and one that holds less keeps what it holds.
+
+// standbyPairs is, for each model's newest standby version (none while
+// the model has a version staged), its
+// partitions served from disk that no served version shares (a delta's
+// base is its standby's too), each with the live version's table of the
+// partition, whose cache it is warmed from. Loader goroutine only.
+func (s *Shard) standbyPairs(served map[*Table]bool) []warmPair {
+	var pairs []warmPair
+	sn := s.snap.Load()
+	for _, name := range slices.Sorted(maps.Keys(s.cur)) {
+		a := s.cur[name]
+		if len(a.Standby) == 0 || a.Live == 0 || a.Staged != 0 {
+			continue // (a rollout's staged version warms in the room: once committed, the live one stands by instead)
+		}
+		sv, lv := sn.get(name, a.Standby[0]), sn.get(name, a.Live)
+		if sv == nil || lv == nil {
+			continue
+		}
+		for p, l := range sv.layers {
+			if p >= len(lv.layers) || len(l) == 0 || len(lv.layers[p]) == 0 {
+				continue
+			}
+			if to := l[len(l)-1]; to.Mapped && !served[to] {
+				pairs = append(pairs, warmPair{p, to, lv.layers[p][len(lv.layers[p])-1]})
+			}
+		}
+	}
+	return pairs
+}
+
+// Warming a standby cache is background work, spread over ticks rather
+// than taking the loader, the disk and the CPU for a few hundred
+// milliseconds at once (measured: that refused requests after every
+// rollout): keepStandby reads for standbyWork a tick, a shard, in
+// chunks of standbyChunk keys in file order, so that its reads still
+// come in spans.
+const (
+	standbyWork  = 10 * time.Millisecond
+	standbyChunk = 1024
+)
+
+// keepStandby keeps the caches of the newest standby versions' tables
+// (standbyPairs) in the room the budget leaves beside total bytes of
+// caches and growing bytes the live ones are about to take, and warms
+// one where the room has come (the live caches grown and what they
+// replaced freed), standbyChunk keys a tick. Each table keeps its part
+// of the room or nothing. It returns total with the caches it kept.
+// Loader goroutine only.
+func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growing int64) int64 {
+	room := s.opts.MemoryBudget - s.residentBytes(false) - total - growing
+	settled := growing == 0 && len(s.deadCaches) == 0
+	until := time.Now().Add(standbyWork)
+	for i, pr := range pairs {
+		part := room / int64(len(pairs)-i)
+		c := pr.to.cache.Load()
+		switch from := pr.from.cache.Load(); {
+		case c != nil && c.Bytes() > part:
+			s.dropCache(pr.to) // the room is the live caches' now
+			pr.to.standbyFrom, pr.to.standbyPlan = 0, nil
+		case settled && from != nil && (c == nil || from.Len() > 2*pr.to.standbyFrom) && time.Now().Before(until) && ctx.Err() == nil:
+			// Warmed again each time the live cache has learned twice as
+			// many keys (a few times after a rollout, not every tick), or
+			// its cache was dropped (cacheRoom).
+			if c == nil {
+				if c = newValueCache(min(part, from.Bytes()), pr.to.vlen, pr.to.n); c == nil {
+					break
+				}
+				pr.to.cache.Store(c)
+				pr.to.standbyPlan = nil // (one for a cache dropped is not this one's)
+			}
+			if pr.to.standbyPlan == nil {
+				hot := hotKeys(from)
+				hot = hot[:min(len(hot), len(c.hs))]
+				slices.SortFunc(hot, func(a, b hotKey) int { return cmp.Compare(a.h, b.h) })
+				pr.to.standbyPlan = hot
+			}
+			for len(pr.to.standbyPlan) > 0 && time.Now().Before(until) && ctx.Err() == nil {
+				n := min(standbyChunk, len(pr.to.standbyPlan))
+				pr.to.fill(ctx, c, pr.to.standbyPlan[:n], s.cold)
+				pr.to.standbyPlan = pr.to.standbyPlan[n:]
+			}
+			if len(pr.to.standbyPlan) == 0 {
+				slog.Info("shard: warmed the value cache of the newest standby version", "shard", s.opts.ID, "keys", c.Len(), "complete", ctx.Err() == nil)
+				pr.to.standbyFrom, pr.to.standbyPlan = from.Len(), nil
+			}
+		}
+		b := pr.to.CacheBytes()
+		room -= b
+		total += b
+	}
+	return total
 }
 
 // stagedTables is the tables served from disk of the versions staged

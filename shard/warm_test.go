@@ -164,3 +164,57 @@ func TestWarmLive(t *testing.T) {
 		}
 	}
 }
+
+// TestStandbyKeepsCache: the newest standby version, served from disk,
+// keeps a cache of the live one's hot keys with its own values, in the
+// room the live cache leaves and within the budget, so that a rollback's
+// first lookups are cache hits; rolled back to, it keeps that cache (and
+// grows it), and the version it replaced becomes the standby that keeps
+// one.
+func TestStandbyKeepsCache(t *testing.T) {
+	const budget = 1 << 20 // two directories (200 KB) and a live cache of 32,768 slots (557 KB): 8,192 slots' room left
+	s, cli, repo := diskShardOf(t, budget)
+	hotKeys, cacheOf := warmKeys(s)
+	publishOtherValues(t, repo)
+	val := make([]byte, 4)
+	valueOf := func(v uint64) float32 {
+		if c := cacheOf(v); c == nil || !c.get(codec.KeyHash(1007), val) {
+			return -1
+		}
+		return math.Float32frombits(binary.LittleEndian.Uint32(val))
+	}
+	for _, step := range []struct{ live, standby uint64 }{{2, 1}, {1, 2}} {
+		putMap(t, cli, repo, 1, step.live, 0, step.standby)
+		// The live version is asked for the hot keys; the standby one
+		// comes to hold them too, each with its own value.
+		testenv.Eventually(t, 20*time.Second, func() error {
+			if _, err := lookup(s, step.live, 1, slices.Clone(hotKeys)); err != nil {
+				return err
+			}
+			if err := cacheHolds(cacheOf(step.live), hotKeys); err != nil {
+				return fmt.Errorf("live version %d: %w", step.live, err)
+			}
+			if err := cacheHolds(cacheOf(step.standby), hotKeys); err != nil {
+				return fmt.Errorf("standby version %d: %w", step.standby, err)
+			}
+			if got := s.residentBytes(true); got > budget {
+				return fmt.Errorf("%d bytes resident and cached, over the budget %d", got, budget)
+			}
+			if live, standby := cacheOf(step.live).Bytes(), cacheOf(step.standby).Bytes(); standby >= live {
+				return fmt.Errorf("the standby cache (%d bytes) is not smaller than the live one (%d)", standby, live)
+			}
+			return nil
+		})
+		if want := 7 + 0.5*float32(step.standby-1); valueOf(step.standby) != want {
+			t.Fatalf("standby version %d's cache holds key 1007 as %v, want %v", step.standby, valueOf(step.standby), want)
+		}
+		// Rolled back to, its first lookups of the hot keys are hits.
+		hits := testutil.ToFloat64(s.metrics.cacheHits)
+		if _, err := lookup(s, step.standby, 1, slices.Clone(hotKeys)); err != nil {
+			t.Fatal(err)
+		}
+		if got := testutil.ToFloat64(s.metrics.cacheHits) - hits; got < float64(len(hotKeys)) {
+			t.Fatalf("%v of the %d hot keys' first lookups of the standby version were cache hits", got, len(hotKeys))
+		}
+	}
+}
