@@ -287,7 +287,7 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 			t.heardAt = now
 		}
 		if served[t] {
-			t.standbyFrom, t.standbyPlan = 0, nil // warmed again once it stands by again
+			t.standbyFrom, t.standbyAt, t.standbyPlan = 0, time.Time{}, nil // warmed afresh once it stands by again
 		}
 		switch c := t.cache.Load(); {
 		case now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0 && served[t]:

@@ -64,11 +64,11 @@ type Table struct {
 	heardAt time.Time // its last sampled lookup; loader goroutine only
 	warmed  bool      // its cache was warmed while staged (warm.go); loader goroutine only
 	// standbyFrom is how many keys the live cache held when this
-	// table's cache was last warmed from it as the newest standby's
-	// (keepStandby), since it was last served; standbyPlan is the keys
-	// that warming has still to read, in file order. Loader goroutine
-	// only.
+	// table's cache last began warming from it as the newest standby's
+	// (keepStandby), standbyAt when that was done, and standbyPlan the
+	// keys it has still to read, in file order. Loader goroutine only.
 	standbyFrom int
+	standbyAt   time.Time
 	standbyPlan []hotKey
 	file        *os.File                   // mapped tables: the file, for readCold
 	cache       atomic.Pointer[valueCache] // mapped tables: their value cache, if any

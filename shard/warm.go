@@ -87,9 +87,9 @@ func (s *Shard) warmStaged(ctx context.Context, as map[string]topo.Assignment) {
 	// The room is the staged caches' first: the caches of versions not
 	// served go (the newest standby's, kept for a rollback the rollout
 	// is about to make moot), but for those already warmed as staged.
-	served := s.servedTables()
+	served, staged := s.servedTables(), s.stagedTables()
 	for t := range s.onDisk {
-		if c := t.cache.Load(); c != nil && !served[t] && !t.warmed {
+		if c := t.cache.Load(); c != nil && !served[t] && !staged[t] {
 			s.dropCache(t)
 			s.residentHot.Add(-c.Bytes())
 		}
@@ -138,8 +138,8 @@ type hotKey struct {
 	f int
 }
 
-// hotKeys is the keys c holds, most asked first. The loader's only (c is
-// not written meanwhile: only the loader writes caches).
+// hotKeys is the keys c holds, most asked first (those lookups offer
+// meanwhile may be missed). The loader's only.
 func hotKeys(c *valueCache) []hotKey {
 	var hs []hotKey
 	for i := range c.hs {
@@ -381,6 +381,7 @@ func (s *Shard) standbyPairs(served map[*Table]bool) []warmPair {
 const (
 	standbyWork  = 10 * time.Millisecond
 	standbyChunk = 1024
+	standbyEvery = 10 // HotIntervals between warmings of one standby cache
 )
 
 // keepStandby keeps the caches of the newest standby versions' tables
@@ -400,11 +401,12 @@ func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growin
 		switch from := pr.from.cache.Load(); {
 		case c != nil && c.Bytes() > part:
 			s.dropCache(pr.to) // the room is the live caches' now
-			pr.to.standbyFrom, pr.to.standbyPlan = 0, nil
-		case settled && from != nil && (c == nil || from.Len() > 2*pr.to.standbyFrom) && time.Now().Before(until) && ctx.Err() == nil:
-			// Warmed again each time the live cache has learned twice as
-			// many keys (a few times after a rollout, not every tick), or
-			// its cache was dropped (cacheRoom).
+			pr.to.standbyPlan = nil
+		case settled && from != nil && time.Now().Before(until) && ctx.Err() == nil && (c == nil || pr.to.standbyPlan != nil ||
+			from.Len() != pr.to.standbyFrom && time.Since(pr.to.standbyAt) >= standbyEvery*s.opts.HotInterval):
+			// Warmed until done, and again (what it lacks) once the live
+			// cache holds another number of keys, at most every
+			// standbyEvery ticks; or made again, dropped (cacheRoom).
 			if c == nil {
 				if c = newValueCache(min(part, from.Bytes()), pr.to.vlen, pr.to.n); c == nil {
 					break
@@ -413,6 +415,7 @@ func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growin
 				pr.to.standbyPlan = nil // (one for a cache dropped is not this one's)
 			}
 			if pr.to.standbyPlan == nil {
+				pr.to.standbyFrom = from.Len()
 				hot := hotKeys(from)
 				hot = hot[:min(len(hot), len(c.hs))]
 				slices.SortFunc(hot, func(a, b hotKey) int { return cmp.Compare(a.h, b.h) })
@@ -425,7 +428,7 @@ func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growin
 			}
 			if len(pr.to.standbyPlan) == 0 {
 				slog.Info("shard: warmed the value cache of the newest standby version", "shard", s.opts.ID, "keys", c.Len(), "complete", ctx.Err() == nil)
-				pr.to.standbyFrom, pr.to.standbyPlan = from.Len(), nil
+				pr.to.standbyAt, pr.to.standbyPlan = time.Now(), nil
 			}
 		}
 		b := pr.to.CacheBytes()
