@@ -388,9 +388,9 @@ const (
 // (standbyPairs) in the room the budget leaves beside total bytes of
 // caches and growing bytes the live ones are about to take, and warms
 // one where the room has come (the live caches grown and what they
-// replaced freed), standbyChunk keys a tick. Each table keeps its part
-// of the room or nothing. It returns total with the caches it kept.
-// Loader goroutine only.
+// replaced freed), for at most standbyWork a tick. Each table keeps its
+// part of the room or nothing. It returns total with the caches it
+// kept. Loader goroutine only.
 func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growing int64) int64 {
 	room := s.opts.MemoryBudget - s.residentBytes(false) - total - growing
 	settled := growing == 0 && len(s.deadCaches) == 0
@@ -427,7 +427,12 @@ func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growin
 				pr.to.standbyPlan = pr.to.standbyPlan[n:]
 			}
 			if len(pr.to.standbyPlan) == 0 {
-				slog.Info("shard: warmed the value cache of the newest standby version", "shard", s.opts.ID, "keys", c.Len(), "complete", ctx.Err() == nil)
+				level := slog.LevelInfo // the first time it stands by; warmed again, Debug
+				if !pr.to.standbyAt.IsZero() {
+					level = slog.LevelDebug
+				}
+				slog.Log(ctx, level, "shard: warmed the value cache of a partition of the newest standby version", "shard", s.opts.ID,
+					"version", pr.to.fv, "partition", pr.p, "keys", c.Len(), "complete", ctx.Err() == nil)
 				pr.to.standbyAt, pr.to.standbyPlan = time.Now(), nil
 			}
 		}
