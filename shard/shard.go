@@ -246,10 +246,14 @@ type Shard struct {
 	samples    *sampler                   // lookups of the tables served from disk, for their value caches
 	onDisk     map[*Table]struct{}        // the current snapshot's tables served from disk; loader goroutine only
 	heard      heard                      // the samples' buffers; loader goroutine only
-	deadCaches []*valueCache              // dropped, freed once no lookup reads them; loader goroutine only
-	cold       *ColdReads                 // bounds the reads from disk of all lookups
-	identities codec.IdentityCache        // the chains loaded last: a delta's identities extend its parent's
-	ready      bool                       // health says SERVING
+	// standbyWarm: every partition of the newest standby versions had a
+	// warm cache at the last tick (keepStandby logs when it becomes so).
+	// Loader goroutine only.
+	standbyWarm bool
+	deadCaches  []*valueCache       // dropped, freed once no lookup reads them; loader goroutine only
+	cold        *ColdReads          // bounds the reads from disk of all lookups
+	identities  codec.IdentityCache // the chains loaded last: a delta's identities extend its parent's
+	ready       bool                // health says SERVING
 	// reported is when loadVersion last reported progress; loader
 	// goroutine only.
 	reported time.Time

@@ -402,7 +402,7 @@ func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growin
 		case c != nil && c.Bytes() > part:
 			s.dropCache(pr.to) // the room is the live caches' now
 			pr.to.standbyPlan = nil
-		case settled && from != nil && time.Now().Before(until) && ctx.Err() == nil && (c == nil || pr.to.standbyPlan != nil ||
+		case settled && from != nil && from.Len() > 0 && time.Now().Before(until) && ctx.Err() == nil && (c == nil || pr.to.standbyPlan != nil ||
 			from.Len() != pr.to.standbyFrom && time.Since(pr.to.standbyAt) >= standbyEvery*s.opts.HotInterval):
 			// Warmed until done, and again (what it lacks) once the live
 			// cache holds another number of keys, at most every
@@ -427,12 +427,6 @@ func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growin
 				pr.to.standbyPlan = pr.to.standbyPlan[n:]
 			}
 			if len(pr.to.standbyPlan) == 0 {
-				level := slog.LevelInfo // the first time it stands by; warmed again, Debug
-				if !pr.to.standbyAt.IsZero() {
-					level = slog.LevelDebug
-				}
-				slog.Log(ctx, level, "shard: warmed the value cache of a partition of the newest standby version", "shard", s.opts.ID,
-					"version", pr.to.fv, "partition", pr.p, "keys", c.Len(), "complete", ctx.Err() == nil)
 				pr.to.standbyAt, pr.to.standbyPlan = time.Now(), nil
 			}
 		}
@@ -440,6 +434,17 @@ func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growin
 		room -= b
 		total += b
 	}
+	// One line once every partition has been warmed, not one a
+	// partition: a shard may hold hundreds.
+	warm, keys := len(pairs) > 0, 0
+	for _, pr := range pairs {
+		warm = warm && pr.to.cache.Load() != nil && pr.to.standbyPlan == nil && !pr.to.standbyAt.IsZero()
+		keys += pr.to.CachedKeys()
+	}
+	if warm && !s.standbyWarm {
+		slog.Info("shard: warmed the value caches of the newest standby version", "shard", s.opts.ID, "partitions", len(pairs), "keys", keys)
+	}
+	s.standbyWarm = warm
 	return total
 }
 

@@ -206,7 +206,7 @@ func TestStandbyKeepsCache(t *testing.T) {
 				return fmt.Errorf("%d bytes resident and cached, over the budget %d", got, budget)
 			}
 			if live, standby := cacheOf(step.live), cacheOf(step.standby); live == nil || standby == nil || standby.Bytes() >= live.Bytes() {
-				return fmt.Errorf("the standby cache (%v) is not smaller than the live one (%v)", standby, live)
+				return errors.New("the standby cache is not smaller than the live one (or one of them is gone)")
 			}
 			return nil
 		})
