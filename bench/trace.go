@@ -149,8 +149,13 @@ func Converged(calls []Call, at, until time.Time, want uint64) time.Duration {
 
 // Print writes a window as one line.
 func (w Window) Print(out io.Writer, label string) {
-	fmt.Fprintf(out, "%-28s requests=%-6d failed=%-3d p50=%-9s p99=%-9s versions=%v%s\n", label, w.Requests, w.Failed,
-		w.P50.Round(time.Microsecond), w.P99.Round(time.Microsecond), w.Versions, w.FailedCodes())
+	fmt.Fprintf(out, "%-28s %s versions=%v%s\n", label, w.Stats(), w.Versions, w.FailedCodes())
+}
+
+// Stats is the window's requests, failures, p50 and p99, in columns.
+func (w Window) Stats() string {
+	return fmt.Sprintf("requests=%-6d failed=%-3d p50=%-9s p99=%-9s", w.Requests, w.Failed,
+		w.P50.Round(time.Microsecond), w.P99.Round(time.Microsecond))
 }
 
 // FailedCodes is " failed by code: …" when calls failed, else "".

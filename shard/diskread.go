@@ -233,13 +233,15 @@ const (
 	spanMax = 64 << 10
 )
 
-// readSpans is readCold for many keys, not through the cache: keys[q]'s
+// readSpans is readCold for many keys, not through the cache (but for
+// keys apart from values): keys[q]'s
 // value bytes go to vals[q×vlen:] and out[q] is q, or −1. Where records
 // hold their values, the buckets of keys near each other in the file
 // (at most spanGap apart) are read at once, up to spanMax a read, so
 // reading the thousands of hot keys that warm a partition's cache costs
 // a read per span of the file, not one per key. Keys apart from values
-// are read one by one (readCold). Reads take turns from r; it stops, with
+// are read one by one (readCold, which asks the cache first and offers
+// it what it read). Reads take turns from r; it stops, with
 // ctx's error, once ctx ends.
 func (t *Table) readSpans(ctx context.Context, keys []uint64, out []int32, vals []byte, r *ColdReads) error {
 	if t.split {

@@ -631,17 +631,22 @@ func (s *Shard) cacheRoom(n int64) {
 	// otherwise drop every live cache), then, if that is not room
 	// enough, all.
 	served := s.servedTables()
-	for _, all := range []bool{false, true} {
-		for t := range s.onDisk {
-			if c := t.cache.Load(); c != nil && (all || !served[t]) {
-				s.dropCache(t)
-				s.residentHot.Add(-c.Bytes())
-			}
-		}
-		if s.freeCaches(reclaimWait); fits() {
-			return
+	if s.dropCachesBut(func(t *Table) bool { return served[t] }); !fits() {
+		s.dropCachesBut(func(*Table) bool { return false })
+	}
+}
+
+// dropCachesBut drops the value caches of the tables served from disk
+// that keep does not name, and frees those no lookup reads. Loader
+// goroutine only.
+func (s *Shard) dropCachesBut(keep func(*Table) bool) {
+	for t := range s.onDisk {
+		if c := t.cache.Load(); c != nil && !keep(t) {
+			s.dropCache(t)
+			s.residentHot.Add(-c.Bytes())
 		}
 	}
+	s.freeCaches(reclaimWait)
 }
 
 // loadPartition loads into resident memory if the budget allows and

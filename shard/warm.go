@@ -88,13 +88,7 @@ func (s *Shard) warmStaged(ctx context.Context, as map[string]topo.Assignment) {
 	// served go (the newest standby's, kept for a rollback the rollout
 	// is about to make moot), but for those already warmed as staged.
 	served, staged := s.servedTables(), s.stagedTables()
-	for t := range s.onDisk {
-		if c := t.cache.Load(); c != nil && !served[t] && !staged[t] {
-			s.dropCache(t)
-			s.residentHot.Add(-c.Bytes())
-		}
-	}
-	s.freeCaches(reclaimWait)
+	s.dropCachesBut(func(t *Table) bool { return served[t] || staged[t] })
 	var want int64 // caches the size of the live ones
 	for _, pr := range pairs {
 		want += pr.from.cache.Load().Bytes()
@@ -401,7 +395,6 @@ func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growin
 		switch from := pr.from.cache.Load(); {
 		case c != nil && c.Bytes() > part:
 			s.dropCache(pr.to) // the room is the live caches' now
-			pr.to.standbyPlan = nil
 		case settled && from != nil && from.Len() > 0 && time.Now().Before(until) && ctx.Err() == nil && (c == nil || pr.to.standbyPlan != nil ||
 			from.Len() != pr.to.standbyFrom && time.Since(pr.to.standbyAt) >= standbyEvery*s.opts.HotInterval):
 			// Warmed until done, and again (what it lacks) once the live
@@ -412,7 +405,7 @@ func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growin
 					break
 				}
 				pr.to.cache.Store(c)
-				pr.to.standbyPlan = nil // (one for a cache dropped is not this one's)
+				pr.to.standbyPlan = nil // (one for a cache dropped, here or elsewhere, is not this one's)
 			}
 			if pr.to.standbyPlan == nil {
 				pr.to.standbyFrom = from.Len()

@@ -225,8 +225,7 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			steady.Print(os.Stdout, "steady (version 1)")
 			window := func(label string, from, to time.Time) {
 				w := bench.Summarize(calls, from, to)
-				fmt.Printf("  %-26s requests=%-6d failed=%-3d p50=%-9s p99=%-9s p99/steady=%.2f%s\n", label, w.Requests, w.Failed,
-					w.P50.Round(time.Microsecond), w.P99.Round(time.Microsecond), float64(w.P99)/float64(max(steady.P99, 1)), w.FailedCodes())
+				fmt.Printf("  %-26s %s p99/steady=%.2f%s\n", label, w.Stats(), float64(w.P99)/float64(max(steady.P99, 1)), w.FailedCodes())
 			}
 			end := time.Now()
 			for i, s := range steps {
