@@ -283,7 +283,13 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	var warm int64 // the warm caches of staged versions: kept, not shared
 	now := time.Now()
 	for t := range s.onDisk {
-		if len(heard[t]) > 0 {
+		// A cache kept to go live (a staged version's, warmed; the
+		// newest standby's) counts as asked every tick: once its version
+		// goes live, a drain may hold none of its lookups yet (a shard
+		// of hundreds of partitions samples each only now and then), and
+		// a cache idle since its load would be dropped, cold, at the
+		// first tick after the commit.
+		if len(heard[t]) > 0 || kept[t] || staged[t] && t.cache.Load() != nil {
 			t.heardAt = now
 		}
 		if served[t] {
@@ -294,10 +300,10 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 			active = append(active, t)
 		case kept[t] && s.opts.MemoryBudget > 0:
 			// keepStandby's
-		case now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0 && c != nil:
-			lingering = append(lingering, t)
 		case staged[t] && c != nil && s.opts.MemoryBudget > 0:
 			warm += c.Bytes()
+		case now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0 && c != nil:
+			lingering = append(lingering, t)
 		default:
 			idle = append(idle, t)
 		}

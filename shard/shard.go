@@ -250,10 +250,12 @@ type Shard struct {
 	// warm cache at the last tick (keepStandby logs when it becomes so).
 	// Loader goroutine only.
 	standbyWarm bool
-	deadCaches  []*valueCache       // dropped, freed once no lookup reads them; loader goroutine only
-	cold        *ColdReads          // bounds the reads from disk of all lookups
-	identities  codec.IdentityCache // the chains loaded last: a delta's identities extend its parent's
-	ready       bool                // health says SERVING
+	// maintained counts the loader's ticks (maintainCaches), for tests.
+	maintained atomic.Uint64
+	deadCaches []*valueCache       // dropped, freed once no lookup reads them; loader goroutine only
+	cold       *ColdReads          // bounds the reads from disk of all lookups
+	identities codec.IdentityCache // the chains loaded last: a delta's identities extend its parent's
+	ready      bool                // health says SERVING
 	// reported is when loadVersion last reported progress; loader
 	// goroutine only.
 	reported time.Time
@@ -383,6 +385,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 				learn, cancel := context.WithTimeout(ctx, opts.HotInterval)
 				s.maintainCaches(learn)
 				cancel()
+				s.maintained.Add(1)
 				continue
 			case <-s.reg.Wrote():
 				s.setReady(as)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/testenv"
@@ -52,25 +53,19 @@ func publishOtherValues(t *testing.T, repo loader.Repo) {
 	}
 }
 
-// TestWarmStaged: a new version staged beside the live one, both served
-// from disk, is reported held only once its value cache holds the live
-// cache's hot keys with its own values, within the budget (the live
-// cache keeps its most asked half to make room). Committed, its first
-// lookups of the hot keys are all cache hits, and its cache then grows
-// to the live one's size once the old version's memory is gone.
-func TestWarmStaged(t *testing.T) {
-	const budget = 1 << 20 // each version's directory (100 KB) and a cache of 32,768 slots, halved when staging
-	s, cli, repo := diskShardOf(t, budget)
-	hotKeys, cacheOf := warmKeys(s)
-	holdsHot := func(c *valueCache) error { return cacheHolds(c, hotKeys) }
+// stageWarm has diskShardOf's shard learn hotKeys as version 1 is
+// asked for them, then stages version 2 (other values) and waits until
+// the shard reports it held, asking version 1 meanwhile. It returns the
+// size of version 1's cache before staging.
+func stageWarm(t *testing.T, s *Shard, cli *clientv3.Client, repo loader.Repo, hotKeys []uint64, cacheOf func(uint64) *valueCache) (live int64) {
+	t.Helper()
 	testenv.Eventually(t, 20*time.Second, func() error {
 		if _, err := lookup(s, 1, 1, slices.Clone(hotKeys)); err != nil {
 			return err
 		}
-		return holdsHot(cacheOf(1))
+		return cacheHolds(cacheOf(1), hotKeys)
 	})
-	live := cacheOf(1).Bytes()
-
+	live = cacheOf(1).Bytes()
 	// Version 2: other weights. Staged, it is held once warm.
 	publishOtherValues(t, repo)
 	putMap(t, cli, repo, 1, 1, 2)
@@ -95,6 +90,21 @@ func TestWarmStaged(t *testing.T) {
 		}
 		return fmt.Errorf("version 2 not reported held yet: %+v", info.Loaded)
 	})
+	return live
+}
+
+// TestWarmStaged: a new version staged beside the live one, both served
+// from disk, is reported held only once its value cache holds the live
+// cache's hot keys with its own values, within the budget (the live
+// cache keeps its most asked half to make room). Committed, its first
+// lookups of the hot keys are all cache hits, and its cache then grows
+// to the live one's size once the old version's memory is gone.
+func TestWarmStaged(t *testing.T) {
+	const budget = 1 << 20 // each version's directory (100 KB) and a cache of 32,768 slots, halved when staging
+	s, cli, repo := diskShardOf(t, budget)
+	hotKeys, cacheOf := warmKeys(s)
+	holdsHot := func(c *valueCache) error { return cacheHolds(c, hotKeys) }
+	live := stageWarm(t, s, cli, repo, hotKeys, cacheOf)
 	// Reported held: warm already, with version 2's values.
 	if err := holdsHot(cacheOf(2)); err != nil {
 		t.Fatalf("version 2 reported held before its cache was warm: %v", err)
@@ -135,6 +145,44 @@ func TestWarmStaged(t *testing.T) {
 		}
 		return holdsHot(cacheOf(2))
 	})
+}
+
+// TestWarmCommitQuiet: a staged version's warm cache is not dropped as
+// idle after its commit before its first lookups are sampled. A shard of
+// hundreds of partitions samples each only now and then, and the loader's
+// ticks after a commit can hear nothing of a partition yet: dropped, its
+// cache was learned again from nothing under load (at 1,024 partitions,
+// up to 25,000 keys a tenth of a second read from disk, and a second of
+// refused requests).
+func TestWarmCommitQuiet(t *testing.T) {
+	s, cli, repo := diskShardOf(t, 1<<20)
+	hotKeys, cacheOf := warmKeys(s)
+	stageWarm(t, s, cli, repo, hotKeys, cacheOf)
+	putMap(t, cli, repo, 1, 2, 0) // committed; version 1 retired
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if s.snap.Load().get("m", 1) != nil {
+			return errors.New("version 1 not retired yet")
+		}
+		return nil
+	})
+	// Ticks with no lookup of version 2.
+	ticks := s.maintained.Load()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if s.maintained.Load() < ticks+3 {
+			return errors.New("the loader has not ticked three times yet")
+		}
+		return nil
+	})
+	if err := cacheHolds(cacheOf(2), hotKeys); err != nil {
+		t.Fatalf("version 2's warm cache, after the commit and before any lookup: %v", err)
+	}
+	hits := testutil.ToFloat64(s.metrics.cacheHits)
+	if _, err := lookup(s, 2, 1, slices.Clone(hotKeys)); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(s.metrics.cacheHits) - hits; got < float64(len(hotKeys)) {
+		t.Fatalf("%v of the %d hot keys' first lookups after the commit were cache hits", got, len(hotKeys))
+	}
 }
 
 // TestWarmLive: a version served from disk that goes live with no value
