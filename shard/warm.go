@@ -117,7 +117,15 @@ func (s *Shard) warmStaged(ctx context.Context, as map[string]topo.Assignment) {
 		if c == nil {
 			continue
 		}
+		// In turn with the process's other shards' loads and warming
+		// (cumulus dev's: they share its cores with the lookups).
+		done, err := s.turn()
+		if err != nil {
+			c.free()
+			break
+		}
 		keys += pr.to.fill(wctx, c, hotKeys(pr.from.cache.Load()), s.cold)
+		done()
 		pr.to.cache.Store(c)
 		s.residentHot.Add(c.Bytes())
 	}
