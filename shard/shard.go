@@ -14,6 +14,7 @@ import (
 
 	"maps"
 	"math"
+	"math/rand/v2"
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -370,8 +371,14 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	}()
 	go func() {
 		defer s.done.Done()
-		hotTick := time.NewTicker(opts.HotInterval)
+		// The first tick comes at a random point of the interval: the
+		// shards of one process (cumulus dev's) started together would
+		// otherwise all tick at once, each tick's work (draining samples,
+		// learning, warming a standby cache) then taking every core for
+		// that moment instead of one shard's share of it.
+		hotTick := time.NewTicker(time.Duration(1 + rand.Int64N(int64(opts.HotInterval))))
 		defer hotTick.Stop()
+		phased := false
 		retry := time.NewTimer(time.Hour)
 		defer retry.Stop()
 		var as map[string]topo.Assignment
@@ -382,6 +389,10 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 			case as = <-s.pending:
 			case <-retry.C:
 			case <-hotTick.C:
+				if !phased {
+					hotTick.Reset(opts.HotInterval)
+					phased = true
+				}
 				learn, cancel := context.WithTimeout(ctx, opts.HotInterval)
 				s.maintainCaches(learn)
 				cancel()
