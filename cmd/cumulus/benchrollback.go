@@ -1,12 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"fmt"
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -44,7 +47,9 @@ rollout) and then version 4, a delta on 3 of --delta-keys features. Every
 version has version 1's features with other values, as a model retrained
 on the same data has, so a version served from disk (--memory-budget below
 a shard's share) finds its hot keys in the value caches warmed while it
-was staged.
+was staged. The full versions are generated before the cluster starts,
+beside its repository, and each is published by moving its directory in:
+the load measures the rollout, not the generator.
 
 For each step it prints how long after the call (or the publication)
 returned the new version was committed and when every answer came from
@@ -73,13 +78,35 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			}
 			defer os.RemoveAll(dir)
 			repo := loader.Repo{Dir: dir}
-			fmt.Printf("generating lr model \"bench\": %d features a version\n", params)
-			publish := func(seed uint64) (*codec.Manifest, error) {
-				return repo.Generate(loader.GenSpec{Name: "bench", Shape: model.Shape{Type: model.LR}, Params: params, Partitions: partitions,
-					Seed: 7, ValueSeed: 7 + seed})
-			}
-			first, err := publish(0)
+			// The three full versions are generated before the cluster
+			// starts, in a repository beside the served one, and each is
+			// published by renaming its directory into the served one:
+			// generated at its rollout, on the cores that serve, the
+			// seconds it took ran just before the measured window, whose
+			// first requests then queued behind it or were refused.
+			side, err := os.MkdirTemp("", "cumulus-bench-rollback-gen-")
 			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(side)
+			fmt.Printf("generating lr model \"bench\": versions 1 to 3, %d features each\n", params)
+			var first *codec.Manifest
+			for seed := range uint64(3) {
+				m, err := loader.Repo{Dir: side}.Generate(loader.GenSpec{Name: "bench", Shape: model.Shape{Type: model.LR}, Params: params, Partitions: partitions,
+					Seed: 7, ValueSeed: 7 + seed})
+				if err != nil {
+					return err
+				}
+				first = cmp.Or(first, m)
+			}
+			if err := os.Mkdir(filepath.Join(dir, "bench"), 0o755); err != nil {
+				return err
+			}
+			publish := func(v uint64) error {
+				name := filepath.Join("bench", strconv.FormatUint(v, 10))
+				return os.Rename(filepath.Join(side, name), filepath.Join(dir, name))
+			}
+			if err := publish(1); err != nil {
 				return err
 			}
 			gen := first.Generator
@@ -172,13 +199,13 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			}
 			// rollout publishes a new version (the manager is told at once,
 			// as its repository watch would) and waits until it is live.
-			rollout := func(label string, seed uint64) error {
-				if _, err := publish(seed); err != nil {
+			rollout := func(label string, v uint64) error {
+				if err := publish(v); err != nil {
 					return err
 				}
 				start := time.Now()
 				c.Manager.Rescan()
-				return await(label, start, seed+1)
+				return await(label, start, v)
 			}
 			delta := func(label string, want uint64) error {
 				if _, err := repo.GenerateDeltas("bench", 1, deltaKeys, want); err != nil {
@@ -197,7 +224,7 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			steadyEnd := time.Now()
 			path := "/admin/v1/models/bench"
 			// Each call names the live version it acts on ("from").
-			err = rollout("rollout to 2 (publish, loads)", 1)
+			err = rollout("rollout to 2 (publish, loads)", 2)
 			for i := 0; err == nil && i < rounds; i++ {
 				err = do("rollback to 1 (standby)", http.MethodPost, path+"/rollback", map[string]uint64{"to": 1, "from": 2}, 1)
 				if err == nil {
@@ -208,7 +235,7 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 				err = do("unpin (2 stays)", http.MethodDelete, path+"/pin?from=2", nil, 2)
 			}
 			if err == nil {
-				err = rollout("rollout to 3 (publish, loads)", 2)
+				err = rollout("rollout to 3 (publish, loads)", 3)
 			}
 			if err == nil {
 				err = delta(fmt.Sprintf("delta 4 (%d features)", deltaKeys), 4)
