@@ -240,6 +240,16 @@ func TestDataDirDefault(t *testing.T) {
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), `ID "rack1/s1"`) {
 		t.Fatalf("an ID with a '/': %v", err)
 	}
+	// Negative durations and rates are refused, not a panic at Start.
+	for field, o := range map[string]Options{
+		"HotInterval": {HotInterval: -time.Second},
+		"LoadRate":    {LoadRate: -1},
+	} {
+		o.ID, o.Repo, o.Etcd = "s1", loader.Repo{Dir: "r"}, new(clientv3.Client)
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), field+" must not be negative") {
+			t.Fatalf("a negative %s: %v", field, err)
+		}
+	}
 	for cluster, want := range map[topo.Cluster]string{"": "cumulus-shard-default-rack1.s1", "blue": "cumulus-shard-blue-rack1.s1"} {
 		o := Options{ID: "rack1.s1", Cluster: cluster, Repo: loader.Repo{Dir: "r"}, Etcd: new(clientv3.Client)}
 		if err := o.Validate(); err != nil {

@@ -157,6 +157,8 @@ func (o *Options) Validate() error {
 		return errors.New("shard: Options.LoadTurn needs room for one (make(chan struct{}, 1))")
 	case o.LoadRate < 0:
 		return errors.New("shard: Options.LoadRate must not be negative (0: no bound)")
+	case o.HotInterval < 0:
+		return errors.New("shard: Options.HotInterval must not be negative (0: the default)")
 	}
 	o.Cluster = o.Cluster.OrDefault()
 	if err := o.Cluster.Validate(); err != nil {
