@@ -274,6 +274,8 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	heard := s.heard.group(s.samples)
 	defer s.heard.release()
 	staged, served := s.stagedTables(), s.servedTables()
+	wasServed := s.served
+	s.served = served
 	standby := s.standbyPairs(served)
 	kept := map[*Table]bool{}
 	for _, pr := range standby {
@@ -283,13 +285,13 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	var warm int64 // the warm caches of staged versions: kept, not shared
 	now := time.Now()
 	for t := range s.onDisk {
-		// A cache kept to go live (a staged version's, warmed; the
-		// newest standby's) counts as asked every tick: once its version
-		// goes live, a drain may hold none of its lookups yet (a shard
-		// of hundreds of partitions samples each only now and then), and
-		// a cache idle since its load would be dropped, cold, at the
-		// first tick after the commit.
-		if len(heard[t]) > 0 || kept[t] || staged[t] && t.cache.Load() != nil {
+		// A cache that has gone live since the last tick (a staged
+		// version's, warmed; a standby's, rolled back to) counts as
+		// asked: a drain may hold none of its lookups yet (a shard of
+		// hundreds of partitions samples each only now and then), and a
+		// cache idle since its load would be dropped, cold, at the first
+		// tick after the commit.
+		if len(heard[t]) > 0 || served[t] && !wasServed[t] && t.cache.Load() != nil {
 			t.heardAt = now
 		}
 		if served[t] {

@@ -255,6 +255,9 @@ type Shard struct {
 	standbyWarm bool
 	// maintained counts the loader's ticks (maintainCaches), for tests.
 	maintained atomic.Uint64
+	// served is the tables served from disk at the last tick, so that
+	// the next knows which went live since; loader goroutine only.
+	served     map[*Table]bool
 	deadCaches []*valueCache       // dropped, freed once no lookup reads them; loader goroutine only
 	cold       *ColdReads          // bounds the reads from disk of all lookups
 	identities codec.IdentityCache // the chains loaded last: a delta's identities extend its parent's
