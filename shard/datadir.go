@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -47,7 +48,7 @@ func prepareDataDir(dir string) error {
 // mapCopy maps partition p from the shard's own copy of its file, in
 // the process's load turn.
 func (s *Shard) mapCopy(m *codec.Manifest, p uint32) (*codec.Partition, error) {
-	done, err := s.turn()
+	done, err := s.turn(s.ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -58,7 +59,7 @@ func (s *Shard) mapCopy(m *codec.Manifest, p uint32) (*codec.Partition, error) {
 // readPartition reads partition p into resident memory, in the
 // process's load turn.
 func (s *Shard) readPartition(m *codec.Manifest, p uint32) (*codec.Partition, error) {
-	done, err := s.turn()
+	done, err := s.turn(s.ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -68,8 +69,9 @@ func (s *Shard) readPartition(m *codec.Manifest, p uint32) (*codec.Partition, er
 
 // turn waits for the process's turn to load a partition
 // (Options.LoadTurn) and returns its end; or fails once the shard
-// closes (a closing shard does not wait for another's load).
-func (s *Shard) turn() (done func(), err error) {
+// closes (a closing shard does not wait for another's load) or ctx
+// ends.
+func (s *Shard) turn(ctx context.Context) (done func(), err error) {
 	if s.opts.LoadTurn == nil {
 		return func() {}, nil
 	}
@@ -78,5 +80,7 @@ func (s *Shard) turn() (done func(), err error) {
 		return func() { <-s.opts.LoadTurn }, nil
 	case <-s.ctx.Done():
 		return nil, fmt.Errorf("shard %s: closing", s.opts.ID)
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }

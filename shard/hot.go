@@ -269,6 +269,7 @@ const idleAfter = 2 * time.Second
 // everything held: a shard with none on disk does nothing.
 func (s *Shard) maintainCaches(ctx context.Context) {
 	if len(s.onDisk) == 0 && len(s.deadCaches) == 0 && s.residentHot.Load() == 0 {
+		s.served = nil // nothing on disk: keeps no retired table reachable
 		return
 	}
 	heard := s.heard.group(s.samples)

@@ -118,14 +118,13 @@ func (s *Shard) warmStaged(ctx context.Context, as map[string]topo.Assignment) {
 			continue
 		}
 		// In turn with the process's other shards' loads and warming
-		// (cumulus dev's: they share its cores with the lookups).
-		done, err := s.turn()
-		if err != nil {
-			c.free()
-			break
+		// (cumulus dev's: they share its cores with the lookups). The
+		// wait counts in warmTimeout: past it, the partition goes live
+		// as cold as it is, as one whose reads were cut short does.
+		if done, err := s.turn(wctx); err == nil {
+			keys += pr.to.fill(wctx, c, hotKeys(pr.from.cache.Load()), s.cold)
+			done()
 		}
-		keys += pr.to.fill(wctx, c, hotKeys(pr.from.cache.Load()), s.cold)
-		done()
 		pr.to.cache.Store(c)
 		s.residentHot.Add(c.Bytes())
 	}
