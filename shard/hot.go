@@ -298,14 +298,15 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 		if served[t] {
 			t.standbyFrom, t.standbyAt, t.standbyPlan = 0, time.Time{}, nil // warmed afresh once it stands by again
 		}
+		recent := now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval)
 		switch c := t.cache.Load(); {
-		case now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0 && served[t]:
+		case recent && s.opts.MemoryBudget > 0 && served[t]:
 			active = append(active, t)
 		case kept[t] && s.opts.MemoryBudget > 0:
 			// keepStandby's
 		case staged[t] && c != nil && s.opts.MemoryBudget > 0:
 			warm += c.Bytes()
-		case now.Sub(t.heardAt) <= max(idleAfter, 3*s.opts.HotInterval) && s.opts.MemoryBudget > 0 && c != nil:
+		case recent && s.opts.MemoryBudget > 0 && c != nil:
 			lingering = append(lingering, t)
 		default:
 			idle = append(idle, t)
