@@ -22,9 +22,10 @@
 //
 // A shard call answered FailedPrecondition, Unavailable, ResourceExhausted
 // or Canceled is asked again of another replica; failing that, a request
-// whose shards answered FailedPrecondition (the table lags the cluster)
-// runs again on the next routing table, and any other fails at once
-// (Predict, lookup).
+// one of whose unanswered partitions some replica answered
+// FailedPrecondition for (the table lags the cluster) runs again on the
+// next routing table, whatever the others answered, and any other fails
+// at once (Predict, lookup, work.strandedError).
 //
 // Deadlines: a request's is the shorter of its context's and
 // DefaultTimeout, and travels with every shard call. Errors wrap one of

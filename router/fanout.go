@@ -12,6 +12,8 @@ import (
 	"github.com/cumulus-serving/cumulus/internal/partition"
 	"github.com/cumulus-serving/cumulus/internal/scratch"
 	"github.com/cumulus-serving/cumulus/model"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // A request's steps, each a method below: choose the version (Router.
@@ -51,6 +53,8 @@ type work struct {
 	merged   []atomic.Bool // per partition: its values are in vals
 	asking   []int16       // per partition: calls outstanding for it
 	tried    []uint64      // per partition: bit i, replica i was asked
+	lagged   []bool        // per partition: a replica answered it does not hold it
+	lag      error         // the first such answer
 	calls    []*call       // this request's calls; calls[:n] in use
 	n        int
 	byShard  []int32 // per backend slot: its call while grouping calls, else -1
@@ -228,11 +232,14 @@ func (r *Router) fanOut(ctx context.Context, vr *versionRoute, w *work) error {
 	w.merged = resize(w.merged, P)
 	w.asking = resize(w.asking, P)
 	w.tried = resize(w.tried, P)
+	w.lagged = resize(w.lagged, P)
+	w.lag = nil
 	for p := range P {
 		w.merged[p].Store(false)
 	}
 	clear(w.asking)
 	clear(w.tried)
+	clear(w.lagged)
 	// Every call made posts to finished without blocking, even after the
 	// request has gone: each asks a replica not asked before for at least
 	// one partition, so there are at most (replicas per partition, summed)
@@ -488,16 +495,38 @@ func (r *Router) finished(ctx context.Context, vr *versionRoute, w *work, c *cal
 		}
 		return 0, nil
 	}
+	if status.Code(c.err) == codes.FailedPrecondition {
+		for _, p := range c.parts {
+			w.lagged[p] = true
+		}
+		if w.lag == nil {
+			w.lag = c.err
+		}
+	}
 	from := w.n
 	if _, stranded := w.reask(vr, c, true); stranded > 0 {
 		w.ungroup(from)
-		return 0, c.err
+		return 0, w.strandedError(c)
 	}
 	if w.n > from {
 		r.retries.WithLabelValues("replica").Inc()
 		r.send(ctx, vr, w, from, retried, time.Now())
 	}
 	return 0, nil
+}
+
+// strandedError is the error of failed call c, some of whose partitions
+// no replica is left to answer: if a replica answered one of those that
+// it does not hold, the routing table lags the cluster and the request
+// may run again on the next one (Predict), whatever the order the
+// replicas failed in; else c's own.
+func (w *work) strandedError(c *call) error {
+	for _, p := range c.parts {
+		if !w.merged[p].Load() && w.asking[p] == 0 && w.lagged[p] {
+			return w.lag
+		}
+	}
+	return c.err
 }
 
 // ask makes call c and merges what it wins. It runs on its own goroutine

@@ -264,8 +264,10 @@ func retries(t *testing.T, reg *prometheus.Registry, kind string) float64 {
 
 // TestRetryOtherReplica: a replica that answers FailedPrecondition (it no
 // longer holds the partition) or Unavailable (unreachable) costs a retry
-// on the other replica, not a failed request; with every replica failing,
-// the request fails as unavailable within its deadline.
+// on the other replica, not a failed request; with every replica
+// unreachable, the request fails as unavailable at once, and with one
+// unreachable and the other not holding the partition it waits for a newer
+// routing table within its deadline.
 func TestRetryOtherReplica(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c, m, fault := faultyCluster(t, reg)
@@ -290,12 +292,26 @@ func TestRetryOtherReplica(t *testing.T) {
 			return nil
 		})
 	}
-	fault(1).fail.Store(uint32(codes.FailedPrecondition))
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	// Every replica unreachable: unavailable at once, whichever failed
+	// last.
+	fault(1).fail.Store(uint32(codes.Unavailable))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err := c.Router.Predict(ctx, randomRequest(rng, "fm", m, 30, 10, 3))
-	if !errors.Is(err, router.ErrUnavailable) {
-		t.Errorf("every replica failing: %v, want unavailable", err)
+	if !errors.Is(err, router.ErrUnavailable) || ctx.Err() != nil {
+		t.Errorf("every replica unreachable: %v (deadline: %v), want unavailable before the deadline", err, ctx.Err())
+	}
+	// One unreachable, the other no longer holding the partition: the
+	// table lags, so the request waits for the next one, whichever replica
+	// failed last (CI once saw the order decide), and fails with its
+	// deadline (or as unavailable if tables keep coming and none holds
+	// it).
+	fault(1).fail.Store(uint32(codes.FailedPrecondition))
+	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = c.Router.Predict(ctx, randomRequest(rng, "fm", m, 30, 10, 3))
+	if !errors.Is(err, router.ErrDeadlineExceeded) && status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("one replica unreachable, the other not holding: %v, want the deadline exceeded", err)
 	}
 	fault(0).fail.Store(uint32(codes.OK))
 	fault(1).fail.Store(uint32(codes.OK))
