@@ -98,7 +98,7 @@ func TraceOpen(ctx context.Context, o LoadOptions, rate float64) []Call {
 	return calls
 }
 
-// Window summarizes the calls that ended in [from, to).
+// Window summarizes the calls that ended in some spans of time.
 type Window struct {
 	Requests, Failed int
 	P50, P99         time.Duration
@@ -106,12 +106,24 @@ type Window struct {
 	Codes            map[string]int // Failed by gRPC code
 }
 
-// Summarize reads a window off a trace.
+// Span is the times from From until before To.
+type Span struct{ From, To time.Time }
+
+func (s Span) holds(t time.Time) bool { return !t.Before(s.From) && t.Before(s.To) }
+
+// Summarize reads the window [from, to) off a trace.
 func Summarize(calls []Call, from, to time.Time) Window {
+	return Pool(calls, []Span{{from, to}})
+}
+
+// Pool reads the calls that ended in any of spans off a trace, as one
+// window: several short windows of the same kind of event, pooled, have
+// enough requests for their p99 to mean something.
+func Pool(calls []Call, spans []Span) Window {
 	w := Window{Versions: map[uint64]int{}, Codes: map[string]int{}}
 	var lat []time.Duration
 	for _, c := range calls {
-		if c.End.Before(from) || !c.End.Before(to) {
+		if !slices.ContainsFunc(spans, func(s Span) bool { return s.holds(c.End) }) {
 			continue
 		}
 		w.Requests++

@@ -57,7 +57,12 @@ it, then two windows of the load: from the call until the commit (for a
 rollout, loading and staging), and from the commit until 1s after every
 answer came from the new version (going live); each with its failed
 requests, p50 and p99, and the p99's ratio to the steady one (version 1,
---settle of load after --warm of it, before the first step). A rollout is timed from its publication
+--settle of load after --warm of it, before the first step). Last, the
+windows of each kind are pooled (a 1s window holds too few requests for
+its p99 to tell a swap from the load's own spread): the rollouts'
+stagings, and the going live of rollouts, rollbacks, the delta and all
+of them, beside the closing steady window (version 4, from 1s after its
+commit). A rollout is timed from its publication
 returning: the manager's repository watch may have begun loading it
 before. With --rate the load is open loop, as traffic from many users
 arrives: a server with room to spare is measured, not one kept
@@ -160,7 +165,7 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 				}
 			}()
 			type step struct {
-				label       string
+				label, kind string    // kind: rollout, rollback, delta or unpin
 				start, done time.Time // the call, and when the new version was committed
 				want        uint64
 			}
@@ -173,8 +178,8 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			}
 			// await records a step begun at start and waits until want is
 			// committed.
-			await := func(label string, start time.Time, want uint64) error {
-				s := step{label: label, start: start, want: want}
+			await := func(label, kind string, start time.Time, want uint64) error {
+				s := step{label: label, kind: kind, start: start, want: want}
 				for {
 					if live() == want {
 						break
@@ -190,12 +195,12 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 				return nil
 			}
 			// do makes one admin call and waits until want is committed.
-			do := func(label, method, path string, body any, want uint64) error {
+			do := func(label, kind, method, path string, body any, want uint64) error {
 				start := time.Now()
 				if _, err := api.call(method, path, body); err != nil {
 					return fmt.Errorf("%s: %w", label, err)
 				}
-				return await(label, start, want)
+				return await(label, kind, start, want)
 			}
 			// rollout publishes a new version (the manager is told at once,
 			// as its repository watch would) and waits until it is live.
@@ -205,7 +210,7 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 				}
 				start := time.Now()
 				c.Manager.Rescan()
-				return await(label, start, v)
+				return await(label, "rollout", start, v)
 			}
 			delta := func(label string, want uint64) error {
 				if _, err := repo.GenerateDeltas("bench", 1, deltaKeys, want); err != nil {
@@ -213,7 +218,7 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 				}
 				start := time.Now()
 				c.Manager.Rescan()
-				return await(label, start, want)
+				return await(label, "delta", start, want)
 			}
 			select {
 			case <-time.After(warm): // connections made, caches learned
@@ -226,13 +231,13 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			// Each call names the live version it acts on ("from").
 			err = rollout("rollout to 2 (publish, loads)", 2)
 			for i := 0; err == nil && i < rounds; i++ {
-				err = do("rollback to 1 (standby)", http.MethodPost, path+"/rollback", map[string]uint64{"to": 1, "from": 2}, 1)
+				err = do("rollback to 1 (standby)", "rollback", http.MethodPost, path+"/rollback", map[string]uint64{"to": 1, "from": 2}, 1)
 				if err == nil {
-					err = do("rollback to 2 (standby)", http.MethodPost, path+"/rollback", map[string]uint64{"to": 2, "from": 1}, 2)
+					err = do("rollback to 2 (standby)", "rollback", http.MethodPost, path+"/rollback", map[string]uint64{"to": 2, "from": 1}, 2)
 				}
 			}
 			if err == nil {
-				err = do("unpin (2 stays)", http.MethodDelete, path+"/pin?from=2", nil, 2)
+				err = do("unpin (2 stays)", "unpin", http.MethodDelete, path+"/pin?from=2", nil, 2)
 			}
 			if err == nil {
 				err = rollout("rollout to 3 (publish, loads)", 3)
@@ -248,11 +253,16 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			}
 			steady := bench.Summarize(calls, begin, steadyEnd)
 			steady.Print(os.Stdout, "steady (version 1)")
-			window := func(label string, from, to time.Time) {
-				w := bench.Summarize(calls, from, to)
+			show := func(label string, w bench.Window) {
 				fmt.Printf("  %-26s %s p99/steady=%.2f%s\n", label, w.Stats(), float64(w.P99)/float64(max(steady.P99, 1)), w.FailedCodes())
 			}
+			window := func(label string, from, to time.Time) { show(label, bench.Summarize(calls, from, to)) }
 			end := time.Now()
+			// The windows of each kind of step, pooled: a 1s window's p99
+			// is its third slowest request at 300 a second, too few to
+			// tell a swap's cost from the load's own spread.
+			staging := map[string][]bench.Span{} // call to commit
+			golive := map[string][]bench.Span{}
 			for i, s := range steps {
 				next := end
 				if i+1 < len(steps) {
@@ -267,9 +277,20 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 					s.done.Sub(s.start).Round(time.Millisecond), s.want, conv.Round(time.Millisecond))
 				window("call to commit", s.start, s.done)
 				window("commit to 1s after", s.done, to)
+				staging[s.kind] = append(staging[s.kind], bench.Span{From: s.start, To: s.done})
+				golive[s.kind] = append(golive[s.kind], bench.Span{From: s.done, To: to})
 			}
 			last := steps[len(steps)-1]
-			bench.Summarize(calls, last.done.Add(time.Second), end).Print(os.Stdout, "after (version 4)")
+			closing := bench.Summarize(calls, last.done.Add(time.Second), end)
+			closing.Print(os.Stdout, "after (version 4)")
+			fmt.Printf("pooled (closing steady window p99/steady=%.2f):\n", float64(closing.P99)/float64(max(steady.P99, 1)))
+			show(fmt.Sprintf("rollouts: %d stagings", len(staging["rollout"])), bench.Pool(calls, staging["rollout"]))
+			var all []bench.Span
+			for _, kind := range []string{"rollout", "rollback", "delta"} {
+				show(fmt.Sprintf("%ss: %d going live", kind, len(golive[kind])), bench.Pool(calls, golive[kind]))
+				all = append(all, golive[kind]...)
+			}
+			show(fmt.Sprintf("all %d going live", len(all)), bench.Pool(calls, all))
 			return nil
 		},
 	}
