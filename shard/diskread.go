@@ -35,6 +35,15 @@ type ColdReads struct {
 // NewColdReads bounds reads in flight to n.
 func NewColdReads(n int) *ColdReads { return &ColdReads{slots: make(chan struct{}, n)} }
 
+// width is how many reads one batch has in flight through r: coldReaders,
+// or fewer if r bounds them to fewer.
+func (r *ColdReads) width() int {
+	if r == nil || r.slots == nil {
+		return coldReaders
+	}
+	return min(coldReaders, cap(r.slots))
+}
+
 // withDelay is r with reads delayed d at the given fraction.
 func (r *ColdReads) withDelay(d time.Duration, fraction float64) *ColdReads {
 	c := &ColdReads{delay: d, fraction: fraction}
@@ -165,7 +174,7 @@ func readAll(ctx context.Context, r *ColdReads, n int, read func(i int, buf []by
 			}
 		}
 	}
-	if w := min(coldReaders, n); w == 1 {
+	if w := min(r.width(), n); w == 1 {
 		work()
 	} else {
 		var wg sync.WaitGroup

@@ -260,6 +260,7 @@ type Shard struct {
 	served     map[*Table]bool
 	deadCaches []*valueCache       // dropped, freed once no lookup reads them; loader goroutine only
 	cold       *ColdReads          // bounds the reads from disk of all lookups
+	background *ColdReads          // standby warming's: one read at a time (standbyReaders)
 	identities codec.IdentityCache // the chains loaded last: a delta's identities extend its parent's
 	ready      bool                // health says SERVING
 	// reported is when loadVersion last reported progress; loader
@@ -303,6 +304,7 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 		slots:      admit.NewGate(int64(opts.MaxInflight), opts.MaxQueueTime), bytes: admit.NewGate(opts.MaxInflightBytes, opts.MaxQueueTime)}
 	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})
 	s.cold, s.samples, s.onDisk = NewColdReads(coldReaders), new(sampler), map[*Table]struct{}{}
+	s.background = NewColdReads(standbyReaders)
 	s.quiet = make(chan struct{})
 	label := prometheus.Labels{"shard": opts.ID}
 	s.metrics = metrics{

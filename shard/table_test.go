@@ -7,7 +7,10 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"runtime"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/loader"
@@ -345,5 +348,40 @@ func TestReadColdAllocs(t *testing.T) {
 	})
 	if len(miss) != len(keys) || allocs >= 500 {
 		t.Fatalf("%v allocations to read %d keys from disk", allocs, len(miss))
+	}
+}
+
+// TestReadAllWidth: a batch has as many reads in flight as its ColdReads
+// allows (standby warming's, one), and coldReaders with none.
+func TestReadAllWidth(t *testing.T) {
+	for _, tc := range []struct {
+		r    *ColdReads
+		most int
+	}{{NewColdReads(1), 1}, {NewColdReads(3), 3}, {nil, coldReaders}} {
+		var in, most atomic.Int32
+		release := make(chan struct{})
+		go func() {
+			// Let the reads pile up to the bound (or for 10s, if they
+			// never reach it), then go.
+			deadline := time.Now().Add(10 * time.Second)
+			for in.Load() < int32(tc.most) && time.Now().Before(deadline) {
+				runtime.Gosched()
+			}
+			close(release)
+		}()
+		err := readAll(context.Background(), tc.r, 200, func(i int, buf []byte) ([]byte, error) {
+			n := in.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			<-release
+			in.Add(-1)
+			return buf, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := int(most.Load()); got != tc.most {
+			t.Errorf("a pool of width %d: %d reads at once, want %d", tc.r.width(), got, tc.most)
+		}
 	}
 }

@@ -378,11 +378,17 @@ func (s *Shard) standbyPairs(served map[*Table]bool) []warmPair {
 // milliseconds at once (measured: that refused requests after every
 // rollout): keepStandby reads for standbyWork a tick, a shard, in
 // chunks of standbyChunk keys in file order, so that its reads still
-// come in spans.
+// come in spans, and standbyReaders at a time. A read of a file in the
+// page cache is a copy in the kernel, unseen by the Go scheduler: with
+// the lookups' 64 readers (s.cold), a tick's 10ms of warming could take
+// every core for those 10ms. Measured with bench rollback at 16
+// partitions on 2 cores (docs/storage.md): requests over 20ms between
+// switches, 1.7–2.5% of them with 64 readers, 1.0–1.6% with one.
 const (
-	standbyWork  = 10 * time.Millisecond
-	standbyChunk = 1024
-	standbyEvery = 10 // HotIntervals between warmings of one standby cache
+	standbyWork    = 10 * time.Millisecond
+	standbyChunk   = 1024
+	standbyEvery   = 10 // HotIntervals between warmings of one standby cache
+	standbyReaders = 1
 )
 
 // keepStandby keeps the caches of the newest standby versions' tables
@@ -423,7 +429,7 @@ func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growin
 			}
 			for len(pr.to.standbyPlan) > 0 && time.Now().Before(until) && ctx.Err() == nil {
 				n := min(standbyChunk, len(pr.to.standbyPlan))
-				pr.to.fill(ctx, c, pr.to.standbyPlan[:n], s.cold)
+				pr.to.fill(ctx, c, pr.to.standbyPlan[:n], s.background)
 				pr.to.standbyPlan = pr.to.standbyPlan[n:]
 			}
 			if len(pr.to.standbyPlan) == 0 {
