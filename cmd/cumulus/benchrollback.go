@@ -261,7 +261,7 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			// The windows of each kind of step, pooled: a 1s window's p99
 			// is its third slowest request at 300 a second, too few to
 			// tell a swap's cost from the load's own spread.
-			staging := map[string][]bench.Span{} // call to commit
+			var stagings []bench.Span // the rollouts', call to commit
 			golive := map[string][]bench.Span{}
 			for i, s := range steps {
 				next := end
@@ -277,14 +277,16 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 					s.done.Sub(s.start).Round(time.Millisecond), s.want, conv.Round(time.Millisecond))
 				window("call to commit", s.start, s.done)
 				window("commit to 1s after", s.done, to)
-				staging[s.kind] = append(staging[s.kind], bench.Span{From: s.start, To: s.done})
+				if s.kind == "rollout" {
+					stagings = append(stagings, bench.Span{From: s.start, To: s.done})
+				}
 				golive[s.kind] = append(golive[s.kind], bench.Span{From: s.done, To: to})
 			}
 			last := steps[len(steps)-1]
 			closing := bench.Summarize(calls, last.done.Add(time.Second), end)
 			closing.Print(os.Stdout, "after (version 4)")
 			fmt.Printf("pooled (closing steady window p99/steady=%.2f):\n", float64(closing.P99)/float64(max(steady.P99, 1)))
-			show(fmt.Sprintf("rollouts: %d stagings", len(staging["rollout"])), bench.Pool(calls, staging["rollout"]))
+			show(fmt.Sprintf("rollouts: %d stagings", len(stagings)), bench.Pool(calls, stagings))
 			var all []bench.Span
 			for _, kind := range []string{"rollout", "rollback", "delta"} {
 				show(fmt.Sprintf("%ss: %d going live", kind, len(golive[kind])), bench.Pool(calls, golive[kind]))
