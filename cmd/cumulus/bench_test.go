@@ -72,3 +72,27 @@ func TestBenchRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchRollback: bench rollback runs its rollouts, rollbacks and
+// delta under load on a dev cluster and pools the windows of each kind:
+// two rollouts' stagings; two rollouts, two rollbacks (--rounds 1) and a
+// delta going live, each pool of those holding requests.
+func TestBenchRollback(t *testing.T) {
+	out, err := cumulus("bench", "rollback", "--params", "20000", "--partitions", "4", "--rounds", "1", "--delta-keys", "100",
+		"--settle", "300ms", "--warm", "300ms", "--rate", "100").CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench rollback: %v\n%s", err, out)
+	}
+	for _, want := range []string{"rollouts: 2 stagings", "rollouts: 2 going live", "rollbacks: 2 going live", "deltas: 1 going live", "all 5 going live"} {
+		i := strings.Index(string(out), want)
+		if i < 0 {
+			t.Errorf("no %q line:\n%s", want, out)
+			continue
+		}
+		// A staging of a model this small may fall between two requests.
+		line, _, _ := strings.Cut(string(out[i:]), "\n")
+		if strings.Contains(line, "going live") && strings.Contains(line, "requests=0 ") {
+			t.Errorf("an empty pool: %s\n%s", line, out)
+		}
+	}
+}
