@@ -59,8 +59,12 @@ func (pb *publisher) ops(ctx context.Context, t *txnOps, name string, ms *ModelS
 		t.DeletePrefix(head + "/")
 		return func() { delete(pb.models, name) }, nil
 	}
-	if ms.Partitions == 0 {
-		return func() {}, nil // nothing to serve yet: no map
+	if ms.Partitions == 0 || len(ms.Replicas) != int(ms.Partitions) {
+		// Nothing to serve yet, or not placed yet (settle places nothing
+		// before the shards are heard from): no map. A head naming
+		// partitions its placement lacks is a record every reader
+		// refuses, and a router watching would see the model go missing.
+		return func() {}, nil
 	}
 	cur := pb.models[name]
 	var stale []string // records in etcd this publisher did not write

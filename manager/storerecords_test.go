@@ -387,3 +387,40 @@ func TestStateRecordsCases(t *testing.T) {
 		}
 	})
 }
+
+// TestMapWaitsForPlacement: a model not placed yet (settle places nothing
+// before the shards are heard from) gets no serving map records; a head
+// whose placement lacks its partitions is refused by every reader (CI
+// once saw a watcher see every model missing that way). Once placed, it
+// gets its version record, placement and head, which read back whole.
+func TestMapWaitsForPlacement(t *testing.T) {
+	m := recordsModel(2, 1)
+	placed := m.Replicas
+	m.Replicas = nil
+	pb := newPublisher(nil, topo.DefaultCluster)
+	var tx txnOps
+	done, err := pb.ops(context.Background(), &tx, "m", m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done()
+	if len(tx.Ops) != 0 {
+		t.Fatalf("%d writes for a model not placed, want none", len(tx.Ops))
+	}
+	m.Replicas = placed
+	if done, err = pb.ops(context.Background(), &tx, "m", m); err != nil {
+		t.Fatal(err)
+	}
+	done()
+	kv := map[string][]byte{}
+	for _, op := range tx.Ops {
+		if !op.IsPut() {
+			t.Fatalf("a first publication deletes %s", op.KeyBytes())
+		}
+		kv[string(op.KeyBytes())] = op.ValueBytes()
+	}
+	as := topo.Assignments(kv, topo.DefaultCluster)
+	if len(kv) != 3 || len(as) != 1 || len(as["m"].Replicas) != 2 {
+		t.Fatalf("placed: %d records, assignments %+v; want a version record, a placement and a head assembling to m's 2 partitions", len(kv), as)
+	}
+}
