@@ -429,8 +429,18 @@ func (s *Shard) keepStandby(ctx context.Context, pairs []warmPair, total, growin
 			}
 			for len(pr.to.standbyPlan) > 0 && time.Now().Before(until) && ctx.Err() == nil {
 				n := min(standbyChunk, len(pr.to.standbyPlan))
-				pr.to.fill(ctx, c, pr.to.standbyPlan[:n], s.background)
+				chunk := pr.to.standbyPlan[:n]
+				pr.to.fill(ctx, c, chunk, s.background)
 				pr.to.standbyPlan = pr.to.standbyPlan[n:]
+				if ctx.Err() != nil {
+					// The tick ended mid-chunk: what it did not read stays
+					// planned for the next. Skipped, it would be missing
+					// until the live cache changed size (a re-plan); one
+					// read at a time on a busy machine, a chunk can
+					// outlast a tick.
+					unread := slices.DeleteFunc(chunk, func(k hotKey) bool { return c.has(k.h) })
+					pr.to.standbyPlan = append(unread, pr.to.standbyPlan...)
+				}
 			}
 			if len(pr.to.standbyPlan) == 0 {
 				pr.to.standbyAt, pr.to.standbyPlan = time.Now(), nil
