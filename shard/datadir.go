@@ -79,8 +79,12 @@ func (s *Shard) turn(ctx context.Context) (done func(), err error) {
 	case s.opts.LoadTurn <- struct{}{}:
 		return func() { <-s.opts.LoadTurn }, nil
 	case <-s.ctx.Done():
-		return nil, fmt.Errorf("shard %s: closing", s.opts.ID)
 	case <-ctx.Done():
-		return nil, ctx.Err()
 	}
+	// Closing is said as such whichever case was taken: the loads pass
+	// the shard's own context, and both are ready then.
+	if s.ctx.Err() != nil {
+		return nil, fmt.Errorf("shard %s: closing", s.opts.ID)
+	}
+	return nil, ctx.Err()
 }
