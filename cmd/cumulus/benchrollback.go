@@ -253,8 +253,9 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			}
 			steady := bench.Summarize(calls, begin, steadyEnd)
 			steady.Print(os.Stdout, "steady (version 1)")
+			toSteady := func(w bench.Window) float64 { return float64(w.P99) / float64(max(steady.P99, 1)) }
 			show := func(label string, w bench.Window) {
-				fmt.Printf("  %-26s %s p99/steady=%.2f%s\n", label, w.Stats(), float64(w.P99)/float64(max(steady.P99, 1)), w.FailedCodes())
+				fmt.Printf("  %-26s %s p99/steady=%.2f%s\n", label, w.Stats(), toSteady(w), w.FailedCodes())
 			}
 			window := func(label string, from, to time.Time) { show(label, bench.Summarize(calls, from, to)) }
 			end := time.Now()
@@ -285,7 +286,7 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			last := steps[len(steps)-1]
 			closing := bench.Summarize(calls, last.done.Add(time.Second), end)
 			closing.Print(os.Stdout, "after (version 4)")
-			fmt.Printf("pooled (closing steady window p99/steady=%.2f):\n", float64(closing.P99)/float64(max(steady.P99, 1)))
+			fmt.Printf("pooled (closing steady window p99/steady=%.2f):\n", toSteady(closing))
 			show(fmt.Sprintf("rollouts: %d stagings", len(stagings)), bench.Pool(calls, stagings))
 			var all []bench.Span
 			for _, kind := range []string{"rollout", "rollback", "delta"} {
