@@ -19,8 +19,9 @@
 # apart) and p99, the totals, the lookups the routers asked again of
 # another replica and the shard calls that failed (the kill, as the
 # routers felt it), and how long the shard took to be ready again; it
-# exits 1 if a request failed. The model: LR, PARAMS features (default 2,000,000) in 16
-# partitions. Needs root (namespaces), ip, curl, openssl and etcd.
+# exits 1 if a request failed, printing the routers' warnings and the
+# benches' errors. The model: LR, PARAMS features (default 2,000,000) in
+# 16 partitions. Needs root (namespaces), ip, curl, openssl and etcd.
 #
 #   scripts/cluster-netns.sh WORKDIR
 # CUMULUS names the binary (default: cumulus on PATH).
@@ -174,18 +175,28 @@ echo "shard s2 ready again $((SECONDS - killed)) s after the kill (now $(ip netn
 wait "$bench_r1" "$bench_r2"
 
 echo "lookups asked again of another replica: $(($(counter 'cumulus_router_retries_total{kind="replica"}') - retries_before));" \
-  "shard calls failed: $(($(counter 'cumulus_router_shard_call_seconds_count{outcome="error"') - failed_before))"
+  "shard calls failed: $(($(counter 'cumulus_router_shard_call_seconds_count{outcome="error"') - failed_before))" \
+  "(a router's count for a shard starts again when the shard leaves its table and comes back)"
 echo
-echo "router  requests  failed  refused  p99 (answered)"
+echo "router  requests  failed  refused  p99 (answered)  errors"
 # bench's open-loop line: offered, ok (answered in time), refused
 # (overload), errors={CODE:N,...}, client_dropped, p99.
-awk '/^rank200 .*offered=/ {
+if ! awk '/^rank200 .*offered=/ {
   for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
   r = FILENAME; sub(/.*bench-/, "", r); sub(/\.out$/, "", r)
   fail = f["offered"] - f["ok"] - f["refused"]
-  printf "%-6s %9d %7d %8d  %s\n", r, f["offered"], fail, f["refused"], f["p99"]
+  printf "%-6s %9d %7d %8d  %-14s  %s\n", r, f["offered"], fail, f["refused"], f["p99"], f["errors"]
   req += f["offered"]; failed += fail; refused += f["refused"]; n++ }
 END {
   printf "total  %9d %7d %8d\n", req, failed, refused
   if (n != 2) print "cluster-netns: a bench printed no result (logs/bench-*.err)"
-  exit failed > 0 || n != 2 }' "$work/logs/bench-r1.out" "$work/logs/bench-r2.out"
+  exit failed > 0 || n != 2 }' "$work/logs/bench-r1.out" "$work/logs/bench-r2.out"; then
+  echo
+  echo "each router's warnings other than the failed shard calls, and its bench's errors (the last 10 lines of each):"
+  for r in r1 r2; do
+    echo "$r:"
+    grep -e 'level=WARN' -e 'level=ERROR' "$work/logs/$r.log" | grep -v 'shard call failed' | tail -n 10 || true
+    tail -n 10 "$work/logs/bench-$r.err"
+  done
+  exit 1
+fi
