@@ -21,7 +21,9 @@
 # routers felt it), and how long the shard took to be ready again; it
 # exits 1 if a request failed, printing the routers' warnings and the
 # benches' errors. The model: LR, PARAMS features (default 2,000,000) in
-# 16 partitions. Needs root (namespaces), ip, curl, openssl and etcd.
+# 16 partitions. A request's deadline, the benches' and the routers'
+# (--request-timeout), is TIMEOUT (default 1s). Needs root (namespaces),
+# ip, curl, openssl and etcd.
 #
 #   scripts/cluster-netns.sh WORKDIR
 # CUMULUS names the binary (default: cumulus on PATH).
@@ -33,6 +35,7 @@ rate=${RATE:-150}
 duration=${DURATION:-30s}
 kill_at=${KILL_AT:-8}
 restart_after=${RESTART_AFTER:-2}
+timeout=${TIMEOUT:-1s}
 params=${PARAMS:-2000000}
 for tool in ip curl openssl etcd; do
   command -v $tool > /dev/null || { echo "cluster-netns: $tool is not installed" >&2; exit 2; }
@@ -132,7 +135,7 @@ for r in r1 r2; do
   # 5 runs of 6, at the build before this line too), which is the front
   # door's guard against slow senders, tested on its own elsewhere.
   on $r "$C" router --id $r $(etcdtls $r) $(tls $r) --client-ca "$pki/ca.crt" --grpc-addr "${ip[$r]}:8001" \
-    --http-addr "${ip[$r]}:8000" --probe-addr "${ip[$r]}:8003" --receive-timeout 2s > "$work/logs/$r.log" 2>&1 &
+    --http-addr "${ip[$r]}:8000" --probe-addr "${ip[$r]}:8003" --receive-timeout 2s --request-timeout "$timeout" > "$work/logs/$r.log" 2>&1 &
 done
 
 # shellcheck disable=SC2046
@@ -148,7 +151,7 @@ echo "load: rank200 at $rate/s to each router for $duration; SIGKILL of shard na
 for r in r1 r2; do
   # shellcheck disable=SC2046
   on cli "$C" bench --addr "${ip[$r]}:8001" $(tls cli) --repo "$repo" --model ctr --workload rank200 \
-    --rate "$rate" --duration "$duration" --timeout 1s --log-level warn > "$work/logs/bench-$r.out" 2> "$work/logs/bench-$r.err" &
+    --rate "$rate" --duration "$duration" --timeout "$timeout" --log-level warn > "$work/logs/bench-$r.out" 2> "$work/logs/bench-$r.err" &
   eval "bench_$r=\$!"
 done
 # counter NAME: the sum of a router counter over both routers.

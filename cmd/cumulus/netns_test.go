@@ -58,8 +58,14 @@ func TestClusterNetns(t *testing.T) {
 	// started; SIGKILL only if it has not ended 10 s later.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
+	// TIMEOUT: what this test measures is the kill. Beside the rest of
+	// the suite (other packages compiling and testing on the same two
+	// cores) answered requests' p99 reached 0.7–1.0 s, and with 1 s
+	// deadlines 20–88 requests a run missed theirs (DeadlineExceeded) in
+	// 4 of 6 runs, as often in runs whose kill came after the load as in
+	// runs killed under it; with 3 s, none in 10 (5 of each).
 	cmd.Env = append(os.Environ(), "CUMULUS_AS_MAIN=1", "CUMULUS="+os.Args[0],
-		"PARAMS=500000", "RATE=100", "DURATION=20s", "KILL_AT=6", "RESTART_AFTER=1")
+		"PARAMS=500000", "RATE=100", "DURATION=20s", "KILL_AT=6", "RESTART_AFTER=1", "TIMEOUT=3s")
 	out, err := cmd.CombinedOutput()
 	t.Logf("scripts/cluster-netns.sh:\n%s", out)
 	if err != nil {
