@@ -176,6 +176,29 @@ func (c *valueCache) read(i int, h uint64, dst []byte) bool {
 	return w[0].Load() == q && c.hs[i].Load() == h
 }
 
+// copySlot copies c's slot i, holding h, into g's empty slot j unless
+// a lookup rewrites it meanwhile, and reports whether it did. No other
+// goroutine may reach g yet (grow's copy, before the cache is
+// published, which orders these writes before any read): it is written
+// with plain stores, not put's atomic ones, an exchange each on amd64,
+// which took most of a copy's time. The caller counts the slot in g.n.
+func (g *valueCache) copySlot(j int, c *valueCache, i int, h uint64) bool {
+	src := c.words[i*c.sw : (i+1)*c.sw]
+	dst := unsafe.Slice((*uint32)(unsafe.Pointer(&g.words[j*g.sw])), g.sw)
+	q := src[0].Load()
+	if q&1 != 0 {
+		return false
+	}
+	for k := 1; k < len(src); k++ {
+		dst[k] = src[k].Load()
+	}
+	if src[0].Load() != q || c.hs[i].Load() != h {
+		return false // what was written of the value lies in a slot still empty
+	}
+	*(*uint64)(unsafe.Pointer(&g.hs[j])) = h
+	return true
+}
+
 // cacheAhead is how many keys ahead getAll fetches a key's set, and
 // then again its slot: each line has that many keys' work to arrive in.
 const cacheAhead = 8
@@ -361,6 +384,36 @@ func (s *sketch) addTimes(h uint64, n int) {
 		}
 		s.adds /= 2
 	}
+}
+
+// spreadFrom sets s's counters, as many as from's or a power of two
+// times as many, to those of from they divide: a counter's index is the
+// top bits of a product of h, so h's counter in s is one of those that
+// its counter in from divides into, and its estimate stays no less than
+// the truth. Counts fade on s's halvings from then on.
+func (s *sketch) spreadFrom(from *sketch) {
+	if len(s.words) < len(from.words) {
+		return
+	}
+	// Doubled in place, from the end, as many times as it takes: word i
+	// of n becomes words 2i and 2i+1, each of its counters two.
+	n := copy(s.words, from.words)
+	for ; n < len(s.words); n *= 2 {
+		for i := n - 1; i >= 0; i-- {
+			w := s.words[i]
+			s.words[2*i+1], s.words[2*i] = doubleCounters(w>>32), doubleCounters(w&0xffffffff)
+		}
+	}
+	s.adds = from.adds
+}
+
+// doubleCounters is the 8 counters of x's low 32 bits, each twice in a
+// row: counter i becomes counters 2i and 2i+1.
+func doubleCounters(x uint64) uint64 {
+	x = (x | x<<16) & 0x0000ffff0000ffff
+	x = (x | x<<8) & 0x00ff00ff00ff00ff
+	x = (x | x<<4) & 0x0f0f0f0f0f0f0f0f
+	return x | x<<4
 }
 
 // estimate is how often h was asked for, as far as the sketch knows

@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
 )
@@ -284,5 +286,171 @@ func TestSketchAddTimes(t *testing.T) {
 	}
 	if a.freq.adds >= a.freq.resetAt {
 		t.Fatalf("%d adds since the last halving, at most %d", a.freq.adds, a.freq.resetAt)
+	}
+}
+
+// TestGrowOverTicks: grow copies a cache into one twice its size over
+// several calls when each has no time to spare, the old cache serving
+// until the copy is whole; the new one then holds every key with its
+// value and the old one waits to be freed. A cache replaced meanwhile
+// (a rollback's warming) abandons the copy, and one dropped frees it.
+func TestGrowOverTicks(t *testing.T) {
+	const vlen = 8
+	c, held := filledCache(t, 1<<20, vlen)
+	for i, k := range held {
+		c.freq.addTimes(codec.KeyHash(k), 1+i%15)
+	}
+	tb := &Table{vlen: vlen, n: 1 << 30}
+	tb.cache.Store(c)
+	s := &Shard{}
+	past := time.Now() // every call is past its time: one chunk a call
+	calls := 0
+	for tb.cache.Load() == c {
+		if calls++; calls > len(c.hs)/1024+1 {
+			t.Fatalf("not grown after %d calls", calls)
+		}
+		if b := s.grow(tb, c, 4*c.Bytes(), past); b <= c.Bytes() {
+			t.Fatalf("call %d: grow returned %d bytes, want more than the cache's %d", calls, b, c.Bytes())
+		}
+	}
+	if calls < 2 {
+		t.Fatalf("grown in %d call, want the copy spread over several", calls)
+	}
+	g := tb.cache.Load()
+	t.Cleanup(g.free)
+	if g.mask+1 < 2*(c.mask+1) || tb.growth != nil || len(s.deadCaches) != 1 || s.deadCaches[0] != c {
+		t.Fatalf("after growing: sets %d (from %d), growth %v, dead caches %d", g.mask+1, c.mask+1, tb.growth, len(s.deadCaches))
+	}
+	val := make([]byte, vlen)
+	for _, k := range held {
+		h := codec.KeyHash(k)
+		if !g.get(h, val) || !bytes.Equal(val, cacheValue(k, vlen)) {
+			t.Fatalf("key %d: not held or wrong (%v) in the grown cache", k, val)
+		}
+		if a, b := c.freq.estimate(h), g.freq.estimate(h); a != b {
+			t.Fatalf("key %d: counted %d, %d once grown", k, a, b)
+		}
+	}
+	if g.Len() != len(held) {
+		t.Fatalf("the grown cache holds %d keys, want %d", g.Len(), len(held))
+	}
+
+	// Lookups offering keys to the cache while it is copied: what the
+	// copy takes is whole.
+	c4 := newValueCache(1<<18, vlen, 1<<30)
+	t.Cleanup(c4.free)
+	tb.cache.Store(c4)
+	for k := uint64(1); c4.Len() < len(c4.hs)/4; k++ {
+		c4.offer(codec.KeyHash(k), cacheValue(k, vlen))
+	}
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for range 200000 {
+				k := 1 + rng.Uint64N(1<<16)
+				c4.offer(codec.KeyHash(k), cacheValue(k, vlen))
+			}
+		})
+	}
+	for filled := c4.Len(); c4.Len() == filled; { // the offers have begun
+		runtime.Gosched()
+	}
+	for tb.cache.Load() == c4 {
+		s.grow(tb, c4, 4*c4.Bytes(), past)
+	}
+	wg.Wait()
+	g4 := tb.cache.Load()
+	t.Cleanup(g4.free)
+	n := 0
+	for i := range g4.hs {
+		if h := g4.hs[i].Load(); h != 0 {
+			n++
+			if !g4.read(i, h, val) || !bytes.Equal(val, cacheValue(codec.KeyUnhash(h), vlen)) {
+				t.Fatalf("copied under offers: key %d holds %v", codec.KeyUnhash(h), val)
+			}
+		}
+	}
+	if n != g4.Len() || n == 0 {
+		t.Fatalf("copied under offers: %d slots filled, Len %d", n, g4.Len())
+	}
+
+	// Replaced mid-copy: the copy of the old cache is abandoned and one
+	// of the new begun.
+	c2, _ := filledCache(t, 1<<20, vlen)
+	tb.cache.Store(c2)
+	s.grow(tb, c2, 4*c2.Bytes(), past)
+	first := tb.growth
+	c3, _ := filledCache(t, 1<<20, vlen)
+	tb.cache.Store(c3)
+	s.grow(tb, c3, 4*c3.Bytes(), past)
+	if first == nil || tb.growth == nil || tb.growth == first || tb.growth.from != c3 {
+		t.Fatalf("growth of a replaced cache: first %v, now %v", first, tb.growth)
+	}
+	// Dropped mid-copy: nothing is left growing.
+	s.dropCache(tb)
+	if tb.growth != nil {
+		t.Fatal("a dropped cache's growth is kept")
+	}
+}
+
+// TestSketchSpread: a sketch spread over one with 2^k times the counters
+// estimates every key as the original does.
+func TestSketchSpread(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	for _, k := range []int{0, 1, 3} {
+		small := newValueCache(1<<16, 4, 1<<30)
+		big := newValueCache(1<<(16+k), 4, 1<<30)
+		var keys []uint64
+		for range 5000 {
+			h := codec.KeyHash(rng.Uint64N(1 << 20))
+			small.freq.addTimes(h, 1+rng.IntN(15))
+			keys = append(keys, h)
+		}
+		big.freq.spreadFrom(&small.freq)
+		if len(big.freq.words) != len(small.freq.words)<<k {
+			t.Fatalf("k %d: %d words from %d", k, len(big.freq.words), len(small.freq.words))
+		}
+		for range 5000 { // and keys never counted
+			keys = append(keys, codec.KeyHash(rng.Uint64()))
+		}
+		for _, h := range keys {
+			if a, b := small.freq.estimate(h), big.freq.estimate(h); a != b {
+				t.Fatalf("k %d: key %x estimated %d, %d once spread", k, h, a, b)
+			}
+		}
+		small.free()
+		big.free()
+	}
+}
+
+// BenchmarkGrow copies a full cache of a million slots into one of twice
+// the sets, as grow does at a switch: the way it takes (copyGrown) and
+// the general one (copyAdmitting).
+func BenchmarkGrow(b *testing.B) {
+	const vlen = 4
+	c, held := filledCache(b, 16<<20, vlen)
+	for i, k := range held {
+		c.freq.addTimes(codec.KeyHash(k), 1+i%15)
+	}
+	for _, bc := range []struct {
+		name string
+		copy func(g, c *valueCache, from int, until time.Time) int
+	}{{"grown", copyGrown}, {"admitting", copyAdmitting}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportMetric(float64(len(c.hs)), "slots")
+			for b.Loop() {
+				b.StopTimer()
+				g := newValueCache(2*c.Bytes(), vlen, 1<<30)
+				for i := range g.words { // its pages faulted in: the copy alone is timed
+					g.words[i].Store(0)
+				}
+				b.StartTimer()
+				bc.copy(g, c, 0, time.Time{})
+				b.StopTimer()
+				g.free()
+				b.StartTimer()
+			}
+		})
 	}
 }

@@ -226,6 +226,7 @@ func (s *Shard) dropCache(t *Table) {
 	if c := t.cache.Swap(nil); c != nil {
 		s.deadCaches = append(s.deadCaches, c)
 	}
+	t.abandonGrowth()
 }
 
 // freeCaches frees the dropped caches no lookup reads, waiting up to
@@ -362,11 +363,13 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	}
 	// Grow caches made small (warmed beside the live ones, or made when
 	// more partitions shared the budget), while the budget holds the old
-	// beside the new until the old is freed.
+	// beside the new until the old is freed; for at most growWork a tick
+	// (grow).
+	until := time.Now().Add(growWork)
 	for _, t := range active {
 		if c := t.cache.Load(); c != nil {
 			room := s.opts.MemoryBudget - s.residentBytes(false) - total
-			total += s.grow(t, c, min(share, room))
+			total += s.grow(t, c, min(share, room), until)
 		}
 	}
 	s.residentHot.Store(total)

@@ -162,6 +162,7 @@ func (t *Table) release() {
 	if c := t.cache.Swap(nil); c != nil {
 		c.free() // no lookup reaches t, so none reads its cache
 	}
+	t.abandonGrowth()
 	if b, ok := t.owner.(*tablemem.Buffer); ok {
 		b.Free()
 	}

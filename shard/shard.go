@@ -663,8 +663,8 @@ func (s *Shard) cacheRoom(n int64) {
 func (s *Shard) dropCachesBut(keep func(*Table) bool) {
 	for t := range s.onDisk {
 		if c := t.cache.Load(); c != nil && !keep(t) {
+			s.residentHot.Add(-c.Bytes() - t.growthBytes())
 			s.dropCache(t)
-			s.residentHot.Add(-c.Bytes())
 		}
 	}
 	s.freeCaches(reclaimWait)

@@ -70,6 +70,7 @@ type Table struct {
 	standbyFrom int
 	standbyAt   time.Time
 	standbyPlan []hotKey
+	growth      *growth                    // its cache's larger copy being made (grow); loader goroutine only
 	file        *os.File                   // mapped tables: the file, for readCold
 	cache       atomic.Pointer[valueCache] // mapped tables: their value cache, if any
 	dirMem      *tablemem.Buffer           // mapped tables: dir's memory
