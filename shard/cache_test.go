@@ -9,7 +9,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/cumulus-serving/cumulus/codec"
 )
@@ -303,18 +302,19 @@ func TestGrowOverTicks(t *testing.T) {
 	tb := &Table{vlen: vlen, n: 1 << 30}
 	tb.cache.Store(c)
 	s := &Shard{}
-	past := time.Now() // every call is past its time: one chunk a call
+	const chunk = 4096 // slots a call
 	calls := 0
 	for tb.cache.Load() == c {
-		if calls++; calls > len(c.hs)/1024+1 {
+		if calls++; calls > len(c.hs)/chunk {
 			t.Fatalf("not grown after %d calls", calls)
 		}
-		if b := s.grow(tb, c, 4*c.Bytes(), past); b <= c.Bytes() {
-			t.Fatalf("call %d: grow returned %d bytes, want more than the cache's %d", calls, b, c.Bytes())
+		slots := chunk
+		if b := s.grow(tb, c, 4*c.Bytes(), &slots); b <= c.Bytes() || slots != 0 {
+			t.Fatalf("call %d: grow returned %d bytes (want more than the cache's %d), %d of %d slots left", calls, b, c.Bytes(), slots, chunk)
 		}
 	}
-	if calls < 2 {
-		t.Fatalf("grown in %d call, want the copy spread over several", calls)
+	if calls != len(c.hs)/chunk {
+		t.Fatalf("grown in %d calls of %d slots, want %d", calls, chunk, len(c.hs)/chunk)
 	}
 	g := tb.cache.Load()
 	t.Cleanup(g.free)
@@ -357,7 +357,8 @@ func TestGrowOverTicks(t *testing.T) {
 		runtime.Gosched()
 	}
 	for tb.cache.Load() == c4 {
-		s.grow(tb, c4, 4*c4.Bytes(), past)
+		slots := 256
+		s.grow(tb, c4, 4*c4.Bytes(), &slots)
 	}
 	wg.Wait()
 	g4 := tb.cache.Load()
@@ -379,11 +380,13 @@ func TestGrowOverTicks(t *testing.T) {
 	// of the new begun.
 	c2, _ := filledCache(t, 1<<20, vlen)
 	tb.cache.Store(c2)
-	s.grow(tb, c2, 4*c2.Bytes(), past)
+	slots := chunk
+	s.grow(tb, c2, 4*c2.Bytes(), &slots)
 	first := tb.growth
 	c3, _ := filledCache(t, 1<<20, vlen)
 	tb.cache.Store(c3)
-	s.grow(tb, c3, 4*c3.Bytes(), past)
+	slots = chunk
+	s.grow(tb, c3, 4*c3.Bytes(), &slots)
 	if first == nil || tb.growth == nil || tb.growth == first || tb.growth.from != c3 {
 		t.Fatalf("growth of a replaced cache: first %v, now %v", first, tb.growth)
 	}
@@ -435,7 +438,7 @@ func BenchmarkGrow(b *testing.B) {
 	}
 	for _, bc := range []struct {
 		name string
-		copy func(g, c *valueCache, from int, until time.Time) int
+		copy func(g, c *valueCache, from, n int) int
 	}{{"grown", copyGrown}, {"admitting", copyAdmitting}} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportMetric(float64(len(c.hs)), "slots")
@@ -446,7 +449,7 @@ func BenchmarkGrow(b *testing.B) {
 					g.words[i].Store(0)
 				}
 				b.StartTimer()
-				bc.copy(g, c, 0, time.Time{})
+				bc.copy(g, c, 0, len(c.hs))
 				b.StopTimer()
 				g.free()
 				b.StartTimer()

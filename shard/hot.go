@@ -363,13 +363,13 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	}
 	// Grow caches made small (warmed beside the live ones, or made when
 	// more partitions shared the budget), while the budget holds the old
-	// beside the new until the old is freed; for at most growWork a tick
+	// beside the new until the old is freed; growSlots of copying a tick
 	// (grow).
-	until := time.Now().Add(growWork)
+	slots := growSlots
 	for _, t := range active {
 		if c := t.cache.Load(); c != nil {
 			room := s.opts.MemoryBudget - s.residentBytes(false) - total
-			total += s.grow(t, c, min(share, room), until)
+			total += s.grow(t, c, min(share, room), &slots)
 		}
 	}
 	s.residentHot.Store(total)

@@ -292,14 +292,16 @@ func (s *Shard) warmLive(ctx context.Context, as map[string]topo.Assignment) {
 		"partitions", len(pairs), "keys", keys, "took", time.Since(start).Round(time.Millisecond), "complete", wctx.Err() == nil)
 }
 
-// growWork bounds a tick's copying of caches into larger ones (grow). A
-// live cache grows at every switch to a version that stood by (a
-// rollback, or a rollout's staged version, warmed in the room the live
-// cache left it): the copy of one of a million slots took 16–48ms in a
-// tick on 2 cores (bench rollback, 16 partitions, before copyGrown), a
-// burst of every shard's loader at the switch that the lookups waited
-// behind.
-const growWork = 5 * time.Millisecond
+// growSlots bounds the slots a tick copies into larger caches (grow): a
+// quarter of a million, about 2ms at BenchmarkGrow's pace. A live cache
+// grows at every switch to a version that stood by (a rollback, or a
+// rollout's staged version, warmed in the room the live cache left it):
+// copied whole in a tick, before copyGrown, that took 16–48ms of every
+// shard's loader at the switch on 2 cores (bench rollback, 16
+// partitions), a burst the lookups waited behind. A bound in slots, not
+// in time: on a busy machine the loader's time passes waiting for a
+// core, and a growth bounded by it took seconds.
+const growSlots = 1 << 18
 
 // growth is a larger copy of cache from being made for its table: to
 // holds from's slots before next. Nothing reads to until it is done and
@@ -311,11 +313,11 @@ type growth struct {
 
 // grow replaces t's cache c by a larger one of at most bytes if one of
 // twice c's size fits, as resize does, but copying c's slots over ticks,
-// until the time until in each, c serving meanwhile (what it admits once
-// its slots are copied is not carried over: learning admits it again).
-// It returns the bytes of the new cache, done or in the making, or 0.
-// Loader goroutine only.
-func (s *Shard) grow(t *Table, c *valueCache, bytes int64, until time.Time) int64 {
+// as many a call as *slots allows (taken from it), c serving meanwhile
+// (what it admits once its slots are copied is not carried over:
+// learning admits it again). It returns the bytes of the new cache,
+// done or in the making, or 0. Loader goroutine only.
+func (s *Shard) grow(t *Table, c *valueCache, bytes int64, slots *int) int64 {
 	if g := t.growth; g != nil && (g.from != c || g.to.Bytes() > bytes) {
 		t.abandonGrowth() // c was replaced, or the room shrank
 	}
@@ -333,7 +335,9 @@ func (s *Shard) grow(t *Table, c *valueCache, bytes int64, until time.Time) int6
 		t.growth = &growth{from: c, to: g}
 	}
 	g := t.growth
-	if g.next = copySlots(g.to, c, g.next, until); g.next < len(c.hs) {
+	n := min(*slots, len(c.hs)-g.next)
+	*slots -= n
+	if g.next = copySlots(g.to, c, g.next, n); g.next < len(c.hs) {
 		return g.to.Bytes()
 	}
 	t.cache.Store(g.to)
@@ -350,13 +354,9 @@ func (s *Shard) grow(t *Table, c *valueCache, bytes int64, until time.Time) int6
 // over whole once the last slot is copied (sketch.spreadFrom). A copy
 // of a million slots, its new cache's pages in memory, took 7ms this
 // way against 59ms for copyAdmitting (BenchmarkGrow, 2 cores).
-func copyGrown(g, c *valueCache, from int, until time.Time) int {
+func copyGrown(g, c *valueCache, from, n int) int {
 	placed := 0
-	defer func() { g.n.Add(int64(placed)) }()
-	for i := from; i < len(c.hs); i++ {
-		if i > from && i%1024 == 0 && !until.IsZero() && time.Now().After(until) {
-			return i
-		}
+	for i := from; i < from+n; i++ {
 		h := c.hs[i].Load()
 		if h == 0 {
 			continue
@@ -370,8 +370,11 @@ func copyGrown(g, c *valueCache, from int, until time.Time) int {
 			}
 		}
 	}
-	g.freq.spreadFrom(&c.freq)
-	return len(c.hs)
+	g.n.Add(int64(placed))
+	if from+n == len(c.hs) {
+		g.freq.spreadFrom(&c.freq)
+	}
+	return from + n
 }
 
 // abandonGrowth frees the cache grow was making for t, if any: nothing
@@ -391,25 +394,21 @@ func (t *Table) growthBytes() int64 {
 	return t.growth.to.Bytes()
 }
 
-// copySlots puts into g what of c's slots from slot from on it admits,
-// with their sketch counts, read from c (which lookups may be writing),
-// until the time until (zero: no bound; it copies 1,024 slots at least);
+// copySlots puts into g what it admits of c's n slots from slot from on,
+// with their sketch counts, read from c (which lookups may be writing);
 // it returns the first slot not copied.
-func copySlots(g, c *valueCache, from int, until time.Time) int {
+func copySlots(g, c *valueCache, from, n int) int {
 	if g.mask >= c.mask {
-		return copyGrown(g, c, from, until)
+		return copyGrown(g, c, from, n)
 	}
-	return copyAdmitting(g, c, from, until)
+	return copyAdmitting(g, c, from, n)
 }
 
 // copyAdmitting is copySlots into a cache of any size: g weighs each key
 // by its count, carried over, against those its set holds.
-func copyAdmitting(g, c *valueCache, from int, until time.Time) int {
+func copyAdmitting(g, c *valueCache, from, n int) int {
 	val := make([]byte, c.vlen)
-	for i := from; i < len(c.hs); i++ {
-		if i > from && i%1024 == 0 && !until.IsZero() && time.Now().After(until) {
-			return i
-		}
+	for i := from; i < from+n; i++ {
 		h := c.hs[i].Load()
 		if h == 0 || !c.get(h, val) {
 			continue
@@ -419,7 +418,7 @@ func copyAdmitting(g, c *valueCache, from int, until time.Time) int {
 			g.put(j, h, val)
 		}
 	}
-	return len(c.hs)
+	return from + n
 }
 
 // resize replaces t's cache c by the largest of at most bytes, larger or
@@ -435,7 +434,7 @@ func (s *Shard) resize(t *Table, c *valueCache, bytes int64) int64 {
 		}
 		return 0
 	}
-	copySlots(g, c, 0, time.Time{})
+	copySlots(g, c, 0, len(c.hs))
 	t.cache.Store(g)
 	s.deadCaches = append(s.deadCaches, c)
 	return g.Bytes()
