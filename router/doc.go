@@ -21,13 +21,11 @@
 // the map arrive in etcd's revision order.
 //
 // A shard call answered FailedPrecondition, Unavailable, ResourceExhausted
-// or Canceled is asked again of another replica. Failing that, whatever
-// the order the replicas failed in: a request one of whose unanswered
-// partitions some replica answered ResourceExhausted for is refused at
-// once as overload; else one such that some replica answered
-// FailedPrecondition (the table lags the cluster) runs again on the next
-// routing table; any other fails at once (Predict, lookup,
-// work.strandedError).
+// or Canceled is asked again of another replica; failing that, a request
+// one of whose unanswered partitions some replica answered
+// FailedPrecondition for (the table lags the cluster) runs again on the
+// next routing table, whatever the others answered, and any other fails
+// at once (Predict, lookup, work.strandedError).
 //
 // Deadlines: a request's is the shorter of its context's and
 // DefaultTimeout, and travels with every shard call. Errors wrap one of

@@ -53,9 +53,8 @@ type work struct {
 	merged   []atomic.Bool // per partition: its values are in vals
 	asking   []int16       // per partition: calls outstanding for it
 	tried    []uint64      // per partition: bit i, replica i was asked
-	refusals []uint8       // per partition: what its replicas answered (lagging, busy)
-	lag      error         // the first answer that a replica does not hold a partition
-	busy     error         // the first answer that a replica is at its bound
+	lagged   []bool        // per partition: a replica answered it does not hold it
+	lag      error         // the first such answer
 	calls    []*call       // this request's calls; calls[:n] in use
 	n        int
 	byShard  []int32 // per backend slot: its call while grouping calls, else -1
@@ -233,14 +232,14 @@ func (r *Router) fanOut(ctx context.Context, vr *versionRoute, w *work) error {
 	w.merged = resize(w.merged, P)
 	w.asking = resize(w.asking, P)
 	w.tried = resize(w.tried, P)
-	w.refusals = resize(w.refusals, P)
-	w.lag, w.busy = nil, nil
+	w.lagged = resize(w.lagged, P)
+	w.lag = nil
 	for p := range P {
 		w.merged[p].Store(false)
 	}
 	clear(w.asking)
 	clear(w.tried)
-	clear(w.refusals)
+	clear(w.lagged)
 	// Every call made posts to finished without blocking, even after the
 	// request has gone: each asks a replica not asked before for at least
 	// one partition, so there are at most (replicas per partition, summed)
@@ -496,7 +495,14 @@ func (r *Router) finished(ctx context.Context, vr *versionRoute, w *work, c *cal
 		}
 		return 0, nil
 	}
-	w.refused(c)
+	if status.Code(c.err) == codes.FailedPrecondition {
+		for _, p := range c.parts {
+			w.lagged[p] = true
+		}
+		if w.lag == nil {
+			w.lag = c.err
+		}
+	}
 	from := w.n
 	if _, stranded := w.reask(vr, c, true); stranded > 0 {
 		w.ungroup(from)
@@ -509,57 +515,16 @@ func (r *Router) finished(ctx context.Context, vr *versionRoute, w *work, c *cal
 	return 0, nil
 }
 
-// What a partition's replicas answered, of the retryable refusals that
-// decide a stranded request's error (work.refusals).
-const (
-	lagging uint8 = 1 << iota // FailedPrecondition: it does not hold the partition
-	busy                      // ResourceExhausted: it is at its bound of work
-)
-
-// refused notes what failed call c's error says of its partitions.
-func (w *work) refused(c *call) {
-	var why uint8
-	switch status.Code(c.err) {
-	case codes.FailedPrecondition:
-		why = lagging
-		if w.lag == nil {
-			w.lag = c.err
-		}
-	case codes.ResourceExhausted:
-		why = busy
-		if w.busy == nil {
-			w.busy = c.err
-		}
-	default:
-		return
-	}
-	for _, p := range c.parts {
-		w.refusals[p] |= why
-	}
-}
-
 // strandedError is the error of failed call c, some of whose partitions
-// no replica is left to answer, whatever the order the replicas failed
-// in: if a replica of one of those is at its bound, the cluster is
-// overloaded and the request is refused at once (ResourceExhausted: the
-// caller retries later; waiting for a table would hold the request while
-// adding to the load, and, while a restarted shard answers for the
-// partitions its predecessor's registration still reports, would wait
-// seconds); else if a replica answered one that it
-// does not hold, the routing table lags the cluster and the request may
-// run again on the next one (Predict); else c's own error.
+// no replica is left to answer: if a replica answered one of those that
+// it does not hold, the routing table lags the cluster and the request
+// may run again on the next one (Predict), whatever the order the
+// replicas failed in; else c's own.
 func (w *work) strandedError(c *call) error {
-	var why uint8
 	for _, p := range c.parts {
-		if !w.merged[p].Load() && w.asking[p] == 0 {
-			why |= w.refusals[p]
+		if !w.merged[p].Load() && w.asking[p] == 0 && w.lagged[p] {
+			return w.lag
 		}
-	}
-	switch {
-	case why&busy != 0:
-		return w.busy
-	case why&lagging != 0:
-		return w.lag
 	}
 	return c.err
 }

@@ -525,9 +525,7 @@ const maxAttempts = 3
 // request waits for the next routing table and runs again, within its
 // deadline and at most maxAttempts times. A partition none of whose
 // replicas can be reached fails the request at once (ErrUnavailable):
-// waiting would only spend the caller's deadline; one a replica refused
-// as overload is refused at once (ErrResourceExhausted), whatever the
-// others answered.
+// waiting would only spend the caller's deadline.
 //
 // The request's deadline is the shorter of ctx's and DefaultTimeout; it
 // reaches every shard call, and a missed one is ErrDeadlineExceeded.
