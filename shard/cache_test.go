@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cumulus-serving/cumulus/codec"
@@ -289,10 +290,12 @@ func TestSketchAddTimes(t *testing.T) {
 }
 
 // TestGrowOverTicks: grow copies a cache into one twice its size over
-// several calls when each has no time to spare, the old cache serving
+// calls, as many slots a call as it is given, the old cache serving
 // until the copy is whole; the new one then holds every key with its
-// value and the old one waits to be freed. A cache replaced meanwhile
-// (a rollback's warming) abandons the copy, and one dropped frees it.
+// value and count, and the old one waits to be freed. Lookups offering
+// keys to the old one meanwhile do not tear what is copied. A cache
+// replaced meanwhile (a rollback's warming) abandons the copy, and one
+// dropped frees it; with no slots left in a call, none is begun.
 func TestGrowOverTicks(t *testing.T) {
 	const vlen = 8
 	c, held := filledCache(t, 1<<20, vlen)
@@ -344,22 +347,31 @@ func TestGrowOverTicks(t *testing.T) {
 		c4.offer(codec.KeyHash(k), cacheValue(k, vlen))
 	}
 	var wg sync.WaitGroup
+	var offered atomic.Int64
+	stop := make(chan struct{})
 	for w := range 2 {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for range 200000 {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
 				k := 1 + rng.Uint64N(1<<16)
 				c4.offer(codec.KeyHash(k), cacheValue(k, vlen))
+				offered.Add(1)
 			}
 		})
 	}
-	for filled := c4.Len(); c4.Len() == filled; { // the offers have begun
+	for offered.Load() < 1000 { // the offers have begun
 		runtime.Gosched()
 	}
 	for tb.cache.Load() == c4 {
 		slots := 256
 		s.grow(tb, c4, 4*c4.Bytes(), &slots)
 	}
+	close(stop)
 	wg.Wait()
 	g4 := tb.cache.Load()
 	t.Cleanup(g4.free)
@@ -394,6 +406,12 @@ func TestGrowOverTicks(t *testing.T) {
 	s.dropCache(tb)
 	if tb.growth != nil {
 		t.Fatal("a dropped cache's growth is kept")
+	}
+	c5, _ := filledCache(t, 1<<20, vlen)
+	tb.cache.Store(c5)
+	slots = 0
+	if b := s.grow(tb, c5, 4*c5.Bytes(), &slots); b != 0 || tb.growth != nil {
+		t.Fatalf("no slots left: grow returned %d bytes, growth %v", b, tb.growth)
 	}
 }
 

@@ -322,8 +322,8 @@ func (s *Shard) grow(t *Table, c *valueCache, bytes int64, slots *int) int64 {
 		t.abandonGrowth() // c was replaced, or the room shrank
 	}
 	if t.growth == nil {
-		if cacheBytes(2*int(c.mask+1), c.vlen) > bytes {
-			return 0
+		if *slots == 0 || cacheBytes(2*int(c.mask+1), c.vlen) > bytes {
+			return 0 // (no copying left this tick: none begun, to sit idle)
 		}
 		g := newValueCache(bytes, t.vlen, t.n)
 		if g == nil || g.Bytes() <= c.Bytes() {
