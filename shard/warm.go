@@ -300,7 +300,8 @@ func (s *Shard) warmLive(ctx context.Context, as map[string]topo.Assignment) {
 // shard's loader at the switch on 2 cores (bench rollback, 16
 // partitions), a burst the lookups waited behind. A bound in slots, not
 // in time: on a busy machine the loader's time passes waiting for a
-// core, and a growth bounded by it took seconds.
+// core and faulting in new pages, and a growth bounded by it took 8
+// ticks over what the benchmark copies in a few milliseconds.
 const growSlots = 1 << 18
 
 // growth is a larger copy of cache from being made for its table: to
