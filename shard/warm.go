@@ -326,11 +326,8 @@ func (s *Shard) grow(t *Table, c *valueCache, bytes int64, slots *int) int64 {
 		if *slots == 0 || cacheBytes(2*int(c.mask+1), c.vlen) > bytes {
 			return 0 // (no copying left this tick: none begun, to sit idle)
 		}
-		g := newValueCache(bytes, t.vlen, t.n)
-		if g == nil || g.Bytes() <= c.Bytes() {
-			if g != nil {
-				g.free()
-			}
+		g := resized(t, c, bytes)
+		if g == nil {
 			return 0
 		}
 		t.growth = &growth{from: c, to: g}
@@ -341,10 +338,8 @@ func (s *Shard) grow(t *Table, c *valueCache, bytes int64, slots *int) int64 {
 	if g.next = copySlots(g.to, c, g.next, n); g.next < len(c.hs) {
 		return g.to.Bytes()
 	}
-	t.cache.Store(g.to)
-	s.deadCaches = append(s.deadCaches, c)
 	t.growth = nil
-	return g.to.Bytes()
+	return s.replaceCache(t, c, g.to)
 }
 
 // copyGrown is copySlots into a cache of as many sets or more. Sets are
@@ -428,14 +423,28 @@ func copyAdmitting(g, c *valueCache, from, n int) int {
 // is dropped. It returns the new cache's bytes, or 0 (c kept) if that
 // would be c's size or no cache fits. Loader goroutine only.
 func (s *Shard) resize(t *Table, c *valueCache, bytes int64) int64 {
-	g := newValueCache(bytes, t.vlen, t.n)
-	if g == nil || g.Bytes() == c.Bytes() {
-		if g != nil {
-			g.free()
-		}
+	g := resized(t, c, bytes)
+	if g == nil {
 		return 0
 	}
 	copySlots(g, c, 0, len(c.hs))
+	return s.replaceCache(t, c, g)
+}
+
+// resized is an empty cache for t of at most bytes, or nil if none fits
+// or it would be c's size.
+func resized(t *Table, c *valueCache, bytes int64) *valueCache {
+	g := newValueCache(bytes, t.vlen, t.n)
+	if g != nil && g.Bytes() == c.Bytes() {
+		g.free()
+		return nil
+	}
+	return g
+}
+
+// replaceCache makes g, filled from c, t's cache in c's place, and
+// returns its bytes; c is freed once no lookup reads it (freeCaches).
+func (s *Shard) replaceCache(t *Table, c, g *valueCache) int64 {
 	t.cache.Store(g)
 	s.deadCaches = append(s.deadCaches, c)
 	return g.Bytes()
