@@ -55,9 +55,10 @@ type LookupLatency struct {
 type Tiering int
 
 const (
-	Resident Tiering = iota // all in resident memory: the baseline
-	Mapped                  // searched through a mapping, page faults and all, as shards did before they read from disk
-	Disk                    // the shard's way: the directory resident, records read with pread, a value cache of cacheBytes learned from the warm batches
+	Resident  Tiering = iota // all in resident memory: the baseline
+	Mapped                   // searched through a mapping, page faults and all, as shards did before they read from disk
+	Disk                     // the shard's way: the directory resident, records read through io_uring (pread where the kernel refuses it), a value cache of cacheBytes learned from the warm batches
+	DiskPread                // Disk with the records read with pread, a goroutine a read (--disk-reads pread)
 )
 
 // MappedLookups times batched lookups over a partition file held as t,
@@ -89,7 +90,8 @@ func MappedLookups(path string, n int, seed uint64, t Tiering, cacheBytes int64,
 	}
 	p.Owner = mem
 	base := shard.NewTable(p)
-	if t == Disk && !base.EnableCache(cacheBytes-base.ResidentBytes()) {
+	onDisk := t == Disk || t == DiskPread
+	if onDisk && !base.EnableCache(cacheBytes-base.ResidentBytes()) {
 		return nil, fmt.Errorf("bench: no value cache fits in %d bytes beside the directory's %d", cacheBytes, base.ResidentBytes())
 	}
 	lookup := func(keys []uint64, w []float32, found []bool, sc *shard.StackScratch) {
@@ -108,6 +110,9 @@ func MappedLookups(path string, n int, seed uint64, t Tiering, cacheBytes int64,
 	found := make([]bool, batch)
 	w := make([]float32, batch)
 	var sc shard.StackScratch
+	if t == DiskPread {
+		sc.Reads = (*shard.ColdReads)(nil).Pread()
+	}
 	var out []LookupLatency
 	for _, d := range Distributions {
 		// Batches are drawn as they are used: holding 200 × 20k keys
@@ -117,7 +122,7 @@ func MappedLookups(path string, n int, seed uint64, t Tiering, cacheBytes int64,
 		// from the samples, here after every batch.
 		for i := range warm {
 			lookup(draw(i), w, found, &sc)
-			if t == Disk {
+			if onDisk {
 				base.Learn()
 			}
 		}
@@ -127,7 +132,7 @@ func MappedLookups(path string, n int, seed uint64, t Tiering, cacheBytes int64,
 			t0 := time.Now()
 			lookup(keys, w, found, &sc)
 			lat[i] = time.Since(t0)
-			if t == Disk {
+			if onDisk {
 				base.Learn() // off the clock, as the shard's loader does it
 			}
 			for j, ok := range found {

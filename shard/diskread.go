@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math/bits"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,16 +18,20 @@ import (
 )
 
 // coldReaders is how many reads one lookup has in flight on a table
-// served from disk, and by default (ColdReads) a shard in all. pread is
-// a system call, during which the scheduler runs other goroutines, so
-// the disk sees this many reads (a page fault on a mapping would block
-// its thread unseen by the scheduler: GOMAXPROCS at a time).
+// served from disk, and by default (ColdReads) a shard in all: the
+// depth of a lookup's io_uring, or as many goroutines in pread, during
+// which the scheduler runs other goroutines. Either way the disk sees
+// this many reads (a page fault on a mapping would block its thread
+// unseen by the scheduler: GOMAXPROCS at a time).
 const coldReaders = 64
 
-// ColdReads bounds the reads from disk of lookups that share it and
-// injects the disk's faults; the zero value does neither.
+// ColdReads bounds the reads from disk of lookups that share it, says
+// how they are made, and injects the disk's faults; the zero value
+// bounds none and reads as the process does by default (io_uring where
+// the kernel allows).
 type ColdReads struct {
 	slots chan struct{}
+	pread bool // preads, not io_uring
 	// delay, when set, is waited before a read of the given fraction
 	// (Faults' diskdelay), as a slow disk would make it wait.
 	delay    time.Duration
@@ -34,6 +40,27 @@ type ColdReads struct {
 
 // NewColdReads bounds reads in flight to n.
 func NewColdReads(n int) *ColdReads { return &ColdReads{slots: make(chan struct{}, n)} }
+
+// Pread is r with its reads made with pread, a goroutine each, not
+// through io_uring (--disk-reads pread).
+func (r *ColdReads) Pread() *ColdReads {
+	c := &ColdReads{pread: true}
+	if r != nil {
+		c.slots, c.delay, c.fraction = r.slots, r.delay, r.fraction
+	}
+	return c
+}
+
+// rings is the ring pool r's reads go through, or nil for preads: asked
+// for, io_uring refused, or a delay injected (it is waited in pread's
+// goroutines, a read's wait beside the others', as a slow disk's).
+func (r *ColdReads) rings() *ringPool {
+	if r != nil && (r.pread || r.delay > 0) {
+		return nil
+	}
+	p, _ := rings()
+	return p
+}
 
 // width is how many reads one batch has in flight through r: coldReaders,
 // or fewer if r bounds them to fewer.
@@ -48,9 +75,23 @@ func (r *ColdReads) width() int {
 func (r *ColdReads) withDelay(d time.Duration, fraction float64) *ColdReads {
 	c := &ColdReads{delay: d, fraction: fraction}
 	if r != nil {
-		c.slots = r.slots
+		c.slots, c.pread = r.slots, r.pread
 	}
 	return c
+}
+
+// tryAcquire takes a read's turn if one is free now (no delay: ring
+// reads have none).
+func (r *ColdReads) tryAcquire() bool {
+	if r == nil || r.slots == nil {
+		return true
+	}
+	select {
+	case r.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
 }
 
 // acquire takes a read's turn, or returns ctx's error.
@@ -99,9 +140,9 @@ func putReadBuf(bp *[]byte) {
 // value bytes of keys[q] go to vals[q×vlen:] and out[q] is q, or −1 when
 // the table lacks it. Keys the value cache holds are copied from it; the
 // others' buckets (and, keys apart from values, their values) are read
-// with pread, up to coldReaders at once, each read taking its turn from
-// r. The mapping is never read, so a lookup never waits on a page fault.
-// What it read goes to the cache's empty slots (offer).
+// from the file, up to coldReaders at once (readAll), each read taking
+// its turn from r. The mapping is never read, so a lookup never waits on
+// a page fault. What it read goes to the cache's empty slots (offer).
 // It returns ctx's error, having stopped reading, once ctx ends.
 // miss is scratch; it is returned for reuse.
 func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals []byte, miss []int32, r *ColdReads) ([]int32, error) {
@@ -123,15 +164,13 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 	if len(miss) == 0 {
 		return miss, nil
 	}
-	err := readAll(ctx, r, len(miss), func(m int, buf []byte) ([]byte, error) {
+	err := readAll(ctx, r, t.file, len(miss), func(m int, data []byte) (int64, int, error) {
 		q := miss[m]
-		o, buf, err := t.readOne(keys[q], vals[int(q)*t.vlen:int(q+1)*t.vlen], buf)
-		if o >= 0 {
-			o = q
-		}
-		out[q] = o
-		return buf, err
+		return t.readStep(keys[q], q, &out[q], vals[int(q)*t.vlen:int(q+1)*t.vlen], data)
 	})
+	for _, q := range miss {
+		out[q] = max(out[q], -1) // a value still to read, when reading stopped
+	}
 	if c := t.useCache(); c != nil {
 		for _, q := range miss {
 			if out[q] >= 0 {
@@ -143,11 +182,58 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 	return miss, err
 }
 
-// readAll calls read(i, buf) for every i below n, up to coldReaders at
-// once, each in a turn from r; buf is a reader's pooled scratch, which
-// read returns (grown, if it needed more). It stops at the first error,
-// or once ctx ends, and returns it (ctx's, if ctx ended).
-func readAll(ctx context.Context, r *ColdReads, n int, read func(i int, buf []byte) ([]byte, error)) error {
+// valuePending marks, in a key's out, that its record was found in its
+// bucket and its value (kept apart from the key) is still to read.
+const valuePending = -2
+
+// readStep is one step of reading key (the q-th of its lookup) from the
+// file (a readAll step): first its bucket's records, then, keys apart
+// from values, the value. *out is −1 until the key is found, then
+// valuePending while its value is read, then q.
+func (t *Table) readStep(key uint64, q int32, out *int32, val, data []byte) (int64, int, error) {
+	h := codec.KeyHash(key)
+	b, frac := bits.Mul64(h, t.nb)
+	lo, hi := int(t.dirAt(b)), int(t.dirAt(b+1))
+	switch {
+	case data == nil: // the bucket, if it has records
+		return t.recOff + int64(lo*t.rs), (hi - lo) * t.rs, nil
+	case *out == valuePending:
+		copy(val, data)
+		*out = q
+		return 0, 0, nil
+	}
+	i := t.match(data, t.probe(h, frac))
+	switch {
+	case i < 0:
+		return 0, 0, nil
+	case !t.split: // the record came whole with its bucket
+		copy(val, data[i*t.rs+t.vo:i*t.rs+t.vo+t.vlen])
+		*out = q
+		return 0, 0, nil
+	}
+	*out = valuePending
+	return t.valOff + int64(lo+i)*int64(t.vs), t.vlen, nil
+}
+
+// A step drives the reads of item i of a readAll: called first with
+// nil, then with the bytes of each read it asked for, it returns the
+// next read (n bytes at off), or n ≤ 0 once item i is done.
+type step func(i int, data []byte) (off int64, n int, err error)
+
+// readAll runs step for every i below n, reading from f what each asks
+// for, up to r.width() reads at once, each in a turn from r: through an
+// io_uring where the kernel allows (ringAll), with preads otherwise
+// (preadAll). It stops at the first error, or once ctx ends, and returns
+// it (ctx's, if ctx ended); step is never called once it has returned.
+func readAll(ctx context.Context, r *ColdReads, f *os.File, n int, step step) error {
+	if p := r.rings(); p != nil {
+		return p.readAll(ctx, r, f, n, step)
+	}
+	return preadAll(ctx, r, f, f.Name(), n, step)
+}
+
+// preadAll is readAll with a goroutine a read in flight, each in pread.
+func preadAll(ctx context.Context, r *ColdReads, f io.ReaderAt, name string, n int, step step) error {
 	var next atomic.Int64
 	var failed atomic.Pointer[error]
 	// fail keeps the first error. (A reader's own err never has its
@@ -161,13 +247,22 @@ func readAll(ctx context.Context, r *ColdReads, n int, read func(i int, buf []by
 			if i >= n || failed.Load() != nil {
 				return
 			}
-			if err := r.acquire(ctx); err != nil {
-				fail(err)
-				return
+			off, m, err := step(i, nil)
+			for err == nil && m > 0 {
+				if err = r.acquire(ctx); err != nil {
+					break
+				}
+				if cap(*bp) < m {
+					*bp = make([]byte, max(m, 1024))
+				}
+				_, err = f.ReadAt((*bp)[:m], off)
+				r.release()
+				if err != nil {
+					err = fmt.Errorf("reading partition file %s: %w", name, err)
+					break
+				}
+				off, m, err = step(i, (*bp)[:m])
 			}
-			var err error
-			*bp, err = read(i, *bp)
-			r.release()
 			if err != nil {
 				fail(err)
 				return
@@ -190,38 +285,6 @@ func readAll(ctx context.Context, r *ColdReads, n int, read func(i int, buf []by
 		return *err
 	}
 	return nil
-}
-
-// readOne reads key's bucket from the file and, if the table holds key,
-// its value bytes into val; it returns the record's index or −1. buf is
-// scratch, returned for reuse.
-func (t *Table) readOne(key uint64, val, buf []byte) (int32, []byte, error) {
-	h := codec.KeyHash(key)
-	b, frac := bits.Mul64(h, t.nb)
-	probe := t.probe(h, frac)
-	lo, hi := int(t.dirAt(b)), int(t.dirAt(b+1))
-	n := (hi - lo) * t.rs
-	if n <= 0 {
-		return -1, buf, nil
-	}
-	bucket, buf, err := t.readAt(t.recOff+int64(lo*t.rs), n, buf)
-	if err != nil {
-		return -1, buf, err
-	}
-	i := t.match(bucket, probe)
-	switch {
-	case i < 0:
-		return -1, buf, nil
-	case !t.split: // the record came whole with its bucket
-		copy(val, bucket[i*t.rs+t.vo:i*t.rs+t.vo+t.vlen])
-		return int32(lo + i), buf, nil
-	}
-	v, buf, err := t.readAt(t.valOff+int64(lo+i)*int64(t.vs), t.vlen, buf)
-	if err != nil {
-		return -1, buf, err
-	}
-	copy(val, v)
-	return int32(lo + i), buf, nil
 }
 
 // match is the index in bucket, t's records, of the one whose key is
@@ -282,15 +345,11 @@ func (t *Table) readSpans(ctx context.Context, keys []uint64, out []int32, vals 
 		spans = append(spans, [2]int{i, j})
 		i = j
 	}
-	return readAll(ctx, r, len(spans), func(i int, buf []byte) ([]byte, error) {
+	return readAll(ctx, r, t.file, len(spans), func(i int, span []byte) (int64, int, error) {
 		ls := locs[spans[i][0]:spans[i][1]]
 		lo, hi := ls[0].lo, ls[len(ls)-1].hi
-		if hi <= lo {
-			return buf, nil // empty buckets: absent
-		}
-		span, buf, err := t.readAt(t.recOff+int64(lo*t.rs), (hi-lo)*t.rs, buf)
-		if err != nil {
-			return buf, err
+		if span == nil {
+			return t.recOff + int64(lo*t.rs), (hi - lo) * t.rs, nil // nothing if its buckets are empty: absent
 		}
 		for _, l := range ls {
 			if k := t.match(span[(l.lo-lo)*t.rs:(l.hi-lo)*t.rs], l.probe); k >= 0 {
@@ -299,19 +358,6 @@ func (t *Table) readSpans(ctx context.Context, keys []uint64, out []int32, vals 
 				out[l.q] = int32(l.q)
 			}
 		}
-		return buf, nil
+		return 0, 0, nil
 	})
-}
-
-// readAt returns n bytes of t's file from off, read into buf (scratch,
-// returned for reuse). Reads go through the page cache: direct I/O
-// (O_DIRECT) was measured and gained nothing here (see docs/storage.md).
-func (t *Table) readAt(off int64, n int, buf []byte) ([]byte, []byte, error) {
-	if cap(buf) < n {
-		buf = make([]byte, max(n, 64*16))
-	}
-	if _, err := t.file.ReadAt(buf[:n], off); err != nil {
-		return nil, buf, fmt.Errorf("reading partition file %s: %w", t.file.Name(), err)
-	}
-	return buf[:n], buf, nil
 }

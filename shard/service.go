@@ -525,15 +525,20 @@ func resize[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// StackScratch is reusable memory for StackWeights.
-type StackScratch struct{ sc scratch }
+// StackScratch is reusable memory for StackWeights, and how it reads
+// tables served from disk: Reads (nil: unbounded, as the process reads
+// by default).
+type StackScratch struct {
+	sc    scratch
+	Reads *ColdReads
+}
 
 // StackWeights looks keys up in a stack of LR tables (newest or hottest
 // first) the way a shard does, for tools and benchmarks: w[j] is keys[j]'s
 // weight and found[j] whether it is present.
 func StackWeights(layers []*Table, keys []uint64, w []float32, found []bool, s *StackScratch) {
 	sc := &s.sc
-	sc.vals = sc.vals[:0]
+	sc.vals, sc.turns = sc.vals[:0], s.Reads
 	sc.found = resize(sc.found, (len(keys)+63)/64)
 	clear(sc.found)
 	sc.lookupStack(context.Background(), nil, layers, keys, 1, 0)

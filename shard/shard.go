@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -83,6 +84,10 @@ type Options struct {
 	// lookups, so a rebalance or rollout loading at full speed shows in
 	// the serving p99. 0: no bound.
 	LoadRate int64
+	// DiskReads is how partitions served from disk are read: "io_uring"
+	// (the default, ""), a lookup's reads submitted together, or preads
+	// where the kernel refuses io_uring; "pread", a goroutine a read.
+	DiskReads string
 	// LoadTurn, if set, is shared by the shards of one process (cumulus
 	// dev's): they then load one partition at a time between them, as a
 	// shard process alone does. A load holds the turn while it waits for
@@ -159,6 +164,8 @@ func (o *Options) Validate() error {
 		return errors.New("shard: Options.LoadRate must not be negative (0: no bound)")
 	case o.HotInterval < 0:
 		return errors.New("shard: Options.HotInterval must not be negative (0: the default)")
+	case o.DiskReads != "" && o.DiskReads != "io_uring" && o.DiskReads != "pread":
+		return fmt.Errorf("shard: Options.DiskReads %q: want io_uring or pread", o.DiskReads)
 	}
 	o.Cluster = o.Cluster.OrDefault()
 	if err := o.Cluster.Validate(); err != nil {
@@ -305,6 +312,11 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})
 	s.cold, s.samples, s.onDisk = NewColdReads(coldReaders), new(sampler), map[*Table]struct{}{}
 	s.background = NewColdReads(standbyReaders)
+	if opts.DiskReads == "pread" {
+		s.cold, s.background = s.cold.Pread(), s.background.Pread()
+	} else if _, err := rings(); err != nil && opts.MemoryBudget > 0 {
+		slog.Info("shard: partitions served from disk will be read with pread: the kernel refuses io_uring", "shard", opts.ID, "err", err)
+	}
 	s.quiet = make(chan struct{})
 	label := prometheus.Labels{"shard": opts.ID}
 	s.metrics = metrics{

@@ -214,6 +214,28 @@ func diskTable(t *testing.T, shape model.Shape, enc string) (*Table, loader.Repo
 	return tb, repo, man
 }
 
+// diskReaders is ColdReads of 8 turns reading both ways: through
+// io_uring, and with preads. A kernel that refuses io_uring (this
+// project's CI machine allows it) leaves preads only, and says so.
+func diskReaders(t *testing.T) []struct {
+	name string
+	r    *ColdReads
+} {
+	rs := []struct {
+		name string
+		r    *ColdReads
+	}{{"pread", NewColdReads(8).Pread()}}
+	if NewColdReads(8).rings() != nil {
+		rs = append(rs, struct {
+			name string
+			r    *ColdReads
+		}{"io_uring", NewColdReads(8)})
+	} else {
+		t.Logf("reads through io_uring not tested: %s", DiskReadsMode())
+	}
+	return rs
+}
+
 // readColdMatchesFind: narrow records (LR, FM of dim 4) kept whole, the
 // value read with its bucket; wide ones (FM of dim 32) keys apart from
 // values (format 3), so cold reads read the keys, then the value. Read
@@ -257,16 +279,18 @@ func readColdMatchesFind(t *testing.T, shape model.Shape, enc string) {
 			t.Fatalf("%s: only %d hits: the test is not exercising present keys", what, hits)
 		}
 	}
-	check("from disk", NewColdReads(8))
-	// Many keys at once, buckets near each other read together.
-	spans := make([]int32, len(keys))
-	vals := make([]byte, len(keys)*tb.vlen)
-	if err := tb.readSpans(context.Background(), keys, spans, vals, NewColdReads(8)); err != nil {
-		t.Fatal(err)
-	}
-	for j := range keys {
-		if (spans[j] >= 0) != (warm[j] >= 0) || spans[j] >= 0 && !bytes.Equal(vals[j*tb.vlen:(j+1)*tb.vlen], tb.valAt(int(warm[j]))) {
-			t.Fatalf("readSpans %v, key %d: %d, Find %d", shape, keys[j], spans[j], warm[j])
+	for _, r := range diskReaders(t) {
+		check("from disk, "+r.name, r.r)
+		// Many keys at once, buckets near each other read together.
+		spans := make([]int32, len(keys))
+		vals := make([]byte, len(keys)*tb.vlen)
+		if err := tb.readSpans(context.Background(), keys, spans, vals, r.r); err != nil {
+			t.Fatal(err)
+		}
+		for j := range keys {
+			if (spans[j] >= 0) != (warm[j] >= 0) || spans[j] >= 0 && !bytes.Equal(vals[j*tb.vlen:(j+1)*tb.vlen], tb.valAt(int(warm[j]))) {
+				t.Fatalf("readSpans %s %v, key %d: %d, Find %d", r.name, shape, keys[j], spans[j], warm[j])
+			}
 		}
 	}
 	stackMatches(t, NewTable(must(repo.ReadPartition(man, 0))), tb, keys, shape, enc)
@@ -351,6 +375,11 @@ func TestReadColdAllocs(t *testing.T) {
 	}
 }
 
+// readerAt is an io.ReaderAt of a function.
+type readerAt func(p []byte, off int64) (int, error)
+
+func (f readerAt) ReadAt(p []byte, off int64) (int, error) { return f(p, off) }
+
 // TestReadAllWidth: a batch has as many reads in flight as its ColdReads
 // allows (standby warming's, one), and coldReaders with none.
 func TestReadAllWidth(t *testing.T) {
@@ -369,13 +398,19 @@ func TestReadAllWidth(t *testing.T) {
 			}
 			close(release)
 		}()
-		err := readAll(context.Background(), tc.r, 200, func(i int, buf []byte) ([]byte, error) {
+		read := readerAt(func(p []byte, off int64) (int, error) {
 			n := in.Add(1)
 			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 			}
 			<-release
 			in.Add(-1)
-			return buf, nil
+			return len(p), nil
+		})
+		err := preadAll(context.Background(), tc.r, read, "test", 200, func(i int, data []byte) (int64, int, error) {
+			if data == nil {
+				return int64(i), 1, nil
+			}
+			return 0, 0, nil
 		})
 		if err != nil {
 			t.Fatal(err)

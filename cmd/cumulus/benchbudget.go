@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cumulus-serving/cumulus/bench"
+	"github.com/cumulus-serving/cumulus/shard"
 )
 
 type overBudgetFlags struct {
@@ -29,17 +30,20 @@ func benchOverBudgetCommand() *cobra.Command {
 		Use:   "overbudget",
 		Short: "Lookup latency from a partition several times larger than the memory it may use",
 		Long: `overbudget writes one partition of --params LR features and times batched
-lookups on it, for Zipf 1.1 and uniform keys, three ways:
+lookups on it, for Zipf 1.1 and uniform keys, four ways:
 
   resident  all of it in memory, no limit: the baseline;
   mapped    searched through a file mapping, page faults and all (how
             shards served partitions over budget before they read from
             disk);
   disk      as a shard serves a partition over its budget: the directory
-            resident, records read with batched preads, a value cache
-            admitting by frequency, learned from the warm batches.
+            resident, a batch's records read through io_uring (preads
+            where the kernel refuses it), a value cache admitting by
+            frequency, learned from the warm batches;
+  disk, pread  the same with a goroutine in pread a read
+            (--disk-reads pread).
 
-The last two run in a child process inside a memory cgroup whose limit is
+The last three run in a child process inside a memory cgroup whose limit is
 the partition's size / --ratio (the budget) plus --overhead for the
 process itself, with the page cache dropped first: a run the kernel kills
 for memory fails the bench. Needs root and the cgroup v1 memory
@@ -96,17 +100,21 @@ controller.`,
 			if err != nil {
 				return err
 			}
-			fmt.Printf("partition %s (%d features); budget %s = 1/%g of it; cgroup limit %s; cgroup peak charge (page cache included): mapped %s, disk %s\n",
+			diskPread, peakPread, err := constrained("disk-pread")
+			if err != nil {
+				return err
+			}
+			fmt.Printf("partition %s (%d features); budget %s = 1/%g of it; cgroup limit %s; cgroup peak charge (page cache included): mapped %s, disk %s, disk with pread %s; disk reads: %s\n",
 				humanize.IBytes(uint64(size)), f.params, humanize.IBytes(uint64(budget)), f.ratio,
-				humanize.IBytes(uint64(budget+int64(f.overhead))), humanize.IBytes(uint64(peakMapped)), humanize.IBytes(uint64(peakDisk)))
-			fmt.Printf("%-30s %-9s %10s %12s %12s %9s\n", "mode", "keys", "ns/key", "batch p50", "batch p99", "p99/res.")
+				humanize.IBytes(uint64(budget+int64(f.overhead))), humanize.IBytes(uint64(peakMapped)), humanize.IBytes(uint64(peakDisk)), humanize.IBytes(uint64(peakPread)), shard.DiskReadsMode())
+			fmt.Printf("%-37s %-9s %10s %12s %12s %9s\n", "mode", "keys", "ns/key", "batch p50", "batch p99", "p99/res.")
 			frac := "1/" + strconv.FormatFloat(f.ratio, 'g', 3, 64) + " budget"
 			for _, run := range []struct {
 				name string
 				ls   []bench.LookupLatency
-			}{{"resident, no limit", base}, {"mapped, " + frac, mapped}, {"disk + cache, " + frac, disk}} {
+			}{{"resident, no limit", base}, {"mapped, " + frac, mapped}, {"disk + cache, " + frac, disk}, {"disk + cache, pread, " + frac, diskPread}} {
 				for i, l := range run.ls {
-					fmt.Printf("%-30s %-9s %10.1f %12s %12s %8.2f×\n", run.name, l.Dist, l.NsPerKey, l.P50.Round(time.Microsecond), l.P99.Round(time.Microsecond),
+					fmt.Printf("%-37s %-9s %10.1f %12s %12s %8.2f×\n", run.name, l.Dist, l.NsPerKey, l.P50.Round(time.Microsecond), l.P99.Round(time.Microsecond),
 						float64(l.P99)/float64(base[i].P99))
 				}
 			}
@@ -137,8 +145,11 @@ func benchOverBudgetChild() *cobra.Command {
 				return err
 			}
 			t := bench.Mapped
-			if mode == "disk" {
+			switch mode {
+			case "disk":
 				t = bench.Disk
+			case "disk-pread":
+				t = bench.DiskPread
 			}
 			ls, err := bench.MappedLookups(file, f.params, f.seed, t, budget, f.batch, f.batches, f.warm)
 			if err != nil {
@@ -149,7 +160,7 @@ func benchOverBudgetChild() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&file, "file", "", "partition file")
 	cmd.Flags().StringVar(&cgroup, "cgroup", "", "memory cgroup to join")
-	cmd.Flags().StringVar(&mode, "mode", "mapped", "mapped or disk")
+	cmd.Flags().StringVar(&mode, "mode", "mapped", "mapped, disk or disk-pread")
 	cmd.Flags().Int64Var(&budget, "budget", 0, "memory budget: the directory and value cache (disk)")
 	cmd.Flags().IntVar(&f.params, "params", 0, "")
 	cmd.Flags().Uint64Var(&f.seed, "seed", 1, "")

@@ -51,6 +51,29 @@ const defaultLoadRate = 0
 
 const loadRateUsage = "bytes a second a shard reads from the repository to load partitions once it serves (a rebalance, a rollout), so that loading leaves CPU to serving, e.g. 128MB; a shard that has answered no lookup yet (starting, joining) loads at full speed (0: no bound)"
 
+// diskReadsFlag is --disk-reads: how partitions served from disk are
+// read (shard.Options.DiskReads).
+type diskReadsFlag string
+
+const diskReadsUsage = "how partitions served from disk are read: io_uring (a lookup's reads submitted together; preads where the kernel refuses it) or pread (a goroutine a read)"
+
+func (f *diskReadsFlag) String() string {
+	if *f == "" {
+		return "io_uring"
+	}
+	return string(*f)
+}
+
+func (f *diskReadsFlag) Set(v string) error {
+	if v != "io_uring" && v != "pread" {
+		return fmt.Errorf("%q: want io_uring or pread", v)
+	}
+	*f = diskReadsFlag(v)
+	return nil
+}
+
+func (f *diskReadsFlag) Type() string { return "io_uring|pread" }
+
 func shardCommand() *cobra.Command {
 	var id, repo, etcd, addr, advertise, dataDir, zone string
 	var weight float64
@@ -58,6 +81,7 @@ func shardCommand() *cobra.Command {
 	var etcdTLS tlsconf.Files
 	var budget byteSize
 	loadRate := byteSize(defaultLoadRate)
+	var diskReads diskReadsFlag
 	var drain drainFlag
 	var adm admitFlags
 	var httpAddr, probeAddr string
@@ -108,7 +132,7 @@ the probes and /metrics alone, in plain HTTP whatever the TLS flags.`,
 			}
 			// The shard outlives the signal: Drain stops it.
 			s, err := shard.Start(context.WithoutCancel(cmd.Context()), shard.Options{ID: id, TLS: tlsSrc, Repo: loader.Repo{Dir: repo}, Etcd: cli, Cluster: cluster.c, Build: buildinfo.String(), Weight: weight, Zone: zone,
-				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget), DataDir: dataDir, LoadRate: int64(loadRate),
+				ListenAddr: addr, AdvertiseAddr: advertise, Registry: prometheus.DefaultRegisterer, MemoryBudget: int64(budget), DataDir: dataDir, LoadRate: int64(loadRate), DiskReads: string(diskReads),
 				MaxInflight: adm.inflight, MaxInflightBytes: int64(adm.bytes), MaxQueueTime: adm.queue, Faults: fault.f, Starting: cmd.Context()})
 			if err != nil {
 				return err
@@ -150,8 +174,9 @@ the probes and /metrics alone, in plain HTTP whatever the TLS flags.`,
 	registerEtcdTLS(cmd.Flags(), &etcdTLS)
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address routers dial (default: the listen address)")
-	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes and value caches (e.g. 8GB); a shard assigned more serves it from disk (directories resident, records read with pread, the most asked values cached), and a version being loaded beside the live one stays within it (default: half the machine's memory or cgroup limit; 0: no bound)")
+	cmd.Flags().Var(&budget, "memory-budget", "resident table bytes and value caches (e.g. 8GB); a shard assigned more serves it from disk (directories resident, records read from the file, the most asked values cached), and a version being loaded beside the live one stays within it (default: half the machine's memory or cgroup limit; 0: no bound)")
 	cmd.Flags().Var(&loadRate, "load-rate", loadRateUsage)
+	cmd.Flags().Var(&diskReads, "disk-reads", diskReadsUsage)
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory, on disk, for the shard's own copies of partitions it serves mapped (default: cumulus-shard-CLUSTER-ID in the temporary directory, removed at exit)")
 	cmd.Flags().Float64Var(&weight, "weight", 0, "this shard's share of the partitions, in GiB of memory budget (default: its --memory-budget in GiB); give it on every shard or none")
 	cmd.Flags().StringVar(&zone, "zone", "", "failure domain (a rack, an availability zone): replicas of a partition go to distinct zones where there are enough")

@@ -34,6 +34,7 @@ func devCommand() *cobra.Command {
 		lim                      limitFlags
 		budget                   byteSize
 		loadRate                 = byteSize(defaultLoadRate)
+		diskReads                diskReadsFlag
 		cluster                  clusterFlag
 		admin                    adminFlags
 		push                     pushServeFlags
@@ -116,7 +117,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 					o.ShardTLS = pki.manager
 				},
 				Router: ropts, Shard: func(i int, o *shard.Options) {
-					o.LoadRate, o.TLS = int64(loadRate), pki.shard
+					o.LoadRate, o.TLS, o.DiskReads = int64(loadRate), pki.shard, string(diskReads)
 					if i == 0 {
 						o.Faults = fault.f
 					}
@@ -199,6 +200,7 @@ localhost, serves every model in --repo (or a generated demo model when no
 	hedging.register(cmd)
 	cmd.Flags().Var(&fault, "fault", "shard-0 only: "+faultUsage)
 	cmd.Flags().Var(&loadRate, "load-rate", "per shard (the shards load one partition at a time between them): "+loadRateUsage)
+	cmd.Flags().Var(&diskReads, "disk-reads", diskReadsUsage)
 	cmd.Flags().Var(&budget, "memory-budget", "per shard: resident table bytes and value caches (e.g. 1.5GB); a shard assigned more serves it from disk, the most asked values cached (default: half the machine's memory or cgroup limit, shared by the shards; 0: no bound)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for etcd's data (DIR/etcd) and each shard's copies of partitions it serves mapped (DIR/shard-N); kept on exit (default: a temporary directory, removed on exit)")
 	policy.register(cmd, 2*time.Second)

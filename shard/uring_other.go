@@ -1,0 +1,24 @@
+//go:build !linux
+
+package shard
+
+import (
+	"errors"
+	"time"
+)
+
+// ring is io_uring's, which only Linux has: elsewhere disk reads are
+// preads (newRing fails, so ringReads is never nil-free).
+type ring struct {
+	bufs     [][]byte
+	free     []int
+	inflight int
+	entries  int
+}
+
+func newRing(int) (*ring, error) { return nil, errors.New("io_uring: Linux only") }
+
+func (rg *ring) close()                            {}
+func (rg *ring) prep(fd int, off int64, n int) int { panic("io_uring: Linux only") }
+func (rg *ring) enter(time.Duration) error         { panic("io_uring: Linux only") }
+func (rg *ring) reap(done func(e int, res int32))  { panic("io_uring: Linux only") }
