@@ -14,8 +14,8 @@ import (
 // submitted together and their completions reaped together, from the
 // lookup's own goroutine: one system call a round instead of one a
 // read, and no goroutine (and thread) a read in flight. Measured on
-// this project's VM (docs/storage.md): 3–4× the reads a second of 64
-// goroutines in pread, at a quarter of the CPU a read. Where the kernel
+// this project's VM (BenchmarkDiskReads, docs/storage.md): 3–4× the
+// reads a second of 64 goroutines in pread. Where the kernel
 // refuses io_uring (before Linux 5.11, a seccomp profile that blocks it,
 // kernel.io_uring_disabled) reads are preads, as with --disk-reads
 // pread.

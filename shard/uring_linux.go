@@ -13,11 +13,11 @@ import (
 // An io_uring of our own, by hand: the few calls it takes (set up, map,
 // submit reads, wait with a timeout) are less code than a library's
 // abstractions over them, and no Go io_uring library is in the module
-// proxy's list here. What it buys, measured on this project's VM (4 KiB
-// random reads of a 2 GiB file, page cache dropped; /tmp experiment
-// described in docs/storage.md): 98–140k reads a second from one
-// goroutine at depth 64–128, against 34–36k from 64–128 goroutines in
-// pread, and a quarter of the CPU a read.
+// proxy's list here. What it buys (BenchmarkDiskReads, this project's
+// VM: 4 KiB reads at random places in a 1 GiB file, page cache dropped,
+// 64 in flight): 81–100k reads a second from one goroutine, against
+// 27–30k from 64 goroutines in pread; an earlier experiment measured a
+// quarter of the CPU a read.
 
 // The kernel's structures (include/uapi/linux/io_uring.h).
 type uringSQOffsets struct {
