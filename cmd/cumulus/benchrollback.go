@@ -32,6 +32,7 @@ func benchRollbackCommand() *cobra.Command {
 		shards, concurrency int
 		rounds, deltaKeys   int
 		budget, loadRate    byteSize
+		diskReads           diskReadsFlag
 		settle, warm        time.Duration
 		rate                float64
 	)
@@ -116,7 +117,7 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 			}
 			gen := first.Generator
 			c, srv, err := benchCluster(ctx, devcluster.Options{Repo: dir, Shards: shards, MemoryBudget: int64(budget), ScanInterval: time.Hour,
-				Shard: func(_ int, o *shard.Options) { o.LoadRate = int64(loadRate) }})
+				Shard: func(_ int, o *shard.Options) { o.LoadRate, o.DiskReads = int64(loadRate), string(diskReads) }})
 			if err != nil {
 				return err
 			}
@@ -306,6 +307,7 @@ retired, not a rollback target: the rollouts are of new versions.)`,
 	cmd.Flags().IntVar(&rounds, "rounds", 3, "rollbacks to 1 and back to 2")
 	cmd.Flags().Var(&budget, "memory-budget", "per shard resident table bytes (default: no bound)")
 	cmd.Flags().Var(&loadRate, "load-rate", "per shard: "+loadRateUsage)
+	cmd.Flags().Var(&diskReads, "disk-reads", diskReadsUsage)
 	cmd.Flags().DurationVar(&settle, "settle", 2*time.Second, "load between steps, and the steady window's length")
 	cmd.Flags().DurationVar(&warm, "warm", 2*time.Second, "load before the steady window")
 	return cmd
