@@ -58,8 +58,10 @@ func (r *ColdReads) rings() *ringPool {
 	if r != nil && (r.pread || r.delay > 0) {
 		return nil
 	}
-	p, _ := rings()
-	return p
+	if p, _ := rings(); p != nil && p.failed.Load() == nil {
+		return p
+	}
+	return nil
 }
 
 // width is how many reads one batch has in flight through r: coldReaders,
@@ -222,8 +224,8 @@ type step func(i int, data []byte) (off int64, n int, err error)
 
 // readAll runs step for every i below n, reading from f what each asks
 // for, up to r.width() reads at once, each in a turn from r: through an
-// io_uring where the kernel allows (ringAll), with preads otherwise
-// (preadAll). It stops at the first error, or once ctx ends, and returns
+// io_uring where the kernel allows (ringPool.readAll), with preads
+// otherwise (preadAll). It stops at the first error, or once ctx ends, and returns
 // it (ctx's, if ctx ended); step is never called once it has returned.
 func readAll(ctx context.Context, r *ColdReads, f *os.File, n int, step step) error {
 	if p := r.rings(); p != nil {

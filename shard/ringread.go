@@ -3,9 +3,10 @@ package shard
 import (
 	"context"
 	"fmt"
-	"io"
+	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -36,6 +37,9 @@ type ringPool struct {
 	mu     sync.Mutex
 	idle   []*ring
 	broken []*ring // kept, never closed or freed: the kernel may still write into their buffers
+	// failed is why io_uring_enter failed, after which the process
+	// reads with pread (ColdReads.rings).
+	failed atomic.Pointer[error]
 }
 
 // rings is the process's ring pool, or why it has none: the first ring
@@ -52,8 +56,12 @@ var rings = sync.OnceValues(func() (*ringPool, error) {
 // DiskReadsMode is how this process reads from disk by default: "io_uring",
 // or "pread" with the reason the kernel refused io_uring.
 func DiskReadsMode() string {
-	if _, err := rings(); err != nil {
+	p, err := rings()
+	if err != nil {
 		return "pread (" + err.Error() + ")"
+	}
+	if err := p.failed.Load(); err != nil {
+		return "pread (" + (*err).Error() + ")"
 	}
 	return "io_uring"
 }
@@ -91,7 +99,7 @@ func (p *ringPool) put(rg *ring) {
 func (p *ringPool) retire(rg *ring, r *ColdReads) {
 	for rg.inflight > 0 {
 		if err := rg.enter(ringWait); err != nil {
-			p.lose(rg)
+			p.lose(rg, r, err)
 			return
 		}
 		rg.reap(func(int, int32) { r.release() })
@@ -99,13 +107,21 @@ func (p *ringPool) retire(rg *ring, r *ColdReads) {
 	p.put(rg)
 }
 
-// lose keeps a ring whose reads cannot be waited for (the kernel
-// refused to): closing it, or letting its buffers be collected, could
-// have the kernel write into memory no longer its.
-func (p *ringPool) lose(rg *ring) {
+// lose keeps a ring that failed, with reads in flight that cannot be
+// waited for: closing it, or letting its buffers be collected, could
+// have the kernel write into memory no longer its. Their turns are
+// given back (the bound is exceeded for a while rather than lookups
+// starved), and the process reads with pread from now on.
+func (p *ringPool) lose(rg *ring, r *ColdReads, err error) {
+	for range rg.inflight {
+		r.release()
+	}
 	p.mu.Lock()
 	p.broken = append(p.broken, rg)
 	p.mu.Unlock()
+	if p.failed.CompareAndSwap(nil, &err) {
+		slog.Warn("shard: reading from disk with pread from now on: io_uring failed", "err", err)
+	}
 }
 
 // readAll is readAll through one of p's rings: up to r.width() reads
@@ -132,7 +148,7 @@ func (p *ringPool) readAll(ctx context.Context, r *ColdReads, f *os.File, n int,
 	depth, item := min(r.width(), rg.entries), 0
 	var failed error
 	for failed == nil {
-		for failed == nil && rg.inflight < depth {
+		for failed == nil && rg.inflight < depth && ctx.Err() == nil {
 			var rd read
 			switch {
 			case len(later) > 0:
@@ -171,8 +187,11 @@ func (p *ringPool) readAll(ctx context.Context, r *ColdReads, f *os.File, n int,
 			break
 		}
 		if err := rg.enter(wait); err != nil {
-			p.lose(rg)
-			return err
+			for range rg.unprep() {
+				r.release()
+			}
+			p.lose(rg, r, err)
+			return fmt.Errorf("reading partition file %s: %w", f.Name(), err)
 		}
 		rg.reap(func(e int, res int32) {
 			r.release()
@@ -181,9 +200,16 @@ func (p *ringPool) readAll(ctx context.Context, r *ColdReads, f *os.File, n int,
 			case failed != nil:
 			case res < 0:
 				failed = fmt.Errorf("reading partition file %s: %w", f.Name(), syscall.Errno(-res))
-			case int(res) < rd.n:
-				failed = fmt.Errorf("reading partition file %s: %w", f.Name(), io.ErrUnexpectedEOF)
 			default:
+				if int(res) < rd.n {
+					// Short (a network file system, or the file cut
+					// short): the rest read as pread would, io.EOF if
+					// the file ends first.
+					if _, err := f.ReadAt(rg.bufs[e][res:rd.n], rd.off+int64(res)); err != nil {
+						failed = fmt.Errorf("reading partition file %s: %w", f.Name(), err)
+						return
+					}
+				}
 				if off, m, err := step(rd.i, rg.bufs[e][:rd.n]); err != nil {
 					failed = err
 				} else if m > 0 {
@@ -194,6 +220,12 @@ func (p *ringPool) readAll(ctx context.Context, r *ColdReads, f *os.File, n int,
 		if failed == nil {
 			failed = ctx.Err()
 		}
+	}
+	if failed == nil && (item < n || len(later) > 0) {
+		failed = ctx.Err() // ended before it read them all
+	}
+	for range rg.unprep() { // (prepared, never submitted: the caller still holds f)
+		r.release()
 	}
 	if rg.inflight > 0 {
 		go p.retire(rg, r)

@@ -1,8 +1,10 @@
 package shard
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -129,5 +131,83 @@ func BenchmarkDiskReads(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "reads/s")
 		})
+	}
+}
+
+// TestRingEnds: a lookup whose context has already ended reads nothing
+// and holds no turn; unsubmitted reads are taken back from the ring
+// whole; a read past the end of its file fails with io.EOF, as pread's
+// does, and one within it reads what is there.
+func TestRingEnds(t *testing.T) {
+	p, err := rings()
+	if err != nil {
+		t.Skipf("the kernel refuses io_uring here: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "f")
+	data := make([]byte, 100)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := NewColdReads(4)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err = p.readAll(ctx, r, f, 10, func(i int, data []byte) (int64, int, error) {
+		t.Errorf("step %d called with an ended context", i)
+		return 0, 0, nil
+	})
+	if !errors.Is(err, context.Canceled) || len(r.slots) != 0 {
+		t.Fatalf("an ended context: %v, %d turns held; want Canceled and none", err, len(r.slots))
+	}
+
+	rg, err := newRing(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rg.close()
+	for range 3 {
+		rg.prep(int(f.Fd()), 0, 8)
+	}
+	if n := rg.unprep(); n != 3 || rg.inflight != 0 || len(rg.free) != rg.entries {
+		t.Fatalf("unprep: %d taken back, %d in flight, %d of %d entries free", n, rg.inflight, len(rg.free), rg.entries)
+	}
+	e := rg.prep(int(f.Fd()), 10, 4)
+	for rg.inflight > 0 {
+		if err := rg.enter(time.Second); err != nil {
+			t.Fatal(err)
+		}
+		rg.reap(func(got int, res int32) {
+			if got != e || res != 4 || rg.bufs[e][0] != 10 {
+				t.Errorf("after unprep: entry %d read %d bytes (%v), want entry %d: 4 bytes from 10", got, res, rg.bufs[got][:4], e)
+			}
+		})
+	}
+
+	for _, tc := range []struct {
+		off  int64
+		n    int
+		want error
+	}{{80, 20, nil}, {80, 64, io.EOF}, {200, 8, io.EOF}} {
+		var got []byte
+		err := p.readAll(context.Background(), r, f, 1, func(i int, data []byte) (int64, int, error) {
+			if data == nil {
+				return tc.off, tc.n, nil
+			}
+			got = append(got, data...)
+			return 0, 0, nil
+		})
+		if !errors.Is(err, tc.want) || err == nil && !bytes.Equal(got, data[tc.off:tc.off+int64(tc.n)]) {
+			t.Errorf("%d bytes at %d of 100: %v (%v), want %v", tc.n, tc.off, err, got, tc.want)
+		}
+	}
+	if len(r.slots) != 0 {
+		t.Errorf("%d turns held after the reads", len(r.slots))
 	}
 }

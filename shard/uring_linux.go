@@ -71,6 +71,10 @@ type ring struct {
 	tail, unsubmitted uint32
 	inflight          int
 	free              []int // entries with no read in flight
+	// enter's wait, kept where the kernel reads it (pointers to them
+	// are passed as integers).
+	arg uringGeteventsArg
+	ts  struct{ sec, nsec int64 } // __kernel_timespec
 }
 
 func newRing(entries int) (*ring, error) {
@@ -150,30 +154,55 @@ func (rg *ring) prep(fd int, off int64, n int) int {
 // enter submits what prep put and waits up to wait for a completion (no
 // wait if wait ≤ 0).
 func (rg *ring) enter(wait time.Duration) error {
-	var flags, minComplete uintptr
-	var arg uringGeteventsArg
-	var ts unix.Timespec
-	if wait > 0 {
-		ts = unix.NsecToTimespec(int64(wait))
-		arg.ts = uint64(uintptr(unsafe.Pointer(&ts)))
-		flags, minComplete = uringEnterGetev|uringEnterExtArg, 1
-	}
+	until := time.Now().Add(wait)
 	for {
+		var flags, minComplete uintptr
+		if left := time.Until(until); wait > 0 && left > 0 {
+			rg.ts.sec, rg.ts.nsec = int64(left/time.Second), int64(left%time.Second)
+			rg.arg = uringGeteventsArg{ts: uint64(uintptr(unsafe.Pointer(&rg.ts)))}
+			flags, minComplete = uringEnterGetev|uringEnterExtArg, 1
+		} else if rg.unsubmitted == 0 {
+			return nil // waited its time
+		}
 		n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(rg.fd), uintptr(rg.unsubmitted), minComplete, flags,
-			uintptr(unsafe.Pointer(&arg)), unsafe.Sizeof(arg))
+			uintptr(unsafe.Pointer(&rg.arg)), unsafe.Sizeof(rg.arg))
 		switch errno {
 		case 0:
-			rg.unsubmitted -= uint32(n)
-			if rg.unsubmitted == 0 || n > 0 {
-				return nil
+			if n == 0 && rg.unsubmitted > 0 {
+				return errors.New("io_uring_enter submitted none of its reads")
 			}
-		case unix.EINTR, unix.EAGAIN:
+			rg.unsubmitted -= uint32(n)
+			return nil
 		case unix.ETIME:
 			return nil
+		case unix.EINTR: // again, for what is left of wait
+		case unix.EAGAIN, unix.EBUSY:
+			// Out of kernel resources for now: again a little later,
+			// within wait.
+			if time.Until(until) <= 0 {
+				return nil
+			}
+			time.Sleep(100 * time.Microsecond)
 		default:
 			return fmt.Errorf("io_uring_enter: %w", errno)
 		}
 	}
+}
+
+// unprep takes back the reads prep put that enter has not submitted
+// (the kernel reads the submission queue only within enter), and
+// returns how many.
+func (rg *ring) unprep() int {
+	n := int(rg.unsubmitted)
+	for k := range rg.unsubmitted {
+		idx := (rg.tail - 1 - k) & *rg.sqMask
+		rg.free = append(rg.free, int(*(*uint64)(unsafe.Pointer(&rg.sqes[idx*sqeSize+32]))))
+	}
+	rg.tail -= rg.unsubmitted
+	atomic.StoreUint32(rg.sqTail, rg.tail)
+	rg.inflight -= n
+	rg.unsubmitted = 0
+	return n
 }
 
 // reap calls done(entry, result) for each completed read, and frees its

@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// ring is io_uring's, which only Linux has: elsewhere disk reads are
-// preads (newRing fails, so ringReads is never nil-free).
+// ring is io_uring's, which only Linux has: elsewhere newRing fails,
+// so disk reads are preads and no other method is ever called.
 type ring struct {
 	bufs     [][]byte
 	free     []int
