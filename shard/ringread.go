@@ -31,6 +31,14 @@ const ringWait = 20 * time.Millisecond
 // closed once used.
 const maxIdleRings = 32
 
+// spanBufs holds buffers of spanMax bytes for reads of more than a page
+// (warming's spans), which a ring gives back when it is put back rather
+// than keep one an entry.
+var spanBufs = sync.Pool{New: func() any {
+	b := make([]byte, spanMax)
+	return &b
+}}
+
 // ringPool lends rings, one to a lookup at a time; the process has one
 // (rings).
 type ringPool struct {
@@ -80,9 +88,10 @@ func (p *ringPool) get() (*ring, error) {
 
 // put takes back a ring with no read in flight.
 func (p *ringPool) put(rg *ring) {
-	for e, b := range rg.bufs {
-		if cap(b) > spanGap {
-			rg.bufs[e] = nil // a span's: not kept a ring and entry each
+	for e, bp := range rg.spans {
+		if bp != nil {
+			spanBufs.Put(bp)
+			rg.spans[e], rg.bufs[e] = nil, nil
 		}
 	}
 	p.mu.Lock()

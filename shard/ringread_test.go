@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cumulus-serving/cumulus/model"
 )
 
 // TestRingGivesUp: reads through io_uring that never complete (from a
@@ -209,5 +211,33 @@ func TestRingEnds(t *testing.T) {
 	}
 	if len(r.slots) != 0 {
 		t.Errorf("%d turns held after the reads", len(r.slots))
+	}
+}
+
+// BenchmarkReadSpans: warming's reads (readSpans) of 16,384 of a
+// table's 200,000 keys, its file in the page cache, through io_uring and
+// with preads. go test ./shard -run XXX -bench ReadSpans
+func BenchmarkReadSpans(b *testing.B) {
+	tb, _, _ := diskTable(b, model.Shape{Type: model.LR}, "")
+	rng := rand.New(rand.NewPCG(5, 6))
+	keys := make([]uint64, 16384)
+	for j := range keys {
+		k := rng.Uint64N(200000)
+		keys[j] = k*k + k
+	}
+	out := make([]int32, len(keys))
+	vals := make([]byte, len(keys)*tb.vlen)
+	for _, r := range []struct {
+		name string
+		r    *ColdReads
+	}{{"io_uring", NewColdReads(coldReaders)}, {"pread", NewColdReads(coldReaders).Pread()}} {
+		b.Run(r.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := tb.readSpans(context.Background(), keys, out, vals, r.r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -188,7 +188,7 @@ func TestReadColdMatchesFind(t *testing.T) {
 // diskTable publishes a model of shape in encoding enc, 200,000 keys
 // k²+k (weight k, factors from k), in one partition, and returns it as a
 // table served from disk, with the repository and manifest.
-func diskTable(t *testing.T, shape model.Shape, enc string) (*Table, loader.Repo, *codec.Manifest) {
+func diskTable(t testing.TB, shape model.Shape, enc string) (*Table, loader.Repo, *codec.Manifest) {
 	t.Helper()
 	repo := loader.Repo{Dir: t.TempDir()}
 	m := &loader.Sparse{Shape: shape}

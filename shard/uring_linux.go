@@ -67,7 +67,8 @@ type ring struct {
 	cqMask            uint32
 	cqes              []byte
 	entries           int
-	bufs              [][]byte // bufs[e]: what entry e's read goes into
+	bufs              [][]byte  // bufs[e]: what entry e's read goes into
+	spans             []*[]byte // spans[e]: bufs[e] if it is spanBufs', to go back there
 	tail, unsubmitted uint32
 	inflight          int
 	free              []int // entries with no read in flight
@@ -105,7 +106,7 @@ func newRing(entries int) (*ring, error) {
 	rg.cqHead, rg.cqTail, rg.cqMask = u32(p.cq.head), u32(p.cq.tail), *u32(p.cq.ringMask)
 	rg.cqes = rg.rings[p.cq.cqes : p.cq.cqes+p.cqEntries*cqeSize]
 	rg.tail = atomic.LoadUint32(rg.sqTail)
-	rg.bufs = make([][]byte, rg.entries)
+	rg.bufs, rg.spans = make([][]byte, rg.entries), make([]*[]byte, rg.entries)
 	for e := range rg.entries {
 		rg.free = append(rg.free, e)
 	}
@@ -131,7 +132,12 @@ func (rg *ring) prep(fd int, off int64, n int) int {
 	e := rg.free[len(rg.free)-1]
 	rg.free = rg.free[:len(rg.free)-1]
 	if cap(rg.bufs[e]) < n {
-		rg.bufs[e] = make([]byte, max(n, 1024))
+		if n > spanGap && n <= spanMax {
+			rg.spans[e] = spanBufs.Get().(*[]byte)
+			rg.bufs[e] = *rg.spans[e]
+		} else {
+			rg.bufs[e] = make([]byte, max(n, 1024))
+		}
 	}
 	buf := rg.bufs[e][:n]
 	idx := rg.tail & *rg.sqMask

@@ -11,6 +11,7 @@ import (
 // so disk reads are preads and no other method is ever called.
 type ring struct {
 	bufs     [][]byte
+	spans    []*[]byte
 	free     []int
 	inflight int
 	entries  int
