@@ -58,7 +58,7 @@ const (
 	Resident  Tiering = iota // all in resident memory: the baseline
 	Mapped                   // searched through a mapping, page faults and all, as shards did before they read from disk
 	Disk                     // the shard's way: the directory resident, records read through io_uring (pread where the kernel refuses it), a value cache of cacheBytes learned from the warm batches
-	DiskPread                // Disk with the records read with pread, a goroutine a read (--disk-reads pread)
+	DiskPread                // Disk with the lookups' reads made with pread, a goroutine a read (--disk-reads pread); the cache's learning, off the clock, reads as Disk does
 )
 
 // MappedLookups times batched lookups over a partition file held as t,

@@ -225,8 +225,9 @@ type step func(i int, data []byte) (off int64, n int, err error)
 // readAll runs step for every i below n, reading from f what each asks
 // for, up to r.width() reads at once, each in a turn from r: through an
 // io_uring where the kernel allows (ringPool.readAll), with preads
-// otherwise (preadAll). It stops at the first error, or once ctx ends, and returns
-// it (ctx's, if ctx ended); step is never called once it has returned.
+// otherwise (preadAll). It stops at the first error, or once ctx ends,
+// and returns it (ctx's, if ctx ended); step is never called once it
+// has returned.
 func readAll(ctx context.Context, r *ColdReads, f *os.File, n int, step step) error {
 	if p := r.rings(); p != nil {
 		return p.readAll(ctx, r, f, n, step)

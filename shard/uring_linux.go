@@ -162,16 +162,16 @@ func (rg *ring) prep(fd int, off int64, n int) int {
 func (rg *ring) enter(wait time.Duration) error {
 	until := time.Now().Add(wait)
 	for {
-		var flags, minComplete uintptr
+		var flags, minComplete, arg, argSize uintptr
 		if left := time.Until(until); wait > 0 && left > 0 {
 			rg.ts.sec, rg.ts.nsec = int64(left/time.Second), int64(left%time.Second)
 			rg.arg = uringGeteventsArg{ts: uint64(uintptr(unsafe.Pointer(&rg.ts)))}
 			flags, minComplete = uringEnterGetev|uringEnterExtArg, 1
+			arg, argSize = uintptr(unsafe.Pointer(&rg.arg)), unsafe.Sizeof(rg.arg)
 		} else if rg.unsubmitted == 0 {
 			return nil // waited its time
 		}
-		n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(rg.fd), uintptr(rg.unsubmitted), minComplete, flags,
-			uintptr(unsafe.Pointer(&rg.arg)), unsafe.Sizeof(rg.arg))
+		n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(rg.fd), uintptr(rg.unsubmitted), minComplete, flags, arg, argSize)
 		switch errno {
 		case 0:
 			if n == 0 && rg.unsubmitted > 0 {
