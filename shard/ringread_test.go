@@ -113,14 +113,8 @@ func BenchmarkDiskReads(b *testing.B) {
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	offs := make([]int64, batch)
-	for _, r := range []struct {
-		name string
-		r    *ColdReads
-	}{{"io_uring", NewColdReads(coldReaders)}, {"pread", NewColdReads(coldReaders).Pread()}} {
+	for _, r := range diskReaders(b, coldReaders) {
 		b.Run(r.name, func(b *testing.B) {
-			if r.r.rings() == nil && r.name == "io_uring" {
-				b.Skipf("the kernel refuses io_uring: %s", DiskReadsMode())
-			}
 			for b.Loop() {
 				b.StopTimer()
 				for i := range offs {
@@ -236,10 +230,7 @@ func BenchmarkReadSpans(b *testing.B) {
 	}
 	out := make([]int32, len(keys))
 	vals := make([]byte, len(keys)*tb.vlen)
-	for _, r := range []struct {
-		name string
-		r    *ColdReads
-	}{{"io_uring", NewColdReads(coldReaders)}, {"pread", NewColdReads(coldReaders).Pread()}} {
+	for _, r := range diskReaders(b, coldReaders) {
 		b.Run(r.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

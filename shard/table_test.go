@@ -214,22 +214,19 @@ func diskTable(t testing.TB, shape model.Shape, enc string) (*Table, loader.Repo
 	return tb, repo, man
 }
 
-// diskReaders is ColdReads of 8 turns reading both ways: through
-// io_uring, and with preads. A kernel that refuses io_uring (this
-// project's CI machine allows it) leaves preads only, and says so.
-func diskReaders(t *testing.T) []struct {
+// diskReader is a way to read from disk, named.
+type diskReader struct {
 	name string
 	r    *ColdReads
-} {
-	rs := []struct {
-		name string
-		r    *ColdReads
-	}{{"pread", NewColdReads(8).Pread()}}
-	if NewColdReads(8).rings() != nil {
-		rs = append(rs, struct {
-			name string
-			r    *ColdReads
-		}{"io_uring", NewColdReads(8)})
+}
+
+// diskReaders is ColdReads of n turns reading both ways: through
+// io_uring, and with preads. A kernel that refuses io_uring (this
+// project's CI machine allows it) leaves preads only, and says so.
+func diskReaders(t testing.TB, n int) []diskReader {
+	rs := []diskReader{{"pread", NewColdReads(n).Pread()}}
+	if NewColdReads(n).rings() != nil {
+		rs = append(rs, diskReader{"io_uring", NewColdReads(n)})
 	} else {
 		t.Logf("reads through io_uring not tested: %s", DiskReadsMode())
 	}
@@ -279,7 +276,7 @@ func readColdMatchesFind(t *testing.T, shape model.Shape, enc string) {
 			t.Fatalf("%s: only %d hits: the test is not exercising present keys", what, hits)
 		}
 	}
-	for _, r := range diskReaders(t) {
+	for _, r := range diskReaders(t, 8) {
 		check("from disk, "+r.name, r.r)
 		// Many keys at once, buckets near each other read together.
 		spans := make([]int32, len(keys))
