@@ -312,10 +312,13 @@ func Start(ctx context.Context, opts Options) (*Shard, error) {
 	s.snap.Store(&snapshot{models: map[string]map[uint64]*version{}})
 	s.cold, s.samples, s.onDisk = NewColdReads(coldReaders), new(sampler), map[*Table]struct{}{}
 	s.background = NewColdReads(standbyReaders)
-	if opts.DiskReads == "pread" {
+	switch {
+	case opts.DiskReads == "pread":
 		s.cold, s.background = s.cold.Pread(), s.background.Pread()
-	} else if _, err := rings(); err != nil && opts.MemoryBudget > 0 {
-		slog.Info("shard: partitions served from disk will be read with pread: the kernel refuses io_uring", "shard", opts.ID, "err", err)
+	case opts.MemoryBudget > 0: // (with no budget nothing is served from disk: no ring to try)
+		if _, err := rings(); err != nil {
+			slog.Info("shard: partitions served from disk will be read with pread: the kernel refuses io_uring", "shard", opts.ID, "err", err)
+		}
 	}
 	s.quiet = make(chan struct{})
 	label := prometheus.Labels{"shard": opts.ID}

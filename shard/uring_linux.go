@@ -59,10 +59,9 @@ const (
 // at a time (ringPool hands it out).
 type ring struct {
 	fd                int
-	rings, sqeMem     []byte
+	ringMem, sqes     []byte // the mapped rings; the mapped entries
 	sqTail, sqMask    *uint32
 	sqArray           []uint32
-	sqes              []byte
 	cqHead, cqTail    *uint32
 	cqMask            uint32
 	cqes              []byte
@@ -91,20 +90,19 @@ func newRing(entries int) (*ring, error) {
 	}
 	size := max(p.sq.array+p.sqEntries*4, p.cq.cqes+p.cqEntries*cqeSize)
 	var err error
-	if rg.rings, err = unix.Mmap(rg.fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
+	if rg.ringMem, err = unix.Mmap(rg.fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
 		rg.close()
 		return nil, fmt.Errorf("io_uring: mapping its rings: %w", err)
 	}
-	if rg.sqeMem, err = unix.Mmap(rg.fd, uringOffSQEs, int(p.sqEntries*sqeSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
+	if rg.sqes, err = unix.Mmap(rg.fd, uringOffSQEs, int(p.sqEntries*sqeSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
 		rg.close()
 		return nil, fmt.Errorf("io_uring: mapping its entries: %w", err)
 	}
-	u32 := func(off uint32) *uint32 { return (*uint32)(unsafe.Pointer(&rg.rings[off])) }
+	u32 := func(off uint32) *uint32 { return (*uint32)(unsafe.Pointer(&rg.ringMem[off])) }
 	rg.sqTail, rg.sqMask = u32(p.sq.tail), u32(p.sq.ringMask)
 	rg.sqArray = unsafe.Slice(u32(p.sq.array), p.sqEntries)
-	rg.sqes = rg.sqeMem
 	rg.cqHead, rg.cqTail, rg.cqMask = u32(p.cq.head), u32(p.cq.tail), *u32(p.cq.ringMask)
-	rg.cqes = rg.rings[p.cq.cqes : p.cq.cqes+p.cqEntries*cqeSize]
+	rg.cqes = rg.ringMem[p.cq.cqes : p.cq.cqes+p.cqEntries*cqeSize]
 	rg.tail = atomic.LoadUint32(rg.sqTail)
 	rg.bufs, rg.spans = make([][]byte, rg.entries), make([]*[]byte, rg.entries)
 	for e := range rg.entries {
@@ -114,11 +112,11 @@ func newRing(entries int) (*ring, error) {
 }
 
 func (rg *ring) close() {
-	if rg.sqeMem != nil {
-		unix.Munmap(rg.sqeMem)
+	if rg.sqes != nil {
+		unix.Munmap(rg.sqes)
 	}
-	if rg.rings != nil {
-		unix.Munmap(rg.rings)
+	if rg.ringMem != nil {
+		unix.Munmap(rg.ringMem)
 	}
 	unix.Close(rg.fd)
 }
