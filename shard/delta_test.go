@@ -2,9 +2,11 @@ package shard
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -293,8 +295,11 @@ func TestStackFile(t *testing.T) {
 // resident and is read through the overlay: rewritten keys answer the
 // delta's values, deleted ones are absent, new ones present, the rest the
 // base's, read from disk or its value cache. FM, so every value goes the
-// way wide records do (LR answers from the weights found).
+// way wide records do (LR answers from the weights found). Four
+// partitions, so a lookup reads ahead (readAhead) the keys of all of
+// them that reach a base on disk, then answers from what it read.
 func TestDeltaOnDiskBase(t *testing.T) {
+	const parts = 4
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	shape := model.Shape{Type: model.FM, Dim: 2}
@@ -306,7 +311,7 @@ func TestDeltaOnDiskBase(t *testing.T) {
 		base.Values = append(base.Values, row(float32(k%101))...)
 		want[k] = row(float32(k % 101))
 	}
-	if _, err := repo.Publish("m", base, 1, ""); err != nil {
+	if _, err := repo.Publish("m", base, parts, ""); err != nil {
 		t.Fatal(err)
 	}
 	up := &loader.Sparse{Shape: shape}
@@ -333,14 +338,15 @@ func TestDeltaOnDiskBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	putMap(t, cli, repo, 1, 2, 0)
+	putMap(t, cli, repo, parts, 2, 0)
 	keys := make([]uint64, 0, 12000)
 	for k := uint64(1); k <= 6000; k++ {
 		keys = append(keys, k, 500_000+k%200)
 	}
+	sections := sectionsOf(keys, parts)
+	request := codec.AppendLookupRequest(nil, "m", 2, sections)
 	check := func() error {
-		sections := sectionsOf(keys, 1)
-		raw, err := s.Lookup(context.Background(), codec.AppendLookupRequest(nil, "m", 2, sections))
+		raw, err := s.Lookup(context.Background(), request)
 		if err != nil {
 			return err
 		}
@@ -348,34 +354,90 @@ func TestDeltaOnDiskBase(t *testing.T) {
 		if err := r.Decode(raw, len(keys), 3, codec.EncFP32); err != nil {
 			return err
 		}
-		v := 0
-		for i, k := range sections[0].Keys {
-			w, ok := want[k]
-			if r.Found(i) != ok {
-				return fmt.Errorf("key %d: found %v, want %v", k, r.Found(i), ok)
-			}
-			if ok {
-				for d := range w {
-					if got := r.Value(v, d); got != w[d] {
-						return fmt.Errorf("key %d value %d: %v, want %v", k, d, got, w[d])
-					}
+		i, v := 0, 0
+		for _, sec := range sections {
+			for _, k := range sec.Keys {
+				w, ok := want[k]
+				if r.Found(i) != ok {
+					return fmt.Errorf("key %d: found %v, want %v", k, r.Found(i), ok)
 				}
-				v++
+				if ok {
+					for d := range w {
+						if got := r.Value(v, d); got != w[d] {
+							return fmt.Errorf("key %d value %d: %v, want %v", k, d, got, w[d])
+						}
+					}
+					v++
+				}
+				i++
 			}
 		}
 		return nil
 	}
-	testenv.Eventually(t, 10*time.Second, check)
-	ver := s.snap.Load().get("m", 2)
-	if l := ver.layers[0]; len(l) != 2 || !l[1].Mapped || l[0].Mapped || ver.views[0] == nil {
-		t.Fatalf("want a resident delta, read through a view, on a base from disk: %d layers, view %v", len(l), ver.views[0] != nil)
+	// Read ahead before the first lookup, the caches cold: every
+	// partition's keys that no delta holds, each with the base's value
+	// (or absent), none a delta holds, in one readAhead.
+	var ver *version
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if ver = s.snap.Load().get("m", 2); ver == nil {
+			return errors.New("version 2 not loaded yet")
+		}
+		return nil
+	})
+	for p := range parts {
+		if l := ver.layers[p]; len(l) != 2 || !l[1].Mapped || l[0].Mapped || ver.views[p] == nil {
+			t.Fatalf("partition %d: want a resident delta, read through a view, on a base from disk: %d layers, view %v", p, len(l), ver.views[p] != nil)
+		}
 	}
+	sc := new(scratch)
+	if err := sc.req.Decode(request); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.readAhead(context.Background(), ver); err != nil {
+		t.Fatal(err)
+	}
+	inDelta := map[uint64]bool{}
+	for _, k := range append(slices.Clone(up.Keys), dels...) {
+		inDelta[k] = true
+	}
+	read := map[uint32]int{}
+	for _, rd := range sc.ahead.reads {
+		read[partition.Of(sc.ahead.keys[rd.g], parts)]++
+	}
+	if len(read) != parts {
+		t.Fatalf("read ahead from %d partitions, want all %d (%d keys read)", len(read), parts, len(sc.ahead.reads))
+	}
+	for g, k := range sc.ahead.keys {
+		if inDelta[k] {
+			t.Fatalf("key %d, held by the delta, was read ahead", k)
+		}
+		w, ok := want[k]
+		if got := sc.ahead.out[g] >= 0; got != ok {
+			t.Fatalf("key %d read ahead: found %v, want %v", k, got, ok)
+		}
+		for d := range w {
+			if got := math.Float32frombits(binary.LittleEndian.Uint32(sc.ahead.vals[12*g+4*d:])); got != w[d] {
+				t.Fatalf("key %d read ahead, value %d: %v, want %v", k, d, got, w[d])
+			}
+		}
+	}
+	reach := 0
+	for _, k := range keys {
+		if !inDelta[k] {
+			reach++
+		}
+	}
+	if len(sc.ahead.keys) != reach {
+		t.Fatalf("%d keys looked up ahead, want the %d no delta holds", len(sc.ahead.keys), reach)
+	}
+	sc.ahead.reset()
+	testenv.Eventually(t, 10*time.Second, check)
 	// Again once the base's cache has learned the keys.
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if err := check(); err != nil {
 			t.Fatal(err)
 		}
-		if c := ver.layers[0][1].cache.Load(); c == nil || c.Len() < 1000 {
+		if c := ver.layers[0][1].cache.Load(); c == nil || c.Len() < len(c.hs)/2 {
 			return errors.New("the base's cache has not learned yet")
 		}
 		return nil

@@ -173,6 +173,13 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 	for _, q := range miss {
 		out[q] = max(out[q], -1) // a value still to read, when reading stopped
 	}
+	t.offer(keys, out, vals, miss)
+	return miss, err
+}
+
+// offer puts the keys of miss that were found (read from disk) into
+// t's cache's empty slots.
+func (t *Table) offer(keys []uint64, out []int32, vals []byte, miss []int32) {
 	if c := t.useCache(); c != nil {
 		for _, q := range miss {
 			if out[q] >= 0 {
@@ -181,7 +188,104 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 		}
 		c.done()
 	}
-	return miss, err
+}
+
+// A readAhead is what readCold does, for all the partitions served from
+// disk that a lookup asks a shard for at once (scratch.readAhead): each
+// one's keys are looked up in its cache, and the misses of all of them
+// read in one readFiles, their reads in flight together, instead of a
+// readAll a partition, each waiting for the one before. lookupStack then
+// takes each partition's values from it.
+type readAhead struct {
+	// Section s of the request has its keys that reach its base from
+	// keys[secAt[s]] on, secN[s] of them (secAt[s] < 0: none read ahead);
+	// key g's value bytes at vals[g×vlen:] (the bases of a version have
+	// values of one size), out[g] its index in its section's keys, or −1
+	// if the base lacks it.
+	secAt, secN []int32
+	keys        []uint64
+	out         []int32
+	vals        []byte
+	reads       []aheadRead // the keys the caches lacked
+}
+
+type aheadRead struct {
+	t    *Table
+	g, q int32 // its index in keys, and in its section's
+}
+
+// add looks up keys, those of section s that reach base t, in t's cache.
+func (a *readAhead) add(s int, t *Table, keys []uint64) {
+	start := len(a.keys)
+	a.secAt[s], a.secN[s] = int32(start), int32(len(keys))
+	a.keys = append(a.keys, keys...)
+	a.out = slices.Grow(a.out[:start], len(keys))[:len(a.keys)]
+	a.vals = slices.Grow(a.vals[:start*t.vlen], len(keys)*t.vlen)[:len(a.keys)*t.vlen]
+	out, vals := a.out[start:], a.vals[start*t.vlen:]
+	if c := t.useCache(); c != nil {
+		c.getAll(keys, out, vals)
+		c.done()
+	} else {
+		for q := range out {
+			out[q] = -1
+		}
+	}
+	for q := range out {
+		if out[q] < 0 {
+			a.reads = append(a.reads, aheadRead{t, int32(start + q), int32(q)})
+		}
+	}
+}
+
+// read reads the keys the caches lacked, up to r's width at once, each
+// in a turn from r, and offers those found to their caches.
+func (a *readAhead) read(ctx context.Context, r *ColdReads) error {
+	if len(a.reads) == 0 {
+		return nil
+	}
+	err := readFiles(ctx, r, len(a.reads), func(m int) *os.File { return a.reads[m].t.file }, func(m int, data []byte) (int64, int, error) {
+		rd := &a.reads[m]
+		vl := rd.t.vlen
+		return rd.t.readStep(a.keys[rd.g], rd.q, &a.out[rd.g], a.vals[int(rd.g)*vl:int(rd.g+1)*vl], data)
+	})
+	var c *valueCache
+	var ct *Table
+	for _, rd := range a.reads {
+		g := rd.g
+		if a.out[g] = max(a.out[g], -1); a.out[g] < 0 {
+			continue
+		}
+		if rd.t != ct { // a section's reads are together
+			if c != nil {
+				c.done()
+			}
+			ct, c = rd.t, rd.t.useCache()
+		}
+		if c != nil {
+			c.offer(codec.KeyHash(a.keys[g]), a.vals[int(g)*rd.t.vlen:int(g+1)*rd.t.vlen])
+		}
+	}
+	if c != nil {
+		c.done()
+	}
+	return err
+}
+
+// section is what a holds for section s: its keys' out and values, or
+// ok false if it read none ahead.
+func (a *readAhead) section(s int, vlen int) (out []int32, vals []byte, ok bool) {
+	if s < 0 || s >= len(a.secAt) || a.secAt[s] < 0 {
+		return nil, nil, false
+	}
+	at, n := int(a.secAt[s]), int(a.secN[s])
+	return a.out[at : at+n], a.vals[at*vlen : (at+n)*vlen], true
+}
+
+// reset empties a for the next lookup, keeping no table reachable.
+func (a *readAhead) reset() {
+	clear(a.reads)
+	a.secAt, a.secN = a.secAt[:0], a.secN[:0]
+	a.keys, a.reads = a.keys[:0], a.reads[:0]
 }
 
 // valuePending marks, in a key's out, that its record was found in its
@@ -229,14 +333,24 @@ type step func(i int, data []byte) (off int64, n int, err error)
 // and returns it (ctx's, if ctx ended); step is never called once it
 // has returned.
 func readAll(ctx context.Context, r *ColdReads, f *os.File, n int, step step) error {
-	if p := r.rings(); p != nil {
-		return p.readAll(ctx, r, f, n, step)
-	}
-	return preadAll(ctx, r, f, f.Name(), n, step)
+	return readFiles(ctx, r, n, func(int) *os.File { return f }, step)
 }
 
-// preadAll is readAll with a goroutine a read in flight, each in pread.
-func preadAll(ctx context.Context, r *ColdReads, f io.ReaderAt, name string, n int, step step) error {
+// readFiles is readAll for items of several files: item i's reads are
+// from file(i).
+func readFiles(ctx context.Context, r *ColdReads, n int, file func(i int) *os.File, step step) error {
+	if p := r.rings(); p != nil {
+		return p.readAll(ctx, r, file, n, step)
+	}
+	return preadAll(ctx, r, func(i int) (io.ReaderAt, string) {
+		f := file(i)
+		return f, f.Name()
+	}, n, step)
+}
+
+// preadAll is readAll with a goroutine a read in flight, each in pread;
+// item i's reads are from file(i), named so in errors.
+func preadAll(ctx context.Context, r *ColdReads, file func(i int) (io.ReaderAt, string), n int, step step) error {
 	var next atomic.Int64
 	var failed atomic.Pointer[error]
 	// fail keeps the first error. (A reader's own err never has its
@@ -251,6 +365,7 @@ func preadAll(ctx context.Context, r *ColdReads, f io.ReaderAt, name string, n i
 				return
 			}
 			off, m, err := step(i, nil)
+			f, name := file(i)
 			for err == nil && m > 0 {
 				if err = r.acquire(ctx); err != nil {
 					break

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sync"
@@ -141,12 +142,14 @@ func (p *ringPool) lose(rg *ring, r *ColdReads, err error) {
 // holds none, so lookups sharing r never wait on each other's turns.
 // Once ctx ends it stops, returns, and leaves the reads in flight to
 // the pool (retire); their buffers are the ring's, not the caller's.
-func (p *ringPool) readAll(ctx context.Context, r *ColdReads, f *os.File, n int, step step) error {
+func (p *ringPool) readAll(ctx context.Context, r *ColdReads, file func(i int) *os.File, n int, step step) error {
 	rg, err := p.get()
 	if err != nil {
-		return preadAll(ctx, r, f, f.Name(), n, step)
+		return preadAll(ctx, r, func(i int) (io.ReaderAt, string) {
+			f := file(i)
+			return f, f.Name()
+		}, n, step)
 	}
-	fd := int(f.Fd())
 	type read struct {
 		i   int
 		off int64
@@ -182,7 +185,7 @@ func (p *ringPool) readAll(ctx context.Context, r *ColdReads, f *os.File, n int,
 					break
 				}
 			}
-			reading[rg.prep(fd, rd.off, rd.n)] = rd
+			reading[rg.prep(int(file(rd.i).Fd()), rd.off, rd.n)] = rd
 		}
 		if rg.inflight == 0 {
 			break
@@ -200,11 +203,12 @@ func (p *ringPool) readAll(ctx context.Context, r *ColdReads, f *os.File, n int,
 				r.release()
 			}
 			p.lose(rg, r, err)
-			return fmt.Errorf("reading partition file %s: %w", f.Name(), err)
+			return fmt.Errorf("reading from disk: %w", err)
 		}
 		rg.reap(func(e int, res int32) {
 			r.release()
 			rd := reading[e]
+			f := file(rd.i)
 			switch {
 			case failed != nil:
 			case res < 0:
@@ -233,7 +237,7 @@ func (p *ringPool) readAll(ctx context.Context, r *ColdReads, f *os.File, n int,
 	if failed == nil && (item < n || len(later) > 0) {
 		failed = ctx.Err() // ended before it read them all
 	}
-	for range rg.unprep() { // (prepared, never submitted: the caller still holds f)
+	for range rg.unprep() { // (prepared, never submitted: the caller still holds the files)
 		r.release()
 	}
 	if rg.inflight > 0 {

@@ -46,7 +46,7 @@ func TestRingGivesUp(t *testing.T) {
 	}()
 	returned := make(chan struct{})
 	stepped := 0
-	err = p.readAll(ctx, r, rd, 10, func(i int, data []byte) (int64, int, error) {
+	err = p.readAll(ctx, r, func(int) *os.File { return rd }, 10, func(i int, data []byte) (int64, int, error) {
 		select {
 		case <-returned:
 			t.Errorf("step %d called after readAll returned", i)
@@ -164,7 +164,7 @@ func TestRingEnds(t *testing.T) {
 	r := NewColdReads(4)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err = p.readAll(ctx, r, f, 10, func(i int, data []byte) (int64, int, error) {
+	err = p.readAll(ctx, r, func(int) *os.File { return f }, 10, func(i int, data []byte) (int64, int, error) {
 		t.Errorf("step %d called with an ended context", i)
 		return 0, 0, nil
 	})
@@ -201,7 +201,7 @@ func TestRingEnds(t *testing.T) {
 		want error
 	}{{80, 20, nil}, {80, 64, io.EOF}, {200, 8, io.EOF}} {
 		var got []byte
-		err := p.readAll(context.Background(), r, f, 1, func(i int, data []byte) (int64, int, error) {
+		err := p.readAll(context.Background(), r, func(int) *os.File { return f }, 1, func(i int, data []byte) (int64, int, error) {
 			if data == nil {
 				return tc.off, tc.n, nil
 			}

@@ -86,6 +86,8 @@ type scratch struct {
 	hits    int        // keys of partitions served from disk answered by their caches
 	reads   int        // and read from disk
 	turns   *ColdReads // the shard's turns at the disk; nil: no bound
+	ahead   readAhead  // keys of partitions served from disk, read together
+	sec     int        // the section being looked up, in ahead; −1: none
 }
 
 // StoredEncodings are the encodings whose records this shard sends as
@@ -170,12 +172,19 @@ func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, ke
 			t.Sample(sc.pkeys)
 			at := len(sc.cold) / t.vlen
 			sc.cold = slices.Grow(sc.cold, len(sc.pkeys)*t.vlen)[:(at+len(sc.pkeys))*t.vlen]
-			var err error
-			if sc.miss, err = t.readCold(ctx, sc.pkeys, found, sc.cold[at*t.vlen:], sc.miss, sc.turns); err != nil {
-				return 0, err
+			if out, vals, ok := sc.ahead.section(sc.sec, t.vlen); ok && li == len(layers)-1 && len(out) == len(found) {
+				// Read ahead (readAhead): these very keys, their hits
+				// and reads counted there.
+				copy(found, out)
+				copy(sc.cold[at*t.vlen:], vals)
+			} else {
+				var err error
+				if sc.miss, err = t.readCold(ctx, sc.pkeys, found, sc.cold[at*t.vlen:], sc.miss, sc.turns); err != nil {
+					return 0, err
+				}
+				sc.hits += len(sc.pkeys) - len(sc.miss)
+				sc.reads += len(sc.miss)
 			}
-			sc.hits += len(sc.pkeys) - len(sc.miss)
-			sc.reads += len(sc.miss)
 			for q, r := range found {
 				if r >= 0 {
 					found[q] = r + int32(at)
@@ -233,6 +242,101 @@ func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, ke
 		i++
 	}
 	return i, nil
+}
+
+// readAhead looks up, before the lookup's sections are answered one
+// after another, the keys of every section that reach a base served
+// from disk, when more than one section has such a base: in its cache,
+// and the misses of all of them read from disk together (sc.ahead),
+// not each partition's after the one before; lookupStack takes what
+// it found. At a thousand partitions a lookup asks a shard for hundreds
+// of them, and read a partition at a time it waited a disk's latency
+// for each. Keys a delta above the base holds are not read; a section
+// whose deltas are served from disk as well is left to lookupStack.
+func (sc *scratch) readAhead(ctx context.Context, ver *version) error {
+	a := &sc.ahead
+	bases, vlen := 0, 0
+	for _, sec := range sc.req.Sections {
+		if t := diskBase(ver, sec.Partition); t != nil {
+			bases++
+			vlen = t.vlen
+		}
+	}
+	if bases < 2 {
+		return nil
+	}
+	a.secAt, a.secN = resize(a.secAt, len(sc.req.Sections)), resize(a.secN, len(sc.req.Sections))
+	for s, sec := range sc.req.Sections {
+		a.secAt[s] = -1
+		base := diskBase(ver, sec.Partition)
+		if base == nil || base.vlen != vlen {
+			continue
+		}
+		// The keys no delta above the base holds, as lookupStack finds
+		// them, in the same order.
+		keys := sec.Keys
+		sc.pending = resize(sc.pending, len(keys))[:0]
+		layers := ver.layers[sec.Partition]
+		if v := ver.views[sec.Partition]; v != nil {
+			layers = layers[v.deltas:]
+			sc.layer, sc.idx = resize(sc.layer, len(keys)), resize(sc.idx, len(keys))
+			v.find(keys, sc.layer, sc.idx, nil)
+			for j, l := range sc.layer {
+				if l < 0 {
+					sc.pending = append(sc.pending, int32(j))
+				}
+			}
+		} else {
+			for j := range keys {
+				sc.pending = append(sc.pending, int32(j))
+			}
+		}
+		sc.pkeys = sc.pkeys[:0]
+		for _, j := range sc.pending {
+			sc.pkeys = append(sc.pkeys, keys[j])
+		}
+		for _, t := range layers[:len(layers)-1] {
+			sc.idx2 = resize(sc.idx2, len(sc.pkeys))
+			t.find(sc.pkeys, sc.idx2, nil)
+			kept := 0
+			for q, r := range sc.idx2 {
+				if r < 0 {
+					sc.pkeys[kept] = sc.pkeys[q]
+					kept++
+				}
+			}
+			sc.pkeys = sc.pkeys[:kept]
+		}
+		reads := len(a.reads)
+		a.add(s, base, sc.pkeys)
+		sc.reads += len(a.reads) - reads
+		sc.hits += len(sc.pkeys) - (len(a.reads) - reads)
+	}
+	return a.read(ctx, sc.turns)
+}
+
+// diskBase is the base of partition p's stack in ver if it is served
+// from disk and no layer above it is; nil otherwise.
+func diskBase(ver *version, p uint32) *Table {
+	if p >= uint32(len(ver.layers)) || len(ver.layers[p]) == 0 {
+		return nil
+	}
+	layers := ver.layers[p]
+	if v := ver.views[p]; v != nil {
+		layers = layers[v.deltas:]
+	}
+	if len(layers) == 0 {
+		return nil
+	}
+	for _, t := range layers[:len(layers)-1] {
+		if t.Mapped {
+			return nil
+		}
+	}
+	if base := layers[len(layers)-1]; base.Mapped {
+		return base
+	}
+	return nil
 }
 
 // lookupSection appends the values of one section's keys found in ver's
@@ -424,8 +528,14 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 		sc.vals, at = codec.StartLookupResponse(buf, n, w)
 	}
 	defer func() { sc.vals = nil }() // the response is the caller's
+	defer sc.ahead.reset()
+	if err := sc.readAhead(ctx, ver); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
 	i := 0
-	for _, sec := range sc.req.Sections {
+	defer func() { sc.sec = -1 }()
+	for k, sec := range sc.req.Sections {
+		sc.sec = k
 		if err := ctx.Err(); err != nil {
 			return nil, status.FromContextError(err).Err()
 		}

@@ -403,7 +403,7 @@ func TestReadAllWidth(t *testing.T) {
 			in.Add(-1)
 			return len(p), nil
 		})
-		err := preadAll(context.Background(), tc.r, read, "test", 200, func(i int, data []byte) (int64, int, error) {
+		err := preadAll(context.Background(), tc.r, func(int) (io.ReaderAt, string) { return read, "test" }, 200, func(i int, data []byte) (int64, int, error) {
 			if data == nil {
 				return int64(i), 1, nil
 			}
