@@ -378,17 +378,17 @@ func TestDeltaOnDiskBase(t *testing.T) {
 	// partition's keys that no delta holds, each with the base's value
 	// (or absent), none a delta holds, in one readAhead.
 	var ver *version
-	testenv.Eventually(t, 10*time.Second, func() error {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		if ver = s.snap.Load().get("m", 2); ver == nil {
 			return errors.New("version 2 not loaded yet")
 		}
+		for p := range parts {
+			if l := ver.layers[p]; len(l) != 2 || !l[1].Mapped || l[0].Mapped || ver.views[p] == nil {
+				return fmt.Errorf("partition %d: want a resident delta, read through a view, on a base from disk: %d layers, view %v", p, len(l), ver.views[p] != nil)
+			}
+		}
 		return nil
 	})
-	for p := range parts {
-		if l := ver.layers[p]; len(l) != 2 || !l[1].Mapped || l[0].Mapped || ver.views[p] == nil {
-			t.Fatalf("partition %d: want a resident delta, read through a view, on a base from disk: %d layers, view %v", p, len(l), ver.views[p] != nil)
-		}
-	}
 	sc := new(scratch)
 	if err := sc.req.Decode(request); err != nil {
 		t.Fatal(err)
