@@ -255,7 +255,8 @@ const idleAfter = 2 * time.Second
 
 // maintainCaches sizes and feeds the value cache of every partition
 // served from disk that lookups asked lately (idleAfter) of a version
-// served (live or canary), sharing what the budget leaves after the
+// served (live or canary; while none is asked, those served keep their
+// caches as they are), sharing what the budget leaves after the
 // resident tables and the warm caches of staged versions (warm.go). A
 // table of another version asked lately (the version a rollout or a
 // rollback replaced, whose last lookups are still counted, or one a
@@ -283,7 +284,7 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 	for _, pr := range standby {
 		kept[pr.to] = true
 	}
-	var active, lingering, idle []*Table
+	var active, lingering, quiet, idle []*Table
 	var warm int64 // the warm caches of staged versions: kept, not shared
 	now := time.Now()
 	for t := range s.onDisk {
@@ -309,6 +310,8 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 			warm += c.Bytes()
 		case recent && s.opts.MemoryBudget > 0 && c != nil:
 			lingering = append(lingering, t)
+		case served[t] && s.opts.MemoryBudget > 0 && c != nil:
+			quiet = append(quiet, t)
 		default:
 			idle = append(idle, t)
 		}
@@ -323,9 +326,24 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 		for _, pr := range standby {
 			s.dropCache(pr.to) // no live cache to leave it room
 		}
+		// No partition asked lately: those served keep what their caches
+		// learned for the next lookups (traffic that comes in bursts),
+		// as none needs the room, while the budget holds them.
+		total := warm
+		for _, t := range quiet {
+			t.abandonGrowth()
+			if c := t.cache.Load(); s.residentBytes(false)+total+c.Bytes() <= s.opts.MemoryBudget {
+				total += c.Bytes()
+			} else {
+				s.dropCache(t)
+			}
+		}
 		s.freeCaches(reclaimWait)
-		s.residentHot.Store(warm)
+		s.residentHot.Store(total)
 		return
+	}
+	for _, t := range quiet {
+		s.dropCache(t) // the partitions asked share the budget
 	}
 	share := (s.opts.MemoryBudget - s.residentBytes(false) - warm) / int64(len(active))
 	for _, t := range active {
