@@ -1,9 +1,12 @@
 package main
 
 import (
+	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/dustin/go-humanize"
 )
@@ -20,11 +23,26 @@ func (b *byteSize) String() string {
 
 func (b *byteSize) Set(s string) error {
 	n, err := humanize.ParseBytes(s)
-	if err != nil {
-		return err
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q is not a size: want bytes (4096) or a size such as 512MiB or 1.5GB", s)
+	case n > math.MaxInt64:
+		return fmt.Errorf("%q is too large", s)
+	case n == 0 && !zeroSize(s):
+		// (humanize rounds what is below a byte down to 0, which here
+		// would mean "no bound")
+		return fmt.Errorf("%q is less than a byte: 0 is the only size below 1", s)
 	}
 	*b = byteSize(n)
 	return nil
+}
+
+// zeroSize reports whether s, a size humanize.ParseBytes took as 0
+// bytes, says 0 (as "0", "0MB" or "0.0 GiB"), not a fraction of a byte.
+func zeroSize(s string) bool {
+	num := strings.TrimSpace(strings.TrimRightFunc(strings.TrimSpace(s), unicode.IsLetter))
+	f, err := strconv.ParseFloat(num, 64)
+	return err == nil && f == 0
 }
 
 func (b *byteSize) Type() string { return "bytes" }
