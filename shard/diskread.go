@@ -33,9 +33,11 @@ type ColdReads struct {
 	slots chan struct{}
 	pread bool // preads, not io_uring
 	// delay, when set, is waited before a read of the given fraction
-	// (Faults' diskdelay), as a slow disk would make it wait.
+	// (Faults' diskdelay), as a slow disk would make it wait, and
+	// counted by delayed.
 	delay    time.Duration
 	fraction float64
+	delayed  func()
 }
 
 // NewColdReads bounds reads in flight to n.
@@ -46,7 +48,7 @@ func NewColdReads(n int) *ColdReads { return &ColdReads{slots: make(chan struct{
 func (r *ColdReads) Pread() *ColdReads {
 	c := &ColdReads{pread: true}
 	if r != nil {
-		c.slots, c.delay, c.fraction = r.slots, r.delay, r.fraction
+		c.slots, c.delay, c.fraction, c.delayed = r.slots, r.delay, r.fraction, r.delayed
 	}
 	return c
 }
@@ -73,9 +75,10 @@ func (r *ColdReads) width() int {
 	return min(coldReaders, cap(r.slots))
 }
 
-// withDelay is r with reads delayed d at the given fraction.
-func (r *ColdReads) withDelay(d time.Duration, fraction float64) *ColdReads {
-	c := &ColdReads{delay: d, fraction: fraction}
+// withDelay is r with reads delayed d at the given fraction, each
+// delay counted by delayed.
+func (r *ColdReads) withDelay(d time.Duration, fraction float64, delayed func()) *ColdReads {
+	c := &ColdReads{delay: d, fraction: fraction, delayed: delayed}
 	if r != nil {
 		c.slots, c.pread = r.slots, r.pread
 	}
@@ -102,6 +105,7 @@ func (r *ColdReads) acquire(ctx context.Context) error {
 		return ctx.Err()
 	}
 	if r.delay > 0 && (r.fraction >= 1 || rand.Float64() < r.fraction) {
+		r.delayed()
 		t := time.NewTimer(r.delay)
 		select {
 		case <-t.C:

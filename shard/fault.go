@@ -123,14 +123,15 @@ var codeNames, codeList = func() (map[string]codes.Code, []string) {
 	return m, l
 }()
 
-// diskReads is r with f's diskdelay, if it has one.
-func (f *Faults) diskReads(r *ColdReads) *ColdReads {
+// diskReads is r with f's diskdelay, if it has one; count tallies each
+// read it delays.
+func (f *Faults) diskReads(r *ColdReads, count func(kind string)) *ColdReads {
 	if f == nil {
 		return r
 	}
 	for _, ft := range f.faults {
 		if ft.kind == "diskdelay" {
-			return r.withDelay(ft.delay, ft.fraction)
+			return r.withDelay(ft.delay, ft.fraction, func() { count("diskdelay") })
 		}
 	}
 	return r

@@ -548,6 +548,10 @@ func TestSlowDisk(t *testing.T) {
 	if n := len(s.cold.slots); n != 0 {
 		t.Fatalf("%d reads still hold turns after every lookup ended", n)
 	}
+	// Each read delayed is counted, as other faults are.
+	if n := testutil.ToFloat64(s.metrics.faults.WithLabelValues("diskdelay")); n < 8 {
+		t.Fatalf("cumulus_shard_faults_injected_total{kind=\"diskdelay\"} = %v, want a read delayed a lookup at least", n)
+	}
 	s.SetFaults(nil)
 	r, err := lookup(s, 1, 1, slices.Clone(keys))
 	if err != nil {
