@@ -179,11 +179,12 @@ func (sc *scratch) lookupStack(ctx context.Context, v *view, layers []*Table, ke
 				copy(sc.cold[at*t.vlen:], vals)
 			} else {
 				var err error
-				if sc.miss, err = t.readCold(ctx, sc.pkeys, found, sc.cold[at*t.vlen:], sc.miss, sc.turns); err != nil {
-					return 0, err
-				}
+				sc.miss, err = t.readCold(ctx, sc.pkeys, found, sc.cold[at*t.vlen:], sc.miss, sc.turns)
 				sc.hits += len(sc.pkeys) - len(sc.miss)
 				sc.reads += len(sc.miss)
+				if err != nil {
+					return 0, err
+				}
 			}
 			for q, r := range found {
 				if r >= 0 {
@@ -529,6 +530,14 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 	}
 	defer func() { sc.vals = nil }() // the response is the caller's
 	defer sc.ahead.reset()
+	// Counted also for a lookup that fails: on a slow disk, those that
+	// miss their deadline are the reads to see.
+	defer func() {
+		if sc.hits+sc.reads > 0 {
+			s.metrics.cacheHits.Add(float64(sc.hits))
+			s.metrics.diskReads.Add(float64(sc.reads))
+		}
+	}()
 	if err := sc.readAhead(ctx, ver); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
@@ -548,10 +557,6 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 		}
 	}
 	s.metrics.keys.Add(float64(n))
-	if sc.hits+sc.reads > 0 {
-		s.metrics.cacheHits.Add(float64(sc.hits))
-		s.metrics.diskReads.Add(float64(sc.reads))
-	}
 	codec.FinishLookupResponse(sc.vals, at, n, sc.found)
 	return sc.vals, nil
 }

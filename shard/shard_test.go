@@ -548,6 +548,11 @@ func TestSlowDisk(t *testing.T) {
 	if n := len(s.cold.slots); n != 0 {
 		t.Fatalf("%d reads still hold turns after every lookup ended", n)
 	}
+	// The keys those lookups missed in the cache count as read from disk,
+	// though every lookup failed.
+	if n := testutil.ToFloat64(s.metrics.diskReads); n < float64(len(keys)) {
+		t.Fatalf("cumulus_shard_disk_reads_total = %v after 8 lookups of %d keys missed their deadline", n, len(keys))
+	}
 	// Each read delayed is counted, as other faults are.
 	if n := testutil.ToFloat64(s.metrics.faults.WithLabelValues("diskdelay")); n < 8 {
 		t.Fatalf("cumulus_shard_faults_injected_total{kind=\"diskdelay\"} = %v, want a read delayed a lookup at least", n)
