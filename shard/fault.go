@@ -123,15 +123,19 @@ var codeNames, codeList = func() (map[string]codes.Code, []string) {
 	return m, l
 }()
 
-// diskReads is r with f's diskdelay, if it has one; count tallies each
-// read it delays.
-func (f *Faults) diskReads(r *ColdReads, count func(kind string)) *ColdReads {
+// faultCounter tallies faults by kind (a Shard).
+type faultCounter interface{ countFault(kind string) }
+
+// diskReads is r with f's diskdelay, if it has one, each read it
+// delays counted by c. (An interface, not a method value: that would
+// be allocated at every lookup.)
+func (f *Faults) diskReads(r *ColdReads, c faultCounter) *ColdReads {
 	if f == nil {
 		return r
 	}
 	for _, ft := range f.faults {
 		if ft.kind == "diskdelay" {
-			return r.withDelay(ft.delay, ft.fraction, func() { count("diskdelay") })
+			return r.withDelay(ft.delay, ft.fraction, func() { c.countFault("diskdelay") })
 		}
 	}
 	return r

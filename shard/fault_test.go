@@ -25,7 +25,7 @@ func TestParseFaults(t *testing.T) {
 			t.Errorf("fault %d = %+v, want %+v", i, f.faults[i], want[i])
 		}
 	}
-	if r := f.diskReads(nil, func(string) {}); r == nil || r.delay != 5*time.Millisecond || r.fraction != 0.25 {
+	if r := f.diskReads(nil, nil); r == nil || r.delay != 5*time.Millisecond || r.fraction != 0.25 {
 		t.Errorf("diskdelay: reads %+v", r)
 	}
 	if f, err := ParseFaults("  "); f != nil || err != nil || f.String() != "" {

@@ -499,7 +499,7 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 	}
 	sc := scratches.Get()
 	defer scratches.Put(sc)
-	sc.turns, sc.hits, sc.reads = s.faults.Load().diskReads(s.cold, s.countFault), 0, 0
+	sc.turns, sc.hits, sc.reads = s.faults.Load().diskReads(s.cold, s), 0, 0
 	if err := sc.req.Decode(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
