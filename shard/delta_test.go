@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/cumulus-serving/cumulus/codec"
 	"github.com/cumulus-serving/cumulus/internal/partition"
@@ -431,6 +433,16 @@ func TestDeltaOnDiskBase(t *testing.T) {
 		t.Fatalf("%d keys looked up ahead, want the %d no delta holds", len(sc.ahead.keys), reach)
 	}
 	sc.ahead.reset()
+	// A request naming a partition the shard does not hold fails before
+	// anything is read from disk.
+	reads := testutil.ToFloat64(s.metrics.diskReads)
+	unheld := append([]codec.Section{{Partition: parts + 3, Keys: keys[:1]}}, sections...)
+	if _, err := s.Lookup(context.Background(), codec.AppendLookupRequest(nil, "m", 2, unheld)); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("a partition not held: %v, want FailedPrecondition", err)
+	}
+	if n := testutil.ToFloat64(s.metrics.diskReads); n != reads {
+		t.Fatalf("a lookup refused for a partition not held read %v keys from disk", n-reads)
+	}
 	testenv.Eventually(t, 10*time.Second, check)
 	// Again once the base's cache has learned the keys.
 	testenv.Eventually(t, 10*time.Second, func() error {

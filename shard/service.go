@@ -455,7 +455,10 @@ func (s *Shard) countFault(kind string) { s.metrics.faults.WithLabelValues(kind)
 
 // scratches keeps lookup scratch across garbage collections (see
 // internal/scratch).
-var scratches = scratchlist.New(8, func() *scratch { return new(scratch) }, func(sc *scratch) bool { return cap(sc.vals) <= 1<<24 && cap(sc.cold) <= 1<<24 })
+var scratches = scratchlist.New(8, func() *scratch { return new(scratch) }, func(sc *scratch) bool {
+	a := &sc.ahead
+	return cap(sc.vals) <= 1<<24 && cap(sc.cold) <= 1<<24 && cap(a.vals) <= 1<<24 && cap(a.keys) <= 1<<21 && cap(a.out) <= 1<<22 && cap(a.reads) <= 1<<20
+})
 
 // Lookup implements Service on what the shard holds now. It stops, with
 // the context's error, between partitions and before reading a mapped
@@ -538,6 +541,11 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 			s.metrics.diskReads.Add(float64(sc.reads))
 		}
 	}()
+	for _, sec := range sc.req.Sections { // before anything is read from disk
+		if sec.Partition >= uint32(len(ver.layers)) || ver.layers[sec.Partition] == nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold partition %d of %q version %d", s.opts.ID, sec.Partition, sc.req.Model, sc.req.Version)
+		}
+	}
 	if err := sc.readAhead(ctx, ver); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
@@ -547,9 +555,6 @@ func (s *Shard) lookup(ctx context.Context, req, prefix []byte) ([]byte, error) 
 		sc.sec = k
 		if err := ctx.Err(); err != nil {
 			return nil, status.FromContextError(err).Err()
-		}
-		if sec.Partition >= uint32(len(ver.layers)) || ver.layers[sec.Partition] == nil {
-			return nil, status.Errorf(codes.FailedPrecondition, "shard %s: does not hold partition %d of %q version %d", s.opts.ID, sec.Partition, sc.req.Model, sc.req.Version)
 		}
 		var err error
 		if i, err = sc.lookupSection(ctx, ver, sec, w, i); err != nil {
