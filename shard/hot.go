@@ -248,6 +248,10 @@ func (s *Shard) freeCaches(wait time.Duration) {
 	s.deadCaches = kept
 }
 
+// quietAfter is how long a served partition not asked keeps its value
+// cache in the room the partitions asked leave them (maintainCaches).
+const quietAfter = 30 * time.Second
+
 // idleAfter is how long without a lookup a table served from disk keeps
 // its value cache (or 3 HotIntervals, if longer): a standby version's,
 // or a retired one's, gives its memory to those serving.
@@ -255,8 +259,9 @@ const idleAfter = 2 * time.Second
 
 // maintainCaches sizes and feeds the value cache of every partition
 // served from disk that lookups asked lately (idleAfter) of a version
-// served (live or canary; while none is asked, those served keep their
-// caches as they are), sharing what the budget leaves after the
+// served (live or canary; one not asked keeps its cache for quietAfter
+// in the room the others leave, and all keep theirs while none is
+// asked), sharing what the budget leaves after the
 // resident tables and the warm caches of staged versions (warm.go). A
 // table of another version asked lately (the version a rollout or a
 // rollback replaced, whose last lookups are still counted, or one a
@@ -324,7 +329,7 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 			s.dropCache(t)
 		}
 		for _, pr := range standby {
-			s.dropCache(pr.to) // no live cache to leave it room
+			s.dropCache(pr.to) // its room kept for the served caches, kept as they are
 		}
 		// No partition asked lately: those served keep what their caches
 		// learned for the next lookups (traffic that comes in bursts),
@@ -342,12 +347,31 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 		s.residentHot.Store(total)
 		return
 	}
-	for _, t := range quiet {
-		s.dropCache(t) // the partitions asked share the budget
-	}
 	share := (s.opts.MemoryBudget - s.residentBytes(false) - warm) / int64(len(active))
 	for _, t := range active {
 		if c := t.cache.Load(); c != nil && c.Bytes() > share {
+			s.dropCache(t)
+		}
+	}
+	// Served partitions not asked lately keep their caches for
+	// quietAfter in the room the asked ones leave (a cache to be made
+	// counted at its share), ahead of the standby's: the first tick of
+	// a burst may hear only some of the partitions it goes on to ask.
+	// The asked ones grow into that room once they are dropped.
+	reserved := s.residentBytes(false) + warm
+	for _, t := range active {
+		if c := t.cache.Load(); c != nil {
+			reserved += c.Bytes()
+		} else {
+			reserved += share
+		}
+	}
+	var quietBytes int64
+	for _, t := range quiet {
+		if c := t.cache.Load(); now.Sub(t.heardAt) <= quietAfter && reserved+quietBytes+c.Bytes() <= s.opts.MemoryBudget {
+			t.abandonGrowth()
+			quietBytes += c.Bytes()
+		} else {
 			s.dropCache(t)
 		}
 	}
@@ -371,6 +395,7 @@ func (s *Shard) maintainCaches(ctx context.Context) {
 			}
 		}
 	}
+	total += quietBytes
 	total = s.keepStandby(ctx, standby, total, growing)
 	for _, t := range lingering {
 		if c := t.cache.Load(); s.residentBytes(false)+total+c.Bytes() <= s.opts.MemoryBudget {

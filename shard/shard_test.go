@@ -839,3 +839,74 @@ func TestIdleAfterAFailureGoesAway(t *testing.T) {
 		t.Errorf("an idle shard made %d etcd revisions in 2.5 s, want 0", n)
 	}
 }
+
+// TestQuietCacheKept: of two partitions served from disk, both cached,
+// one stops being asked while the other goes on: the quiet one keeps its
+// cache (for quietAfter, in the room the other leaves), so the first
+// lookups of a burst that reach it later find it warm.
+func TestQuietCacheKept(t *testing.T) {
+	cli := testenv.Etcd(t)
+	repo := loader.Repo{Dir: t.TempDir()}
+	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
+	for k := uint64(1); k <= 400000; k++ {
+		m.Keys = append(m.Keys, k)
+		m.Values = append(m.Values, float32(k%1000))
+	}
+	if _, err := repo.Publish("m", m, 2, ""); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: 2 * diskShardBudget, HotInterval: 20 * time.Millisecond, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	putMap(t, cli, repo, 2, 1, 0)
+	hot := [2][]uint64{}
+	for k := uint64(1000); len(hot[0]) < 500 || len(hot[1]) < 500; k += 7 {
+		if p := partition.Of(k, 2); len(hot[p]) < 500 {
+			hot[p] = append(hot[p], k)
+		}
+	}
+	cacheOf := func(p int) *valueCache {
+		v := s.snap.Load().get("m", 1)
+		if v == nil || len(v.layers[p]) != 1 || !v.layers[p][0].Mapped {
+			return nil
+		}
+		return v.layers[p][0].cache.Load()
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if _, err := lookup(s, 1, 2, append(slices.Clone(hot[0]), hot[1]...)); err != nil {
+			return err
+		}
+		for p := range 2 {
+			if err := cacheHolds(cacheOf(p), hot[p]); err != nil {
+				return fmt.Errorf("partition %d: %w", p, err)
+			}
+		}
+		return nil
+	})
+	// Partition 0 alone is asked, past idleAfter and a few ticks.
+	last, ticks := time.Now(), s.maintained.Load()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if _, err := lookup(s, 1, 2, slices.Clone(hot[0])); err != nil {
+			return err
+		}
+		if time.Since(last) < idleAfter+3*s.opts.HotInterval {
+			ticks = s.maintained.Load()
+			return errors.New("partition 1 not quiet long enough yet")
+		}
+		if s.maintained.Load() < ticks+3 {
+			return errors.New("the loader has not looked at the caches since")
+		}
+		return nil
+	})
+	if err := cacheHolds(cacheOf(1), hot[1]); err != nil {
+		t.Fatalf("the quiet partition, beside one asked: %v", err)
+	}
+	if got := s.residentHot.Load(); got != cacheOf(0).Bytes()+cacheOf(1).Bytes() {
+		t.Fatalf("%d cache bytes counted, want both caches' %d", got, cacheOf(0).Bytes()+cacheOf(1).Bytes())
+	}
+	if s.residentBytes(true) > 2*diskShardBudget {
+		t.Fatalf("%d resident bytes over the budget %d", s.residentBytes(true), 2*diskShardBudget)
+	}
+}
