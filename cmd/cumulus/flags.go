@@ -24,6 +24,8 @@ func (b *byteSize) String() string {
 func (b *byteSize) Set(s string) error {
 	n, err := humanize.ParseBytes(s)
 	switch {
+	case err != nil && strings.Contains(err.Error(), "too large"):
+		return fmt.Errorf("%q is too large", s)
 	case err != nil:
 		return fmt.Errorf("%q is not a size: want bytes (4096) or a size such as 512MiB or 1.5GB", s)
 	case n > math.MaxInt64:

@@ -25,6 +25,7 @@ func TestByteSize(t *testing.T) {
 		"bogus": "not a size",
 		"":      "not a size",
 		"10EB":  "too large",
+		"20EB":  "too large",
 	} {
 		var b byteSize
 		if err := b.Set(in); err == nil || !strings.Contains(err.Error(), reason) {
