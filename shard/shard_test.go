@@ -392,6 +392,12 @@ func diskShard(t *testing.T) *Shard {
 // etcd client and repository.
 func diskShardOf(t *testing.T, budget int64) (*Shard, *clientv3.Client, loader.Repo) {
 	t.Helper()
+	return diskShardParts(t, budget, 1)
+}
+
+// diskShardParts is diskShardOf with the model in parts partitions.
+func diskShardParts(t *testing.T, budget int64, parts uint32) (*Shard, *clientv3.Client, loader.Repo) {
+	t.Helper()
 	cli := testenv.Etcd(t)
 	repo := loader.Repo{Dir: t.TempDir()}
 	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
@@ -399,7 +405,7 @@ func diskShardOf(t *testing.T, budget int64) (*Shard, *clientv3.Client, loader.R
 		m.Keys = append(m.Keys, k)
 		m.Values = append(m.Values, float32(k%1000))
 	}
-	if _, err := repo.Publish("m", m, 1, ""); err != nil {
+	if _, err := repo.Publish("m", m, parts, ""); err != nil {
 		t.Fatal(err)
 	}
 	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: budget, HotInterval: 20 * time.Millisecond, DataDir: t.TempDir()})
@@ -407,7 +413,7 @@ func diskShardOf(t *testing.T, budget int64) (*Shard, *clientv3.Client, loader.R
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	putMap(t, cli, repo, 1, 1, 0)
+	putMap(t, cli, repo, parts, 1, 0)
 	return s, cli, repo
 }
 
@@ -845,22 +851,7 @@ func TestIdleAfterAFailureGoesAway(t *testing.T) {
 // cache (for quietAfter, in the room the other leaves), so the first
 // lookups of a burst that reach it later find it warm.
 func TestQuietCacheKept(t *testing.T) {
-	cli := testenv.Etcd(t)
-	repo := loader.Repo{Dir: t.TempDir()}
-	m := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
-	for k := uint64(1); k <= 400000; k++ {
-		m.Keys = append(m.Keys, k)
-		m.Values = append(m.Values, float32(k%1000))
-	}
-	if _, err := repo.Publish("m", m, 2, ""); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Start(context.Background(), Options{ID: "s1", Repo: repo, Etcd: cli, MemoryBudget: 2 * diskShardBudget, HotInterval: 20 * time.Millisecond, DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	putMap(t, cli, repo, 2, 1, 0)
+	s, _, _ := diskShardParts(t, 2*diskShardBudget, 2)
 	hot := [2][]uint64{}
 	for k := uint64(1000); len(hot[0]) < 500 || len(hot[1]) < 500; k += 7 {
 		if p := partition.Of(k, 2); len(hot[p]) < 500 {
