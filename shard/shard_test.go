@@ -487,17 +487,7 @@ func TestValueCache(t *testing.T) {
 	}
 	// Lookups stop: with no partition asked, the served one keeps what
 	// its cache learned for the next lookups, well past idleAfter.
-	last, ticks := time.Now(), s.maintained.Load()
-	testenv.Eventually(t, 10*time.Second, func() error {
-		if time.Since(last) < idleAfter+3*s.opts.HotInterval {
-			ticks = s.maintained.Load()
-			return errors.New("not idle long enough yet")
-		}
-		if s.maintained.Load() < ticks+3 {
-			return errors.New("the loader has not looked at the caches since")
-		}
-		return nil
-	})
+	waitPastIdle(t, s, 10*time.Second, func() error { return nil })
 	c := s.snap.Load().get("m", 1).layers[0][0].cache.Load()
 	if err := cacheHolds(c, hotKeys); err != nil {
 		t.Fatalf("idle with nothing else asked: %v", err)
@@ -877,19 +867,9 @@ func TestQuietCacheKept(t *testing.T) {
 		return nil
 	})
 	// Partition 0 alone is asked, past idleAfter and a few ticks.
-	last, ticks := time.Now(), s.maintained.Load()
-	testenv.Eventually(t, 20*time.Second, func() error {
-		if _, err := lookup(s, 1, 2, slices.Clone(hot[0])); err != nil {
-			return err
-		}
-		if time.Since(last) < idleAfter+3*s.opts.HotInterval {
-			ticks = s.maintained.Load()
-			return errors.New("partition 1 not quiet long enough yet")
-		}
-		if s.maintained.Load() < ticks+3 {
-			return errors.New("the loader has not looked at the caches since")
-		}
-		return nil
+	waitPastIdle(t, s, 20*time.Second, func() error {
+		_, err := lookup(s, 1, 2, slices.Clone(hot[0]))
+		return err
 	})
 	if err := cacheHolds(cacheOf(1), hot[1]); err != nil {
 		t.Fatalf("the quiet partition, beside one asked: %v", err)
@@ -900,4 +880,25 @@ func TestQuietCacheKept(t *testing.T) {
 	if s.residentBytes(true) > 2*diskShardBudget {
 		t.Fatalf("%d resident bytes over the budget %d", s.residentBytes(true), 2*diskShardBudget)
 	}
+}
+
+// waitPastIdle calls meanwhile until idleAfter (and 3 HotIntervals) has
+// passed since the call and the loader has then looked at the caches 3
+// times more, or fails t after timeout.
+func waitPastIdle(t *testing.T, s *Shard, timeout time.Duration, meanwhile func() error) {
+	t.Helper()
+	since, ticks := time.Now(), s.maintained.Load()
+	testenv.Eventually(t, timeout, func() error {
+		if err := meanwhile(); err != nil {
+			return err
+		}
+		if time.Since(since) < idleAfter+3*s.opts.HotInterval {
+			ticks = s.maintained.Load()
+			return errors.New("not idle long enough yet")
+		}
+		if s.maintained.Load() < ticks+3 {
+			return errors.New("the loader has not looked at the caches since")
+		}
+		return nil
+	})
 }
