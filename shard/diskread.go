@@ -152,15 +152,7 @@ func putReadBuf(bp *[]byte) {
 // It returns ctx's error, having stopped reading, once ctx ends.
 // miss is scratch; it is returned for reuse.
 func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals []byte, miss []int32, r *ColdReads) ([]int32, error) {
-	c := t.useCache()
-	if c != nil {
-		c.getAll(keys, out, vals)
-		c.done() // not held across the reads: a dropped cache goes at once
-	} else {
-		for q := range out[:len(keys)] {
-			out[q] = -1
-		}
-	}
+	t.fromCache(keys, out, vals)
 	miss = miss[:0]
 	for q := range keys {
 		if out[q] < 0 {
@@ -179,6 +171,20 @@ func (t *Table) readCold(ctx context.Context, keys []uint64, out []int32, vals [
 	}
 	t.offer(keys, out, vals, miss)
 	return miss, err
+}
+
+// fromCache copies the values of keys t's value cache holds (getAll:
+// out[q] is q, or −1 if it lacks key q, or there is no cache). The
+// cache is not held after: a dropped one goes at once, not after reads.
+func (t *Table) fromCache(keys []uint64, out []int32, vals []byte) {
+	if c := t.useCache(); c != nil {
+		c.getAll(keys, out, vals)
+		c.done()
+		return
+	}
+	for q := range out[:len(keys)] {
+		out[q] = -1
+	}
 }
 
 // offer puts the keys of miss that were found (read from disk) into
@@ -226,14 +232,7 @@ func (a *readAhead) add(s int, t *Table, keys []uint64) {
 	a.out = slices.Grow(a.out[:start], len(keys))[:len(a.keys)]
 	a.vals = slices.Grow(a.vals[:start*t.vlen], len(keys)*t.vlen)[:len(a.keys)*t.vlen]
 	out, vals := a.out[start:], a.vals[start*t.vlen:]
-	if c := t.useCache(); c != nil {
-		c.getAll(keys, out, vals)
-		c.done()
-	} else {
-		for q := range out {
-			out[q] = -1
-		}
-	}
+	t.fromCache(keys, out, vals)
 	for q := range out {
 		if out[q] < 0 {
 			a.reads = append(a.reads, aheadRead{t, int32(start + q), int32(q)})
