@@ -686,10 +686,16 @@ func (s *Shard) dropCachesBut(keep func(*Table) bool) {
 }
 
 // loadPartition loads into resident memory if the budget allows and
-// mapped is false, else maps the shard's own copy of the file.
+// mapped is false, else maps the shard's own copy of the file. A delta
+// is resident whatever the budget (the caches give way to it, cacheRoom):
+// it is small and read through its base's overlay, and mapped, each
+// partition of each delta of a chain held a file open and a layer read
+// from disk apart: at 1,024 partitions a chain of a hundred deltas
+// reached the process's 20,000 open files. The manager's compaction
+// (CompactAfter) bounds what a chain's deltas take.
 func (s *Shard) loadPartition(m *codec.Manifest, p uint32, mapped bool) (*Table, error) {
 	read := s.readPartition
-	if f, _ := m.File(p); mapped || !s.fits(f.Size) {
+	if f, _ := m.File(p); m.Kind != codec.KindDelta && (mapped || !s.fits(f.Size)) {
 		read = s.mapCopy
 	} else {
 		s.cacheRoom(f.Size)
