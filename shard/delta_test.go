@@ -458,3 +458,48 @@ func TestDeltaOnDiskBase(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDeltaResidentOverBudget: a delta is loaded resident even when the
+// budget has no room for it (its base and it both over it): mapped, each
+// partition of each delta of a chain held a file open.
+func TestDeltaResidentOverBudget(t *testing.T) {
+	s, cli, repo := diskShardParts(t, 1, 4)
+	up := &loader.Sparse{Shape: model.Shape{Type: model.LR}}
+	for k := uint64(1); k <= 20000; k++ {
+		up.Keys = append(up.Keys, 7*k)
+		up.Values = append(up.Values, -1)
+	}
+	if _, err := repo.PublishDelta("m", loader.Delta{Upserts: up}); err != nil {
+		t.Fatal(err)
+	}
+	putMap(t, cli, repo, 4, 2, 0)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		ver := s.snap.Load().get("m", 2)
+		if ver == nil {
+			return errors.New("version 2 not loaded yet")
+		}
+		for p, l := range ver.layers {
+			if len(l) != 2 {
+				return fmt.Errorf("partition %d: %d layers", p, len(l))
+			}
+			if l[0].Mapped || !l[1].Mapped {
+				t.Fatalf("partition %d: delta mapped %v, base mapped %v; want a resident delta on a base from disk", p, l[0].Mapped, l[1].Mapped)
+			}
+		}
+		return nil
+	})
+	keys := []uint64{7, 8, 14, 999}
+	r, err := lookup(s, 2, 4, keys) // (reorders keys as answered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		want := float32(k % 1000)
+		if k%7 == 0 {
+			want = -1
+		}
+		if !r.Found(i) || r.Value(i, 0) != want {
+			t.Fatalf("key %d: %v (found %v), want %v", k, r.Value(i, 0), r.Found(i), want)
+		}
+	}
+}
